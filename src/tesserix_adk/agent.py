@@ -1,0 +1,89 @@
+"""``Agent``: what a run is an instance of, and its ``revision``.
+
+The revision pins everything that changes what a resumed run would do (instructions, model,
+each tool's contract) and nothing that does not (the module it lives in, tool bodies): a
+frontier written under one revision is refused by an agent with another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.tools import Tool, canonical_json
+
+__all__ = ["Agent"]
+
+
+class Agent:
+    """An agent definition: instructions, tools, limits and an optional typed state."""
+
+    __slots__ = (
+        "budget_micros",
+        "instructions",
+        "max_iterations",
+        "model",
+        "name",
+        "revision",
+        "state_schema",
+        "tools",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        instructions: str,
+        tools: Iterable[Tool] = (),
+        *,
+        model: str | None = None,
+        revision: str | None = None,
+        max_iterations: int = 20,
+        budget_micros: int | None = None,
+        state_schema: type[Any] | None = None,
+    ) -> None:
+        tool_list = tuple(tools)
+        for t in tool_list:
+            if not isinstance(t, Tool):
+                raise ConfigurationError(
+                    f"agent {name!r}: {t!r} is not a Tool; decorate it with @tool"
+                )
+        names = [t.name for t in tool_list]
+        if len(set(names)) != len(names):
+            raise ConfigurationError(f"agent {name!r} has two tools with the same name")
+        if max_iterations < 1:
+            raise ConfigurationError("max_iterations must be at least 1")
+        self.name = name
+        self.instructions = instructions
+        self.tools: Mapping[str, Tool] = {t.name: t for t in tool_list}
+        self.model = model
+        self.max_iterations = max_iterations
+        self.budget_micros = budget_micros
+        self.state_schema = state_schema
+        self.revision = revision or self._computed_revision()
+
+    def _computed_revision(self) -> str:
+        body = canonical_json(
+            {
+                "name": self.name,
+                "instructions": self.instructions,
+                "model": self.model,
+                "tools": [
+                    {
+                        "name": t.name,
+                        "description": t.description,
+                        "schema": t.parameters,
+                        "side_effects": t.side_effects,
+                        "idempotent": t.idempotent,
+                        "requires_approval": t.requires_approval,
+                        "keyed": t.keyed,
+                    }
+                    for t in sorted(self.tools.values(), key=lambda t: t.name)
+                ],
+            }
+        )
+        return "sha256:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"Agent({self.name!r}, revision={self.revision[:15]}…)"

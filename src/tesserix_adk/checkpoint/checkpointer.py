@@ -1,0 +1,249 @@
+"""``Checkpointer``: redact, size and write frontiers; read and verify them back.
+
+A checkpoint failure never fails the live run: it is kept in ``last_error`` and logged, and
+the run carries on. The exceptions are ``StaleFenceError`` and ``LeaseLostError``, which
+mean another worker carries the run now and this one must stop at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from tesserix_adk.checkpoint.payload import (
+    Boundary,
+    Checkpoint,
+    decode_checkpoint,
+    decode_message,
+    encode_checkpoint,
+    encode_message,
+    tombstone_payload,
+)
+from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointTooLargeError,
+    HistoryUnavailableError,
+    LeaseLostError,
+    StaleFenceError,
+)
+from tesserix_adk.messages import Message
+from tesserix_adk.stores.protocols import (
+    EMPTY_HISTORY_DIGEST,
+    CheckpointStore,
+    HistoryHandle,
+    HistoryStore,
+    chain_digest,
+)
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "CheckpointPolicy",
+    "Checkpointer",
+    "TranscriptCursor",
+    "state_from_json",
+    "state_to_json",
+]
+
+DEFAULT_MAX_BYTES = 1024 * 1024
+_log = logging.getLogger("tesserix_adk.checkpoint")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointPolicy:
+    """At which boundaries frontiers are written. Fewer boundaries cost less and repeat
+    more work on resume. ``before_approval`` and final frontiers are written regardless."""
+
+    boundaries: frozenset[Boundary] = field(default_factory=lambda: frozenset(Boundary))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "boundaries", frozenset(Boundary(b) for b in self.boundaries))
+
+
+@dataclass(slots=True)
+class TranscriptCursor:
+    """How much of a live run's transcript the history store already holds."""
+
+    handle: HistoryHandle | None = None
+    persisted: int = 0
+
+
+class Checkpointer:
+    """Writes a run's frontiers to a ``CheckpointStore`` and reads them back."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        *,
+        policy: CheckpointPolicy | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        redact: bool = True,
+        extra_patterns: Sequence[str] = (),
+        history: HistoryStore | None = None,
+    ) -> None:
+        self.store = store
+        self.policy = policy or CheckpointPolicy()
+        self.max_bytes = max_bytes
+        self.history = history
+        self.redactor = Redactor(extra_patterns=tuple(extra_patterns), enabled=redact)
+        self.last_error: Exception | None = None
+
+    # --- writing -------------------------------------------------------------------------
+
+    async def write(self, frontier: Checkpoint, *, cursor: TranscriptCursor) -> bool:
+        """Write ``frontier`` (its ``messages`` the whole live transcript); ``True`` if the
+        store took it. Failures land in ``last_error``; fence and lease errors propagate."""
+        try:
+            await self._write(frontier, cursor)
+        except (StaleFenceError, LeaseLostError):
+            raise
+        except CheckpointTooLargeError as exc:
+            self._failed(frontier, exc)
+            await self._tombstone(frontier, str(exc))
+            return False
+        except Exception as exc:
+            self._failed(frontier, exc)
+            return False
+        return True
+
+    async def _write(self, frontier: Checkpoint, cursor: TranscriptCursor) -> None:
+        messages = frontier.messages or ()
+        if self.history is not None:
+            new = [encode_message(m, self.redactor) for m in messages[cursor.persisted :]]
+            for entry in new:
+                if len(entry) > self.max_bytes:
+                    raise CheckpointTooLargeError(
+                        f"a message of {len(entry)} bytes is over max_bytes={self.max_bytes}; "
+                        "it was not written",
+                        retryable=False,
+                    )
+            if new or cursor.handle is None:
+                cursor.handle = await self.history.append(
+                    frontier.tenant,
+                    frontier.run_id,
+                    new,
+                    fence=frontier.fence,
+                    after=cursor.handle,
+                )
+                cursor.persisted = len(messages)
+            frontier = dataclasses.replace(frontier, messages=None, history_handle=cursor.handle)
+        payload = encode_checkpoint(frontier, self.redactor)
+        if len(payload) > self.max_bytes:
+            raise CheckpointTooLargeError(
+                f"the frontier of run {frontier.run_id!r} at step {frontier.step} is "
+                f"{len(payload)} bytes, over max_bytes={self.max_bytes}; it was not written",
+                retryable=False,
+            )
+        await self.store.put(
+            frontier.tenant, frontier.run_id, payload, step=frontier.step, fence=frontier.fence
+        )
+
+    async def _tombstone(self, frontier: Checkpoint, reason: str) -> None:
+        payload = tombstone_payload(
+            tenant=frontier.tenant,
+            run_id=frontier.run_id,
+            agent_name=frontier.agent_name,
+            step=frontier.step,
+            reason=reason,
+            fence=frontier.fence,
+        )
+        try:
+            await self.store.put(
+                frontier.tenant, frontier.run_id, payload, step=frontier.step, fence=frontier.fence
+            )
+        except (StaleFenceError, LeaseLostError):
+            raise
+        except Exception as exc:
+            _log.error(
+                "tombstone for run %s step %s not written: %r", frontier.run_id, frontier.step, exc
+            )
+
+    def _failed(self, frontier: Checkpoint, exc: Exception) -> None:
+        self.last_error = exc
+        _log.warning(
+            "checkpoint of run %s (tenant %s) at step %s not written: %s",
+            frontier.run_id,
+            frontier.tenant,
+            frontier.step,
+            exc,
+        )
+
+    # --- reading -------------------------------------------------------------------------
+
+    async def latest(self, tenant: str, run_id: str) -> Checkpoint | None:
+        """The run's frontier, decoded and verified, or ``None``."""
+        stored = await self.store.latest(tenant, run_id)
+        if stored is None:
+            return None
+        return decode_checkpoint(stored.payload, tenant=tenant, run_id=run_id)
+
+    async def at(self, tenant: str, run_id: str, step: int) -> Checkpoint | None:
+        """The snapshot of ``step``, or ``None``; a corrupt one raises."""
+        stored = await self.store.at(tenant, run_id, step)
+        if stored is None:
+            return None
+        return decode_checkpoint(stored.payload, tenant=tenant, run_id=run_id)
+
+    async def steps(self, tenant: str, run_id: str) -> list[int]:
+        """The steps kept for the run, ascending."""
+        return await self.store.steps(tenant, run_id)
+
+    async def messages(self, checkpoint: Checkpoint) -> list[Message]:
+        """The transcript a frontier names; ``HistoryUnavailableError`` if it is gone."""
+        if checkpoint.messages is not None:
+            return list(checkpoint.messages)
+        handle = checkpoint.history_handle
+        if handle is None:  # pragma: no cover - decode_checkpoint refuses this
+            raise CheckpointCorruptError("the frontier names no transcript")
+        if self.history is None:
+            raise HistoryUnavailableError(
+                f"the frontier of run {checkpoint.run_id!r} keeps its transcript in a history "
+                "store, and this Checkpointer has none"
+            )
+        entries = await self.history.fetch(handle)
+        digest = EMPTY_HISTORY_DIGEST
+        for entry in entries:
+            digest = chain_digest(digest, entry)
+        if len(entries) != handle.count or digest != handle.digest:
+            raise HistoryUnavailableError(
+                f"the transcript of run {checkpoint.run_id!r} does not match its frontier "
+                f"({len(entries)} of {handle.count} message(s) resolve)"
+            )
+        return [decode_message(e) for e in entries]
+
+
+def state_to_json(state: Any, schema: type[Any] | None) -> Any:
+    """The run state as JSON data, validated by ``schema`` when there is one.
+
+    Validation runs on the JSON form, so a model mutated into an invalid shape is caught;
+    the result is a deep copy, so later mutation never rewrites a stored step.
+    """
+    if state is None:
+        return None
+    try:
+        data = TypeAdapter(type(state) if schema is None else schema).dump_python(
+            state, mode="json"
+        )
+        if schema is not None:
+            TypeAdapter(schema).validate_python(data)
+    except ValidationError as exc:
+        raise CheckpointError(f"the run state does not validate: {exc}") from exc
+    except Exception as exc:
+        raise CheckpointError(f"the run state is not JSON-serialisable: {exc}") from exc
+    return data
+
+
+def state_from_json(data: Any, schema: type[Any] | None) -> Any:
+    """The run state read back, validated the same way it was on save."""
+    if data is None or schema is None:
+        return data
+    try:
+        return TypeAdapter(schema).validate_python(data)
+    except ValidationError as exc:
+        raise CheckpointCorruptError(f"the stored run state does not validate: {exc}") from exc

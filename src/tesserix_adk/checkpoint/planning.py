@@ -1,0 +1,253 @@
+"""Deciding what already ran: ``plan_resume`` and the ``ResumePlan`` it returns.
+
+The plan decides; it does not act. For each call the frontier lists, and for each record
+the run left *ahead* of its frontier, the idempotency store's record says whether it
+completed (replay the outcome), never ran (dispatch it), or is in flight under a holder
+that is gone (indeterminate: nobody can say, so nobody guesses).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from tesserix_adk.checkpoint.payload import Boundary, Checkpoint
+from tesserix_adk.errors import IndeterminateToolCallError
+from tesserix_adk.stores.protocols import IdempotencyRecord, IdempotencyStore, RecordStatus
+
+__all__ = [
+    "PlannedCall",
+    "ResumePlan",
+    "ToolDisposition",
+    "plan_resume",
+    "refuse_if_undecidable",
+]
+
+
+class ToolDisposition(StrEnum):
+    """What resume does with a call."""
+
+    completed = "completed"
+    never_ran = "never_ran"
+    indeterminate = "indeterminate"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannedCall:
+    """One call and the decision about it, with the reason in words an operator reads.
+
+    ``ahead`` marks a record written after the frontier (the frontier does not list it);
+    ``takeover`` marks an in-flight claim that is safe to take over and re-send.
+    """
+
+    call_id: str | None
+    tool: str
+    key: str | None
+    disposition: ToolDisposition
+    reason: str
+    iteration: int | None
+    arguments: Mapping[str, Any] | None = None
+    ahead: bool = False
+    takeover: bool = False
+    side_effects: bool = True
+    record: IdempotencyRecord | None = None
+
+    def describe(self) -> str:
+        """``<tool> (<call id>): <disposition> - <reason>``."""
+        return f"{self.tool} ({self.call_id or self.key}): {self.disposition} - {self.reason}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumePlan:
+    """The decision for every call a resume has to account for."""
+
+    completed: tuple[PlannedCall, ...] = ()
+    to_dispatch: tuple[PlannedCall, ...] = ()
+    indeterminate: tuple[PlannedCall, ...] = ()
+
+    @property
+    def safe(self) -> bool:
+        """Nothing is indeterminate: the run may be carried on."""
+        return not self.indeterminate
+
+    @property
+    def calls(self) -> tuple[PlannedCall, ...]:
+        """Every planned call, frontier calls first, in order."""
+        return tuple(
+            sorted(
+                (*self.completed, *self.to_dispatch, *self.indeterminate),
+                key=lambda p: (p.ahead, p.iteration if p.iteration is not None else -1),
+            )
+        )
+
+
+async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> ResumePlan:
+    """Decide, with one batched look-up and one scan of the run's records, what ran."""
+    if checkpoint.status.finished or checkpoint.is_tombstone:
+        return ResumePlan()
+    keys = [oc.key for oc in checkpoint.outstanding if oc.key is not None]
+    found = await idempotency.lookup(keys) if keys else {}
+    records = await idempotency.records(checkpoint.tenant, checkpoint.run_id)
+    completed: list[PlannedCall] = []
+    to_dispatch: list[PlannedCall] = []
+    indeterminate: list[PlannedCall] = []
+    buckets = {
+        ToolDisposition.completed: completed,
+        ToolDisposition.never_ran: to_dispatch,
+        ToolDisposition.indeterminate: indeterminate,
+    }
+
+    for oc in checkpoint.outstanding:
+        base: dict[str, Any] = {
+            "call_id": oc.call.id,
+            "tool": oc.call.name,
+            "key": oc.key,
+            "iteration": checkpoint.iteration,
+            "arguments": oc.call.arguments,
+            "side_effects": oc.side_effects,
+        }
+        safe_to_resend = not oc.side_effects or oc.idempotent
+        if oc.key is None:
+            if oc.side_effects:
+                planned = PlannedCall(
+                    **base,
+                    disposition=ToolDisposition.indeterminate,
+                    reason="side-effecting call without an idempotency key; nothing records "
+                    "whether it ran",
+                )
+            else:
+                planned = PlannedCall(
+                    **base,
+                    disposition=ToolDisposition.never_ran,
+                    reason="no side effects; sent again",
+                )
+            buckets[planned.disposition].append(planned)
+            continue
+        rec = found.get(oc.key)
+        if rec is None:
+            planned = PlannedCall(
+                **base, disposition=ToolDisposition.never_ran, reason="no record under its key"
+            )
+        elif rec.status is RecordStatus.never_ran:
+            planned = PlannedCall(
+                **base,
+                disposition=ToolDisposition.never_ran,
+                reason=f"{rec.by or 'an operator'} recorded that it never ran",
+                record=rec,
+            )
+        elif rec.status is RecordStatus.completed:
+            planned = PlannedCall(
+                **base,
+                disposition=ToolDisposition.completed,
+                reason=_completed_reason(rec),
+                record=rec,
+            )
+        elif oc.redacted:
+            planned = PlannedCall(
+                **base,
+                disposition=ToolDisposition.indeterminate,
+                reason="in flight, and its arguments were redacted in the frontier; it is "
+                "not sent again with masked arguments",
+                record=rec,
+            )
+        elif safe_to_resend:
+            planned = PlannedCall(
+                **base,
+                disposition=ToolDisposition.never_ran,
+                reason=f"in flight under {rec.holder}; safe to send again "
+                f"({'idempotent' if oc.idempotent else 'no side effects'})",
+                takeover=True,
+                record=rec,
+            )
+        else:
+            planned = PlannedCall(
+                **base,
+                disposition=ToolDisposition.indeterminate,
+                reason=f"claimed in flight by {rec.holder} (fence {rec.fence}), which is gone; "
+                "nobody can say whether it ran",
+                record=rec,
+            )
+        if oc.redacted and planned.disposition is ToolDisposition.never_ran:
+            planned = dataclasses.replace(
+                planned,
+                disposition=ToolDisposition.indeterminate,
+                reason="its arguments were redacted in the frontier; it is not sent with "
+                "masked arguments",
+            )
+        buckets[planned.disposition].append(planned)
+
+    listed = {oc.key for oc in checkpoint.outstanding if oc.key is not None}
+    at_model_call = checkpoint.boundary in (Boundary.after_model_call, Boundary.before_approval)
+    for rec in records:
+        if rec.tool is None or rec.iteration is None or rec.key in listed:
+            continue
+        ahead = rec.iteration > checkpoint.iteration or (
+            rec.iteration == checkpoint.iteration and at_model_call
+        )
+        if not ahead or rec.status is RecordStatus.never_ran:
+            continue
+        flags = rec.flags
+        side_effects = True if flags is None else flags.side_effects
+        base = {
+            "call_id": rec.call_id,
+            "tool": rec.tool,
+            "key": rec.key,
+            "iteration": rec.iteration,
+            "ahead": True,
+            "side_effects": side_effects,
+            "record": rec,
+        }
+        if rec.status is RecordStatus.completed:
+            completed.append(
+                PlannedCall(
+                    **base,
+                    disposition=ToolDisposition.completed,
+                    reason=_completed_reason(rec) + f", ahead of the frontier (iteration "
+                    f"{rec.iteration}); replayed if the model asks for it again",
+                )
+            )
+        elif flags is not None and flags.safe_to_resend:
+            to_dispatch.append(
+                PlannedCall(
+                    **base,
+                    disposition=ToolDisposition.never_ran,
+                    reason=f"in flight under {rec.holder} ahead of the frontier; safe to send "
+                    "again",
+                    takeover=True,
+                )
+            )
+        else:
+            indeterminate.append(
+                PlannedCall(
+                    **base,
+                    disposition=ToolDisposition.indeterminate,
+                    reason=f"claimed in flight by {rec.holder} (fence {rec.fence}) ahead of the "
+                    f"frontier (iteration {rec.iteration}); nobody can say whether it ran",
+                )
+            )
+    return ResumePlan(
+        completed=tuple(completed),
+        to_dispatch=tuple(to_dispatch),
+        indeterminate=tuple(indeterminate),
+    )
+
+
+def _completed_reason(rec: IdempotencyRecord) -> str:
+    if rec.by:
+        return f"outcome recorded by {rec.by}"
+    return "outcome recorded"
+
+
+def refuse_if_undecidable(plan: ResumePlan) -> None:
+    """Raise ``IndeterminateToolCallError`` naming every call nobody can decide."""
+    if plan.safe:
+        return
+    names = ", ".join(p.describe() for p in plan.indeterminate)
+    raise IndeterminateToolCallError(
+        f"cannot tell whether {len(plan.indeterminate)} call(s) ran: {names}; check the "
+        "tool's own system and record what happened with `tesserix resolve`",
+        calls=plan.indeterminate,
+    )

@@ -1,0 +1,158 @@
+"""The whole error tree of tesserix-adk.
+
+Retryability is data (``.retryable``), not a class: a caller decides whether to try again by
+reading the attribute, never by matching on names.
+
+::
+
+    AdkError (.retryable)
+    ├── ConfigurationError            a usage mistake; fix the code or the deployment
+    ├── StoreUnavailableError         a store could not be reached (retryable)
+    ├── CheckpointError
+    │   ├── CheckpointFormatError     written by a newer kit; left untouched for it
+    │   ├── CheckpointCorruptError    cannot be decoded or verified
+    │   ├── CheckpointTooLargeError   over max_bytes; refused, never truncated
+    │   └── StaleFenceError           another worker carries the run now
+    ├── ResumeError
+    │   ├── IndeterminateToolCallError  nobody can say whether a call ran (.calls)
+    │   ├── DivergedRunError            the resumed model asks for something else
+    │   ├── ResumeConflictError         another worker holds the run (.holder)
+    │   ├── RevisionMismatchError       the agent changed since the frontier was written
+    │   ├── HistoryUnavailableError     the transcript no longer resolves
+    │   ├── NoCheckpointError           nothing checkpointed under that id
+    │   └── RunFailedError              the run ended ``failed``; it is not carried on
+    └── LeaseError
+        ├── LeaseHeldError            another holder has the lease (.holder)
+        └── LeaseLostError            this holder's lease lapsed or was taken
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tesserix_adk.checkpoint.planning import PlannedCall
+
+__all__ = [
+    "AdkError",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointFormatError",
+    "CheckpointTooLargeError",
+    "ConfigurationError",
+    "DivergedRunError",
+    "HistoryUnavailableError",
+    "IndeterminateToolCallError",
+    "LeaseError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "NoCheckpointError",
+    "ResumeConflictError",
+    "ResumeError",
+    "RevisionMismatchError",
+    "RunFailedError",
+    "StaleFenceError",
+    "StoreUnavailableError",
+]
+
+
+class AdkError(Exception):
+    """Base of every error the kit raises on purpose."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class ConfigurationError(AdkError):
+    """The kit was wired or called in a way that cannot work."""
+
+
+class StoreUnavailableError(AdkError):
+    """A store could not be reached; trying again later is the right answer."""
+
+    retryable = True
+
+
+class CheckpointError(AdkError):
+    """A frontier could not be written or read."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """The payload was written in a format newer than this kit reads."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """The payload cannot be decoded or does not verify."""
+
+
+class CheckpointTooLargeError(CheckpointError):
+    """A payload over ``max_bytes``; it was refused, not truncated."""
+
+
+class StaleFenceError(CheckpointError):
+    """A write carried a fence lower than one the store has seen: another worker has the run."""
+
+
+class ResumeError(AdkError):
+    """A run cannot be carried on as asked."""
+
+
+class IndeterminateToolCallError(ResumeError):
+    """Nobody can say whether these calls ran; an operator has to decide (never retryable)."""
+
+    def __init__(self, message: str, *, calls: Sequence[PlannedCall] = ()) -> None:
+        super().__init__(message, retryable=False)
+        self.calls: tuple[PlannedCall, ...] = tuple(calls)
+
+
+class DivergedRunError(ResumeError):
+    """The resumed run asks for something other than what already happened."""
+
+
+class ResumeConflictError(ResumeError):
+    """Another worker holds the run; try again once it lets go."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, holder: str | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+class RevisionMismatchError(ResumeError):
+    """The agent's revision differs from the one the frontier pinned."""
+
+
+class HistoryUnavailableError(ResumeError):
+    """The transcript a frontier points at no longer resolves to the same bytes."""
+
+
+class NoCheckpointError(ResumeError):
+    """Nothing is checkpointed under that run id (or step) for that tenant."""
+
+
+class RunFailedError(ResumeError):
+    """The run ended ``failed``; it is not carried on."""
+
+
+class LeaseError(AdkError):
+    """A lease could not be taken or kept."""
+
+
+class LeaseHeldError(LeaseError):
+    """Another holder has the run's lease (``holder`` is informational)."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, holder: str | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+class LeaseLostError(LeaseError):
+    """This holder's lease lapsed or was taken; stop before the next durable write."""

@@ -1,0 +1,194 @@
+"""Messages, their parts, tool calls and outcomes, usage: the conversation's value objects.
+
+The JSON shape written here (``message_to_json``/``message_from_json``) is part of the
+checkpoint format: fields may grow, never silently change.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "BinaryPart",
+    "Message",
+    "Part",
+    "Role",
+    "TextPart",
+    "ToolCall",
+    "ToolOutcome",
+    "Usage",
+    "message_from_json",
+    "message_to_json",
+]
+
+
+class Role(StrEnum):
+    """Who said a message."""
+
+    system = "system"
+    user = "user"
+    assistant = "assistant"
+    tool = "tool"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TextPart:
+    """A piece of text inside a message."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BinaryPart:
+    """Bytes with a media type (an image, a PDF); never redacted, never altered."""
+
+    data: bytes
+    media_type: str
+
+
+Part = TextPart | BinaryPart
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCall:
+    """A call the model asked for: the provider's id, the tool's name, JSON arguments."""
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolOutcome:
+    """What a tool call produced, as the model will see it."""
+
+    call_id: str
+    content: Any
+    is_error: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    """Token counts of one or more model calls."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One turn of the conversation; ``content`` is text or a sequence of parts."""
+
+    role: Role | str
+    content: str | Sequence[Part] = ""
+    tool_calls: Sequence[ToolCall] = ()
+    tool_call_id: str | None = None
+    is_error: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", Role(self.role))
+        if not isinstance(self.content, str):
+            object.__setattr__(self, "content", tuple(self.content))
+        object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+
+    @property
+    def text(self) -> str:
+        """The message's text parts joined; binary parts are left out."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    @classmethod
+    def user(cls, content: str | Sequence[Part]) -> Message:
+        """A user message."""
+        return cls(Role.user, content)
+
+    @classmethod
+    def assistant(cls, content: str = "", tool_calls: Sequence[ToolCall] = ()) -> Message:
+        """An assistant message, possibly asking for tool calls."""
+        return cls(Role.assistant, content, tool_calls)
+
+    @classmethod
+    def tool_result(cls, outcome: ToolOutcome) -> Message:
+        """The message that answers one tool call."""
+        content = outcome.content if isinstance(outcome.content, str) else _json_text(outcome)
+        return cls(Role.tool, content, tool_call_id=outcome.call_id, is_error=outcome.is_error)
+
+
+def _json_text(outcome: ToolOutcome) -> str:
+    import json
+
+    return json.dumps(outcome.content, sort_keys=True, default=str)
+
+
+def message_to_json(message: Message) -> dict[str, Any]:
+    """The JSON form of a message (binary parts as base64)."""
+    content: Any
+    if isinstance(message.content, str):
+        content = message.content
+    else:
+        content = [
+            {"type": "text", "text": p.text}
+            if isinstance(p, TextPart)
+            else {
+                "type": "binary",
+                "media_type": p.media_type,
+                "data": base64.b64encode(p.data).decode("ascii"),
+            }
+            for p in message.content
+        ]
+    out: dict[str, Any] = {"role": str(message.role), "content": content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.is_error:
+        out["is_error"] = True
+    return out
+
+
+def message_from_json(data: Mapping[str, Any]) -> Message:
+    """Read a message written by ``message_to_json``; raises ``ValueError``/``KeyError``."""
+    raw = data["content"]
+    content: str | list[Part]
+    if isinstance(raw, str):
+        content = raw
+    elif isinstance(raw, list):
+        content = []
+        for part in raw:
+            if part["type"] == "text":
+                content.append(TextPart(text=str(part["text"])))
+            elif part["type"] == "binary":
+                content.append(
+                    BinaryPart(
+                        data=base64.b64decode(part["data"], validate=True),
+                        media_type=str(part["media_type"]),
+                    )
+                )
+            else:
+                raise ValueError(f"unknown part type {part['type']!r}")
+    else:
+        raise ValueError("message content is neither text nor a list of parts")
+    calls = [
+        ToolCall(id=str(c["id"]), name=str(c["name"]), arguments=dict(c["arguments"]))
+        for c in data.get("tool_calls", ())
+    ]
+    return Message(
+        Role(data["role"]),
+        content,
+        calls,
+        tool_call_id=data.get("tool_call_id"),
+        is_error=bool(data.get("is_error", False)),
+    )

@@ -1,0 +1,1 @@
+"""Store protocols and the stores that ship with the kit."""

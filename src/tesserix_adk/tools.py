@@ -1,0 +1,236 @@
+"""Tools: ``@tool``/``Tool``, their JSON schema, idempotency keys and ``ToolContext``.
+
+A tool says what it does to the world (``side_effects``, ``idempotent``) so that resume can
+decide, without the agent at hand, whether a call that may have run can be sent again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, cast, overload
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.messages import ToolCall
+
+__all__ = [
+    "KeyFunction",
+    "Tool",
+    "ToolContext",
+    "ToolSpec",
+    "canonical_json",
+    "default_key",
+    "tool",
+]
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal data, equal text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class KeyFunction(Protocol):
+    """Derives a call's idempotency key; must be a pure function of its inputs."""
+
+    def __call__(
+        self, *, tenant: str, run_id: str, iteration: int, tool: str, arguments: Mapping[str, Any]
+    ) -> str: ...
+
+
+def default_key(
+    *, tenant: str, run_id: str, iteration: int, tool: str, arguments: Mapping[str, Any]
+) -> str:
+    """A digest of (tenant, run, iteration, tool, arguments); never the provider's call id,
+    so a model that asks the same call again after a crash finds the recorded outcome."""
+    body = canonical_json([tenant, run_id, iteration, tool, dict(arguments)])
+    return "k1:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolContext:
+    """What a tool may know about the call it serves; pass ``idempotency_key`` on to the
+    external system so it can deduplicate. ``state`` is the run's live state object."""
+
+    tenant: str
+    run_id: str
+    call: ToolCall
+    idempotency_key: str | None
+    fence: int | None
+    iteration: int
+    state: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolSpec:
+    """What a model is told about a tool."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+
+_CTX = "ctx"
+
+
+class Tool:
+    """A function the model may call, with what it does to the world declared up front."""
+
+    __slots__ = (
+        "_accepts_ctx",
+        "_args_model",
+        "description",
+        "fn",
+        "idempotent",
+        "key",
+        "name",
+        "parameters",
+        "requires_approval",
+        "side_effects",
+    )
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        side_effects: bool = True,
+        idempotent: bool = False,
+        requires_approval: bool = False,
+        key: KeyFunction | None = default_key,
+    ) -> None:
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.description = (description or inspect.getdoc(fn) or "").strip()
+        self.side_effects = side_effects
+        self.idempotent = idempotent
+        self.requires_approval = requires_approval
+        self.key = key
+        self._args_model, self._accepts_ctx = _arguments_model(fn, self.name)
+        self.parameters: Mapping[str, Any] = self._args_model.model_json_schema()
+
+    @property
+    def keyed(self) -> bool:
+        """Calls of this tool carry an idempotency key."""
+        return self.key is not None
+
+    @property
+    def spec(self) -> ToolSpec:
+        """The description a provider sends to the model."""
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+    def key_for(self, *, tenant: str, run_id: str, iteration: int, call: ToolCall) -> str | None:
+        """The call's idempotency key, or ``None`` for a tool that opted out."""
+        if self.key is None:
+            return None
+        return self.key(
+            tenant=tenant,
+            run_id=run_id,
+            iteration=iteration,
+            tool=self.name,
+            arguments=call.arguments,
+        )
+
+    async def invoke(self, arguments: Mapping[str, Any], ctx: ToolContext) -> Any:
+        """Validate the arguments and run the function (sync functions run in a thread)."""
+        try:
+            parsed = self._args_model.model_validate(dict(arguments))
+        except ValidationError as exc:
+            raise ValueError(f"invalid arguments for {self.name}: {exc}") from exc
+        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        return await call_maybe_async(self.fn, kwargs, ctx if self._accepts_ctx else None)
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r}, side_effects={self.side_effects})"
+
+
+async def call_maybe_async(
+    fn: Callable[..., Any], kwargs: dict[str, Any], ctx: ToolContext | None
+) -> Any:
+    """Call ``fn`` with keyword arguments (and ``ctx`` when given), sync or async."""
+    if ctx is not None:
+        kwargs = {**kwargs, _CTX: ctx}
+    if inspect.iscoroutinefunction(fn):
+        return await cast(Callable[..., Awaitable[Any]], fn)(**kwargs)
+    result = fn(**kwargs)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def accepts_ctx(fn: Callable[..., Any]) -> bool:
+    """``fn`` declares a ``ctx`` parameter."""
+    return _CTX in inspect.signature(fn).parameters
+
+
+def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel], bool]:
+    try:
+        sig = inspect.signature(fn)
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except (TypeError, ValueError, NameError) as exc:
+        raise ConfigurationError(f"cannot read the signature of tool {name!r}: {exc}") from exc
+    fields: dict[str, Any] = {}
+    has_ctx = False
+    for param in sig.parameters.values():
+        if param.name == _CTX:
+            has_ctx = True
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigurationError(f"tool {name!r} cannot take *args or **kwargs")
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, default)
+    model = create_model(
+        f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    return cast(type[BaseModel], model), has_ctx
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    side_effects: bool = True,
+    idempotent: bool = False,
+    requires_approval: bool = False,
+    key: KeyFunction | None = default_key,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    side_effects: bool = True,
+    idempotent: bool = False,
+    requires_approval: bool = False,
+    key: KeyFunction | None = default_key,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a function a ``Tool``; usable bare (``@tool``) or with keywords."""
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool(
+            f,
+            name=name,
+            description=description,
+            side_effects=side_effects,
+            idempotent=idempotent,
+            requires_approval=requires_approval,
+            key=key,
+        )
+
+    if fn is not None:
+        return wrap(fn)
+    return wrap
