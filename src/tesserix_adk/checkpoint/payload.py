@@ -201,7 +201,7 @@ def encode_checkpoint(cp: Checkpoint, redactor: Redactor) -> bytes:
     outstanding = []
     for oc in cp.outstanding:
         args = redactor.value(dict(oc.call.arguments))
-        redacted = oc.redacted or args != dict(oc.call.arguments)
+        redacted = oc.redacted or redactor.changed(dict(oc.call.arguments))
         outstanding.append(
             {
                 "id": oc.call.id,

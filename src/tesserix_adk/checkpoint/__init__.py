@@ -1,0 +1,1 @@
+"""Checkpoints: payload and codec (format, redaction, size cap), policy, planning."""

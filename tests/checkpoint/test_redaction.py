@@ -1,0 +1,406 @@
+"""Redaction masks every secret kind it knows, in text and deep in data, and nothing else."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import random
+import string
+from typing import Any
+
+import pytest
+
+from tesserix_adk.checkpoint.redaction import Redactor, default_redactor
+from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.testing.secrets import leaked_secrets, planted_secrets
+
+# Fake secrets, generated so no source line looks like a real token to a secret scanner.
+_rng = random.Random(7)
+_ALNUM = string.ascii_letters + string.digits
+
+
+def _pick(alphabet: str, n: int) -> str:
+    return "".join(_rng.choice(alphabet) for _ in range(n))
+
+
+def _same(secret: str) -> tuple[str, str]:
+    """A sample whose planted text is all secret."""
+    return (secret, secret)
+
+
+def _strings(data: Any) -> str:
+    """Every string in ``data``, joined, so a secret with newlines is found as it is."""
+    if isinstance(data, str):
+        return data
+    if isinstance(data, dict):
+        return "\n".join(_strings(k) + "\n" + _strings(v) for k, v in data.items())
+    if isinstance(data, list | tuple):
+        return "\n".join(_strings(item) for item in data)
+    return ""
+
+
+def _b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+_PEM_BODY = "\n".join(_pick(_ALNUM + "+/", 64) for _ in range(4))
+_PEM_LABEL = "EC " + "PRIVATE KEY"
+_URL_PASSWORD = "s3cr3t-" + _pick(_ALNUM, 10)
+_BEARER_TOKEN = "tok_" + _pick(_ALNUM, 30)
+
+# kind → (text to plant, the part that must disappear)
+SAMPLES: dict[str, tuple[str, str]] = {
+    "openai_key": _same("sk-" + _pick(_ALNUM, 48)),
+    "anthropic_key": _same("sk-" + "ant-api03-" + _pick(_ALNUM + "-_", 90) + "AA"),
+    "bearer": (f"Bearer {_BEARER_TOKEN}", _BEARER_TOKEN),
+    "aws_access_key_id": _same("AS" + "IA" + _pick(string.ascii_uppercase + string.digits, 16)),
+    "aws_secret_key": _same("Zk9q" + _pick(_ALNUM, 16) + "/x+Q" + _pick(_ALNUM, 12) + "Ab1c"),
+    "github_token": _same("gh" + "s_" + _pick(_ALNUM, 36)),
+    "slack_token": _same("xo" + "xp-" + _pick(string.digits, 11) + "-" + _pick(_ALNUM, 20)),
+    "jwt": _same(
+        _b64url(b'{"alg":"RS256","typ":"JWT"}')
+        + "."
+        + _b64url(b'{"sub":"42","scope":"admin"}')
+        + "."
+        + _pick(_ALNUM + "-_", 86)
+    ),
+    "private_key": (
+        f"-----BEGIN {_PEM_LABEL}-----\n{_PEM_BODY}\n-----END {_PEM_LABEL}-----",
+        _PEM_BODY,
+    ),
+    "url_password": (f"mysql://reporter:{_URL_PASSWORD}@10.0.0.7:3306/sales", _URL_PASSWORD),
+}
+KINDS = sorted(SAMPLES)
+
+
+def test_every_sample_is_the_length_its_kind_needs() -> None:
+    assert len(SAMPLES["aws_secret_key"][0]) == 40
+    assert len(SAMPLES["aws_access_key_id"][0]) == 20
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_builtin_kind_is_masked_in_text_and_named(kind: str) -> None:
+    planted, secret = SAMPLES[kind]
+    out = default_redactor().text(f"please use {planted} for this.")
+    assert secret not in out
+    assert f"[redacted:{kind}]" in out
+    assert out.startswith("please use ") and out.endswith(" for this.")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_builtin_kind_is_masked_deep_inside_nested_data(kind: str) -> None:
+    planted, secret = SAMPLES[kind]
+    data = {"outer": [{"inner": {"note": f"x {planted} y", "n": 3}}, ("t", planted)]}
+    out = default_redactor().value(data)
+    assert secret not in _strings(out)
+    assert secret in _strings(data)
+    assert f"[redacted:{kind}]" in out["outer"][0]["inner"]["note"]
+    assert out["outer"][0]["inner"]["n"] == 3
+    assert f"[redacted:{kind}]" in out["outer"][1][1]
+
+
+def test_several_secrets_in_one_string_are_all_masked() -> None:
+    text = " | ".join(planted for planted, _ in SAMPLES.values())
+    out = default_redactor().text(text)
+    for kind, (_, secret) in SAMPLES.items():
+        assert secret not in out, kind
+        assert f"[redacted:{kind}]" in out
+
+
+def test_url_password_goes_but_user_and_host_stay() -> None:
+    out = default_redactor().text(SAMPLES["url_password"][0])
+    assert out == "mysql://reporter:[redacted:url_password]@10.0.0.7:3306/sales"
+
+
+def test_url_password_with_an_empty_user_or_an_at_sign_goes_whole() -> None:
+    r = default_redactor()
+    assert (
+        r.text("redis://:hunter22@cache:6379/0") == "redis://:[redacted:url_password]@cache:6379/0"
+    )
+    assert r.text("postgres://u:p@ss@db/x") == "postgres://u:[redacted:url_password]@db/x"
+
+
+def test_urls_without_a_password_are_left_alone() -> None:
+    r = default_redactor()
+    for url in [
+        "https://example.com:8443/path?user=a@b.example",
+        "ssh://git@github.com/org/repo.git",
+        "mailto:someone@example.com",
+    ]:
+        assert r.text(url) == url
+
+
+def test_bearer_keeps_the_word_and_masks_the_token() -> None:
+    r = default_redactor()
+    assert r.text(SAMPLES["bearer"][0]) == "Bearer [redacted:bearer]"
+    assert r.text("authorization: bearer abc.def-123_xyz==") == (
+        "authorization: bearer [redacted:bearer]"
+    )
+
+
+def test_a_jwt_after_bearer_is_named_as_a_jwt() -> None:
+    out = default_redactor().text("Bearer " + SAMPLES["jwt"][0])
+    assert out == "Bearer [redacted:jwt]"
+
+
+def test_anthropic_and_project_keys_get_their_own_labels() -> None:
+    r = default_redactor()
+    assert r.text(SAMPLES["anthropic_key"][0]) == "[redacted:anthropic_key]"
+    assert r.text("sk-" + "proj-" + _pick(_ALNUM + "_-", 60)) == "[redacted:openai_key]"
+
+
+def test_aws_secret_key_next_to_a_hint_is_masked_even_without_slash_or_plus() -> None:
+    value = _pick(string.ascii_lowercase, 20) + _pick(string.ascii_uppercase, 20)
+    r = default_redactor()
+    for line in [
+        f"aws_secret_access_key={value}",
+        f'AWS_SECRET_ACCESS_KEY: "{value}"',
+        f"secret_access_key = '{value}'",
+    ]:
+        out = r.text(line)
+        assert value not in out
+        assert "[redacted:aws_secret_key]" in out
+
+
+def test_github_fine_grained_tokens_are_masked() -> None:
+    token = "github_" + "pat_" + _pick(_ALNUM, 22) + "_" + _pick(_ALNUM, 59)
+    assert default_redactor().text(token) == "[redacted:github_token]"
+
+
+def test_pem_block_is_masked_whole_across_lines() -> None:
+    planted = SAMPLES["private_key"][0]
+    out = default_redactor().text(f"key:\n{planted}\nend of file")
+    assert out == "key:\n[redacted:private_key]\nend of file"
+
+
+def test_a_pem_block_cut_short_is_masked_to_the_end() -> None:
+    out = default_redactor().text(f"-----BEGIN {_PEM_LABEL}-----\n{_PEM_BODY[:100]}")
+    assert out == "[redacted:private_key]"
+
+
+def test_hex_digests_are_not_masked() -> None:
+    sha256 = hashlib.sha256(b"agent").hexdigest()
+    git_sha = hashlib.sha1(b"commit").hexdigest()
+    text = f"revision sha256:{sha256} at commit {git_sha} ({git_sha.upper()})"
+    assert default_redactor().text(text) == text
+
+
+def test_ordinary_text_is_left_alone() -> None:
+    r = default_redactor()
+    for text in [
+        "",
+        "hi",
+        "sk-learn is a python library; ask-me-anything",
+        "a Bearer token is sent by the bearer of the token.",
+        "Bearer authentication needs TLS.",
+        "the eyJ prefix starts a JWT header",
+        "AKIA is the prefix of an access key id",
+        "path /usr/local/lib/python3/site-packages/pkg/module/x.py",
+        "booking ref LH123 on 2024-05-01, seat 14C",
+    ]:
+        assert r.text(text) == text
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "password",
+        "Password",
+        "PASSWORD",
+        "secret",
+        "client_secret",
+        "token",
+        "access_token",
+        "refresh_token",
+        "api_key",
+        "apikey",
+        "X-Api-Key",
+        "x_api_key",
+        "authorization",
+        "Authorization",
+        "cookie",
+        "Set-Cookie",
+        "db_password",
+        "DB-Password",
+        "private_key",
+    ],
+)
+@pytest.mark.parametrize("value", ["hunter2", 1234, 3.5, {"nested": "v"}, ["a", "b"], ""])
+def test_sensitive_keys_are_masked_whatever_the_value(key: str, value: Any) -> None:
+    out = default_redactor().value({"data": [{key: value, "other": "kept"}]})
+    masked = out["data"][0][key]
+    assert isinstance(masked, str) and masked.startswith("[redacted:") and masked.endswith("]")
+    assert out["data"][0]["other"] == "kept"
+
+
+@pytest.mark.parametrize(
+    ("key", "kind"),
+    [
+        ("Password", "password"),
+        ("db_password", "password"),
+        ("client_secret", "secret"),
+        ("x-auth-token", "token"),
+        ("refresh_token", "token"),
+        ("X-API-KEY", "api_key"),
+        ("apikey", "api_key"),
+        ("Authorization", "authorization"),
+        ("set-cookie", "cookie"),
+    ],
+)
+def test_sensitive_key_placeholder_names_the_kind(key: str, kind: str) -> None:
+    assert default_redactor().value({key: "x"}) == {key: f"[redacted:{kind}]"}
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "input_tokens",
+        "output_tokens",
+        "max_tokens",
+        "tokens",
+        "token_count",
+        "secretary",
+        "password_hint",
+        "cookies_enabled",
+        "author",
+        "key",
+        "x-",
+    ],
+)
+def test_keys_that_only_contain_a_sensitive_word_are_left_alone(key: str) -> None:
+    data = {key: 1200, "nested": {key: "plain"}}
+    assert default_redactor().value(data) == data
+
+
+def test_none_and_booleans_under_sensitive_keys_stay() -> None:
+    data = {"password": None, "cookie": False, "token": True}
+    assert default_redactor().value(data) == data
+
+
+def test_string_keys_are_redacted_too() -> None:
+    key = SAMPLES["github_token"][0]
+    assert default_redactor().value({key: 1}) == {"[redacted:github_token]": 1}
+
+
+def test_bytes_are_never_touched() -> None:
+    blob = f"Bearer {_BEARER_TOKEN}".encode()
+    raw = bytearray(blob)
+    r = default_redactor()
+    assert r.value(blob) is blob
+    out = r.value({"image": blob, "buf": raw, "parts": [blob], "password": "x"})
+    assert out["image"] is blob
+    assert out["buf"] is raw
+    assert out["parts"][0] is blob
+    assert out["password"] == "[redacted:password]"
+
+
+def test_numbers_and_none_pass_through() -> None:
+    data = {"a": 1, "b": 2.5, "c": None, "d": True, "e": [0, -1]}
+    assert default_redactor().value(data) == data
+
+
+def test_extra_patterns_are_masked_as_custom() -> None:
+    r = Redactor(extra_patterns=(r"ACME-\d{6}", r"(?i)internal-[a-z]+"))
+    out = r.text("ticket ACME-123456 on Internal-Billing, not ACME-12")
+    assert out == "ticket [redacted:custom] on [redacted:custom], not ACME-12"
+    assert r.value({"k": ["ACME-000001"]}) == {"k": ["[redacted:custom]"]}
+
+
+def test_extra_patterns_add_to_the_builtins() -> None:
+    r = Redactor(extra_patterns=(r"ACME-\d{6}",))
+    out = r.text(f"ACME-123456 {SAMPLES['github_token'][0]}")
+    assert out == "[redacted:custom] [redacted:github_token]"
+
+
+def test_extra_patterns_never_eat_into_a_placeholder() -> None:
+    r = Redactor(extra_patterns=(r"redacted", r"\[[^\]]*\]", r"x*"))
+    once = r.text(f"{SAMPLES['openai_key'][0]} [note] xx")
+    assert once == "[redacted:openai_key] [redacted:custom] [redacted:custom]"
+    assert r.text(once) == once
+
+
+def test_extra_patterns_given_as_a_list_are_kept_as_a_tuple() -> None:
+    r = Redactor(extra_patterns=[r"ACME-\d+"])  # type: ignore[arg-type]
+    assert r.extra_patterns == (r"ACME-\d+",)
+    assert r == Redactor(extra_patterns=(r"ACME-\d+",))
+
+
+def test_an_invalid_extra_pattern_is_refused_when_the_redactor_is_built() -> None:
+    with pytest.raises(ConfigurationError, match=r"extra_patterns\[1\]"):
+        Redactor(extra_patterns=("ok", "(unclosed"))
+
+
+def test_a_single_string_is_not_taken_for_a_tuple_of_patterns() -> None:
+    with pytest.raises(ConfigurationError):
+        Redactor(extra_patterns="ACME")  # type: ignore[arg-type]
+
+
+def test_a_disabled_redactor_keeps_everything() -> None:
+    r = Redactor(enabled=False, extra_patterns=("ACME",))
+    data = {"password": "hunter2", "note": [SAMPLES["jwt"][0], "ACME"]}
+    assert r.value(data) is data
+    assert r.text(SAMPLES["bearer"][0]) == SAMPLES["bearer"][0]
+    assert r.changed(data) is False
+
+
+def test_input_is_not_mutated_and_output_is_a_new_structure() -> None:
+    data: dict[str, Any] = {
+        "args": {"password": "pw", "items": [{"t": SAMPLES["slack_token"][0]}], "tup": (1, "a")},
+        "plain": ["a", {"b": "c"}],
+    }
+    before = copy.deepcopy(data)
+    out = default_redactor().value(data)
+    assert data == before
+    assert out is not data
+    assert out["plain"] is not data["plain"]
+    assert out["plain"][1] is not data["plain"][1]
+    assert out["args"]["tup"] == [1, "a"]  # tuples come back as lists: the output is JSON-bound
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_redaction_is_idempotent(kind: str) -> None:
+    r = Redactor(extra_patterns=(r"ACME-\d+",))
+    planted, _ = SAMPLES[kind]
+    data = {"msg": f"a {planted} b ACME-1", "token": "t", "list": [planted]}
+    once = r.value(data)
+    assert r.value(once) == once
+    assert r.text(once["msg"]) == once["msg"]
+    assert r.changed(once) is False
+
+
+def test_changed_says_whether_anything_was_masked() -> None:
+    r = default_redactor()
+    assert r.changed({"q": "hello", "n": [1, 2]}) is False
+    assert r.changed(("a", ("b",))) is False  # tuples becoming lists is not a change
+    assert r.changed({"q": [f"call with {SAMPLES['openai_key'][0]}"]}) is True
+    assert r.changed({"api_key": 5}) is True
+    assert r.changed(SAMPLES["aws_access_key_id"][0]) is True
+    assert r.changed(b"Bearer " + _BEARER_TOKEN.encode()) is False
+
+
+def test_default_redactor_has_the_builtin_patterns_only() -> None:
+    r = default_redactor()
+    assert r == Redactor()
+    assert r.extra_patterns == ()
+    assert r.enabled is True
+
+
+def test_planted_secrets_cover_every_builtin_kind_and_all_get_masked() -> None:
+    planted = planted_secrets()
+    assert sorted(planted) == KINDS
+    assert planted == planted_secrets()  # the same values every call
+    stored = json.dumps(
+        default_redactor().value({"state": planted, "text": list(planted.values())})
+    )
+    assert leaked_secrets(stored) == []
+    for kind in KINDS:
+        assert f"[redacted:{kind}]" in stored
+
+
+def test_leaked_secrets_finds_planted_secrets_raw_or_json_escaped() -> None:
+    planted = planted_secrets()
+    assert sorted(leaked_secrets(json.dumps(planted).encode())) == KINDS
+    assert leaked_secrets(planted["private_key"]) == ["private_key"]
+    assert leaked_secrets("nothing here") == []
