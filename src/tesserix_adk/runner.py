@@ -213,36 +213,44 @@ class AgentRunner:
     async def resume(self, agent: Agent, run_id: str, *, tenant: str) -> Run:
         """Carry a run on from its frontier, never making a side-effecting call twice."""
         self._check_agent(agent)
-        checkpoints = self._require_checkpoints()
+        self._require_checkpoints()
         claim = run_claim_key(tenant, run_id)
         await self._claim_run(claim, tenant, run_id)
         try:
-            try:
-                lease = await self._take_lease(tenant, run_id)
-            except LeaseHeldError as exc:
-                raise ResumeConflictError(
-                    f"run {run_id!r} is held by {exc.holder or 'another worker'}",
-                    holder=exc.holder,
-                ) from exc
-            async with _holding(lease):
-                carry = _Carry(agent=agent, tenant=tenant, run_id=run_id, messages=[])
-                carry.lease = lease
-                carry.run_claim = claim
-                await self._seal(carry)
-                cp = await checkpoints.latest(tenant, run_id)
-                if cp is None:
-                    raise NoCheckpointError(
-                        f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
-                    )
-                _refuse_unresumable(cp, agent)
-                if cp.status.finished:
-                    return _finished_run(cp)
-                plan = await plan_resume(cp, self.idempotency)
-                refuse_if_undecidable(plan)
-                await self._restore(carry, cp, plan)
-                return await self._continue(carry, cp)
-        finally:
+            run = await self._resume_claimed(agent, run_id, tenant, claim)
+        except (Exception, asyncio.CancelledError):
             await _shielded(self._release_claim(claim))
+            raise
+        # Any other BaseException stands in for a process death: the claim is left to
+        # expire, exactly as a killed process would leave it.
+        await _shielded(self._release_claim(claim))
+        return run
+
+    async def _resume_claimed(self, agent: Agent, run_id: str, tenant: str, claim: str) -> Run:
+        checkpoints = self._require_checkpoints()
+        try:
+            lease = await self._take_lease(tenant, run_id)
+        except LeaseHeldError as exc:
+            raise ResumeConflictError(
+                f"run {run_id!r} is held by {exc.holder or 'another worker'}", holder=exc.holder
+            ) from exc
+        async with _holding(lease):
+            carry = _Carry(agent=agent, tenant=tenant, run_id=run_id, messages=[])
+            carry.lease = lease
+            carry.run_claim = claim
+            await self._seal(carry)
+            cp = await checkpoints.latest(tenant, run_id)
+            if cp is None:
+                raise NoCheckpointError(
+                    f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
+                )
+            _refuse_unresumable(cp, agent)
+            if cp.status.finished:
+                return _finished_run(cp)
+            plan = await plan_resume(cp, self.idempotency)
+            refuse_if_undecidable(plan)
+            await self._restore(carry, cp, plan)
+            return await self._continue(carry, cp)
 
     async def replay(
         self,

@@ -137,7 +137,8 @@ class Tool:
         )
 
     async def invoke(self, arguments: Mapping[str, Any], ctx: ToolContext) -> Any:
-        """Validate the arguments and run the function (sync functions run in a thread)."""
+        """Validate the arguments and run the function (a sync function runs inline: make
+        a blocking tool async or hand it to a thread yourself)."""
         try:
             parsed = self._args_model.model_validate(dict(arguments))
         except ValidationError as exc:
@@ -185,9 +186,7 @@ def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel]
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, default)
-    model = create_model(
-        f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
     return cast(type[BaseModel], model), has_ctx
 
 

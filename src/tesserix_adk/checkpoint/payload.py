@@ -181,7 +181,9 @@ def decode_outcome(data: bytes, call_id: str) -> ToolOutcome:
 def _redacted_message(message: Message, redactor: Redactor) -> dict[str, Any]:
     data = _message_to_json(message)
     if isinstance(data["content"], str):
-        data["content"] = redactor.text(data["content"])
+        data["content"] = _redacted_text(
+            data["content"], redactor, structured=data["role"] == "tool"
+        )
     else:
         data["content"] = [
             {**p, "text": redactor.text(p["text"])} if p["type"] == "text" else p
@@ -190,6 +192,21 @@ def _redacted_message(message: Message, redactor: Redactor) -> dict[str, Any]:
     for call in data.get("tool_calls", ()):
         call["arguments"] = redactor.value(call["arguments"])
     return data
+
+
+def _redacted_text(text: str, redactor: Redactor, *, structured: bool) -> str:
+    """Mask secrets in text; a tool result that is JSON is redacted as data, so values
+    under keys like ``password`` are masked as they would be in any other payload."""
+    if structured and text[:1] in ("{", "["):
+        try:
+            data = json.loads(text)
+        except ValueError:
+            pass
+        else:
+            if redactor.changed(data):
+                return json.dumps(redactor.value(data), sort_keys=True, default=str)
+            return text
+    return redactor.text(text)
 
 
 def _dumps(value: Any) -> bytes:

@@ -223,7 +223,9 @@ class Redactor:
 
     def __post_init__(self) -> None:
         if isinstance(self.extra_patterns, str):
-            raise ConfigurationError("extra_patterns takes a tuple of regular expressions, not one string")
+            raise ConfigurationError(
+                "extra_patterns takes a tuple of regular expressions, not one string"
+            )
         patterns = tuple(self.extra_patterns)
         compiled: list[re.Pattern[str]] = []
         for i, source in enumerate(patterns):

@@ -245,9 +245,7 @@ class RunLease:
     def superseded_by(self, other: RunLease) -> bool:
         """``other`` is a later acquisition of the same run."""
         return (
-            other.tenant == self.tenant
-            and other.run_id == self.run_id
-            and other.fence > self.fence
+            other.tenant == self.tenant and other.run_id == self.run_id and other.fence > self.fence
         )
 
 
@@ -410,4 +408,3 @@ class ApprovalStore(Protocol):
     async def seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Raise the highest-seen fence for the run without writing data."""
         ...
-

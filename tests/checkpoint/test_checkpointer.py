@@ -1,0 +1,302 @@
+"""Checkpointer: redaction before any byte is stored, formats, corruption, golden payloads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from conftest import BOOK_TURNS, Airline, booking_agent
+from tesserix_adk import (
+    CHECKPOINT_FORMAT,
+    Agent,
+    AgentRunner,
+    BinaryPart,
+    CheckpointCorruptError,
+    Checkpointer,
+    CheckpointFormatError,
+    CheckpointStatus,
+    MemoryApprovalStore,
+    MemoryCheckpointStore,
+    MemoryHistoryStore,
+    MemoryIdempotencyStore,
+    Message,
+    RevisionMismatchError,
+    RunStatus,
+    ScriptedProvider,
+    ScriptedTurn,
+    TextPart,
+    tool,
+)
+from tesserix_adk.checkpoint.payload import decode_checkpoint
+from tesserix_adk.testing.faults import FaultyCheckpointStore
+from tesserix_adk.testing.secrets import leaked_secrets, planted_secrets
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+class _Stores:
+    def __init__(self) -> None:
+        self.checkpoints = FaultyCheckpointStore(MemoryCheckpointStore())
+        self.history = MemoryHistoryStore()
+        self.idempotency = MemoryIdempotencyStore()
+        self.approvals = MemoryApprovalStore()
+
+    async def every_byte(self, tenant: str, run_id: str) -> bytes:
+        """Everything any store holds for the run, concatenated."""
+        blobs = list(self.checkpoints.payloads)
+        latest = await Checkpointer(self.checkpoints, history=self.history).latest(tenant, run_id)
+        assert latest is not None and latest.history_handle is not None
+        blobs += await self.history.fetch(latest.history_handle)
+        for rec in await self.idempotency.records(tenant, run_id):
+            blobs.append(rec.outcome or b"")
+        return b"\n".join(blobs)
+
+
+def _secret_agent(secrets: dict[str, str], *, approval: bool = False) -> Agent:
+    @tool(requires_approval=approval)
+    def lookup_customer(customer: str, note: str) -> dict[str, Any]:
+        """Look a customer up."""
+        return {"customer": customer, "found": list(secrets.values()), "password": "hunter2"}
+
+    return Agent("support", "Help.", [lookup_customer])
+
+
+def _secret_turns(secrets: dict[str, str]) -> list[Any]:
+    joined = " ".join(secrets.values())
+    return [
+        ScriptedTurn(
+            text=f"Looking up with {joined}",
+            calls=[("lookup_customer", {"customer": "c-1", "note": joined})],
+        ),
+        f"Done: {joined}",
+    ]
+
+
+async def test_planted_secrets_never_reach_any_store() -> None:
+    secrets = planted_secrets()
+    stores = _Stores()
+    runner = AgentRunner(
+        ScriptedProvider(_secret_turns(secrets)),
+        idempotency=stores.idempotency,
+        checkpoints=Checkpointer(stores.checkpoints, history=stores.history),
+    )
+    user = "my keys: " + " ".join(secrets.values())
+    run = await runner.run(_secret_agent(secrets), user, tenant="acme", run_id="r")
+    assert run.status is RunStatus.completed
+    stored = await stores.every_byte("acme", "r")
+    assert leaked_secrets(stored) == []
+    assert b"hunter2" not in stored
+    for kind in secrets:
+        assert f"[redacted:{kind}]".encode() in stored
+
+
+async def test_approval_requests_are_redacted_too() -> None:
+    secrets = planted_secrets()
+    stores = _Stores()
+    runner = AgentRunner(
+        ScriptedProvider(_secret_turns(secrets)),
+        idempotency=stores.idempotency,
+        checkpoints=Checkpointer(stores.checkpoints, history=stores.history),
+        approvals=stores.approvals,
+    )
+    run = await runner.run(_secret_agent(secrets, approval=True), "go", tenant="acme", run_id="r")
+    assert run.pending_approval is not None
+    request = await stores.approvals.get("acme", run.pending_approval.id)
+    assert request is not None
+    assert leaked_secrets(json.dumps([dict(c.arguments) for c in request.calls])) == []
+
+
+async def test_extra_patterns_are_masked_too() -> None:
+    stores = _Stores()
+    runner = AgentRunner(
+        ScriptedProvider(["ok"]),
+        idempotency=stores.idempotency,
+        checkpoints=Checkpointer(
+            stores.checkpoints, history=stores.history, extra_patterns=(r"EMP-\d+",)
+        ),
+    )
+    await runner.run(Agent("a", "b"), "employee EMP-12345", tenant="acme", run_id="r")
+    stored = await stores.every_byte("acme", "r")
+    assert b"EMP-12345" not in stored
+    assert b"[redacted:custom]" in stored
+
+
+async def test_redact_false_keeps_secrets() -> None:
+    secrets = planted_secrets()
+    stores = _Stores()
+    runner = AgentRunner(
+        ScriptedProvider(["ok"]),
+        idempotency=stores.idempotency,
+        checkpoints=Checkpointer(stores.checkpoints, history=stores.history, redact=False),
+    )
+    await runner.run(Agent("a", "b"), secrets["github_token"], tenant="acme", run_id="r")
+    assert secrets["github_token"].encode() in await stores.every_byte("acme", "r")
+
+
+async def test_binary_parts_come_back_byte_for_byte() -> None:
+    data = bytes(range(256)) * 4 + planted_secrets()["openai_key"].encode()
+    for history in (MemoryHistoryStore(), None):
+        checkpointer = Checkpointer(MemoryCheckpointStore(), history=history)
+        runner = AgentRunner(
+            ScriptedProvider(["ok"]), idempotency=MemoryIdempotencyStore(), checkpoints=checkpointer
+        )
+        message = Message.user(
+            [TextPart(text="see image"), BinaryPart(data=data, media_type="image/png")]
+        )
+        await runner.run(Agent("a", "b"), message, tenant="acme", run_id="r")
+        frontier = await checkpointer.latest("acme", "r")
+        assert frontier is not None
+        first = (await checkpointer.messages(frontier))[0]
+        assert not isinstance(first.content, str)
+        assert first.content[1] == BinaryPart(data=data, media_type="image/png")
+
+
+# --- failing closed ----------------------------------------------------------------------
+
+
+async def _finished_run(airline: Airline) -> tuple[MemoryCheckpointStore, MemoryIdempotencyStore]:
+    store = MemoryCheckpointStore()
+    idem = MemoryIdempotencyStore()
+    runner = AgentRunner(
+        ScriptedProvider(BOOK_TURNS), idempotency=idem, checkpoints=Checkpointer(store)
+    )
+    # Stop after the model asked for book_seat, so a resume has work to do.
+    run = await runner.run(
+        booking_agent(airline, max_iterations=2), "book", tenant="acme", run_id="r"
+    )
+    assert run.status is RunStatus.max_iterations
+    return store, idem
+
+
+async def _overwrite(store: MemoryCheckpointStore, payload: bytes) -> None:
+    latest = await store.latest("acme", "r")
+    assert latest is not None
+    await store.put("acme", "r", payload, step=latest.step + 1, fence=latest.fence)
+
+
+@pytest.mark.parametrize(
+    ("mangle", "error"),
+    [
+        (
+            lambda p: json.dumps({**json.loads(p), "format": CHECKPOINT_FORMAT + 1}).encode(),
+            CheckpointFormatError,
+        ),
+        (lambda p: b"\x00garbage\xff" + p[:10], CheckpointCorruptError),
+        (lambda p: p[: len(p) // 2], CheckpointCorruptError),
+        (
+            lambda p: json.dumps({**json.loads(p), "run_id": "other"}).encode(),
+            CheckpointCorruptError,
+        ),
+        (
+            lambda p: json.dumps(
+                {k: v for k, v in json.loads(p).items() if k != "outstanding"}
+            ).encode(),
+            CheckpointCorruptError,
+        ),
+    ],
+    ids=["newer-format", "garbage", "truncated", "other-run", "missing-field"],
+)
+async def test_unreadable_frontier_refuses_with_a_typed_error_and_stays_untouched(
+    airline: Airline, mangle: Any, error: type[Exception]
+) -> None:
+    store, idem = await _finished_run(airline)
+    latest = await store.latest("acme", "r")
+    assert latest is not None
+    bad = mangle(latest.payload)
+    await _overwrite(store, bad)
+    runner = AgentRunner(
+        ScriptedProvider(BOOK_TURNS), idempotency=idem, checkpoints=Checkpointer(store)
+    )
+    with pytest.raises(error):
+        await runner.resume(booking_agent(airline), "r", tenant="acme")
+    after = await store.latest("acme", "r")
+    assert after is not None and after.payload == bad
+
+
+async def test_changed_revision_is_refused_and_the_frontier_stays(airline: Airline) -> None:
+    store = MemoryCheckpointStore()
+    idem = MemoryIdempotencyStore()
+    runner = AgentRunner(
+        ScriptedProvider(BOOK_TURNS), idempotency=idem, checkpoints=Checkpointer(store)
+    )
+    await runner.run(booking_agent(airline, max_iterations=1), "b", tenant="acme", run_id="r")
+    before = await store.latest("acme", "r")
+    changed = Agent("booking", "Book the flight, and upsell insurance.", [])
+    with pytest.raises(RevisionMismatchError):
+        await runner.resume(changed, "r", tenant="acme")
+    assert await store.latest("acme", "r") == before
+
+
+# --- typed state -------------------------------------------------------------------------
+
+
+class Ticket(BaseModel):
+    phase: str
+    ticket_id: str
+
+
+async def test_state_is_validated_on_save_and_an_invalid_state_is_not_saved() -> None:
+    @tool(side_effects=False)
+    def lose_ticket(ctx: Any = None) -> str:
+        """Break the state."""
+        ctx.state.ticket_id = None  # pydantic models are mutable; this one is now invalid
+        return "ok"
+
+    agent = Agent("t", "i", [lose_ticket], state_schema=Ticket)
+    store = FaultyCheckpointStore(MemoryCheckpointStore())
+    checkpointer = Checkpointer(store)
+    runner = AgentRunner(
+        ScriptedProvider([[("lose_ticket", {})], "done"]),
+        idempotency=MemoryIdempotencyStore(),
+        checkpoints=checkpointer,
+    )
+    state = Ticket(phase="apply", ticket_id="T-1")
+    await runner.run(agent, "go", tenant="acme", run_id="r", state=state)
+    assert [p["state"] for p in store.puts] == [{"phase": "apply", "ticket_id": "T-1"}]
+    assert "does not validate" in str(checkpointer.last_error)
+
+
+async def test_state_is_validated_on_load() -> None:
+    agent = Agent("t", "i", [], state_schema=Ticket, max_iterations=1)
+    store = MemoryCheckpointStore()
+    idem = MemoryIdempotencyStore()
+    runner = AgentRunner(
+        ScriptedProvider([[("nothing", {})]]), idempotency=idem, checkpoints=Checkpointer(store)
+    )
+    await runner.run(agent, "go", tenant="acme", run_id="r", state=Ticket(phase="a", ticket_id="1"))
+    latest = await store.latest("acme", "r")
+    assert latest is not None
+    body = json.loads(latest.payload)
+    body["status"] = "running"
+    body["boundary"] = "after_tool_result"
+    body["state"] = {"phase": "apply"}
+    await _overwrite(store, json.dumps(body).encode())
+    with pytest.raises(CheckpointCorruptError, match="state"):
+        await runner.resume(
+            Agent("t", "i", [], state_schema=Ticket, max_iterations=1), "r", tenant="acme"
+        )
+
+
+# --- golden payloads ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in GOLDEN.glob("format*.json")))
+def test_golden_payloads_of_released_formats_are_still_read(name: str) -> None:
+    payload = (GOLDEN / name).read_bytes()
+    cp = decode_checkpoint(payload, tenant="acme", run_id="run_1")
+    expected = json.loads((GOLDEN / name.replace(".json", ".expected")).read_text())
+    assert cp.format == expected["format"]
+    assert str(cp.status) == expected["status"]
+    assert cp.step == expected["step"]
+    assert cp.iteration == expected["iteration"]
+    assert [(o.call.name, o.key) for o in cp.outstanding] == [
+        tuple(x) for x in expected["outstanding"]
+    ]
+    if cp.status is not CheckpointStatus.tombstone:
+        assert cp.history_handle is not None
+        assert cp.history_handle.count == expected["history_count"]
+        assert cp.state == expected["state"]
