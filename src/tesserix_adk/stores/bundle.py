@@ -1,0 +1,71 @@
+"""``Stores``: the six stores of one backend, opened together by ``open_stores(url)``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from tesserix_adk.checkpoint.checkpointer import Checkpointer
+from tesserix_adk.stores.protocols import (
+    ApprovalStore,
+    CheckpointStore,
+    HistoryStore,
+    IdempotencyStore,
+    LeaseStore,
+    Ledger,
+)
+
+__all__ = ["Stores"]
+
+
+@dataclass(kw_only=True)
+class Stores:
+    """Every store a runner needs, from one backend.
+
+    ``open_stores`` does no I/O; ``create_schema()`` applies the backend's schema (where it
+    has one) and ``aclose()`` (or ``async with``) closes its connections.
+    """
+
+    checkpoints: CheckpointStore
+    idempotency: IdempotencyStore
+    leases: LeaseStore
+    history: HistoryStore
+    ledger: Ledger
+    approvals: ApprovalStore
+    url: str = ""
+    on_create_schema: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
+    on_verify: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
+    on_close: Sequence[Callable[[], Awaitable[None]]] = field(default=(), repr=False)
+    schema: str | None = field(default=None, repr=False)
+
+    def checkpointer(self, **kwargs: Any) -> Checkpointer:
+        """A ``Checkpointer`` over these stores, its transcript kept in ``history``."""
+        return Checkpointer(self.checkpoints, history=self.history, **kwargs)
+
+    async def create_schema(self) -> None:
+        """Apply the backend's schema; idempotent. A no-op for backends without one."""
+        if self.on_create_schema is not None:
+            await self.on_create_schema()
+
+    async def verify(self) -> None:
+        """Check the schema is there and current (``ConfigurationError`` if not)."""
+        if self.on_verify is not None:
+            await self.on_verify()
+
+    async def aclose(self) -> None:
+        """Close every connection the stores opened."""
+        for close in self.on_close:
+            await close()
+
+    async def __aenter__(self) -> Stores:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
