@@ -1,0 +1,118 @@
+"""The public API is pinned: adding or removing a name is a deliberate change."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import tesserix_adk
+
+EXPECTED = {
+    "AdkError",
+    "Agent",
+    "AgentRunner",
+    "ApprovalRequest",
+    "ApprovalStatus",
+    "ApprovalStore",
+    "BinaryPart",
+    "Boundary",
+    "CHECKPOINT_FORMAT",
+    "CarriedRun",
+    "Checkpoint",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointFormatError",
+    "CheckpointPolicy",
+    "CheckpointStatus",
+    "CheckpointStore",
+    "CheckpointTooLargeError",
+    "Checkpointer",
+    "ConfigurationError",
+    "DEFAULT_MAX_BYTES",
+    "DivergedRunError",
+    "Grant",
+    "HistoryHandle",
+    "HistoryStore",
+    "HistoryUnavailableError",
+    "IdempotencyRecord",
+    "IdempotencyStore",
+    "IndeterminateToolCallError",
+    "LeaseError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "LeasePolicy",
+    "LeaseStore",
+    "Leaseholder",
+    "Ledger",
+    "MemoryApprovalStore",
+    "MemoryCheckpointStore",
+    "MemoryHistoryStore",
+    "MemoryIdempotencyStore",
+    "MemoryLeaseStore",
+    "MemoryLedger",
+    "Message",
+    "ModelRequest",
+    "ModelResponse",
+    "NoCheckpointError",
+    "OutstandingCall",
+    "PendingApproval",
+    "PlannedCall",
+    "Provider",
+    "RecordStatus",
+    "Redactor",
+    "ResumeConflictError",
+    "ResumeError",
+    "ResumePlan",
+    "Resumer",
+    "RevisionMismatchError",
+    "Role",
+    "Run",
+    "RunFailedError",
+    "RunLease",
+    "RunStatus",
+    "ScriptedProvider",
+    "ScriptedTurn",
+    "StaleFenceError",
+    "StoreUnavailableError",
+    "StoredCheckpoint",
+    "TextPart",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolDisposition",
+    "ToolFlags",
+    "ToolOutcome",
+    "ToolSpec",
+    "Usage",
+    "default_key",
+    "plan_resume",
+    "refuse_if_undecidable",
+    "tool",
+}
+
+
+def test_public_api_is_exactly_the_pinned_names() -> None:
+    assert set(tesserix_adk.__all__) == EXPECTED
+    for name in EXPECTED:
+        assert getattr(tesserix_adk, name) is not None
+
+
+def test_errors_carry_retryable_as_data() -> None:
+    assert tesserix_adk.StoreUnavailableError("x").retryable is True
+    assert tesserix_adk.IndeterminateToolCallError("x").retryable is False
+    assert tesserix_adk.DivergedRunError("x").retryable is False
+    assert tesserix_adk.CheckpointTooLargeError("x", retryable=False).retryable is False
+    assert issubclass(tesserix_adk.StaleFenceError, tesserix_adk.CheckpointError)
+    assert issubclass(tesserix_adk.ResumeConflictError, tesserix_adk.ResumeError)
+    assert issubclass(tesserix_adk.LeaseHeldError, tesserix_adk.LeaseError)
+
+
+def test_importing_the_kit_imports_no_driver() -> None:
+    code = (
+        "import sys, tesserix_adk, tesserix_adk.stores\n"
+        "bad = [m for m in ('redis', 'psycopg', 'psycopg_pool', 'openai', 'anthropic',"
+        " 'temporalio', 'sqlite3') if m in sys.modules]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
