@@ -75,6 +75,8 @@ from tesserix_adk.tools import Tool, ToolContext, call_maybe_async, canonical_js
 __all__ = ["RESUME_CLAIM_TTL", "AgentRunner", "Run", "RunStatus", "run_claim_key"]
 
 RESUME_CLAIM_TTL = 300.0
+
+FrontierObserver = Callable[[Checkpoint, ResumePlan | None, int | None], None]
 _log = logging.getLogger("tesserix_adk.runner")
 
 
@@ -210,14 +212,26 @@ class AgentRunner:
                 carry.spent = await self.ledger.spent(tenant, run_id)
             return await self._loop(carry)
 
-    async def resume(self, agent: Agent, run_id: str, *, tenant: str) -> Run:
-        """Carry a run on from its frontier, never making a side-effecting call twice."""
+    async def resume(
+        self,
+        agent: Agent,
+        run_id: str,
+        *,
+        tenant: str,
+        on_frontier: FrontierObserver | None = None,
+    ) -> Run:
+        """Carry a run on from its frontier, never making a side-effecting call twice.
+
+        ``on_frontier(checkpoint, plan, fence)`` is called once the frontier is read (and
+        planned, unless it is finished or refused), before anything is carried on: the CLI
+        prints its summary there.
+        """
         self._check_agent(agent)
         self._require_checkpoints()
         claim = run_claim_key(tenant, run_id)
         await self._claim_run(claim, tenant, run_id)
         try:
-            run = await self._resume_claimed(agent, run_id, tenant, claim)
+            run = await self._resume_claimed(agent, run_id, tenant, claim, on_frontier)
         except (Exception, asyncio.CancelledError):
             await _shielded(self._release_claim(claim))
             raise
@@ -226,7 +240,14 @@ class AgentRunner:
         await _shielded(self._release_claim(claim))
         return run
 
-    async def _resume_claimed(self, agent: Agent, run_id: str, tenant: str, claim: str) -> Run:
+    async def _resume_claimed(
+        self,
+        agent: Agent,
+        run_id: str,
+        tenant: str,
+        claim: str,
+        on_frontier: FrontierObserver | None,
+    ) -> Run:
         checkpoints = self._require_checkpoints()
         try:
             lease = await self._take_lease(tenant, run_id)
@@ -244,10 +265,14 @@ class AgentRunner:
                 raise NoCheckpointError(
                     f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
                 )
+            plan = None
+            if not cp.is_tombstone and not cp.status.finished:
+                plan = await plan_resume(cp, self.idempotency)
+            if on_frontier is not None:
+                on_frontier(cp, plan, carry.fence)
             _refuse_unresumable(cp, agent)
-            if cp.status.finished:
+            if plan is None:
                 return _finished_run(cp)
-            plan = await plan_resume(cp, self.idempotency)
             refuse_if_undecidable(plan)
             await self._restore(carry, cp, plan)
             return await self._continue(carry, cp)

@@ -1,0 +1,42 @@
+"""``describe()``: the one summary of a frontier that ``inspect`` and ``run --resume`` print,
+so the two can never drift."""
+
+from __future__ import annotations
+
+from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
+from tesserix_adk.checkpoint.planning import ResumePlan
+
+__all__ = ["describe"]
+
+
+def describe(
+    checkpoint: Checkpoint, *, plan: ResumePlan | None = None, spent: int | None = None
+) -> str:
+    """Three lines about the run (who, how far, where it stands), then one per planned call.
+
+    ``spent`` is the ledger's figure; without it the frontier's (reporting-only) one is shown.
+    """
+    cp = checkpoint
+    micros = cp.micros if spent is None else spent
+    lines = [
+        f"run {cp.run_id}  tenant {cp.tenant}  agent {cp.agent_name}",
+        f"iteration {cp.iteration}  {cp.usage.input_tokens} in, {cp.usage.output_tokens} out  "
+        f"{micros} micros",
+        _where(cp),
+    ]
+    if cp.replay_of:
+        lines.append(f"replay of {cp.replay_of}")
+    if plan is not None:
+        lines.extend(p.describe() for p in plan.calls)
+    return "\n".join(lines)
+
+
+def _where(cp: Checkpoint) -> str:
+    if cp.status is CheckpointStatus.tombstone:
+        return f"tombstone at step {cp.step}: {cp.reason}"
+    if cp.status is CheckpointStatus.waiting_approval and cp.pending_approval is not None:
+        return f"waiting on approval {cp.pending_approval.id}"
+    if cp.status.finished:
+        return f"{cp.status} at step {cp.step}"
+    outstanding = len(cp.outstanding)
+    return f"running: step {cp.step} {cp.boundary}, {outstanding} call(s) outstanding"

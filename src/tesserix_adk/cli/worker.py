@@ -1,0 +1,95 @@
+"""A worker process that runs the demo agent and can stop at a chosen point to be killed.
+
+``python -m tesserix_adk.cli.worker --store URL --run R --tenant T --pause WHERE``. It
+prints ``PAUSED <where>`` and then blocks (or stops itself with SIGSTOP), so a parent can
+kill it at exactly that point. Used by ``tesserix demo`` and the crash tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from tesserix_adk.cli.demo_agent import PAUSE_ENV, PROVIDER, agent
+from tesserix_adk.errors import AdkError
+from tesserix_adk.leases import LeasePolicy
+from tesserix_adk.runner import AgentRunner
+from tesserix_adk.stores.urls import open_stores
+from tesserix_adk.testing.faults import FaultyCheckpointStore
+
+PAUSES = ("none", "booked", "in_flight", "model_call", "stop_before_put")
+
+
+def _pause(where: str) -> None:
+    sys.stdout.write(f"PAUSED {where}\n")
+    sys.stdout.flush()
+    if where == "stop_before_put":
+        os.kill(os.getpid(), signal.SIGSTOP)  # the parent sends SIGCONT later
+        return
+    time.sleep(3600)
+
+
+def _at(body: dict[str, Any], boundary: str) -> bool:
+    return body.get("boundary") == boundary and body.get("iteration") == 1
+
+
+async def _main(args: argparse.Namespace) -> int:
+    stores = open_stores(args.store)
+    store = FaultyCheckpointStore(stores.checkpoints)
+    if args.pause == "booked":  # book_seat completed; its after_tool_result not yet written
+        store.crash_before = lambda b: _at(b, "after_tool_result") and bool(_pause("booked"))
+    elif args.pause == "model_call":  # the model asked for book_seat; frontier written
+        store.crash_after = lambda b: _at(b, "after_model_call") and bool(_pause("model_call"))
+    elif args.pause == "stop_before_put":
+        store.crash_before = lambda b: (
+            _at(b, "after_tool_result") and bool(_pause("stop_before_put"))
+        )
+    elif args.pause == "in_flight":
+        os.environ[PAUSE_ENV] = "in_flight"
+    stores.checkpoints = store
+    ttl = args.lease_ttl
+    runner = AgentRunner(
+        PROVIDER(),
+        idempotency=stores.idempotency,
+        checkpoints=stores.checkpointer(),
+        leases=stores.leases,
+        ledger=stores.ledger,
+        approvals=stores.approvals,
+        lease_policy=LeasePolicy(ttl=ttl, renew_within=ttl / 2),
+        worker=args.worker,
+    )
+    try:
+        if args.resume:
+            run = await runner.resume(agent, args.run, tenant=args.tenant)
+        else:
+            run = await runner.run(agent, args.input, tenant=args.tenant, run_id=args.run)
+    except AdkError as exc:
+        sys.stdout.write(f"ERROR {type(exc).__name__}: {exc}\n")
+        return 4
+    finally:
+        await stores.aclose()
+    sys.stdout.write(f"RESULT {run.status} fence={run.fence}\n")
+    return 0
+
+
+def main() -> int:
+    """Parse the command line and run."""
+    parser = argparse.ArgumentParser(prog="tesserix-worker")
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--tenant", default="demo")
+    parser.add_argument("--input", default="Book me a seat from Frankfurt to New York.")
+    parser.add_argument("--pause", choices=PAUSES, default="none")
+    parser.add_argument("--lease-ttl", type=float, default=30.0)
+    parser.add_argument("--worker", default="demo-worker")
+    parser.add_argument("--resume", action="store_true")
+    return asyncio.run(_main(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

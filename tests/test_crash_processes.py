@@ -1,0 +1,110 @@
+"""Real process deaths: SIGKILL, SIGSTOP/SIGCONT and a 20-process race, on the SQLite store.
+
+The airline is a table the tool writes; each test counts its rows.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from processes import Site
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
+
+
+def _resume(site: Site, run_id: str) -> tuple[int, str]:
+    proc = site.worker(run_id, "--resume")
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out + err
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Site:
+    return Site(tmp_path)
+
+
+def test_killed_after_book_seat_completed_resumes_with_the_outcome_replayed(site: Site) -> None:
+    site.kill_at("r1", "booked")
+    assert site.bookings("r1") == 1
+    site.wait_lease_lapsed("r1")
+    code, out = _resume(site, "r1")
+    assert code == 0, out
+    assert "RESULT completed" in out
+    assert site.bookings("r1") == 1
+
+
+def test_killed_while_book_seat_in_flight_refuses_naming_it(site: Site) -> None:
+    site.kill_at("r2", "in_flight")
+    assert site.bookings("r2") == 1
+    site.wait_lease_lapsed("r2")
+    code, out = _resume(site, "r2")
+    assert code == 4
+    assert "IndeterminateToolCallError" in out and "book_seat" in out
+    assert site.bookings("r2") == 1
+
+
+def test_killed_right_after_the_model_call_books_exactly_once(site: Site) -> None:
+    site.kill_at("r3", "model_call")
+    assert site.bookings("r3") == 0
+    site.wait_lease_lapsed("r3")
+    code, out = _resume(site, "r3")
+    assert code == 0, out
+    assert site.bookings("r3") == 1
+
+
+def test_twenty_processes_race_to_resume_and_exactly_one_carries_the_run(site: Site) -> None:
+    site.kill_at("race", "model_call")
+    site.wait_lease_lapsed("race")
+    # The winner stops after booking and holds the run until it is killed, so every other
+    # process genuinely overlaps with it.
+    procs = [site.worker("race", "--resume", "--pause", "booked") for _ in range(20)]
+    outputs: list[str] = []
+    winners = []
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if line == "PAUSED booked":
+            winners.append(proc)
+            continue
+        proc.wait(timeout=60)
+        outputs.append(line)
+    for proc in winners:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert len(winners) == 1
+    assert len(outputs) == 19
+    assert all(o.startswith("ERROR ResumeConflictError") for o in outputs), outputs
+    assert site.bookings("race") == 1
+
+
+def test_worker_paused_past_its_ttl_is_refused_by_the_fence_after_sigcont(site: Site) -> None:
+    first = site.worker("stop", "--pause", "stop_before_put", "--lease-ttl", "1")
+    assert first.stdout is not None
+    assert first.stdout.readline().strip() == "PAUSED stop_before_put"
+    # The first worker booked the seat and stopped (SIGSTOP) just before its next write.
+    deadline = time.monotonic() + 10
+    while not _stopped(first.pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert site.bookings("stop") == 1
+    site.wait_lease_lapsed("stop")
+
+    code, out = _resume(site, "stop")
+    assert code == 0, out
+    assert "RESULT completed fence=2" in out
+
+    os.kill(first.pid, signal.SIGCONT)
+    rest, err = first.communicate(timeout=60)
+    assert first.returncode == 4, rest + err
+    assert "StaleFenceError" in rest
+    assert site.bookings("stop") == 1
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
