@@ -57,6 +57,7 @@ EXPECTED = {
     "OutstandingCall",
     "PendingApproval",
     "PlannedCall",
+    "ProviderError",
     "Provider",
     "RecordStatus",
     "Redactor",

@@ -8,6 +8,7 @@ reading the attribute, never by matching on names.
     AdkError (.retryable)
     ├── ConfigurationError            a usage mistake; fix the code or the deployment
     ├── StoreUnavailableError         a store could not be reached (retryable)
+    ├── ProviderError                 a model call failed (.retryable, .status_code)
     ├── CheckpointError
     │   ├── CheckpointFormatError     written by a newer kit; left untouched for it
     │   ├── CheckpointCorruptError    cannot be decoded or verified
@@ -48,6 +49,7 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLostError",
     "NoCheckpointError",
+    "ProviderError",
     "ResumeConflictError",
     "ResumeError",
     "RevisionMismatchError",
@@ -76,6 +78,20 @@ class StoreUnavailableError(AdkError):
     """A store could not be reached; trying again later is the right answer."""
 
     retryable = True
+
+
+class ProviderError(AdkError):
+    """A model call failed after the provider's own retries.
+
+    ``retryable`` says whether carrying the run on later may succeed (rate limits, 5xx,
+    timeouts); a non-retryable one (bad request, auth) ends the run ``failed``.
+    """
+
+    def __init__(
+        self, message: str, *, retryable: bool = False, status_code: int | None = None
+    ) -> None:
+        super().__init__(message, retryable=retryable)
+        self.status_code = status_code
 
 
 class CheckpointError(AdkError):
