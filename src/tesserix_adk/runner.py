@@ -136,6 +136,7 @@ class _Carry:
     ahead: dict[int, set[str]] = field(default_factory=dict)
     run_claim: str | None = None
     stubs: Mapping[str, Callable[..., Any]] | None = None
+    observation: Any = None
 
     @property
     def fence(self) -> int | None:
@@ -332,6 +333,7 @@ class AgentRunner:
             grants=list(cp.grants),
             replay_of=f"{run_id}@{from_step}",
             stubs=dict(stubs),
+            observation=cp.observation,
         )
         carry.cursor = TranscriptCursor()
         lease = await self._take_lease(tenant, new_id)
@@ -422,6 +424,7 @@ class AgentRunner:
         carry.state = state_from_json(cp.state, carry.agent.state_schema)
         carry.grants = list(cp.grants)
         carry.replay_of = cp.replay_of
+        carry.observation = cp.observation
         carry.cursor = TranscriptCursor(handle=cp.history_handle, persisted=len(carry.messages))
         carry.takeover_keys = {p.key for p in plan.to_dispatch if p.takeover and p.key}
         for p in plan.completed:
@@ -622,6 +625,7 @@ class AgentRunner:
     async def _dispatch(self, carry: _Carry, calls: Sequence[OutstandingCall]) -> None:
         grants = {g.call_id: g for g in carry.grants}
         results: list[Message] = []
+        observed: list[dict[str, Any]] = []
         for oc in calls:
             tool = carry.agent.tools.get(oc.call.name)
             if tool is None:
@@ -635,7 +639,16 @@ class AgentRunner:
             else:
                 outcome = await self._call_tool(carry, tool, oc)
             results.append(Message.tool_result(outcome))
+            observed.append(
+                {
+                    "call_id": oc.call.id,
+                    "tool": oc.call.name,
+                    "content": outcome.content,
+                    "is_error": outcome.is_error,
+                }
+            )
         carry.messages.extend(results)
+        carry.observation = observed
         # Grants of a finished turn are settled; only the run's decisions stay on record.
         carry.grants = [g for g in carry.grants if g.call_id not in {c.call.id for c in calls}]
 
@@ -762,6 +775,7 @@ class AgentRunner:
             replay_of=carry.replay_of,
             output=output,
             written_at=time.time(),
+            observation=carry.observation,
         )
         await checkpoints.write(frontier, cursor=carry.cursor)
 

@@ -116,6 +116,8 @@ class Checkpoint:
 
     ``messages`` is set when the transcript is inline, ``history_handle`` when it lives in a
     ``HistoryStore``. ``usage``/``micros`` are for reporting: the ledger decides spend.
+    ``observation`` is the last turn's tool results (what an operator replaying a step
+    wants to see first); ``state`` is the agent's typed state as JSON.
     """
 
     format: int = CHECKPOINT_FORMAT
@@ -141,6 +143,7 @@ class Checkpoint:
     output: str | None = None
     reason: str | None = None
     written_at: float | None = None
+    observation: Any = None
 
     @property
     def is_tombstone(self) -> bool:
@@ -266,6 +269,7 @@ def encode_checkpoint(cp: Checkpoint, redactor: Redactor) -> bytes:
         "replay_of": cp.replay_of,
         "output": None if cp.output is None else redactor.text(cp.output),
         "written_at": cp.written_at,
+        "observation": redactor.value(cp.observation),
     }
     if cp.history_handle is not None:
         body["history"] = {"count": cp.history_handle.count, "digest": cp.history_handle.digest}
@@ -402,6 +406,7 @@ def _from_json(raw: Mapping[str, Any]) -> Checkpoint:
         replay_of=raw["replay_of"],
         output=raw.get("output"),
         written_at=raw.get("written_at"),
+        observation=raw.get("observation"),
     )
 
 

@@ -338,12 +338,35 @@ def _resume_parser(prog: str = "tesserix") -> _Parser:
     p.add_argument("--agent", required=True, help="a name known to the product, or module:attr")
     p.add_argument("--provider", help="module:attr of the model provider")
     p.add_argument("--worker", help="a name for this worker (a random suffix is added)")
+    p = sub.add_parser("replay", help="run forward from a past step as a new run (debugging)")
+    p.add_argument("run")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--from-step", type=int, required=True)
+    p.add_argument("--agent", required=True, help="a name known to the product, or module:attr")
+    p.add_argument("--provider", help="module:attr of the model provider")
+    p.add_argument(
+        "--stub",
+        action="append",
+        default=[],
+        metavar="TOOL=module:attr",
+        help="replace a tool with a stub (repeatable)",
+    )
+    p.add_argument(
+        "--live",
+        action="append",
+        default=[],
+        metavar="TOOL",
+        help="let a side-effecting tool run for real (repeatable; never in production)",
+    )
+    p.add_argument("--new-run-id")
     return parser
 
 
 async def _resume(
     args: argparse.Namespace, stores: Stores, agents: Mapping[str, Agent], out: TextIO
 ) -> ExitCode:
+    if args.command == "replay":
+        return await _replay(args, stores, agents, out)
     if not args.resume:
         raise UsageError("`run` only carries existing runs on: pass --resume RUN")
     agent = load_agent(args.agent, agents)
@@ -370,6 +393,46 @@ async def _resume(
     if run.pending_approval is not None:
         tail = f": waiting on approval {run.pending_approval.id}"
     out.write(f"now {run.status} at iteration {run.iteration}, {run.spent_micros} micros{tail}\n")
+    return ExitCode.CARRIED_ON
+
+
+async def _replay(
+    args: argparse.Namespace, stores: Stores, agents: Mapping[str, Agent], out: TextIO
+) -> ExitCode:
+    agent = load_agent(args.agent, agents)
+    provider = load_provider(args.provider, agent, args.agent)
+    stubs: dict[str, Callable[..., Any]] = {}
+    for spec in args.stub:
+        name, sep, ref = spec.partition("=")
+        if not sep or not name or not ref:
+            raise UsageError(f"--stub {spec!r} is not of the form TOOL=module:attr")
+        stub = _import_ref(ref, "stub")
+        if not callable(stub):
+            raise UsageError(f"--stub {spec}: {ref} is not callable")
+        stubs[name] = stub
+    runner = AgentRunner(
+        provider,
+        idempotency=stores.idempotency,
+        checkpoints=stores.checkpointer(),
+        leases=stores.leases,
+        ledger=stores.ledger,
+        approvals=stores.approvals,
+        worker="replay",
+    )
+    run = await runner.replay(
+        agent,
+        args.run,
+        tenant=args.tenant,
+        from_step=args.from_step,
+        stubs=stubs,
+        live=tuple(args.live),
+        new_run_id=args.new_run_id,
+    )
+    tail = f": {run.output}" if run.output else ""
+    out.write(
+        f"replay {run.run_id} (replay of {run.replay_of}) now {run.status} at iteration "
+        f"{run.iteration}{tail}\n"
+    )
     return ExitCode.CARRIED_ON
 
 

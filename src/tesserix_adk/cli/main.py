@@ -27,6 +27,7 @@ commands:
   resolve RUN --tenant T --call ID (--outcome JSON | --never-ran) --by NAME
   runs --tenant T [--stuck]              list runs (stuck: in flight, lease lapsed)
   steps RUN --tenant T                   a run's step snapshots
+  replay RUN --tenant T --from-step N --stub TOOL=module:attr [--live TOOL] --agent module:attr
   schema show|apply                      the store's schema
   demo                                   a run dies and carries on with one booking
 
@@ -36,7 +37,7 @@ exit codes: 0 carried on, 1 nothing checkpointed, 2 bad command line,
 """
 
 _FRONTIER = {"inspect", "runs", "steps", "approve", "resolve", "schema"}
-_RESUME = {"run"}
+_RESUME = {"run", "replay"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
