@@ -146,9 +146,7 @@ async def test_non_dict_stub_results_are_wrapped_and_marked() -> None:
     assert outcome == b'{"content":{"stub":true,"value":"done"},"is_error":false}'
 
 
-async def test_replay_without_a_stub_for_a_side_effecting_tool_is_refused_before_anything_runs() -> (
-    None
-):
+async def test_replay_without_a_stub_for_refund_is_refused_before_anything_runs() -> None:
     world, shop = World(), Shop()
     await _five_steps(world, shop)
     calls, lookups = world.provider.calls, shop.lookups
