@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.providers.scripted import ScriptedProvider
+from tesserix_adk.messages import Usage
+from tesserix_adk.providers.scripted import ScriptedProvider, ScriptedTurn
 from tesserix_adk.tools import ToolContext, tool
 
 __all__ = [
@@ -31,9 +32,21 @@ AIRLINE_ENV = "ADK_DEMO_AIRLINE"
 PAUSE_ENV = "ADK_DEMO_PAUSE"
 
 TURNS: list[Any] = [
-    [("search_flights", {"origin": "FRA", "destination": "JFK"})],
-    [("book_seat", {"flight": "LH400", "passenger": "Ada Lovelace"})],
-    "Booked LH400 from Frankfurt to New York for Ada Lovelace.",
+    ScriptedTurn(
+        calls=[("search_flights", {"origin": "FRA", "destination": "JFK"})],
+        usage=Usage(input_tokens=410, output_tokens=35),
+        cost_micros=1400,
+    ),
+    ScriptedTurn(
+        calls=[("book_seat", {"flight": "LH400", "passenger": "Ada Lovelace"})],
+        usage=Usage(input_tokens=520, output_tokens=40),
+        cost_micros=1700,
+    ),
+    ScriptedTurn(
+        text="Booked LH400 from Frankfurt to New York for Ada Lovelace.",
+        usage=Usage(input_tokens=600, output_tokens=25),
+        cost_micros=1800,
+    ),
 ]
 
 
