@@ -29,6 +29,7 @@ test: lint typecheck
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/checkpoint_cost.py
 
 clean:
