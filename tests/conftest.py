@@ -1,65 +1,11 @@
-"""Shared fixtures: a small booking world (an airline that counts its bookings)."""
+"""Fixtures every test may use."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
 import pytest
 
-from tesserix_adk import Agent, tool
+from booking import Airline
 from tesserix_adk.testing import FakeClock
-
-BOOK_TURNS: list[Any] = [
-    [("search_flights", {"origin": "FRA", "dest": "JFK"})],
-    [("book_seat", {"flight": "LH123"})],
-    "Booked LH123.",
-]
-
-
-@dataclass
-class Airline:
-    """The outside world: every booking it ever took, and how often it was searched."""
-
-    bookings: list[str] = field(default_factory=list)
-    searches: int = 0
-    # Called inside book_seat: before (stage="before") and after (stage="after") booking.
-    hook: Callable[[str], None] | None = None
-
-
-def booking_agent(
-    airline: Airline,
-    *,
-    approval: bool = False,
-    search_side_effects: bool = False,
-    search_hook: Callable[[], None] | None = None,
-    **agent_kwargs: Any,
-) -> Agent:
-    """The seed's booking agent; tool bodies close over ``airline`` (the revision does not
-    depend on them, so a fresh agent in a "new process" has the same revision)."""
-
-    @tool(side_effects=search_side_effects)
-    def search_flights(origin: str, dest: str) -> list[str]:
-        """Find flights between two airports."""
-        airline.searches += 1
-        if search_hook is not None:
-            search_hook()
-        return ["LH123", "UA456"]
-
-    @tool(requires_approval=approval)
-    def book_seat(flight: str) -> dict[str, str]:
-        """Book one seat on a flight."""
-        if airline.hook is not None:
-            airline.hook("before")
-        airline.bookings.append(flight)
-        if airline.hook is not None:
-            airline.hook("after")
-        return {"booking": f"B{len(airline.bookings)}", "flight": flight}
-
-    return Agent(
-        "booking", "Book the flight the user asks for.", [search_flights, book_seat], **agent_kwargs
-    )
 
 
 @pytest.fixture

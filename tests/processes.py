@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tesserix_adk.stores.urls import open_stores
-
 from tesserix_adk.cli.demo_agent import AIRLINE_ENV, airline_bookings, create_airline
+from tesserix_adk.stores.urls import open_stores
 
 TENANT = "demo"
 AGENT = "tesserix_adk.cli.demo_agent:agent"
@@ -63,9 +62,12 @@ class Site:
         proc = self.worker(run_id, "--pause", pause, "--lease-ttl", "1", *extra)
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()
-        assert line == f"PAUSED {pause}", (line, proc.stderr.read() if proc.stderr else "")
+        if line != f"PAUSED {pause}":
+            proc.kill()
+            _, err = proc.communicate(timeout=10)
+            raise AssertionError(f"worker did not reach {pause}: {line!r} {err}")
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.communicate(timeout=10)
         assert proc.returncode == -signal.SIGKILL
 
     def wait_lease_lapsed(self, run_id: str, timeout: float = 10.0) -> None:

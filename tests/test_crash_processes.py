@@ -71,11 +71,11 @@ def test_twenty_processes_race_to_resume_and_exactly_one_carries_the_run(site: S
         if line == "PAUSED booked":
             winners.append(proc)
             continue
-        proc.wait(timeout=60)
+        proc.communicate(timeout=60)
         outputs.append(line)
     for proc in winners:
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        proc.communicate(timeout=10)
     assert len(winners) == 1
     assert len(outputs) == 19
     assert all(o.startswith("ERROR ResumeConflictError") for o in outputs), outputs

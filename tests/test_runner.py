@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import BOOK_TURNS, Airline, booking_agent
+from booking import BOOK_TURNS, Airline, booking_agent
 from tesserix_adk import (
     AgentRunner,
     Boundary,

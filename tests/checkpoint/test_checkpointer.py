@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from conftest import BOOK_TURNS, Airline, booking_agent
+from booking import BOOK_TURNS, Airline, booking_agent
 from tesserix_adk import (
     CHECKPOINT_FORMAT,
     Agent,

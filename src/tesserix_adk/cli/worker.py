@@ -25,13 +25,18 @@ from tesserix_adk.testing.faults import FaultyCheckpointStore
 PAUSES = ("none", "booked", "in_flight", "model_call", "stop_before_put")
 
 
-def _pause(where: str) -> None:
+def _pause(where: str) -> bool:
+    """Tell the parent where we are, then wait to be killed (or stop until SIGCONT).
+
+    Returns ``False``: the fault hook does not raise, the write goes ahead after SIGCONT.
+    """
     sys.stdout.write(f"PAUSED {where}\n")
     sys.stdout.flush()
     if where == "stop_before_put":
         os.kill(os.getpid(), signal.SIGSTOP)  # the parent sends SIGCONT later
-        return
+        return False
     time.sleep(3600)
+    return False
 
 
 def _at(body: dict[str, Any], boundary: str) -> bool:
@@ -42,9 +47,9 @@ async def _main(args: argparse.Namespace) -> int:
     stores = open_stores(args.store)
     store = FaultyCheckpointStore(stores.checkpoints)
     if args.pause == "booked":  # book_seat completed; its after_tool_result not yet written
-        store.crash_before = lambda b: _at(b, "after_tool_result") and bool(_pause("booked"))
+        store.crash_before = lambda b: _at(b, "after_tool_result") and _pause("booked")
     elif args.pause == "model_call":  # the model asked for book_seat; frontier written
-        store.crash_after = lambda b: _at(b, "after_model_call") and bool(_pause("model_call"))
+        store.crash_after = lambda b: _at(b, "after_model_call") and _pause("model_call")
     elif args.pause == "stop_before_put":
         store.crash_before = lambda b: (
             _at(b, "after_tool_result") and bool(_pause("stop_before_put"))

@@ -1,0 +1,72 @@
+"""What the SDK-backed providers share: model names, tool arguments, secret scrubbing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tesserix_adk.errors import ConfigurationError
+
+__all__ = [
+    "MALFORMED_ARGUMENTS",
+    "arguments_from_text",
+    "arguments_to_text",
+    "is_transient_status",
+    "scrub",
+    "strip_vendor",
+]
+
+MALFORMED_ARGUMENTS = "_malformed_arguments"
+"""The one key of a tool call's arguments when the model sent arguments that are not a JSON
+object; the raw text is kept under it, so the tool's validation fails, the model is told so
+(``is_error``) and can ask again, and the transcript keeps exactly what the model said."""
+
+
+def strip_vendor(model: str, vendor: str) -> str:
+    """``"openai:gpt-4o"`` → ``"gpt-4o"``; only this vendor's prefix is taken off, because
+    local model names have colons of their own (Ollama's ``"llama3.1:8b"``)."""
+    prefix = vendor + ":"
+    name = model[len(prefix) :] if model.startswith(prefix) else model
+    if not name:
+        raise ConfigurationError(f"no model name in {model!r}")
+    return name
+
+
+def arguments_from_text(raw: str | None) -> dict[str, Any]:
+    """A tool call's JSON arguments; not a JSON object → ``{MALFORMED_ARGUMENTS: raw}``.
+
+    Empty text is no arguments (some OpenAI-compatible servers send ``""`` for a call
+    without parameters).
+    """
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {MALFORMED_ARGUMENTS: raw}
+    if not isinstance(value, dict):
+        return {MALFORMED_ARGUMENTS: raw}
+    return value
+
+
+def arguments_to_text(arguments: Mapping[str, Any]) -> str:
+    """The JSON text of a call's arguments; a malformed call's raw text goes back verbatim."""
+    if set(arguments) == {MALFORMED_ARGUMENTS} and isinstance(arguments[MALFORMED_ARGUMENTS], str):
+        return str(arguments[MALFORMED_ARGUMENTS])
+    return json.dumps(dict(arguments), ensure_ascii=False)
+
+
+def is_transient_status(status: int) -> bool:
+    """Whether an HTTP status may pass if asked again later: the statuses the SDKs retry
+    themselves (408 timeout, 409 lock, 429 rate limit, 5xx), so they agree with them."""
+    return status in (408, 409, 429) or status >= 500
+
+
+def scrub(text: str, secrets: Iterable[str | None]) -> str:
+    """``text`` with every secret replaced, so an error message that echoes the API key
+    (some servers do) cannot carry it into a frontier's failure reason or a log."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted:api_key]")
+    return text

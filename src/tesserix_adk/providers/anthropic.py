@@ -1,0 +1,295 @@
+"""``AnthropicProvider``: the Anthropic Messages API through the official ``anthropic`` SDK.
+
+What it owns: mapping our messages to the wire and back, the cost of a call, and turning
+the SDK's errors into ``ProviderError`` once, at this boundary.
+
+- The instructions (and any system messages) go in the top-level ``system``; turns
+  alternate user/assistant: an assistant's calls are ``tool_use`` blocks, and the results
+  that answer them are ``tool_result`` blocks (with ``is_error``) in the next user message —
+  consecutive tool results, and a user message that follows them, share one user turn.
+- Transient failures (429, 408, 409, 5xx and 529 overloaded, timeouts, dropped connections)
+  are retried by the SDK itself (``max_retries``, its own backoff, honouring
+  ``retry-after-ms``/``retry-after``); a model call is safe to repeat. When the SDK gives up
+  the runner gets ``ProviderError(retryable=True)``: the run stops and stays resumable. A
+  rejected request (400, 401, 403, 404, 413, 422) is ``retryable=False``: the run ends
+  ``failed``. A body that is not JSON or lacks a message's fields is ``retryable=True``.
+- The provider never runs a tool, so it never repeats one.
+- No streaming: the kit calls the non-streaming endpoint, so the ``after_model_call``
+  checkpoint is written only once the whole message has arrived. Content blocks other than
+  ``text`` and ``tool_use`` (e.g. thinking, which is not requested) are not kept.
+- The API key lives in the SDK client only; it is never put in a message, and is scrubbed
+  from error text.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from typing import Any
+
+try:
+    import anthropic
+    from anthropic.types import Message as WireMessage
+except ImportError as exc:  # pragma: no cover - exercised by a test that hides the package
+    raise ImportError(
+        "tesserix_adk.providers.anthropic needs the anthropic package: "
+        'pip install "tesserix-adk[anthropic]"'
+    ) from exc
+
+from tesserix_adk.errors import ConfigurationError, ProviderError
+from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall, Usage
+from tesserix_adk.providers._common import (
+    MALFORMED_ARGUMENTS,
+    is_transient_status,
+    scrub,
+    strip_vendor,
+)
+from tesserix_adk.providers.base import ModelRequest, ModelResponse
+from tesserix_adk.providers.pricing import Price, Prices, cost_micros, price_for
+from tesserix_adk.tools import ToolSpec
+
+__all__ = ["AnthropicProvider", "Price"]
+
+# What a malformed message raises while we read it; read as "ask again".
+_MALFORMED = (AttributeError, IndexError, KeyError, TypeError, ValueError)
+
+
+class AnthropicProvider:
+    """A ``Provider`` over ``anthropic.AsyncAnthropic`` and the Messages API with tools.
+
+    ``model`` may carry the vendor prefix (``"anthropic:claude-haiku-4-5"``); the
+    provider's own model is sent whatever the agent's ``model`` says. ``max_tokens`` is
+    required by the API and sent on every call. Pass ``client`` to use an ``AsyncAnthropic``
+    you configured yourself (its own retries and timeout apply). ``prices`` turns usage into
+    micros (see ``tesserix_adk.providers.pricing``); input tokens include cache writes and
+    reads, all charged at the input price — an upper bound, which is what a budget wants.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: anthropic.AsyncAnthropic | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        prices: Prices = None,
+        max_retries: int = 2,
+        timeout: float = 60.0,
+        max_tokens: int = 1024,
+    ) -> None:
+        self.model = strip_vendor(model, "anthropic")
+        self.prices = prices
+        if max_tokens < 1:
+            raise ConfigurationError(f"max_tokens must be at least 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+        if client is not None and (base_url is not None or api_key is not None):
+            raise ConfigurationError("pass either client= or base_url=/api_key=, not both")
+        self._owns_client = client is None
+        if client is None:
+            options: dict[str, Any] = {"max_retries": max_retries, "timeout": timeout}
+            if base_url is not None:
+                options["base_url"] = base_url
+            if api_key is not None:
+                options["api_key"] = api_key
+            try:
+                client = anthropic.AsyncAnthropic(**options)
+            except anthropic.AnthropicError as exc:
+                raise ConfigurationError(
+                    f"cannot build the Anthropic client: {scrub(str(exc), [api_key])}"
+                ) from exc
+        self._client = client
+        client_key = getattr(client, "api_key", None)
+        self._secrets = tuple(
+            s for s in (api_key, client_key if isinstance(client_key, str) else None) if s
+        )
+
+    def __repr__(self) -> str:
+        return f"AnthropicProvider(model={self.model!r})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, if this provider built it."""
+        if self._owns_client:
+            await self._client.close()
+
+    async def __aenter__(self) -> AnthropicProvider:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """One Messages call (the SDK retries transient failures), as our message."""
+        body = self.request_body(request)
+        try:
+            wire: object = await self._client.messages.create(**body)
+        except Exception as exc:
+            error = self._translate(exc)
+            if error is None:
+                raise
+            raise error from exc
+        try:
+            if not isinstance(wire, WireMessage):
+                raise TypeError(f"the body is a {type(wire).__name__}, not a message")
+            message, usage = _read_message(wire)
+        except _MALFORMED as exc:
+            raise ProviderError(
+                f"anthropic {self.model}: malformed message: {self._scrub(str(exc))}",
+                retryable=True,
+            ) from exc
+        reported = getattr(wire, "model", None)
+        price = price_for(self.prices, self.model, reported if isinstance(reported, str) else None)
+        return ModelResponse(message=message, usage=usage, cost_micros=cost_micros(usage, price))
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The keyword arguments for ``messages.create`` (the wire body)."""
+        system, turns = _wire_turns(request.instructions, request.messages)
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "messages": turns,
+        }
+        if system:
+            body["system"] = system
+        if request.tools:
+            body["tools"] = [_wire_tool(spec) for spec in request.tools]
+        return body
+
+    def _scrub(self, text: str) -> str:
+        return scrub(text, self._secrets)
+
+    def _translate(self, exc: Exception) -> ProviderError | None:
+        """The SDK's error as a ``ProviderError``; ``None`` for what is not the SDK's."""
+        where = f"anthropic {self.model}"
+        if isinstance(exc, anthropic.APITimeoutError):
+            return ProviderError(f"{where}: timed out after retries", retryable=True)
+        if isinstance(exc, anthropic.APIConnectionError):
+            return ProviderError(
+                f"{where}: connection failed after retries: {self._scrub(str(exc))}",
+                retryable=True,
+            )
+        if isinstance(exc, anthropic.APIStatusError):
+            return ProviderError(
+                f"{where}: {self._scrub(str(exc))}",
+                retryable=is_transient_status(exc.status_code),
+                status_code=exc.status_code,
+            )
+        if isinstance(exc, anthropic.APIResponseValidationError):
+            return ProviderError(
+                f"{where}: malformed response: {self._scrub(str(exc))}",
+                retryable=True,
+                status_code=exc.status_code,
+            )
+        if isinstance(exc, json.JSONDecodeError):
+            return ProviderError(f"{where}: the response body is not JSON: {exc}", retryable=True)
+        if isinstance(exc, anthropic.AnthropicError):
+            return ProviderError(f"{where}: {self._scrub(str(exc))}", retryable=False)
+        return None
+
+
+# --- our messages → the wire ----------------------------------------------------------------
+
+
+def _wire_turns(instructions: str, messages: Sequence[Message]) -> tuple[str, list[dict[str, Any]]]:
+    """The top-level system text and the alternating user/assistant turns."""
+    system = [instructions] if instructions else []
+    turns: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role is Role.system:
+            system.append(_text_only(m))
+            continue
+        role, blocks = _wire_blocks(m)
+        if not blocks:
+            continue  # the API refuses empty content; an empty message says nothing
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)  # the API wants turns to alternate
+        else:
+            turns.append({"role": role, "content": blocks})
+    return "\n\n".join(system), turns
+
+
+def _wire_blocks(m: Message) -> tuple[str, list[dict[str, Any]]]:
+    if m.role is Role.user:
+        return "user", _content_blocks(m.content)
+    if m.role is Role.assistant:
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": m.text}] if m.text else []
+        blocks += [
+            {"type": "tool_use", "id": c.id, "name": c.name, "input": dict(c.arguments)}
+            for c in m.tool_calls
+        ]
+        return "assistant", blocks
+    if m.tool_call_id is None:
+        raise ConfigurationError("a tool message without tool_call_id cannot be sent")
+    content: str | list[dict[str, Any]] = (
+        m.content if isinstance(m.content, str) else _content_blocks(m.content)
+    )
+    return "user", [
+        {
+            "type": "tool_result",
+            "tool_use_id": m.tool_call_id,
+            "content": content,
+            "is_error": m.is_error,
+        }
+    ]
+
+
+def _content_blocks(content: str | Sequence[Part]) -> list[dict[str, Any]]:
+    parts: Sequence[Part] = [TextPart(text=content)] if isinstance(content, str) else content
+    return [_wire_part(p) for p in parts if not (isinstance(p, TextPart) and not p.text)]
+
+
+def _wire_part(part: Part) -> dict[str, Any]:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    source = {
+        "type": "base64",
+        "media_type": part.media_type,
+        "data": base64.b64encode(part.data).decode("ascii"),
+    }
+    if part.media_type.startswith("image/"):
+        return {"type": "image", "source": source}
+    if part.media_type == "application/pdf":
+        return {"type": "document", "source": source}
+    raise ConfigurationError(f"the Messages API cannot take a {part.media_type!r} part")
+
+
+def _wire_tool(spec: ToolSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "input_schema": dict(spec.parameters),
+    }
+
+
+def _text_only(message: Message) -> str:
+    if not isinstance(message.content, str) and any(
+        isinstance(p, BinaryPart) for p in message.content
+    ):
+        raise ConfigurationError("a system message cannot carry binary parts")
+    return message.text
+
+
+# --- the wire → our message ----------------------------------------------------------------
+
+
+def _read_message(wire: WireMessage) -> tuple[Message, Usage]:
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for block in wire.content:
+        if block.type == "text":
+            texts.append(str(block.text))
+        elif block.type == "tool_use":
+            arguments = block.input
+            if not isinstance(arguments, dict):
+                arguments = {MALFORMED_ARGUMENTS: json.dumps(arguments)}
+            calls.append(ToolCall(id=str(block.id), name=str(block.name), arguments=arguments))
+    usage = wire.usage
+    input_tokens = (
+        int(usage.input_tokens)
+        + int(getattr(usage, "cache_creation_input_tokens", None) or 0)
+        + int(getattr(usage, "cache_read_input_tokens", None) or 0)
+    )
+    return (
+        Message.assistant("".join(texts), calls),
+        Usage(input_tokens=input_tokens, output_tokens=int(usage.output_tokens)),
+    )

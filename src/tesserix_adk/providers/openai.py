@@ -1,0 +1,302 @@
+"""``OpenAIProvider``: OpenAI Chat Completions, and any server that speaks it (vLLM,
+llama.cpp's server, Ollama), through the official ``openai`` SDK.
+
+What it owns: mapping our messages to the wire and back, the cost of a call, and turning
+the SDK's errors into ``ProviderError`` once, at this boundary.
+
+- Transient failures (429, 408, 409, 5xx, timeouts, dropped connections) are retried by the
+  SDK itself (``max_retries``, its own backoff, honouring ``retry-after-ms``/``retry-after``);
+  a model call is safe to repeat. Only when the SDK gives up does the error reach the runner,
+  as ``ProviderError(retryable=True)``: the run stops and stays resumable. A rejected
+  request (400, 401, 403, 404, 422) is ``retryable=False``: the run ends ``failed``.
+- A body that is not JSON or lacks the fields of a completion is ``retryable=True``.
+- The provider never runs a tool, so it never repeats one.
+- No streaming: the kit calls the non-streaming endpoint, so the ``after_model_call``
+  checkpoint is written only once the whole message has arrived.
+- Tool-call arguments that are not a JSON object are kept as
+  ``{"_malformed_arguments": "<raw text>"}``: the tool's validation refuses them, the model
+  is answered with an ``is_error`` result and can ask again, and the raw text is sent back
+  verbatim as what the assistant said.
+- The API key lives in the SDK client only; it is never put in a message, and is scrubbed
+  from error text.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from typing import Any
+
+try:
+    import openai
+    from openai.types.chat import ChatCompletion
+except ImportError as exc:  # pragma: no cover - exercised by a test that hides the package
+    raise ImportError(
+        'tesserix_adk.providers.openai needs the openai package: pip install "tesserix-adk[openai]"'
+    ) from exc
+
+from tesserix_adk.errors import ConfigurationError, ProviderError
+from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall, Usage
+from tesserix_adk.providers._common import (
+    arguments_from_text,
+    arguments_to_text,
+    is_transient_status,
+    scrub,
+    strip_vendor,
+)
+from tesserix_adk.providers.base import ModelRequest, ModelResponse
+from tesserix_adk.providers.pricing import Price, Prices, cost_micros, price_for
+from tesserix_adk.tools import ToolSpec
+
+__all__ = ["OpenAIProvider", "Price"]
+
+# What a malformed completion raises while we read it; read as "ask again", never as a bug
+# in the caller's request.
+_MALFORMED = (AttributeError, IndexError, KeyError, TypeError, ValueError)
+
+
+class OpenAIProvider:
+    """A ``Provider`` over ``openai.AsyncOpenAI`` and Chat Completions with tools.
+
+    ``model`` may carry the vendor prefix (``"openai:gpt-4o"``); the provider's own model is
+    sent whatever the agent's ``model`` says. Pass ``client`` to use an ``AsyncOpenAI`` you
+    configured yourself (its own retries and timeout apply), or ``base_url``/``api_key`` for
+    a local server (any non-empty key for one that checks none). ``prices`` turns usage into
+    micros (see ``tesserix_adk.providers.pricing``); without it every call costs 0.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: openai.AsyncOpenAI | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        prices: Prices = None,
+        max_retries: int = 2,
+        timeout: float = 60.0,
+        max_tokens: int | None = None,
+        parallel_tool_calls: bool | None = None,
+    ) -> None:
+        self.model = strip_vendor(model, "openai")
+        self.prices = prices
+        self.max_tokens = max_tokens
+        self.parallel_tool_calls = parallel_tool_calls
+        if client is not None and (base_url is not None or api_key is not None):
+            raise ConfigurationError("pass either client= or base_url=/api_key=, not both")
+        self._owns_client = client is None
+        if client is None:
+            options: dict[str, Any] = {"max_retries": max_retries, "timeout": timeout}
+            if base_url is not None:
+                options["base_url"] = base_url
+            if api_key is not None:
+                options["api_key"] = api_key
+            try:
+                client = openai.AsyncOpenAI(**options)
+            except openai.OpenAIError as exc:
+                raise ConfigurationError(
+                    f"cannot build the OpenAI client: {scrub(str(exc), [api_key])} (set "
+                    "OPENAI_API_KEY or pass api_key=; any non-empty key for a local server "
+                    "that checks none)"
+                ) from exc
+        self._client = client
+        client_key = getattr(client, "api_key", None)
+        self._secrets = tuple(
+            s for s in (api_key, client_key if isinstance(client_key, str) else None) if s
+        )
+
+    def __repr__(self) -> str:
+        return f"OpenAIProvider(model={self.model!r})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, if this provider built it."""
+        if self._owns_client:
+            await self._client.close()
+
+    async def __aenter__(self) -> OpenAIProvider:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """One Chat Completions call (the SDK retries transient failures), as our message."""
+        body = self.request_body(request)
+        try:
+            completion: object = await self._client.chat.completions.create(**body)
+        except Exception as exc:
+            error = self._translate(exc)
+            if error is None:
+                raise
+            raise error from exc
+        try:
+            if not isinstance(completion, ChatCompletion):
+                raise TypeError(f"the body is a {type(completion).__name__}, not a completion")
+            message, usage = _read_completion(completion)
+        except _MALFORMED as exc:
+            raise ProviderError(
+                f"openai {self.model}: malformed completion: {self._scrub(str(exc))}",
+                retryable=True,
+            ) from exc
+        reported = getattr(completion, "model", None)
+        price = price_for(self.prices, self.model, reported if isinstance(reported, str) else None)
+        return ModelResponse(message=message, usage=usage, cost_micros=cost_micros(usage, price))
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The keyword arguments for ``chat.completions.create`` (the wire body)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": _wire_messages(request.instructions, request.messages),
+        }
+        if request.tools:
+            body["tools"] = [_wire_tool(spec) for spec in request.tools]
+            if self.parallel_tool_calls is not None:
+                body["parallel_tool_calls"] = self.parallel_tool_calls
+        if self.max_tokens is not None:
+            # ``max_tokens`` rather than ``max_completion_tokens``: every OpenAI-compatible
+            # server understands it.
+            body["max_tokens"] = self.max_tokens
+        return body
+
+    def _scrub(self, text: str) -> str:
+        return scrub(text, self._secrets)
+
+    def _translate(self, exc: Exception) -> ProviderError | None:
+        """The SDK's error as a ``ProviderError``; ``None`` for what is not the SDK's."""
+        where = f"openai {self.model}"
+        if isinstance(exc, openai.APITimeoutError):
+            return ProviderError(f"{where}: timed out after retries", retryable=True)
+        if isinstance(exc, openai.APIConnectionError):
+            return ProviderError(
+                f"{where}: connection failed after retries: {self._scrub(str(exc))}",
+                retryable=True,
+            )
+        if isinstance(exc, openai.APIStatusError):
+            return ProviderError(
+                f"{where}: {self._scrub(str(exc))}",
+                retryable=is_transient_status(exc.status_code),
+                status_code=exc.status_code,
+            )
+        if isinstance(exc, openai.APIResponseValidationError):
+            return ProviderError(
+                f"{where}: malformed response: {self._scrub(str(exc))}",
+                retryable=True,
+                status_code=exc.status_code,
+            )
+        if isinstance(exc, json.JSONDecodeError):
+            return ProviderError(f"{where}: the response body is not JSON: {exc}", retryable=True)
+        if isinstance(exc, openai.OpenAIError):
+            return ProviderError(f"{where}: {self._scrub(str(exc))}", retryable=False)
+        return None
+
+
+# --- our messages → the wire ----------------------------------------------------------------
+
+
+def _wire_messages(instructions: str, messages: Sequence[Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    for m in messages:
+        if m.role is Role.system:
+            out.append({"role": "system", "content": _text_only(m)})
+        elif m.role is Role.user:
+            out.append({"role": "user", "content": _user_content(m.content)})
+        elif m.role is Role.assistant:
+            item: dict[str, Any] = {"role": "assistant"}
+            # ``null`` content is the documented form for a turn that only calls tools.
+            item["content"] = m.text if m.text or not m.tool_calls else None
+            if m.tool_calls:
+                item["tool_calls"] = [_wire_call(c) for c in m.tool_calls]
+            out.append(item)
+        else:
+            if m.tool_call_id is None:
+                raise ConfigurationError("a tool message without tool_call_id cannot be sent")
+            text = _text_only(m)
+            # Chat Completions has no error flag on a tool result; say it in the text.
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": m.tool_call_id,
+                    "content": f"error: {text}" if m.is_error else text,
+                }
+            )
+    return out
+
+
+def _wire_call(call: ToolCall) -> dict[str, Any]:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": arguments_to_text(call.arguments)},
+    }
+
+
+def _wire_tool(spec: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": dict(spec.parameters),
+        },
+    }
+
+
+def _text_only(message: Message) -> str:
+    if not isinstance(message.content, str) and any(
+        isinstance(p, BinaryPart) for p in message.content
+    ):
+        raise ConfigurationError(
+            f"Chat Completions takes binary parts only in user messages, not {message.role}"
+        )
+    return message.text
+
+
+def _user_content(content: str | Sequence[Part]) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return content
+    return [_wire_part(p) for p in content]
+
+
+def _wire_part(part: Part) -> dict[str, Any]:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    url = f"data:{part.media_type};base64,{base64.b64encode(part.data).decode('ascii')}"
+    if part.media_type.startswith("image/"):
+        return {"type": "image_url", "image_url": {"url": url}}
+    if part.media_type == "application/pdf":
+        return {"type": "file", "file": {"filename": "document.pdf", "file_data": url}}
+    raise ConfigurationError(f"Chat Completions cannot take a {part.media_type!r} part")
+
+
+# --- the wire → our message ----------------------------------------------------------------
+
+
+def _read_completion(completion: ChatCompletion) -> tuple[Message, Usage]:
+    if not completion.choices:
+        raise IndexError("the completion has no choices")
+    wire = completion.choices[0].message
+    calls = [_read_call(c) for c in (wire.tool_calls or ())]
+    text = wire.content if wire.content is not None else (wire.refusal or "")
+    if not isinstance(text, str):
+        raise TypeError("the message content is not text")
+    usage = Usage()
+    if completion.usage is not None:
+        usage = Usage(
+            input_tokens=int(completion.usage.prompt_tokens or 0),
+            output_tokens=int(completion.usage.completion_tokens or 0),
+        )
+    return Message.assistant(text, calls), usage
+
+
+def _read_call(call: Any) -> ToolCall:
+    # We declare function tools only; any other kind of call is a malformed answer.
+    if call.type != "function":
+        raise TypeError(f"a tool call of type {call.type!r}")
+    return ToolCall(
+        id=str(call.id),
+        name=str(call.function.name),
+        arguments=arguments_from_text(call.function.arguments),
+    )
