@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from adapters.services import postgres_stores, redis_stores
+from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import (
     MemoryApprovalStore,
     MemoryCheckpointStore,
@@ -32,6 +34,7 @@ from tesserix_adk.stores.protocols import (
     LeaseStore,
     Ledger,
 )
+from tesserix_adk.stores.sqlite import open_sqlite_stores
 from tesserix_adk.testing import (
     ApprovalStoreConformance,
     CheckpointStoreConformance,
@@ -83,8 +86,61 @@ async def open_memory(
     )
 
 
+@asynccontextmanager
+async def open_sqlite(
+    clock: FakeClock | None, keep_last: int | None, tmp_path: Path
+) -> AsyncIterator[StoreSet]:
+    # SQLite decides expiry by its own clock: the suites wait for real (clock is None).
+    assert clock is None
+    async with open_sqlite_stores(tmp_path / "adk.sqlite3", keep_last=keep_last) as opened:
+        await opened.create_schema()
+        yield StoreSet(
+            checkpoints=opened.checkpoints,
+            idempotency=opened.idempotency,
+            leases=opened.leases,
+            history=opened.history,
+            ledger=opened.ledger,
+            approvals=opened.approvals,
+        )
+
+
+@asynccontextmanager
+async def open_redis(
+    clock: FakeClock | None, keep_last: int | None, tmp_path: Path
+) -> AsyncIterator[StoreSet]:
+    # Redis decides expiry by its TIME: the suites wait for real. Skips (or fails under
+    # CI=true) when the server cannot be reached; the test's keys are deleted after.
+    assert clock is None
+    async with redis_stores(keep_last=keep_last) as opened:
+        yield _store_set(opened)
+
+
+@asynccontextmanager
+async def open_postgres(
+    clock: FakeClock | None, keep_last: int | None, tmp_path: Path
+) -> AsyncIterator[StoreSet]:
+    # PostgreSQL decides expiry by clock_timestamp(); each test gets its own schema.
+    assert clock is None
+    async with postgres_stores(keep_last=keep_last) as opened:
+        yield _store_set(opened)
+
+
+def _store_set(opened: Stores) -> StoreSet:
+    return StoreSet(
+        checkpoints=opened.checkpoints,
+        idempotency=opened.idempotency,
+        leases=opened.leases,
+        history=opened.history,
+        ledger=opened.ledger,
+        approvals=opened.approvals,
+    )
+
+
 BACKENDS: dict[str, Backend] = {
     "memory": Backend(open=open_memory, runs_on_fake_clock=True),
+    "sqlite": Backend(open=open_sqlite, runs_on_fake_clock=False),
+    "redis": Backend(open=open_redis, runs_on_fake_clock=False),
+    "postgres": Backend(open=open_postgres, runs_on_fake_clock=False),
 }
 
 

@@ -114,6 +114,7 @@ class Checkpointer:
 
     async def _write(self, frontier: Checkpoint, cursor: TranscriptCursor) -> None:
         messages = frontier.messages or ()
+        new: list[bytes] = []
         if self.history is not None:
             new = [encode_message(m, self.redactor) for m in messages[cursor.persisted :]]
             for entry in new:
@@ -123,16 +124,10 @@ class Checkpointer:
                         "it was not written",
                         retryable=False,
                     )
-            if new or cursor.handle is None:
-                cursor.handle = await self.history.append(
-                    frontier.tenant,
-                    frontier.run_id,
-                    new,
-                    fence=frontier.fence,
-                    after=cursor.handle,
-                )
-                cursor.persisted = len(messages)
-            frontier = dataclasses.replace(frontier, messages=None, history_handle=cursor.handle)
+            # The handle is a pure function of the bytes, so the frontier can name it before
+            # anything is written, and everything is sized before anything is stored.
+            handle = _extended(cursor.handle, new, frontier.tenant, frontier.run_id)
+            frontier = dataclasses.replace(frontier, messages=None, history_handle=handle)
         payload = encode_checkpoint(frontier, self.redactor)
         if len(payload) > self.max_bytes:
             raise CheckpointTooLargeError(
@@ -140,9 +135,47 @@ class Checkpointer:
                 f"{len(payload)} bytes, over max_bytes={self.max_bytes}; it was not written",
                 retryable=False,
             )
-        await self.store.put(
-            frontier.tenant, frontier.run_id, payload, step=frontier.step, fence=frontier.fence
-        )
+        if self.history is None or frontier.history_handle is None:
+            await self.store.put(
+                frontier.tenant, frontier.run_id, payload, step=frontier.step, fence=frontier.fence
+            )
+            return
+        expected = frontier.history_handle
+        stored: HistoryHandle | None = None
+        if new or cursor.handle is None:
+            combined = getattr(self.store, "put_with_history", None)
+            if combined is not None:
+                # One transaction for both where the backend can (one commit, one sync).
+                stored = await combined(
+                    self.history,
+                    frontier.tenant,
+                    frontier.run_id,
+                    payload,
+                    step=frontier.step,
+                    fence=frontier.fence,
+                    encoded=new,
+                    after=cursor.handle,
+                )
+            if stored is not None:
+                _same_handle(stored, expected)
+            else:
+                stored = await self.history.append(
+                    frontier.tenant, frontier.run_id, new, fence=frontier.fence, after=cursor.handle
+                )
+                _same_handle(stored, expected)
+                await self.store.put(
+                    frontier.tenant,
+                    frontier.run_id,
+                    payload,
+                    step=frontier.step,
+                    fence=frontier.fence,
+                )
+        else:
+            await self.store.put(
+                frontier.tenant, frontier.run_id, payload, step=frontier.step, fence=frontier.fence
+            )
+        cursor.handle = expected
+        cursor.persisted = len(messages)
 
     async def _tombstone(self, frontier: Checkpoint, reason: str) -> None:
         payload = tombstone_payload(
@@ -216,6 +249,24 @@ class Checkpointer:
                 f"({len(entries)} of {handle.count} message(s) resolve)"
             )
         return [decode_message(e) for e in entries]
+
+
+def _extended(
+    handle: HistoryHandle | None, new: Sequence[bytes], tenant: str, run_id: str
+) -> HistoryHandle:
+    """The handle of ``handle``'s prefix extended by ``new``."""
+    count, digest = (0, EMPTY_HISTORY_DIGEST) if handle is None else (handle.count, handle.digest)
+    for entry in new:
+        digest = chain_digest(digest, entry)
+    return HistoryHandle(tenant=tenant, run_id=run_id, count=count + len(new), digest=digest)
+
+
+def _same_handle(stored: HistoryHandle, expected: HistoryHandle) -> None:
+    if (stored.count, stored.digest) != (expected.count, expected.digest):
+        raise HistoryUnavailableError(
+            f"the history store answered an append with prefix {stored.count}/{stored.digest}, "
+            f"not the {expected.count}/{expected.digest} the frontier names"
+        )
 
 
 def state_to_json(state: Any, schema: type[Any] | None) -> Any:

@@ -1,0 +1,170 @@
+"""``open_stores(url)``: the whole set of stores of one backend, named by a URL.
+
+``memory://``, ``sqlite:///relative/path``, ``sqlite:////absolute/path`` (as in SQLAlchemy),
+``redis://`` / ``rediss://`` and ``postgresql://`` / ``postgres://``. Opening does no I/O:
+a backend touches its file or server on first use, and only ``create_schema()`` creates
+anything. Drivers are imported only for the scheme that needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+
+from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.stores.bundle import Stores
+
+__all__ = ["open_stores", "redact_url"]
+
+_SCHEMES = "memory://, sqlite:///path, redis://, rediss://, postgresql:// or postgres://"
+
+
+def open_stores(url: str) -> Stores:
+    """Build the six stores named by ``url`` as a ``Stores`` bundle; no I/O.
+
+    Options come from the query: ``keep_last=N`` (memory, SQLite) and
+    ``synchronous=full|normal`` (SQLite). A relative SQLite path is relative to the
+    current directory at the time of this call. Anything else is a ``ConfigurationError``.
+    """
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as exc:
+        raise ConfigurationError(f"cannot read the store URL {redact_url(url)!r}: {exc}") from exc
+    scheme = parts.scheme.lower()
+    if scheme == "memory":
+        return _open_memory(url, parts.netloc, parts.path, parts.query)
+    if scheme == "sqlite":
+        return _open_sqlite(url, parts.netloc, parts.path, parts.query)
+    if scheme in ("redis", "rediss"):
+        return _open_adapter("redis", "open_redis_stores", url)
+    if scheme in ("postgresql", "postgres"):
+        return _open_adapter("postgres", "open_postgres_stores", url)
+    shown = redact_url(url)
+    if not scheme:
+        raise ConfigurationError(f"the store URL {shown!r} has no scheme; use {_SCHEMES}")
+    raise ConfigurationError(
+        f"the store URL {shown!r} has an unknown scheme {scheme!r}; use {_SCHEMES}"
+    )
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (and any ``password=`` query option) masked, for display."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unreadable URL>"
+    netloc = parts.netloc
+    userinfo, at, host = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{host}"
+    query = parts.query
+    if query:
+        pairs = []
+        for pair in query.split("&"):
+            name, eq, _ = pair.partition("=")
+            secret = unquote(name).lower() in ("password", "pass", "pwd")
+            pairs.append(f"{name}=***" if eq and secret else pair)
+        query = "&".join(pairs)
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+# --- backends ----------------------------------------------------------------------------
+
+
+def _options(url: str, query: str, allowed: tuple[str, ...]) -> dict[str, str]:
+    shown = redact_url(url)
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True) if query else []
+    except ValueError as exc:
+        raise ConfigurationError(f"cannot read the options of {shown!r}: {exc}") from exc
+    options: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in allowed:
+            known = ", ".join(allowed) if allowed else "none"
+            raise ConfigurationError(
+                f"the store URL {shown!r} has an unknown option {name!r} (known: {known})"
+            )
+        if name in options:
+            raise ConfigurationError(f"the store URL {shown!r} sets {name!r} twice")
+        options[name] = value
+    return options
+
+
+def _keep_last(url: str, options: Mapping[str, str]) -> int | None:
+    raw = options.get("keep_last")
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigurationError(
+            f"keep_last in {redact_url(url)!r} must be a whole number of at least 1, got {raw!r}"
+        )
+    return value
+
+
+def _open_adapter(module: str, opener_name: str, url: str) -> Stores:
+    # Imported here, and only for its scheme: the adapter imports its driver, which a user
+    # of another backend need not have installed.
+    adapter = importlib.import_module(f"tesserix_adk.adapters.{module}")
+    opener: Callable[[str], Stores] = getattr(adapter, opener_name)
+    return opener(url)
+
+
+def _open_memory(url: str, netloc: str, path: str, query: str) -> Stores:
+    from tesserix_adk.stores.memory import (
+        MemoryApprovalStore,
+        MemoryCheckpointStore,
+        MemoryHistoryStore,
+        MemoryIdempotencyStore,
+        MemoryLeaseStore,
+        MemoryLedger,
+    )
+
+    if netloc or path:
+        raise ConfigurationError(
+            f"a memory store URL takes no host or path: use 'memory://', not {url!r}"
+        )
+    options = _options(url, query, ("keep_last",))
+    return Stores(
+        checkpoints=MemoryCheckpointStore(keep_last=_keep_last(url, options)),
+        idempotency=MemoryIdempotencyStore(),
+        leases=MemoryLeaseStore(),
+        history=MemoryHistoryStore(),
+        ledger=MemoryLedger(),
+        approvals=MemoryApprovalStore(),
+        url=url,
+    )
+
+
+def _open_sqlite(url: str, netloc: str, path: str, query: str) -> Stores:
+    from tesserix_adk.stores.sqlite import open_sqlite_stores
+
+    if netloc:
+        raise ConfigurationError(
+            f"a SQLite store URL has no host ({netloc!r} in {url!r}); use "
+            f"sqlite:///relative/path or sqlite:////absolute/path"
+        )
+    # SQLAlchemy style: the first slash ends the (empty) authority; what follows is the
+    # path, so sqlite:///a is relative and sqlite:////a absolute.
+    file = unquote(path[1:] if path.startswith("/") else path)
+    if not file:
+        raise ConfigurationError(
+            f"the SQLite store URL {url!r} names no file; use sqlite:///relative/path or "
+            f"sqlite:////absolute/path"
+        )
+    options = _options(url, query, ("keep_last", "synchronous"))
+    synchronous = options.get("synchronous", "full").lower()
+    if synchronous not in ("full", "normal"):
+        raise ConfigurationError(
+            f"synchronous in {url!r} must be 'full' or 'normal', got {options['synchronous']!r}"
+        )
+    return open_sqlite_stores(
+        file, keep_last=_keep_last(url, options), synchronous=synchronous, url=url
+    )

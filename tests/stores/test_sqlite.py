@@ -1,0 +1,446 @@
+"""What the SQLite stores guarantee beyond the conformance suites: the file, its schema,
+durability settings, writes that grow with the step, and several real processes on one file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+import pytest
+
+from tesserix_adk import Checkpointer
+from tesserix_adk.errors import (
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    ConfigurationError,
+    StoreUnavailableError,
+)
+from tesserix_adk.stores.protocols import RunLease, ToolFlags
+from tesserix_adk.stores.sqlite import (
+    SQLITE_SCHEMA,
+    SQLITE_SCHEMA_VERSION,
+    SqliteCheckpointStore,
+    SqliteDatabase,
+    SqliteHistoryStore,
+    SqliteIdempotencyStore,
+    SqliteLeaseStore,
+    open_sqlite_stores,
+)
+
+GOLDEN = Path(__file__).parent.parent / "checkpoint" / "golden" / "format1_frontier.json"
+INJECTION = "x'); DROP TABLE adk_frontiers; --"
+
+
+@contextmanager
+def raw(path: Path) -> Iterator[sqlite3.Connection]:
+    """A plain connection to the file, outside the stores, committing on exit."""
+    with closing(sqlite3.connect(path)) as conn, conn:
+        yield conn
+
+
+@pytest.fixture
+async def database(tmp_path: Path) -> AsyncIterator[SqliteDatabase]:
+    db = SqliteDatabase(tmp_path / "adk.sqlite3")
+    await db.create_schema()
+    yield db
+    await db.aclose()
+
+
+# --- the file and its schema -------------------------------------------------------------
+
+
+def test_importing_and_opening_creates_nothing(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        """
+        import tesserix_adk.stores.sqlite
+        from tesserix_adk.stores import open_stores
+        from tesserix_adk.stores.sqlite import open_sqlite_stores
+        open_stores("sqlite:///data/adk.sqlite3")
+        open_sqlite_stores("more/adk.sqlite3")
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_store_used_on_a_missing_file_names_schema_apply_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "absent" / "adk.sqlite3"
+    async with open_sqlite_stores(path) as stores:
+        with pytest.raises(ConfigurationError, match="tesserix schema apply"):
+            await stores.checkpoints.latest("acme", "run-1")
+        with pytest.raises(ConfigurationError, match="tesserix schema apply"):
+            await stores.leases.acquire("acme", "run-1", "worker-a", 30)
+        with pytest.raises(ConfigurationError, match="tesserix schema apply"):
+            await stores.verify()
+    assert not path.parent.exists()
+
+
+async def test_a_store_used_on_a_file_without_the_schema_names_schema_apply(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "adk.sqlite3"
+    with raw(path):
+        pass  # an empty database file, as another tool might leave it
+    async with open_sqlite_stores(path) as stores:
+        with pytest.raises(ConfigurationError, match="tesserix schema apply") as refused:
+            await stores.idempotency.lookup(["k1"])
+        assert "\n" not in str(refused.value)
+        with pytest.raises(ConfigurationError, match="tesserix schema apply"):
+            await stores.verify()
+    with raw(path) as conn:
+        assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
+
+
+async def test_create_schema_creates_the_directory_file_and_tables(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "dir" / "adk.sqlite3"
+    async with open_sqlite_stores(path) as stores:
+        await stores.create_schema()
+        await stores.verify()
+        await stores.checkpoints.put("acme", "run-1", b"frontier", step=1, fence=1)
+    with raw(path) as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+    for table in (
+        "adk_schema_version",
+        "adk_fences",
+        "adk_frontiers",
+        "adk_checkpoint_steps",
+        "adk_idempotency",
+        "adk_run_leases",
+        "adk_history",
+        "adk_ledger",
+        "adk_approvals",
+    ):
+        assert table in tables
+        assert table in SQLITE_SCHEMA
+
+
+async def test_create_schema_twice_is_fine_and_keeps_the_data(tmp_path: Path) -> None:
+    path = tmp_path / "adk.sqlite3"
+    async with open_sqlite_stores(path) as stores:
+        await stores.create_schema()
+        await stores.checkpoints.put("acme", "run-1", b"kept", step=1)
+        await stores.create_schema()
+    async with open_sqlite_stores(path) as again:
+        await again.create_schema()
+        latest = await again.checkpoints.latest("acme", "run-1")
+        assert latest is not None and latest.payload == b"kept"
+    with raw(path) as conn:
+        versions = conn.execute("SELECT id, version FROM adk_schema_version").fetchall()
+    assert versions == [(1, SQLITE_SCHEMA_VERSION)]
+
+
+async def test_create_schema_sets_wal(database: SqliteDatabase) -> None:
+    with raw(Path(database.path)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+@pytest.mark.parametrize("found", [SQLITE_SCHEMA_VERSION + 1, 0])
+async def test_verify_refuses_a_different_schema_version(tmp_path: Path, found: int) -> None:
+    path = tmp_path / "adk.sqlite3"
+    async with open_sqlite_stores(path) as stores:
+        await stores.create_schema()
+    with raw(path) as conn:
+        conn.execute("UPDATE adk_schema_version SET version = ?", (found,))
+    async with open_sqlite_stores(path) as stores:
+        with pytest.raises(ConfigurationError, match=f"schema version {found}"):
+            await stores.verify()
+        with pytest.raises(ConfigurationError, match=f"schema version {found}"):
+            await stores.checkpoints.latest("acme", "run-1")
+
+
+async def test_create_schema_refuses_a_newer_schema(tmp_path: Path) -> None:
+    path = tmp_path / "adk.sqlite3"
+    async with open_sqlite_stores(path) as stores:
+        await stores.create_schema()
+    with raw(path) as conn:
+        conn.execute("UPDATE adk_schema_version SET version = ?", (SQLITE_SCHEMA_VERSION + 1,))
+    async with open_sqlite_stores(path) as stores:
+        with pytest.raises(ConfigurationError, match="upgrade tesserix-adk"):
+            await stores.create_schema()
+
+
+@pytest.mark.parametrize(("synchronous", "pragma"), [("full", 2), ("normal", 1)])
+async def test_synchronous_setting_is_honoured(
+    tmp_path: Path, synchronous: str, pragma: int
+) -> None:
+    db = SqliteDatabase(tmp_path / "adk.sqlite3", synchronous=synchronous)
+    try:
+        await db.create_schema()
+        setting = await db.read(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0])
+        assert setting == pragma
+    finally:
+        await db.aclose()
+
+
+def test_full_is_the_default_and_anything_else_is_refused(tmp_path: Path) -> None:
+    assert SqliteDatabase(tmp_path / "adk.sqlite3").synchronous == "full"
+    with pytest.raises(ConfigurationError, match="synchronous"):
+        SqliteDatabase(tmp_path / "adk.sqlite3", synchronous="off")
+
+
+async def test_a_closed_database_refuses_work(database: SqliteDatabase) -> None:
+    store = SqliteCheckpointStore(database)
+    await store.put("acme", "run-1", b"x", step=1)
+    await database.aclose()
+    await database.aclose()
+    with pytest.raises(ConfigurationError, match="closed"):
+        await store.latest("acme", "run-1")
+
+
+async def test_a_writer_that_holds_the_file_too_long_is_a_retryable_error(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "adk.sqlite3"
+    db = SqliteDatabase(path, busy_timeout=0.2)
+    try:
+        await db.create_schema()
+        store = SqliteIdempotencyStore(db)
+        with closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(StoreUnavailableError) as refused:
+                await store.claim(
+                    "k1",
+                    holder="worker-a",
+                    tenant="acme",
+                    run_id="run-1",
+                    iteration=0,
+                    tool="book_seat",
+                    call_id="call_1",
+                    flags=ToolFlags(),
+                )
+            assert refused.value.retryable
+            other.execute("ROLLBACK")
+        # The refused claim left nothing behind, and the store works once the file is free.
+        assert await store.lookup(["k1"]) == {}
+    finally:
+        await db.aclose()
+
+
+# --- writes grow with the step -----------------------------------------------------------
+
+
+async def test_history_append_writes_only_the_new_rows(database: SqliteDatabase) -> None:
+    path = Path(database.path)
+    with raw(path) as conn:
+        conn.execute("CREATE TABLE audit (action TEXT NOT NULL)")
+        for action in ("INSERT", "UPDATE", "DELETE"):
+            conn.execute(
+                f"CREATE TRIGGER audit_{action.lower()} AFTER {action} ON adk_history "
+                f"BEGIN INSERT INTO audit (action) VALUES ('{action}'); END"
+            )
+
+    def audit() -> dict[str, int]:
+        with raw(path) as conn:
+            rows = conn.execute("SELECT action, count(*) FROM audit GROUP BY action").fetchall()
+            conn.execute("DELETE FROM audit")
+        return dict(rows)
+
+    def rows() -> int:
+        with raw(path) as conn:
+            return int(conn.execute("SELECT count(*) FROM adk_history").fetchone()[0])
+
+    store = SqliteHistoryStore(database)
+    handle = await store.append("acme", "run-1", [b"system", b"user"], fence=1, after=None)
+    assert audit() == {"INSERT": 2}
+    for turn in range(50):
+        before = rows()
+        handle = await store.append(
+            "acme", "run-1", [f"assistant {turn}".encode(), b"tool"], fence=1, after=handle
+        )
+        assert rows() == before + 2
+        assert audit() == {"INSERT": 2}
+    assert handle.count == 102
+
+    # A dead writer's tail is dropped row by row; the prefix is never rewritten.
+    await store.append("acme", "run-1", [b"dead-1", b"dead-2", b"dead-3"], fence=1, after=handle)
+    audit()
+    carried = await store.append("acme", "run-1", [b"new"], fence=2, after=handle)
+    assert audit() == {"DELETE": 3, "INSERT": 1}
+    assert carried.count == 103 and rows() == 103
+    assert (await store.fetch(carried))[-1] == b"new"
+
+
+async def test_checkpoint_put_writes_one_step_row_and_one_frontier(
+    database: SqliteDatabase,
+) -> None:
+    store = SqliteCheckpointStore(database, keep_last=3)
+    for step in range(1, 11):
+        await store.put("acme", "run-1", f"step {step}".encode(), step=step, fence=1)
+    with raw(Path(database.path)) as conn:
+        assert conn.execute("SELECT count(*) FROM adk_frontiers").fetchone() == (1,)
+        assert conn.execute("SELECT step FROM adk_checkpoint_steps").fetchall() == [
+            (8,),
+            (9,),
+            (10,),
+        ]
+
+
+# --- ids are data, never SQL -------------------------------------------------------------
+
+
+async def test_ids_with_sql_injection_text_are_stored_verbatim(tmp_path: Path) -> None:
+    path = tmp_path / "adk.sqlite3"
+    async with open_sqlite_stores(path) as stores:
+        await stores.create_schema()
+        await stores.checkpoints.put(INJECTION, INJECTION, b"frontier", step=1, fence=1)
+        lease = await stores.leases.acquire(INJECTION, INJECTION, INJECTION, 30)
+        await stores.idempotency.claim(
+            INJECTION,
+            holder=INJECTION,
+            tenant=INJECTION,
+            run_id=INJECTION,
+            iteration=0,
+            tool=INJECTION,
+            call_id=INJECTION,
+            flags=ToolFlags(),
+            fence=1,
+        )
+        assert await stores.checkpoints.runs(INJECTION) == [INJECTION]
+        assert await stores.leases.current(INJECTION, INJECTION) == lease
+        records = await stores.idempotency.records(INJECTION, INJECTION)
+        assert [(r.key, r.holder, r.tool) for r in records] == [(INJECTION,) * 3]
+    with raw(path) as conn:
+        assert conn.execute("SELECT tenant, run_id FROM adk_frontiers").fetchall() == [
+            (INJECTION, INJECTION)
+        ]
+        assert conn.execute("SELECT holder FROM adk_run_leases").fetchall() == [(INJECTION,)]
+
+
+# --- several processes on one file -------------------------------------------------------
+
+RACER = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from tesserix_adk.errors import LeaseHeldError
+    from tesserix_adk.stores.sqlite import SqliteDatabase, SqliteLeaseStore
+
+    async def main() -> None:
+        path, start, holder = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+        db = SqliteDatabase(path)
+        try:
+            await db.verify()  # connected before the start line, so all race at once
+            await asyncio.sleep(max(0.0, start - time.time()))
+            try:
+                lease = await SqliteLeaseStore(db).acquire("acme", "run-1", holder, 3600)
+            except LeaseHeldError as exc:
+                print("HELD", exc.holder)
+            else:
+                print("WON", lease.fence)
+        finally:
+            await db.aclose()
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_processes_racing_for_one_lease_have_exactly_one_winner(tmp_path: Path) -> None:
+    path = tmp_path / "adk.sqlite3"
+
+    async def create() -> None:
+        async with open_sqlite_stores(path) as stores:
+            await stores.create_schema()
+
+    async def current() -> RunLease | None:
+        async with open_sqlite_stores(path) as stores:
+            return await stores.leases.current("acme", "run-1")
+
+    asyncio.run(create())
+    racers = 8
+    start = time.time() + 3.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(path), repr(start), f"worker-{i}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(racers)
+    ]
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        outputs.append(out.split())
+    winners = [holder for holder, (verdict, _) in enumerate(outputs) if verdict == "WON"]
+    assert len(winners) == 1, outputs
+    winner = f"worker-{winners[0]}"
+    assert sorted(outputs) == sorted([["WON", "1"]] + [["HELD", winner]] * (racers - 1))
+    lease = asyncio.run(current())
+    assert lease is not None and (lease.holder, lease.fence) == (winner, 1)
+
+
+# --- payloads written straight into the database fail closed -----------------------------
+
+
+def _newer_format() -> bytes:
+    body = json.loads(GOLDEN.read_bytes())
+    body["format"] = 99
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [
+        (b"\x00\xffnot a checkpoint at all", CheckpointCorruptError),
+        (GOLDEN.read_bytes()[: len(GOLDEN.read_bytes()) // 2], CheckpointCorruptError),
+        (b"", CheckpointCorruptError),
+        (b"[1, 2, 3]", CheckpointCorruptError),
+        (_newer_format(), CheckpointFormatError),
+    ],
+    ids=["garbage", "truncated", "empty", "not-an-object", "newer-format"],
+)
+async def test_a_bad_payload_in_the_frontier_table_fails_closed(
+    database: SqliteDatabase, payload: bytes, error: type[Exception]
+) -> None:
+    with raw(Path(database.path)) as conn:
+        for table in ("adk_frontiers", "adk_checkpoint_steps"):
+            conn.execute(
+                f"INSERT INTO {table} (tenant, run_id, step, fence, payload) "
+                "VALUES (?, ?, ?, ?, ?)",
+                ("acme", "run_1", 3, 1, payload),
+            )
+    checkpointer = Checkpointer(SqliteCheckpointStore(database))
+    with pytest.raises(error):
+        await checkpointer.latest("acme", "run_1")
+    with pytest.raises(error):
+        await checkpointer.at("acme", "run_1", 3)
+    # Left untouched, for a newer reader or an operator.
+    stored = await SqliteCheckpointStore(database).latest("acme", "run_1")
+    assert stored is not None and stored.payload == payload
+
+
+async def test_the_golden_payload_written_straight_in_reads_back(
+    database: SqliteDatabase,
+) -> None:
+    with raw(Path(database.path)) as conn:
+        conn.execute(
+            "INSERT INTO adk_frontiers (tenant, run_id, step, fence, payload) "
+            "VALUES (?, ?, ?, ?, ?)",
+            ("acme", "run_1", 3, 1, GOLDEN.read_bytes()),
+        )
+    frontier = await Checkpointer(SqliteCheckpointStore(database)).latest("acme", "run_1")
+    assert frontier is not None and frontier.step == 3
+
+
+# --- the store's clock -------------------------------------------------------------------
+
+
+async def test_lease_expiry_is_stamped_by_sqlites_clock(
+    database: SqliteDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 86400.0)
+    lease = await SqliteLeaseStore(database).acquire("acme", "run-1", "worker-a", 30)
+    assert abs(lease.expires_at - (real_time() + 30)) < 60
