@@ -22,6 +22,7 @@ from tesserix_adk.errors import (
     CheckpointCorruptError,
     CheckpointFormatError,
     ConfigurationError,
+    StaleFenceError,
     StoreUnavailableError,
 )
 from tesserix_adk.stores.protocols import RunLease, ToolFlags
@@ -284,6 +285,50 @@ async def test_checkpoint_put_writes_one_step_row_and_one_frontier(
             (9,),
             (10,),
         ]
+
+
+async def test_frontier_and_transcript_are_written_in_one_transaction(
+    database: SqliteDatabase, tmp_path: Path
+) -> None:
+    checkpoints = SqliteCheckpointStore(database)
+    history = SqliteHistoryStore(database)
+    handle = await checkpoints.put_with_history(
+        history, "acme", "run-1", b"frontier-1", step=1, fence=1, encoded=[b"m1"], after=None
+    )
+    assert handle is not None and handle.count == 1
+    assert (await checkpoints.latest("acme", "run-1")).payload == b"frontier-1"  # type: ignore[union-attr]
+    await history.seal("acme", "run-1", 2)
+    # The transcript half is refused by the fence, so the frontier half is not written either.
+    with pytest.raises(StaleFenceError):
+        await checkpoints.put_with_history(
+            history,
+            "acme",
+            "run-1",
+            b"frontier-2",
+            step=2,
+            fence=1,
+            encoded=[b"m2"],
+            after=handle,
+        )
+    assert (await checkpoints.latest("acme", "run-1")).payload == b"frontier-1"  # type: ignore[union-attr]
+    assert await history.fetch(handle) == [b"m1"]
+    # A history store in another file cannot share the transaction: the caller writes twice.
+    other = SqliteDatabase(tmp_path / "other.sqlite3")
+    await other.create_schema()
+    assert (
+        await checkpoints.put_with_history(
+            SqliteHistoryStore(other),
+            "acme",
+            "run-2",
+            b"f",
+            step=1,
+            fence=None,
+            encoded=[],
+            after=None,
+        )
+        is None
+    )
+    await other.aclose()
 
 
 # --- ids are data, never SQL -------------------------------------------------------------
