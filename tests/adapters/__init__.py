@@ -1,0 +1,1 @@
+"""Tests of the Redis and PostgreSQL adapters, against real servers."""

@@ -1,0 +1,416 @@
+"""The PostgreSQL stores' known traps, each against the real server (the conformance suites
+run in ``tests/stores/test_conformance.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool
+
+from adapters import services
+from tesserix_adk.adapters.postgres import (
+    EXPECTED_CHECKPOINT_SCHEMA,
+    SCHEMA_VERSION,
+    PostgresCheckpointStore,
+    PostgresDatabase,
+    PostgresLeaseStore,
+    open_postgres_stores,
+)
+from tesserix_adk.errors import (
+    ConfigurationError,
+    LeaseHeldError,
+    LeaseLostError,
+    StaleFenceError,
+    StoreUnavailableError,
+)
+from tesserix_adk.messages import ToolCall, Usage
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.protocols import ToolFlags
+
+pytestmark = pytest.mark.postgres
+
+T = "acme"
+R = "run-1"
+Admin = psycopg.AsyncConnection[Any]
+
+
+async def _claim(
+    stores: Stores, key: str, holder: str, *, tenant: str = T, run_id: str = R, fence: int
+) -> None:
+    await stores.idempotency.claim(
+        key,
+        holder=holder,
+        tenant=tenant,
+        run_id=run_id,
+        iteration=0,
+        tool="book_seat",
+        call_id="call_1",
+        flags=ToolFlags(),
+        fence=fence,
+    )
+
+
+async def _tables(admin: Admin, schema: str) -> set[str]:
+    cur = await admin.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+    )
+    return {row[0] for row in await cur.fetchall()}
+
+
+# --- importing and opening ---------------------------------------------------------------
+
+
+def test_importing_without_psycopg_names_the_extra_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['psycopg'] = None\n"
+        "try:\n"
+        "    import tesserix_adk.adapters.postgres\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+        "else:\n"
+        "    raise SystemExit('imported without psycopg')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert 'pip install "tesserix-adk[postgres]"' in done.stdout
+
+
+async def test_open_takes_the_kits_options_out_of_the_url_and_does_no_io() -> None:
+    # Nothing listens on port 1: opening must not notice.
+    stores = open_postgres_stores(
+        "postgresql://nobody@127.0.0.1:1/none?keep_last=3&pool_min=0&pool_max=2"
+        "&connect_timeout=1&options=-csearch_path%3Delsewhere"
+    )
+    try:
+        assert isinstance(stores.checkpoints, PostgresCheckpointStore)
+        assert stores.checkpoints.keep_last == 3
+        pool = stores.checkpoints.database.pool
+        assert (pool.min_size, pool.max_size) == (0, 2)
+        assert pool.closed
+        assert "keep_last" not in pool.conninfo and "pool_m" not in pool.conninfo
+        assert "connect_timeout=1" in pool.conninfo
+        assert "options=-csearch_path%3Delsewhere" in pool.conninfo
+        assert stores.schema == EXPECTED_CHECKPOINT_SCHEMA
+    finally:
+        await stores.aclose()
+
+
+async def test_pool_defaults_are_one_and_four() -> None:
+    stores = open_postgres_stores("postgresql://nobody@127.0.0.1:1/none")
+    try:
+        assert isinstance(stores.leases, PostgresLeaseStore)
+        pool = stores.leases.database.pool
+        assert (pool.min_size, pool.max_size) == (1, 4)
+    finally:
+        await stores.aclose()
+
+
+def test_bad_kit_options_are_configuration_errors() -> None:
+    for query in (
+        "keep_last=0",
+        "pool_max=0",
+        "pool_min=3&pool_max=2",
+        "pool_min=x",
+        "prefix=adk%3A",
+        "allow_volatile=true",
+    ):
+        with pytest.raises(ConfigurationError):
+            open_postgres_stores(f"postgresql://nobody@127.0.0.1:1/none?{query}")
+
+
+async def test_an_unreachable_server_is_a_retryable_store_error() -> None:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1",
+        min_size=0,
+        max_size=1,
+        open=False,
+        timeout=0.5,
+    )
+    database = PostgresDatabase(pool)
+    try:
+        with pytest.raises(StoreUnavailableError) as failed:
+            await PostgresLeaseStore(database).current(T, R)
+        assert failed.value.retryable
+    finally:
+        await database.aclose()
+
+
+# --- schema ------------------------------------------------------------------------------
+
+
+async def test_nothing_creates_a_table_until_create_schema(
+    pg_url: str, pg_schema: str, pg_admin: Admin
+) -> None:
+    stores = open_postgres_stores(pg_url)
+    try:
+        with pytest.raises(ConfigurationError, match="tesserix schema apply"):
+            await stores.checkpoints.latest(T, R)
+        assert await _tables(pg_admin, pg_schema) == set()
+        await stores.create_schema()
+        assert "adk_checkpoints" in await _tables(pg_admin, pg_schema)
+    finally:
+        await stores.aclose()
+
+
+async def test_verify_on_an_empty_schema_fails_clearly_then_passes_after_create(
+    pg_url: str,
+) -> None:
+    stores = open_postgres_stores(pg_url)
+    try:
+        with pytest.raises(ConfigurationError) as missing:
+            await stores.verify()
+        message = str(missing.value)
+        assert "missing" in message and "tesserix schema apply" in message
+        await stores.create_schema()
+        await stores.verify()
+    finally:
+        await stores.aclose()
+
+
+async def test_verify_on_an_older_schema_fails_clearly_then_passes_after_create(
+    pg_stores: Stores, pg_admin: Admin
+) -> None:
+    await pg_admin.execute("UPDATE adk_schema_version SET version = %s", (SCHEMA_VERSION - 1,))
+    with pytest.raises(ConfigurationError) as older:
+        await pg_stores.verify()
+    message = str(older.value)
+    assert f"version {SCHEMA_VERSION - 1}, older" in message
+    assert "tesserix schema apply" in message
+    await pg_stores.create_schema()
+    await pg_stores.verify()
+
+
+async def test_a_newer_schema_is_neither_read_nor_downgraded(
+    pg_stores: Stores, pg_admin: Admin
+) -> None:
+    await pg_admin.execute("UPDATE adk_schema_version SET version = %s", (SCHEMA_VERSION + 1,))
+    with pytest.raises(ConfigurationError, match="newer"):
+        await pg_stores.verify()
+    with pytest.raises(ConfigurationError, match="newer"):
+        await pg_stores.create_schema()
+    cur = await pg_admin.execute("SELECT version FROM adk_schema_version")
+    assert await cur.fetchone() == (SCHEMA_VERSION + 1,)
+
+
+async def test_verify_names_a_missing_table(pg_stores: Stores, pg_admin: Admin) -> None:
+    await pg_admin.execute("DROP TABLE adk_ledger")
+    with pytest.raises(ConfigurationError, match="adk_ledger"):
+        await pg_stores.verify()
+    await pg_stores.create_schema()
+    await pg_stores.verify()
+
+
+async def test_create_schema_twice_and_concurrently_is_fine(
+    pg_url: str, pg_schema: str, pg_admin: Admin
+) -> None:
+    opened = [open_postgres_stores(pg_url) for _ in range(6)]
+    try:
+        await asyncio.gather(*(stores.create_schema() for stores in opened))
+        await opened[0].create_schema()
+        for stores in opened:
+            await stores.verify()
+        cur = await pg_admin.execute("SELECT count(*), max(version) FROM adk_schema_version")
+        assert await cur.fetchone() == (1, SCHEMA_VERSION)
+    finally:
+        for stores in opened:
+            await stores.aclose()
+
+
+async def test_tables_live_in_the_search_path_schema(
+    pg_stores: Stores, pg_schema: str, pg_admin: Admin
+) -> None:
+    tables = await _tables(pg_admin, pg_schema)
+    assert {"adk_checkpoints", "adk_run_leases", "adk_schema_version"} <= tables
+    await pg_stores.checkpoints.put(T, R, b"here", step=1, fence=1)
+    cur = await pg_admin.execute(
+        f'SELECT payload FROM "{pg_schema}".adk_checkpoints WHERE tenant = %s', (T,)
+    )
+    assert await cur.fetchone() == (b"here",)
+
+
+def test_expected_schema_is_the_ddl_with_its_version_table() -> None:
+    assert "adk_schema_version" in EXPECTED_CHECKPOINT_SCHEMA
+    for table in ("adk_checkpoints", "adk_checkpoint_steps", "adk_run_leases", "adk_fences"):
+        assert f"CREATE TABLE IF NOT EXISTS {table}" in EXPECTED_CHECKPOINT_SCHEMA
+    assert f"VALUES (1, {SCHEMA_VERSION})" in EXPECTED_CHECKPOINT_SCHEMA
+
+
+async def test_the_published_ddl_applies_as_is(
+    pg_url: str, pg_schema: str, pg_admin: Admin
+) -> None:
+    await pg_admin.execute(EXPECTED_CHECKPOINT_SCHEMA.encode())
+    stores = open_postgres_stores(pg_url)
+    try:
+        await stores.verify()
+    finally:
+        await stores.aclose()
+
+
+# --- connections -------------------------------------------------------------------------
+
+
+async def test_lease_statements_leave_no_transaction_open_after_a_refusal(
+    pg_schema: str,
+) -> None:
+    name = f"adk-{pg_schema}"
+    url = services.schema_url(pg_schema)
+    url = services.with_query(url, application_name=name, pool_min="1", pool_max="1")
+    stores = open_postgres_stores(url)
+    try:
+        await stores.create_schema()
+        lease = await stores.leases.acquire(T, R, "worker-a", 3600)
+        with pytest.raises(LeaseHeldError) as refused:
+            await stores.leases.acquire(T, R, "worker-b", 3600)
+        assert refused.value.holder == "worker-a"
+        with pytest.raises(LeaseLostError):
+            await stores.leases.renew(replace(lease, fence=lease.fence + 1), 30)
+        assert isinstance(stores.leases, PostgresLeaseStore)
+        async with stores.leases.database.pool.connection() as conn:
+            assert conn.autocommit
+            assert conn.info.transaction_status is TransactionStatus.IDLE
+            cur = await conn.execute("SHOW transaction_isolation")
+            assert await cur.fetchone() == ("read committed",)
+        async with await psycopg.AsyncConnection.connect(services.POSTGRES_URL) as admin:
+            cur = await admin.execute(
+                "SELECT state FROM pg_stat_activity WHERE application_name = %s", (name,)
+            )
+            states = [row[0] for row in await cur.fetchall()]
+        assert states and all(state == "idle" for state in states), states
+    finally:
+        await stores.aclose()
+
+
+async def test_server_default_isolation_does_not_leak_into_the_stores(pg_schema: str) -> None:
+    url = services.with_query(
+        services.POSTGRES_URL,
+        options=f"-csearch_path={pg_schema} -cdefault_transaction_isolation=serializable",
+    )
+    stores = open_postgres_stores(url)
+    try:
+        await stores.create_schema()
+        assert isinstance(stores.leases, PostgresLeaseStore)
+        async with stores.leases.database.pool.connection() as conn:
+            cur = await conn.execute("SHOW transaction_isolation")
+            assert await cur.fetchone() == ("read committed",)
+    finally:
+        await stores.aclose()
+
+
+# --- fences ------------------------------------------------------------------------------
+
+
+async def test_a_takeover_fences_the_old_holder_out_at_once(pg_stores: Stores) -> None:
+    old = await pg_stores.leases.acquire(T, R, "worker-a", 0.2)
+    await pg_stores.checkpoints.put(T, R, b"old", step=1, fence=old.fence)
+    handle = await pg_stores.history.append(T, R, [b"m0"], fence=old.fence, after=None)
+    await asyncio.sleep(0.4)
+    new = await pg_stores.leases.acquire(T, R, "worker-b", 30)
+    # Nobody sealed anything: each statement compares with the run's current lease fence.
+    with pytest.raises(StaleFenceError):
+        await pg_stores.checkpoints.put(T, R, b"late", step=2, fence=old.fence)
+    with pytest.raises(StaleFenceError):
+        await _claim(pg_stores, "k1", "worker-a", fence=old.fence)
+    with pytest.raises(StaleFenceError):
+        await pg_stores.history.append(T, R, [b"late"], fence=old.fence, after=handle)
+    with pytest.raises(StaleFenceError):
+        await pg_stores.ledger.charge(T, R, 1, Usage(), fence=old.fence)
+    with pytest.raises(StaleFenceError):
+        await pg_stores.approvals.request(T, R, [], iteration=1, fence=old.fence)
+    with pytest.raises(StaleFenceError):
+        await pg_stores.checkpoints.seal(T, R, old.fence)
+    await pg_stores.checkpoints.put(T, R, b"new", step=2, fence=new.fence)
+    latest = await pg_stores.checkpoints.latest(T, R)
+    assert latest is not None and latest.payload == b"new"
+
+
+async def test_fence_survives_release_and_forget(pg_stores: Stores, pg_admin: Admin) -> None:
+    first = await pg_stores.leases.acquire(T, R, "worker-a", 30)
+    await pg_stores.checkpoints.put(T, R, b"x", step=1, fence=first.fence)
+    await pg_stores.leases.release(first)
+    await pg_stores.checkpoints.forget(T, R)
+    cur = await pg_admin.execute("SELECT fence, holder FROM adk_run_leases")
+    assert await cur.fetchall() == [(first.fence, None)]
+    with pytest.raises(StaleFenceError):
+        await pg_stores.checkpoints.put(T, R, b"unfenced", step=1)
+    second = await pg_stores.leases.acquire(T, R, "worker-b", 30)
+    assert second.fence == first.fence + 1
+
+
+# --- ids ---------------------------------------------------------------------------------
+
+INJECTIONS = (
+    "x'); DROP TABLE adk_checkpoints;--",
+    "'; DELETE FROM adk_run_leases; --",
+    "a' OR '1'='1",
+    "$1 %s %(tenant)s {}",
+    'q"uote\\',
+    "ü/ß",
+)
+
+
+async def test_sql_injection_in_tenant_and_run_ids_is_stored_verbatim_and_harmless(
+    pg_stores: Stores, pg_schema: str, pg_admin: Admin
+) -> None:
+    await pg_stores.checkpoints.put(T, R, b"acme's", step=1, fence=1)
+    bystander = await pg_stores.leases.acquire(T, R, "worker-a", 3600)
+    tables = await _tables(pg_admin, pg_schema)
+    call = ToolCall(id="c'1", name="x'); DROP TABLE adk_approvals;--", arguments={"q": "';--"})
+    for tenant in INJECTIONS:
+        for run_id in INJECTIONS:
+            lease = await pg_stores.leases.acquire(tenant, run_id, f"{tenant}|{run_id}", 3600)
+            await pg_stores.checkpoints.put(
+                tenant, run_id, f"{tenant}|{run_id}".encode(), step=1, fence=lease.fence
+            )
+            await _claim(
+                pg_stores, f"{tenant}|{run_id}", tenant, tenant=tenant, run_id=run_id, fence=1
+            )
+            request = await pg_stores.approvals.request(
+                tenant, run_id, [call], iteration=0, fence=lease.fence
+            )
+            assert (await pg_stores.approvals.get(tenant, request.id)) == request
+            assert request.calls == (call,)
+    for tenant in INJECTIONS:
+        assert await pg_stores.checkpoints.runs(tenant) == sorted(INJECTIONS)
+        for run_id in INJECTIONS:
+            latest = await pg_stores.checkpoints.latest(tenant, run_id)
+            assert latest is not None and latest.payload == f"{tenant}|{run_id}".encode()
+            current = await pg_stores.leases.current(tenant, run_id)
+            assert current is not None and current.holder == f"{tenant}|{run_id}"
+            [record] = await pg_stores.idempotency.records(tenant, run_id)
+            assert (record.key, record.holder) == (f"{tenant}|{run_id}", tenant)
+    assert await _tables(pg_admin, pg_schema) == tables
+    assert await pg_stores.leases.current(T, R) == bystander
+    latest = await pg_stores.checkpoints.latest(T, R)
+    assert latest is not None and latest.payload == b"acme's"
+    assert await pg_stores.checkpoints.runs(T) == [R]
+
+
+# --- clocks ------------------------------------------------------------------------------
+
+
+async def test_client_clock_an_hour_off_can_neither_take_a_live_lease_nor_keep_a_lapsed_one(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_time = time.time
+    live = await pg_stores.leases.acquire(T, "live", "worker-a", 3600)
+    lapsed = await pg_stores.leases.acquire(T, "lapsed", "worker-a", 0.2)
+    await asyncio.sleep(0.4)
+    for skew in (3600.0, -3600.0):
+        monkeypatch.setattr(time, "time", lambda skew=skew: real_time() + skew)
+        with pytest.raises(LeaseHeldError):
+            await pg_stores.leases.acquire(T, "live", "worker-b", 30)
+        with pytest.raises(LeaseLostError):
+            await pg_stores.leases.renew(lapsed, 3600)
+        assert await pg_stores.leases.current(T, "live") == live
+        assert await pg_stores.leases.current(T, "lapsed") is None
+        # Deadlines are the server's: an hour of client skew does not show in them.
+        assert abs(live.expires_at - (real_time() + 3600)) < 60

@@ -1,0 +1,564 @@
+"""The Redis stores' known traps, each against the real server (the conformance suites run
+in ``tests/stores/test_conformance.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from adapters import services
+from tesserix_adk.adapters.redis import (
+    RedisCheckpointStore,
+    RedisIdempotencyStore,
+    RedisLeaseStore,
+    RedisLedger,
+    check_persistence,
+    open_redis_stores,
+)
+from tesserix_adk.errors import (
+    CheckpointTooLargeError,
+    ConfigurationError,
+    HistoryUnavailableError,
+    LeaseHeldError,
+    LeaseLostError,
+    StaleFenceError,
+    StoreUnavailableError,
+)
+from tesserix_adk.messages import ToolCall, Usage
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.protocols import RecordStatus, ToolFlags
+
+pytestmark = pytest.mark.redis
+
+T = "acme"
+R = "run-1"
+# Nothing listens here: a store pointed at it must fail as "unavailable", or not call at all.
+DEAD_URL = "redis://127.0.0.1:1/0"
+
+
+async def _keys(client: Redis, prefix: str) -> list[str]:
+    return sorted([key.decode() async for key in client.scan_iter(match=f"{prefix}*")])
+
+
+async def _claim(
+    stores: Stores,
+    key: str,
+    holder: str,
+    *,
+    tenant: str = T,
+    run_id: str = R,
+    fence: int | None = None,
+    ttl: float | None = None,
+    tool: str | None = "book_seat",
+) -> None:
+    await stores.idempotency.claim(
+        key,
+        holder=holder,
+        tenant=tenant,
+        run_id=run_id,
+        iteration=None if tool is None else 0,
+        tool=tool,
+        call_id=None if tool is None else "call_1",
+        flags=None if tool is None else ToolFlags(),
+        fence=fence,
+        ttl=ttl,
+    )
+
+
+@asynccontextmanager
+async def _server_setting(client: Redis, name: str, value: str) -> AsyncIterator[None]:
+    """``CONFIG SET name value`` for the block, restored afterwards."""
+    before = (await client.config_get(name))[name]
+    await client.config_set(name, value)
+    try:
+        yield
+    finally:
+        await client.config_set(name, before)
+
+
+async def _require_volatile(client: Redis) -> None:
+    persistence = await client.info("persistence")
+    save = (await client.config_get("save"))["save"]
+    if str(persistence.get("aof_enabled")) == "1" or save:
+        pytest.skip("the test Redis has persistence on; this test needs a volatile one")
+
+
+# --- importing and opening ---------------------------------------------------------------
+
+
+def test_importing_without_redis_names_the_extra_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['redis'] = None\n"
+        "sys.modules['redis.asyncio'] = None\n"
+        "try:\n"
+        "    import tesserix_adk.adapters.redis\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+        "else:\n"
+        "    raise SystemExit('imported without redis')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert 'pip install "tesserix-adk[redis]"' in done.stdout
+
+
+def test_importing_the_adapters_package_imports_no_driver() -> None:
+    code = (
+        "import sys\n"
+        "import tesserix_adk, tesserix_adk.adapters\n"
+        "assert 'redis' not in sys.modules and 'psycopg' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_open_takes_the_kits_options_out_of_the_url_and_does_no_io() -> None:
+    stores = open_redis_stores(
+        f"{DEAD_URL}?prefix=mine%3A&allow_volatile=true&keep_last=2&socket_timeout=4"
+    )
+    try:
+        assert isinstance(stores.checkpoints, RedisCheckpointStore)
+        assert stores.checkpoints.prefix == "mine:"
+        assert stores.checkpoints.keep_last == 2
+        client = stores.checkpoints._client
+        kwargs = client.connection_pool.connection_kwargs
+        assert kwargs["socket_timeout"] == 4.0
+        assert not {"prefix", "allow_volatile", "keep_last"} & set(kwargs)
+        # Nothing listens there: the first use, not the open, finds that out.
+        with pytest.raises(StoreUnavailableError) as failed:
+            await stores.checkpoints.latest(T, R)
+        assert failed.value.retryable
+    finally:
+        await stores.aclose()
+
+
+async def test_a_client_that_decodes_responses_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="decode_responses"):
+        open_redis_stores(f"{DEAD_URL}?decode_responses=true")
+
+
+async def test_bad_kit_options_are_configuration_errors() -> None:
+    for query in ("allow_volatile=maybe", "keep_last=0", "prefix=%7Bx%7D", "synchronous=normal"):
+        with pytest.raises(ConfigurationError):
+            open_redis_stores(f"{DEAD_URL}?{query}")
+
+
+async def test_oversized_payload_is_refused_before_any_call() -> None:
+    # The server is unreachable: a store that called it would raise StoreUnavailableError.
+    stores = open_redis_stores(DEAD_URL)
+    try:
+        store = RedisCheckpointStore(stores.checkpoints._client, max_value_bytes=10)
+        with pytest.raises(CheckpointTooLargeError, match="max_value_bytes"):
+            await store.put(T, R, b"x" * 11, step=1, fence=1)
+    finally:
+        await stores.aclose()
+
+
+async def test_payload_at_the_cap_is_written(redis_client: Redis, redis_prefix: str) -> None:
+    store = RedisCheckpointStore(redis_client, prefix=redis_prefix, max_value_bytes=10)
+    await store.put(T, R, b"x" * 10, step=1, fence=1)
+    latest = await store.latest(T, R)
+    assert latest is not None and latest.payload == b"x" * 10
+
+
+# --- fences ------------------------------------------------------------------------------
+
+
+async def test_fence_counter_survives_lease_expiry_and_release(
+    redis_stores: Stores, redis_client: Redis, redis_prefix: str
+) -> None:
+    counter = f"{redis_prefix}{{acme:run-1}}:lease:fence"
+    lease_key = f"{redis_prefix}{{acme:run-1}}:lease"
+    first = await redis_stores.leases.acquire(T, R, "worker-a", 0.2)
+    assert await redis_client.ttl(counter) == -1
+    assert await redis_client.ttl(lease_key) == -1
+    await asyncio.sleep(0.4)
+    assert await redis_stores.leases.current(T, R) is None
+    assert await redis_client.get(counter) == b"1"
+    second = await redis_stores.leases.acquire(T, R, "worker-b", 30)
+    await redis_stores.leases.release(second)
+    assert await redis_client.exists(lease_key) == 0
+    assert await redis_client.get(counter) == b"2"
+    assert await redis_client.ttl(counter) == -1
+    third = await redis_stores.leases.acquire(T, R, "worker-c", 30)
+    assert (first.fence, second.fence, third.fence) == (1, 2, 3)
+
+
+async def test_no_key_that_holds_a_fence_or_a_record_has_a_ttl(
+    redis_stores: Stores, redis_client: Redis, redis_prefix: str
+) -> None:
+    lease = await redis_stores.leases.acquire(T, R, "worker-a", 30)
+    fence = lease.fence
+    await redis_stores.checkpoints.put(T, R, b"frontier", step=1, fence=fence)
+    await _claim(redis_stores, "k-call", "worker-a", fence=fence)
+    await _claim(redis_stores, "k-run", "worker-a", ttl=30, tool=None)
+    await _claim(redis_stores, "k-done", "worker-a", fence=fence)
+    await redis_stores.idempotency.complete("k-done", b"outcome", holder="worker-a")
+    handle = await redis_stores.history.append(T, R, [b"m0"], fence=fence, after=None)
+    await redis_stores.history.append(T, R, [b"m1"], fence=fence, after=handle)
+    await redis_stores.ledger.charge(T, R, 10, Usage(input_tokens=1), fence=fence)
+    call = ToolCall(id="c1", name="book_seat", arguments={})
+    await redis_stores.approvals.request(T, R, [call], iteration=0, fence=fence)
+    for store in (redis_stores.checkpoints, redis_stores.history, redis_stores.ledger):
+        await store.seal(T, R, fence)
+    keys = await _keys(redis_client, redis_prefix)
+    assert len(keys) >= 15, keys
+    ttls = {key: await redis_client.ttl(key) for key in keys}
+    assert ttls == dict.fromkeys(keys, -1)
+
+
+async def test_in_flight_records_carry_no_ttl(
+    redis_stores: Stores, redis_client: Redis, redis_prefix: str
+) -> None:
+    await _claim(redis_stores, "k-call", "worker-a", fence=1)
+    # A run's resume claim lapses, but by its stored deadline, never by a key TTL.
+    await _claim(redis_stores, "k-run", "worker-a", ttl=30, tool=None)
+    for key in await _keys(redis_client, redis_prefix):
+        assert await redis_client.ttl(key) == -1, key
+    found = await redis_stores.idempotency.lookup(["k-call", "k-run"])
+    assert found["k-call"].status is RecordStatus.in_flight
+    assert found["k-call"].expires_at is None
+    assert found["k-run"].expires_at is not None
+
+
+async def test_ttl_claim_expiry_is_decided_by_the_stored_deadline_against_time(
+    redis_stores: Stores, redis_client: Redis, redis_prefix: str
+) -> None:
+    await _claim(redis_stores, "k-run", "worker-a", ttl=3600, tool=None)
+    record_key = f"{redis_prefix}{{acme:run-1}}:idem:rec:k-run"
+    assert await redis_client.hget(record_key, "holder") == b"worker-a"
+    # Move the stored deadline into the past by the server's clock; the key stays.
+    seconds, micros = await redis_client.time()
+    await redis_client.hset(record_key, "expires_at", str(seconds * 1_000_000 + micros - 1))
+    assert await redis_stores.idempotency.lookup(["k-run"]) == {}
+    assert await redis_stores.idempotency.records(T, R) == []
+    await _claim(redis_stores, "k-run", "worker-b", ttl=30, tool=None)
+    assert (await redis_stores.idempotency.lookup(["k-run"]))["k-run"].holder == "worker-b"
+
+
+async def test_lease_expiry_is_decided_by_the_stored_deadline_against_time(
+    redis_stores: Stores, redis_client: Redis, redis_prefix: str
+) -> None:
+    lease = await redis_stores.leases.acquire(T, R, "worker-a", 3600)
+    lease_key = f"{redis_prefix}{{acme:run-1}}:lease"
+    seconds, micros = await redis_client.time()
+    await redis_client.hset(lease_key, "deadline", str(seconds * 1_000_000 + micros - 1))
+    assert await redis_stores.leases.current(T, R) is None
+    with pytest.raises(LeaseLostError):
+        await redis_stores.leases.renew(lease, 30)
+    taken = await redis_stores.leases.acquire(T, R, "worker-b", 30)
+    assert taken.fence == lease.fence + 1
+
+
+async def test_a_takeover_fences_the_old_holder_out_at_once(redis_stores: Stores) -> None:
+    old = await redis_stores.leases.acquire(T, R, "worker-a", 0.2)
+    await redis_stores.checkpoints.put(T, R, b"old", step=1, fence=old.fence)
+    handle = await redis_stores.history.append(T, R, [b"m0"], fence=old.fence, after=None)
+    await asyncio.sleep(0.4)
+    new = await redis_stores.leases.acquire(T, R, "worker-b", 30)
+    # Nobody sealed anything: the stores compare with the run's current lease fence.
+    with pytest.raises(StaleFenceError):
+        await redis_stores.checkpoints.put(T, R, b"late", step=2, fence=old.fence)
+    with pytest.raises(StaleFenceError):
+        await _claim(redis_stores, "k1", "worker-a", fence=old.fence)
+    with pytest.raises(StaleFenceError):
+        await redis_stores.history.append(T, R, [b"late"], fence=old.fence, after=handle)
+    with pytest.raises(StaleFenceError):
+        await redis_stores.ledger.charge(T, R, 1, Usage(), fence=old.fence)
+    with pytest.raises(StaleFenceError):
+        await redis_stores.approvals.request(T, R, [], iteration=1, fence=old.fence)
+    with pytest.raises(StaleFenceError):
+        await redis_stores.checkpoints.seal(T, R, old.fence)
+    await redis_stores.checkpoints.put(T, R, b"new", step=2, fence=new.fence)
+    latest = await redis_stores.checkpoints.latest(T, R)
+    assert latest is not None and latest.payload == b"new"
+
+
+async def test_a_lease_counts_as_a_seen_fence_for_unfenced_writes(redis_stores: Stores) -> None:
+    await redis_stores.leases.acquire(T, R, "worker-a", 30)
+    with pytest.raises(StaleFenceError):
+        await redis_stores.checkpoints.put(T, R, b"unfenced", step=1)
+    with pytest.raises(StaleFenceError):
+        await redis_stores.ledger.charge(T, R, 1, Usage())
+    # A resume claim is never fenced.
+    await _claim(redis_stores, "run-claim", "worker-a", ttl=30, tool=None)
+
+
+@contextmanager
+def _lose_the_next_reply(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The next reply is read and then lost, as when a connection drops after the server
+    ran the command: redis-py reconnects and sends the command again."""
+    real = Connection.read_response
+    armed = [True]
+
+    async def read_response(self: Connection, *args: Any, **kwargs: Any) -> Any:
+        reply = await real(self, *args, **kwargs)
+        if armed[0]:
+            armed[0] = False
+            raise RedisConnectionError("the reply was lost (test)")
+        return reply
+
+    monkeypatch.setattr(Connection, "read_response", read_response)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(Connection, "read_response", real)
+    assert not armed[0], "no reply was lost"
+
+
+@asynccontextmanager
+async def _resending_client() -> AsyncIterator[Redis]:
+    """A client that sends a command again after a connection error, as ``Redis(...)``
+    built directly does by default (``from_url`` clients do not)."""
+    client = Redis.from_url(
+        services.REDIS_URL, retry=Retry(NoBackoff(), 3), retry_on_error=[RedisConnectionError]
+    )
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def test_a_charge_resent_after_a_lost_reply_counts_once(
+    redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with _resending_client() as client:
+        ledger = RedisLedger(client, prefix=redis_prefix)
+        await ledger.charge(T, R, 100, Usage(input_tokens=10), fence=1)
+        with _lose_the_next_reply(monkeypatch):
+            await ledger.charge(T, R, 5, Usage(input_tokens=1), fence=1)
+        assert await ledger.spent(T, R) == 105
+        assert await ledger.usage(T, R) == Usage(input_tokens=11)
+        # The same amount charged again is a second charge, not a resend.
+        await ledger.charge(T, R, 5, Usage(input_tokens=1), fence=1)
+        assert await ledger.spent(T, R) == 110
+
+
+async def test_an_acquire_resent_after_a_lost_reply_gets_the_lease_it_took(
+    redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with _resending_client() as client:
+        leases = RedisLeaseStore(client, prefix=redis_prefix, allow_volatile=True)
+        await leases.acquire(T, "warm-up", "worker-z", 30)  # connected, script loaded
+        with _lose_the_next_reply(monkeypatch):
+            lease = await leases.acquire(T, R, "worker-a", 30)
+        assert lease.fence == 1
+        assert await leases.current(T, R) == lease
+        with pytest.raises(LeaseHeldError):
+            await leases.acquire(T, R, "worker-a", 30)
+
+
+# --- durability --------------------------------------------------------------------------
+
+
+async def test_volatile_server_is_refused_without_allow_volatile(
+    redis_client: Redis, redis_prefix: str
+) -> None:
+    await _require_volatile(redis_client)
+    url = services.with_query(services.REDIS_URL, prefix=redis_prefix)
+    stores = open_redis_stores(url)
+    try:
+        for attempt in (
+            stores.leases.acquire(T, R, "worker-a", 30),
+            stores.idempotency.lookup(["k1"]),
+            _claim(stores, "k1", "worker-a", fence=1),
+            stores.create_schema(),
+            stores.verify(),
+        ):
+            with pytest.raises(ConfigurationError) as refused:
+                await attempt
+            message = str(refused.value)
+            assert "allow_volatile=true" in message
+            assert "appendonly" in message and "save" in message
+        # Nothing was written by the refused stores.
+        assert await _keys(redis_client, redis_prefix) == []
+    finally:
+        await stores.aclose()
+
+
+async def test_allow_volatile_accepts_a_volatile_server(
+    redis_client: Redis, redis_prefix: str
+) -> None:
+    await _require_volatile(redis_client)
+    stores = open_redis_stores(
+        services.with_query(services.REDIS_URL, prefix=redis_prefix, allow_volatile="true")
+    )
+    try:
+        await stores.create_schema()
+        await stores.verify()
+        lease = await stores.leases.acquire(T, R, "worker-a", 30)
+        assert lease.fence == 1
+    finally:
+        await stores.aclose()
+
+
+async def test_allkeys_eviction_policy_is_refused(redis_client: Redis, redis_prefix: str) -> None:
+    store = RedisLeaseStore(redis_client, prefix=redis_prefix)
+    # An RDB save point makes the server persistent, so only the policy is left to refuse.
+    async with (
+        _server_setting(redis_client, "save", "3600 1"),
+        _server_setting(redis_client, "maxmemory-policy", "allkeys-lru"),
+    ):
+        with pytest.raises(ConfigurationError) as refused:
+            await store.acquire(T, R, "worker-a", 30)
+        message = str(refused.value)
+        assert "maxmemory-policy" in message and "allkeys-lru" in message
+        assert "allow_volatile=true" in message
+        assert "appendonly" not in message
+
+
+async def test_persistent_server_with_a_volatile_policy_is_accepted(
+    redis_client: Redis, redis_prefix: str
+) -> None:
+    async with (
+        _server_setting(redis_client, "save", "3600 1"),
+        _server_setting(redis_client, "maxmemory-policy", "volatile-lru"),
+    ):
+        await check_persistence(redis_client)
+        store = RedisIdempotencyStore(redis_client, prefix=redis_prefix)
+        await store.check_persistence()
+        record = await store.claim(
+            "k1",
+            holder="worker-a",
+            tenant=T,
+            run_id=R,
+            iteration=0,
+            tool="book_seat",
+            call_id="c1",
+            flags=ToolFlags(),
+        )
+        assert record.status is RecordStatus.in_flight
+
+
+# --- ids ---------------------------------------------------------------------------------
+
+NASTY_IDS = (
+    "x'; DROP TABLE adk_checkpoints;--",
+    "a}:{b",
+    "{acme:run-1}",
+    "*",
+    "?[x]\\",
+    "\r\nFLUSHALL\r\n",
+    "adk:{other}",
+    "ü/ß %41",
+)
+_KEY_SHAPE = re.compile(
+    r"(\{[A-Za-z0-9._~%-]+:[A-Za-z0-9._~%-]+\}:[a-z:-]+(:[A-Za-z0-9._~%-]+)?"
+    r"|idem-key:\{[A-Za-z0-9._~%-]+\}|approval-id:\{[A-Za-z0-9._~%-]+\})"
+)
+
+
+async def test_key_injection_in_tenant_and_run_ids_is_stored_verbatim_and_harmless(
+    redis_stores: Stores, redis_client: Redis, redis_prefix: str
+) -> None:
+    bystander = f"{redis_prefix}bystander"
+    await redis_client.set(bystander, b"untouched")
+    await redis_stores.checkpoints.put(T, R, b"acme's", step=1, fence=1)
+    for tenant in NASTY_IDS:
+        for run_id in NASTY_IDS:
+            lease = await redis_stores.leases.acquire(tenant, run_id, f"{tenant}|{run_id}", 30)
+            await redis_stores.checkpoints.put(
+                tenant, run_id, f"{tenant}|{run_id}".encode(), step=1, fence=lease.fence
+            )
+            await _claim(
+                redis_stores,
+                f"{tenant}|{run_id}",
+                tenant,
+                tenant=tenant,
+                run_id=run_id,
+                fence=lease.fence,
+            )
+            await redis_stores.approvals.request(tenant, run_id, [], iteration=0, fence=1)
+    for tenant in NASTY_IDS:
+        assert await redis_stores.checkpoints.runs(tenant) == sorted(NASTY_IDS)
+        for run_id in NASTY_IDS:
+            latest = await redis_stores.checkpoints.latest(tenant, run_id)
+            assert latest is not None and latest.payload == f"{tenant}|{run_id}".encode()
+            current = await redis_stores.leases.current(tenant, run_id)
+            assert current is not None and current.holder == f"{tenant}|{run_id}"
+            [record] = await redis_stores.idempotency.records(tenant, run_id)
+            assert (record.key, record.tenant, record.run_id) == (
+                f"{tenant}|{run_id}",
+                tenant,
+                run_id,
+            )
+    # The glob characters in a tenant id match nothing but that tenant's own runs.
+    assert await redis_stores.checkpoints.runs(T) == [R]
+    assert await redis_client.get(bystander) == b"untouched"
+    latest = await redis_stores.checkpoints.latest(T, R)
+    assert latest is not None and latest.payload == b"acme's"
+    for key in await _keys(redis_client, redis_prefix):
+        if key != bystander:
+            assert _KEY_SHAPE.fullmatch(key[len(redis_prefix) :]), key
+
+
+async def test_every_key_of_a_run_shares_its_hash_tag(
+    redis_stores: Stores, redis_client: Redis, redis_prefix: str
+) -> None:
+    tenant, run_id = "a:b", "c}d"
+    lease = await redis_stores.leases.acquire(tenant, run_id, "worker-a", 30)
+    await redis_stores.checkpoints.put(tenant, run_id, b"x", step=1, fence=lease.fence)
+    await redis_stores.history.append(tenant, run_id, [b"m"], fence=lease.fence, after=None)
+    await redis_stores.ledger.charge(tenant, run_id, 1, Usage(), fence=lease.fence)
+    await _claim(redis_stores, "k", "worker-a", tenant=tenant, run_id=run_id, fence=lease.fence)
+    await redis_stores.approvals.request(tenant, run_id, [], iteration=0, fence=lease.fence)
+    run_keys = [
+        key
+        for key in await _keys(redis_client, redis_prefix)
+        if not key.startswith((f"{redis_prefix}idem-key:", f"{redis_prefix}approval-id:"))
+    ]
+    assert len(run_keys) >= 10
+    for key in run_keys:
+        assert key.startswith(f"{redis_prefix}{{a%3Ab:c%7Dd}}:"), key
+
+
+# --- transcripts -------------------------------------------------------------------------
+
+
+async def test_append_writes_only_new_items_and_trims_a_dead_writers_tail(
+    redis_stores: Stores, redis_client: Redis, redis_prefix: str
+) -> None:
+    items = f"{redis_prefix}{{acme:run-1}}:history:items"
+    base = await redis_stores.history.append(T, R, [b"m0", b"m1"], fence=1, after=None)
+    dead = await redis_stores.history.append(T, R, [b"dead-2", b"dead-3"], fence=1, after=base)
+    assert await redis_client.llen(items) == 4
+    carried = await redis_stores.history.append(T, R, [b"new-2"], fence=2, after=base)
+    assert await redis_client.lrange(items, 0, -1) == [b"m0", b"m1", b"new-2"]
+    assert await redis_stores.history.fetch(carried) == [b"m0", b"m1", b"new-2"]
+    with pytest.raises(HistoryUnavailableError):
+        await redis_stores.history.append(T, R, [b"x"], fence=2, after=dead)
+
+
+# --- clocks ------------------------------------------------------------------------------
+
+
+async def test_client_clock_an_hour_off_can_neither_take_a_live_lease_nor_keep_a_lapsed_one(
+    redis_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_time = time.time
+    live = await redis_stores.leases.acquire(T, "live", "worker-a", 3600)
+    lapsed = await redis_stores.leases.acquire(T, "lapsed", "worker-a", 0.2)
+    await asyncio.sleep(0.4)
+    for skew in (3600.0, -3600.0):
+        monkeypatch.setattr(time, "time", lambda skew=skew: real_time() + skew)
+        with pytest.raises(LeaseHeldError):
+            await redis_stores.leases.acquire(T, "live", "worker-b", 30)
+        with pytest.raises(LeaseLostError):
+            await redis_stores.leases.renew(lapsed, 3600)
+        assert await redis_stores.leases.current(T, "live") == live
+        assert await redis_stores.leases.current(T, "lapsed") is None
+        # Deadlines are the server's: an hour of client skew does not show in them.
+        assert abs(live.expires_at - (real_time() + 3600)) < 60
