@@ -9,6 +9,12 @@ Importing this package imports no database driver and does no I/O.
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import DEFAULT_MAX_BYTES, Checkpointer, CheckpointPolicy
+from tesserix_adk.checkpoint.continuation import (
+    DEFAULT_CONTINUATION,
+    Continuation,
+    ContinuationPolicy,
+    continued,
+)
 from tesserix_adk.checkpoint.payload import (
     CHECKPOINT_FORMAT,
     Boundary,
@@ -90,6 +96,7 @@ from tesserix_adk.tools import Tool, ToolContext, ToolSpec, default_key, tool
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "DEFAULT_CONTINUATION",
     "DEFAULT_MAX_BYTES",
     "AdkError",
     "Agent",
@@ -110,6 +117,8 @@ __all__ = [
     "CheckpointTooLargeError",
     "Checkpointer",
     "ConfigurationError",
+    "Continuation",
+    "ContinuationPolicy",
     "DivergedRunError",
     "Grant",
     "HistoryHandle",
@@ -166,6 +175,7 @@ __all__ = [
     "ToolOutcome",
     "ToolSpec",
     "Usage",
+    "continued",
     "default_key",
     "plan_resume",
     "refuse_if_undecidable",
