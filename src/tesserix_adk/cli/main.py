@@ -7,6 +7,7 @@ Not ``adk``: that is the command of Google's Agent Development Kit, with its own
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ _RESUME = {"run", "replay"}
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code."""
+    _quiet_logging()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         store, args = _take_store(args)
@@ -74,6 +76,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command in _RESUME:
         return resume_main(args, stores=stores, agents={})
     return frontier_main(args, stores=stores)
+
+
+def _quiet_logging() -> None:
+    """Errors reach the operator as one sentence; driver log records (a pool retrying a
+    connection, say) would otherwise land on stderr too. ``ADK_DEBUG=1`` shows them."""
+    root = logging.getLogger()
+    if os.environ.get("ADK_DEBUG"):
+        logging.basicConfig(level=logging.DEBUG)
+    elif not root.handlers:
+        root.addHandler(logging.NullHandler())
 
 
 def _take_store(args: list[str]) -> tuple[str | None, list[str]]:
