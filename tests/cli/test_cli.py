@@ -8,11 +8,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from tesserix_adk.stores.urls import open_stores
 
 from processes import AGENT, TENANT, Site
 from tesserix_adk import Checkpoint, CheckpointStatus, PendingApproval, Usage
 from tesserix_adk.cli import describe
+from tesserix_adk.stores.urls import open_stores
 
 
 @pytest.fixture
