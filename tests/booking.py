@@ -57,3 +57,15 @@ def booking_agent(
     return Agent(
         "booking", "Book the flight the user asks for.", [search_flights, book_seat], **agent_kwargs
     )
+
+
+def provider() -> Any:
+    """A fresh scripted model for the booking agent (``--provider booking:provider``)."""
+    from tesserix_adk import ScriptedProvider
+
+    return ScriptedProvider(BOOK_TURNS)
+
+
+def broken_provider() -> Any:
+    """A provider factory that cannot build its client (``--provider booking:broken_provider``)."""
+    raise RuntimeError("OPENAI_API_KEY is not set")

@@ -316,11 +316,41 @@ async def test_runner_resume_maps_a_held_lease_to_resume_conflict(airline: Airli
 async def test_fifty_concurrent_resumes_one_carries_the_run(airline: Airline) -> None:
     world = World()
     await _interrupted_run(world, airline)
-    results = await asyncio.gather(
-        *(world.runner().resume(booking_agent(airline), "r", tenant="acme") for _ in range(50)),
-        return_exceptions=True,
-    )
+    gate = asyncio.Event()
+
+    class Holds:
+        """The winner waits inside its model call until every other resume has answered,
+        so the fifty genuinely overlap (none can find the run already finished)."""
+
+        async def complete(self, request: Any) -> Any:
+            await gate.wait()
+            return await ScriptedProvider(BOOK_TURNS).complete(request)
+
+    def runner() -> AgentRunner:
+        return AgentRunner(
+            Holds(),
+            idempotency=world.idempotency,
+            checkpoints=world.checkpointer(),
+            leases=world.leases,
+            ledger=world.ledger,
+        )
+
+    tasks = [
+        asyncio.create_task(runner().resume(booking_agent(airline), "r", tenant="acme"))
+        for _ in range(50)
+    ]
+    losers_answered = asyncio.Event()
+
+    def answered(_: object) -> None:
+        if sum(t.done() for t in tasks) >= 49:
+            losers_answered.set()
+
+    for task in tasks:
+        task.add_done_callback(answered)
+    await losers_answered.wait()
+    gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
     winners = [r for r in results if not isinstance(r, BaseException)]
-    assert len(winners) == 1
+    assert len(winners) == 1 and winners[0].status is RunStatus.completed
     assert all(isinstance(r, ResumeConflictError) for r in results if r not in winners)
     assert airline.bookings == ["LH123"]

@@ -221,3 +221,44 @@ async def test_snapshots_carry_state_observation_and_steps_used() -> None:
         {"call_id": "call_2_0", "tool": "check_policy", "content": True, "is_error": False}
     ]
     assert snap.state == {"phase": "gathered"}
+
+
+async def test_replay_never_takes_over_a_run_that_exists() -> None:
+    world, shop = World(), Shop()
+    await _five_steps(world, shop)
+    await world.runner().run(shop.agent(), "refund o-1", tenant="acme", run_id="other")
+    before = await world.original_bytes("other")
+    with pytest.raises(ConfigurationError, match="already exists"):
+        await world.runner().replay(
+            shop.agent(),
+            "r",
+            tenant="acme",
+            from_step=4,
+            stubs={"refund": lambda **_: {}},
+            new_run_id="other",
+        )
+    assert await world.original_bytes("other") == before
+
+
+async def test_a_step_whose_call_arguments_were_redacted_must_be_stubbed() -> None:
+    world, shop = World(), Shop()
+    turns = [[("refund", {"order": "o-1", "amount": 40, "token": "abc"})], "done"]
+
+    @tool(side_effects=False)
+    def refund(order: str, amount: int, token: str) -> str:
+        """A live tool would get the masked token."""
+        return token
+
+    agent = Agent("masked", "i", [refund])
+    runner = AgentRunner(
+        ScriptedProvider(turns), idempotency=world.idempotency, checkpoints=world.checkpointer
+    )
+    await runner.run(agent, "go", tenant="acme", run_id="m")
+    step = await world.checkpointer.at("acme", "m", 1)
+    assert step is not None and step.outstanding[0].redacted
+    with pytest.raises(ConfigurationError, match="redacted"):
+        await runner.replay(agent, "m", tenant="acme", from_step=1, stubs={})
+    run = await runner.replay(
+        agent, "m", tenant="acme", from_step=1, stubs={"refund": lambda **_: "stubbed"}
+    )
+    assert run.status is RunStatus.completed

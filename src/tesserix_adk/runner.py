@@ -64,6 +64,7 @@ from tesserix_adk.stores.protocols import (
     ApprovalStatus,
     ApprovalStore,
     HistoryStore,
+    IdempotencyRecord,
     IdempotencyStore,
     LeaseStore,
     Ledger,
@@ -317,10 +318,22 @@ class AgentRunner:
             raise CheckpointTooLargeError(
                 f"step {from_step} of run {run_id!r} is a tombstone: {cp.reason}", retryable=False
             )
+        masked = sorted(
+            {oc.call.name for oc in cp.outstanding if oc.redacted and oc.call.name not in stubs}
+        )
+        if masked:
+            raise ConfigurationError(
+                f"step {from_step} holds call(s) to {', '.join(masked)} whose arguments were "
+                "redacted; stub them to replay (a live tool would get masked arguments)"
+            )
         messages = await checkpoints.messages(cp)
         new_id = new_run_id or f"{run_id}-replay-{secrets.token_hex(4)}"
         if new_id == run_id:
             raise ConfigurationError("a replay never writes into the original run")
+        if await checkpoints.store.latest(tenant, new_id) is not None:
+            raise ConfigurationError(
+                f"run {new_id!r} already exists; a replay starts a run of its own"
+            )
         carry = _Carry(
             agent=agent,
             tenant=tenant,
@@ -473,11 +486,20 @@ class AgentRunner:
             carry.steps_used += 1
             carry.messages.append(message)
             if not message.tool_calls:
-                self._refuse_divergence(carry, ())
                 return await self._finish(carry, RunStatus.completed, output=message.text)
             calls = [self._outstanding(carry, c) for c in message.tool_calls]
             self._refuse_divergence(carry, calls)
-            await self._boundary(carry, Boundary.after_model_call, outstanding=calls)
+            # A side-effecting call without a key leaves no record of its own: only a
+            # frontier naming it lets a resume refuse instead of sending it again.
+            unkeyed = [oc.call.name for oc in calls if oc.key is None and oc.side_effects]
+            written = await self._boundary(
+                carry, Boundary.after_model_call, outstanding=calls, force=bool(unkeyed)
+            )
+            if unkeyed and written is False:
+                raise StoreUnavailableError(
+                    f"the frontier naming {', '.join(unkeyed)} (no idempotency key) could not "
+                    "be written, so it was not dispatched; the run is resumable"
+                )
             waiting = await self._ask_approval(carry, calls)
             if waiting is not None:
                 return waiting
@@ -662,9 +684,12 @@ class AgentRunner:
             iteration=carry.iteration,
             state=carry.state,
         )
+        # Before every dispatch, keyed or not: a holder that may have lost the run sends
+        # nothing (an unkeyed call has no fence downstream to stop it).
+        self._guard(carry)
         if oc.key is None:
             return await self._invoke(carry, tool, oc.call, ctx)
-        self._guard(carry)
+        rec: IdempotencyRecord | None
         try:
             rec = await self.idempotency.claim(
                 oc.key,
@@ -681,10 +706,17 @@ class AgentRunner:
         except AdkError:
             raise
         except Exception as exc:
-            raise StoreUnavailableError(
-                f"the idempotency store is unreachable; {tool.name} ({oc.call.id}) was not "
-                f"dispatched: {exc}"
-            ) from exc
+            # A lost reply is settled by reading the record again, never by assuming.
+            found = await _quietly(self.idempotency.lookup([oc.key]))
+            rec = None if found is None else found.get(oc.key)
+            if rec is None or not (
+                rec.status is RecordStatus.completed
+                or (rec.status is RecordStatus.in_flight and rec.holder == self.holder)
+            ):
+                raise StoreUnavailableError(
+                    f"the idempotency store is unreachable; {tool.name} ({oc.call.id}) was not "
+                    f"dispatched: {exc}"
+                ) from exc
         if rec.status is RecordStatus.completed and rec.outcome is not None:
             return decode_outcome(rec.outcome, oc.call.id)
         if rec.status is not RecordStatus.in_flight or rec.holder != self.holder:
@@ -738,14 +770,17 @@ class AgentRunner:
         status: CheckpointStatus = CheckpointStatus.running,
         pending: PendingApproval | None = None,
         final: bool = False,
+        force: bool = False,
         output: str | None = None,
-    ) -> None:
+    ) -> bool | None:
+        """Write a frontier if the policy (or ``final``/``force``) asks for one: ``True``
+        written, ``False`` attempted and failed, ``None`` not attempted."""
         checkpoints = self.checkpoints
         if checkpoints is None:
-            return
-        forced = final or boundary is Boundary.before_approval
+            return None
+        forced = final or force or boundary is Boundary.before_approval
         if not forced and boundary not in checkpoints.policy.boundaries:
-            return
+            return None
         self._guard(carry)
         carry.step += 1
         try:
@@ -753,7 +788,7 @@ class AgentRunner:
         except AdkError as exc:
             checkpoints.last_error = exc
             _log.warning("run %s: state not checkpointed: %s", carry.run_id, exc)
-            return
+            return False
         frontier = Checkpoint(
             tenant=carry.tenant,
             run_id=carry.run_id,
@@ -777,9 +812,11 @@ class AgentRunner:
             written_at=time.time(),
             observation=carry.observation,
         )
-        await checkpoints.write(frontier, cursor=carry.cursor)
+        return await checkpoints.write(frontier, cursor=carry.cursor)
 
     async def _finish(self, carry: _Carry, status: RunStatus, *, output: str | None = None) -> Run:
+        # However the run ends, it must not end having skipped a call that already ran.
+        self._refuse_divergence(carry, ())
         await self._boundary(
             carry,
             Boundary.after_model_call,

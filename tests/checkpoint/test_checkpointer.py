@@ -32,7 +32,7 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.checkpoint.payload import decode_checkpoint
-from tesserix_adk.testing.faults import FaultyCheckpointStore
+from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
 from tesserix_adk.testing.secrets import leaked_secrets, planted_secrets
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -158,17 +158,25 @@ async def test_binary_parts_come_back_byte_for_byte() -> None:
 # --- failing closed ----------------------------------------------------------------------
 
 
+def _outstanding(payload: bytes, **change: Any) -> bytes:
+    body = json.loads(payload)
+    body["outstanding"][0].update(change)
+    return json.dumps(body).encode()
+
+
 async def _finished_run(airline: Airline) -> tuple[MemoryCheckpointStore, MemoryIdempotencyStore]:
+    """A run that died right after the model asked for book_seat: a resume has work to do."""
     store = MemoryCheckpointStore()
     idem = MemoryIdempotencyStore()
+    faulty = FaultyCheckpointStore(
+        store,
+        crash_after=lambda b: b["boundary"] == "after_model_call" and b["iteration"] == 1,
+    )
     runner = AgentRunner(
-        ScriptedProvider(BOOK_TURNS), idempotency=idem, checkpoints=Checkpointer(store)
+        ScriptedProvider(BOOK_TURNS), idempotency=idem, checkpoints=Checkpointer(faulty)
     )
-    # Stop after the model asked for book_seat, so a resume has work to do.
-    run = await runner.run(
-        booking_agent(airline, max_iterations=2), "book", tenant="acme", run_id="r"
-    )
-    assert run.status is RunStatus.max_iterations
+    with pytest.raises(SimulatedCrash):
+        await runner.run(booking_agent(airline), "book", tenant="acme", run_id="r")
     return store, idem
 
 
@@ -197,8 +205,30 @@ async def _overwrite(store: MemoryCheckpointStore, payload: bytes) -> None:
             ).encode(),
             CheckpointCorruptError,
         ),
+        (lambda p: _outstanding(p, key=5), CheckpointCorruptError),
+        (lambda p: _outstanding(p, arguments=["x"]), CheckpointCorruptError),
+        (
+            lambda p: json.dumps({**json.loads(p), "fence": "seven"}).encode(),
+            CheckpointCorruptError,
+        ),
+        (lambda p: _outstanding(p, side_effects="false"), CheckpointCorruptError),
+        (
+            lambda p: json.dumps({**json.loads(p), "boundary": None}).encode(),
+            CheckpointCorruptError,
+        ),
     ],
-    ids=["newer-format", "garbage", "truncated", "other-run", "missing-field"],
+    ids=[
+        "newer-format",
+        "garbage",
+        "truncated",
+        "other-run",
+        "missing-field",
+        "key-not-a-string",
+        "arguments-not-an-object",
+        "fence-not-a-number",
+        "flag-not-a-bool",
+        "no-boundary",
+    ],
 )
 async def test_unreadable_frontier_refuses_with_a_typed_error_and_stays_untouched(
     airline: Airline, mangle: Any, error: type[Exception]

@@ -340,7 +340,7 @@ def _from_json(raw: Mapping[str, Any]) -> Checkpoint:
             agent_name=_str(agent["name"]),
             step=_int(raw["step"]),
             status=status,
-            fence=raw.get("fence"),
+            fence=_opt_int(raw.get("fence")),
             reason=_str(raw["reason"]),
         )
     history = raw["history"]
@@ -360,40 +360,46 @@ def _from_json(raw: Mapping[str, Any]) -> Checkpoint:
     pending = raw["pending_approval"]
     usage = raw["usage"]
     boundary = raw["boundary"]
+    if boundary is None and not status.finished:
+        raise ValueError(f"a {status} frontier names no boundary")
     return Checkpoint(
         format=_int(raw["format"]),
         tenant=_str(raw["tenant"]),
         run_id=_str(raw["run_id"]),
         agent_name=_str(agent["name"]),
-        agent_revision=agent["revision"],
+        agent_revision=_opt_str(agent["revision"]),
         step=_int(raw["step"]),
         boundary=None if boundary is None else Boundary(boundary),
         status=status,
         iteration=_int(raw["iteration"]),
-        fence=raw["fence"],
+        fence=_opt_int(raw["fence"]),
         messages=None if messages is None else tuple(message_from_json(m) for m in messages),
         history_handle=handle,
         outstanding=tuple(
             OutstandingCall(
-                call=ToolCall(id=_str(o["id"]), name=_str(o["name"]), arguments=o["arguments"]),
-                key=o["key"],
-                side_effects=bool(o["side_effects"]),
-                idempotent=bool(o["idempotent"]),
-                redacted=bool(o.get("redacted", False)),
+                call=ToolCall(
+                    id=_str(o["id"]), name=_str(o["name"]), arguments=_obj(o["arguments"])
+                ),
+                key=_opt_str(o["key"]),
+                side_effects=_bool(o["side_effects"]),
+                idempotent=_bool(o["idempotent"]),
+                redacted=_bool(o.get("redacted", False)),
             )
             for o in raw["outstanding"]
         ),
         pending_approval=None
         if pending is None
-        else PendingApproval(id=_str(pending["id"]), calls=tuple(pending["calls"])),
+        else PendingApproval(
+            id=_str(pending["id"]), calls=tuple(_str(c) for c in pending["calls"])
+        ),
         grants=tuple(
             Grant(
                 request=_str(g["request"]),
                 call_id=_str(g["call_id"]),
-                key=g["key"],
-                approved=bool(g["approved"]),
-                by=g["by"],
-                note=g.get("note"),
+                key=_opt_str(g["key"]),
+                approved=_bool(g["approved"]),
+                by=_opt_str(g["by"]),
+                note=_opt_str(g.get("note")),
             )
             for g in raw["grants"]
         ),
@@ -403,8 +409,8 @@ def _from_json(raw: Mapping[str, Any]) -> Checkpoint:
         micros=_int(usage["micros"]),
         state=raw["state"],
         steps_used=_int(raw["steps_used"]),
-        replay_of=raw["replay_of"],
-        output=raw.get("output"),
+        replay_of=_opt_str(raw["replay_of"]),
+        output=_opt_str(raw.get("output")),
         written_at=raw.get("written_at"),
         observation=raw.get("observation"),
     )
@@ -419,6 +425,26 @@ def _str(value: Any) -> str:
 def _int(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else _str(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else _int(value)
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {type(value).__name__}")
+    return value
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a JSON object, got {type(value).__name__}")
     return value
 
 

@@ -46,7 +46,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.messages import ToolOutcome
 from tesserix_adk.providers.base import Provider
-from tesserix_adk.runner import AgentRunner
+from tesserix_adk.runner import AgentRunner, RunStatus
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus
 
@@ -282,6 +282,14 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
             f"instead ({', '.join(r.key for r in matches)})"
         )
     record: IdempotencyRecord = matches[0]
+    lease = await stores.leases.current(args.tenant, args.run)
+    if lease is not None:
+        # A live worker may still be running the call and about to record its outcome.
+        raise ResumeConflictError(
+            f"run {args.run!r} is held by {lease.holder} (fence {lease.fence}); resolve a call "
+            "only once nobody carries the run",
+            holder=lease.holder,
+        )
     if record.status is not RecordStatus.in_flight:
         raise _Refused(f"{record.tool} ({args.call}) is not in flight; it is {record.status}")
     if args.never_ran:
@@ -393,6 +401,8 @@ async def _resume(
     if run.pending_approval is not None:
         tail = f": waiting on approval {run.pending_approval.id}"
     out.write(f"now {run.status} at iteration {run.iteration}, {run.spent_micros} micros{tail}\n")
+    if run.status is RunStatus.failed:
+        return ExitCode.MUST_NOT_CARRY_ON
     return ExitCode.CARRIED_ON
 
 
@@ -465,7 +475,12 @@ def load_provider(ref: str | None, agent: Agent, agent_ref: str) -> Provider:
             "PROVIDER in the agent's module, or give the agent a model like 'openai:gpt-4o'"
         )
     if isinstance(value, type) or (callable(value) and not hasattr(value, "complete")):
-        value = value()
+        try:
+            value = value()
+        except Exception as exc:  # e.g. an API key that is not set
+            raise UsageError(
+                f"the provider for agent {agent.name!r} could not be built: {exc}"
+            ) from exc
     if not hasattr(value, "complete"):
         raise UsageError(f"the provider for agent {agent.name!r} has no complete() method")
     provider: Provider = value

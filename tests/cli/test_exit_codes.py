@@ -1,0 +1,156 @@
+"""Exit 4 for every kind of run that must not be carried on, through ``resume_main`` and
+``frontier_main`` in-process (the subprocess tests cover the console script itself)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from booking import BOOK_TURNS, Airline, booking_agent
+from tesserix_adk import AgentRunner, Checkpointer, ProviderError, ScriptedProvider
+from tesserix_adk.cli import ExitCode, frontier_main, resume_main
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.urls import open_stores
+from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
+
+
+def _stores() -> Stores:
+    return open_stores("memory://")
+
+
+def _interrupted(stores: Stores, airline: Airline) -> None:
+    """A run that died right after the model asked for book_seat."""
+
+    async def go() -> None:
+        faulty = FaultyCheckpointStore(
+            stores.checkpoints,
+            crash_after=lambda b: b["boundary"] == "after_model_call" and b["iteration"] == 1,
+        )
+        runner = AgentRunner(
+            ScriptedProvider(BOOK_TURNS),
+            idempotency=stores.idempotency,
+            checkpoints=Checkpointer(faulty, history=stores.history),
+            ledger=stores.ledger,
+        )
+        with pytest.raises(SimulatedCrash):
+            await runner.run(booking_agent(airline), "book", tenant="acme", run_id="r")
+
+    asyncio.run(go())
+
+
+def _resume(
+    stores: Stores, airline: Airline, provider: str = "booking:provider"
+) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = resume_main(
+        ["run", "--resume", "r", "--tenant", "acme", "--agent", "booking", "--provider", provider],
+        stores=stores,
+        agents={"booking": booking_agent(airline)},
+        out=out,
+        err=err,
+    )
+    return code, out.getvalue(), err.getvalue()
+
+
+def _mutate(stores: Stores, change: Callable[[dict[str, Any]], None]) -> None:
+    async def go() -> None:
+        latest = await stores.checkpoints.latest("acme", "r")
+        assert latest is not None
+        body = json.loads(latest.payload)
+        change(body)
+        await stores.checkpoints.put(
+            "acme", "r", json.dumps(body).encode(), step=latest.step + 1, fence=latest.fence
+        )
+
+    asyncio.run(go())
+
+
+def _run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("tombstone", lambda b: b.update(status="tombstone", reason="over max_bytes")),
+        ("newer-format", lambda b: b.update(format=99)),
+        ("changed-revision", lambda b: b["agent"].update(revision="sha256:other")),
+        ("failed", lambda b: b.update(status="failed")),
+    ],
+)
+def test_exit_4_for_a_frontier_that_must_not_be_carried_on(
+    airline: Airline, name: str, change: Callable[[dict[str, Any]], None]
+) -> None:
+    stores = _stores()
+    _interrupted(stores, airline)
+    _mutate(stores, change)
+    code, _, err = _resume(stores, airline)
+    assert code == ExitCode.MUST_NOT_CARRY_ON, err
+    assert err.count("\n") == 1 and err.startswith("tesserix: ")
+    assert airline.bookings == []
+
+
+def test_exit_4_for_an_evicted_transcript(airline: Airline) -> None:
+    stores = _stores()
+    _interrupted(stores, airline)
+    _run(stores.history.forget("acme", "r"))
+    code, _, err = _resume(stores, airline)
+    assert code == ExitCode.MUST_NOT_CARRY_ON and "transcript" in err
+
+
+def test_exit_4_when_the_resumed_run_ends_failed(airline: Airline) -> None:
+    stores = _stores()
+    _interrupted(stores, airline)
+    code, out, _ = _resume(stores, airline, provider="cli.test_exit_codes:rejecting")
+    assert code == ExitCode.MUST_NOT_CARRY_ON
+    assert "now failed" in out
+    again = _resume(stores, airline)
+    assert again[0] == ExitCode.MUST_NOT_CARRY_ON
+
+
+def test_exit_2_for_a_provider_that_cannot_be_built(airline: Airline) -> None:
+    stores = _stores()
+    _interrupted(stores, airline)
+    code, _, err = _resume(stores, airline, provider="booking:broken_provider")
+    assert code == ExitCode.USAGE and "OPENAI_API_KEY" in err
+
+
+def test_resolve_refuses_while_a_worker_holds_the_run(airline: Airline) -> None:
+    stores = _stores()
+    _interrupted(stores, airline)
+    _run(
+        stores.idempotency.claim(
+            "k-live",
+            holder="w-live",
+            tenant="acme",
+            run_id="r",
+            iteration=1,
+            tool="book_seat",
+            call_id="call_1_0",
+            flags=None,
+        )
+    )
+    _run(stores.leases.acquire("acme", "r", "w-live", 60))
+    err = io.StringIO()
+    code = frontier_main(
+        ["resolve", "r", "--tenant", "acme", "--call", "call_1_0", "--never-ran", "--by", "me"],
+        stores=stores,
+        out=io.StringIO(),
+        err=err,
+    )
+    assert code == ExitCode.HELD and "w-live" in err.getvalue()
+
+
+class _Rejects:
+    async def complete(self, request: Any) -> Any:
+        raise ProviderError("400 bad request: the model refused the input", retryable=False)
+
+
+def rejecting() -> _Rejects:
+    """A provider whose every call is rejected for good."""
+    return _Rejects()
