@@ -159,6 +159,7 @@ class AgentRunner:
         approvals: ApprovalStore | None = None,
         lease_policy: LeasePolicy | None = None,
         worker: str | None = None,
+        resume_claim_ttl: float = RESUME_CLAIM_TTL,
     ) -> None:
         if history is not None and (checkpoints is None or checkpoints.history is not history):
             raise ConfigurationError(
@@ -172,6 +173,8 @@ class AgentRunner:
         self.ledger = ledger
         self.approvals = approvals
         self.lease_policy = lease_policy or LeasePolicy()
+        # How long a resumer that died keeps others from resuming (store's clock).
+        self.resume_claim_ttl = resume_claim_ttl
         # Unique per runner instance: a restarted worker never mistakes a dead one's claim
         # for its own, and two processes sharing a worker name never both hold a run.
         self.holder = f"{worker or 'worker'}-{secrets.token_hex(6)}"
@@ -410,7 +413,7 @@ class AgentRunner:
                 tool=None,
                 call_id=None,
                 flags=None,
-                ttl=RESUME_CLAIM_TTL,
+                ttl=self.resume_claim_ttl,
             )
         except AdkError:
             raise

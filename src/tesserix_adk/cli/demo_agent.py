@@ -20,6 +20,7 @@ from tesserix_adk.tools import ToolContext, tool
 
 __all__ = [
     "AIRLINE_ENV",
+    "DELAY_ENV",
     "PAUSE_ENV",
     "PROVIDER",
     "TURNS",
@@ -30,6 +31,7 @@ __all__ = [
 
 AIRLINE_ENV = "ADK_DEMO_AIRLINE"
 PAUSE_ENV = "ADK_DEMO_PAUSE"
+DELAY_ENV = "ADK_DEMO_DELAY"  # seconds each tool takes (the torture tests spread kills)
 
 TURNS: list[Any] = [
     ScriptedTurn(
@@ -82,6 +84,7 @@ def airline_bookings(path: str, run_id: str) -> list[tuple[int, str, str, str]]:
 @tool(side_effects=False)
 def search_flights(origin: str, destination: str) -> list[dict[str, str]]:
     """Find flights between two airports (read-only)."""
+    time.sleep(float(os.environ.get(DELAY_ENV, "0")))
     return [
         {"flight": "LH400", "from": origin, "to": destination, "departs": "10:15"},
         {"flight": "UA961", "from": origin, "to": destination, "departs": "13:40"},
@@ -91,6 +94,8 @@ def search_flights(origin: str, destination: str) -> list[dict[str, str]]:
 @tool
 def book_seat(flight: str, passenger: str, *, ctx: ToolContext) -> dict[str, str]:
     """Book one seat on a flight for a passenger (side-effecting, keyed)."""
+    delay = float(os.environ.get(DELAY_ENV, "0"))
+    time.sleep(delay / 2)
     conn = sqlite3.connect(os.environ[AIRLINE_ENV])
     try:
         cur = conn.execute(
@@ -106,6 +111,7 @@ def book_seat(flight: str, passenger: str, *, ctx: ToolContext) -> dict[str, str
         sys.stdout.write("PAUSED in_flight\n")
         sys.stdout.flush()
         time.sleep(3600)
+    time.sleep(delay / 2)
     return {"booking_id": booking, "flight": flight, "passenger": passenger}
 
 

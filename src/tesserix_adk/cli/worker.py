@@ -15,9 +15,10 @@ import sys
 import time
 from typing import Any
 
-from tesserix_adk.cli.demo_agent import PAUSE_ENV, PROVIDER, agent
+from tesserix_adk.cli.demo_agent import DELAY_ENV, PAUSE_ENV, PROVIDER, agent
 from tesserix_adk.errors import AdkError
 from tesserix_adk.leases import LeasePolicy
+from tesserix_adk.providers.base import ModelRequest, ModelResponse
 from tesserix_adk.runner import AgentRunner
 from tesserix_adk.stores.urls import open_stores
 from tesserix_adk.testing.faults import FaultyCheckpointStore
@@ -39,11 +40,28 @@ def _pause(where: str) -> bool:
     return False
 
 
+class _Slow:
+    """A model that takes its time, so a kill at a random moment lands anywhere in a run."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self.inner = inner
+        self.delay = delay
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        await asyncio.sleep(self.delay)
+        response: ModelResponse = await self.inner.complete(request)
+        return response
+
+
 def _at(body: dict[str, Any], boundary: str) -> bool:
     return body.get("boundary") == boundary and body.get("iteration") == 1
 
 
 async def _main(args: argparse.Namespace) -> int:
+    # On stderr, so the PAUSED/RESULT protocol on stdout stays as it is: a parent timing a
+    # kill from here lands it inside the run, not in interpreter start-up.
+    sys.stderr.write("STARTED\n")
+    sys.stderr.flush()
     stores = open_stores(args.store)
     store = FaultyCheckpointStore(stores.checkpoints)
     if args.pause == "booked":  # book_seat completed; its after_tool_result not yet written
@@ -58,8 +76,12 @@ async def _main(args: argparse.Namespace) -> int:
         os.environ[PAUSE_ENV] = "in_flight"
     stores.checkpoints = store
     ttl = args.lease_ttl
+    provider: Any = PROVIDER()
+    if args.delay:
+        provider = _Slow(provider, args.delay)
+        os.environ[DELAY_ENV] = str(args.delay)
     runner = AgentRunner(
-        PROVIDER(),
+        provider,
         idempotency=stores.idempotency,
         checkpoints=stores.checkpointer(),
         leases=stores.leases,
@@ -67,6 +89,7 @@ async def _main(args: argparse.Namespace) -> int:
         approvals=stores.approvals,
         lease_policy=LeasePolicy(ttl=ttl, renew_within=ttl / 2),
         worker=args.worker,
+        resume_claim_ttl=args.claim_ttl,
     )
     try:
         if args.resume:
@@ -93,6 +116,10 @@ def main() -> int:
     parser.add_argument("--lease-ttl", type=float, default=30.0)
     parser.add_argument("--worker", default="demo-worker")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--claim-ttl", type=float, default=300.0)
+    parser.add_argument(
+        "--delay", type=float, default=0.0, help="seconds each model call and tool takes"
+    )
     return asyncio.run(_main(parser.parse_args()))
 
 
