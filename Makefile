@@ -31,6 +31,7 @@ test: lint typecheck
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/checkpoint_cost.py
+	$(PY) benchmarks/stores.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -8,14 +8,74 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import pytest
+
+from adapters import services
 from tesserix_adk.cli.demo_agent import AIRLINE_ENV, airline_bookings, create_airline
 from tesserix_adk.stores.urls import open_stores
 
 TENANT = "demo"
 AGENT = "tesserix_adk.cli.demo_agent:agent"
+
+# Every durable backend, as pytest parameters marked with the server they need.
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("redis", id="redis", marks=pytest.mark.redis),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+]
+
+T = TypeVar("T")
+
+
+@asynccontextmanager
+async def store_url(backend: str, tmp: Path) -> AsyncIterator[str]:
+    """A store URL on ``backend`` that no other test shares, cleaned up afterwards.
+
+    SQLite: a file in ``tmp``. Redis: a fresh key prefix (its keys deleted after), with
+    ``allow_volatile=true`` because the local server runs without persistence. PostgreSQL: a
+    fresh schema chosen with ``options=-csearch_path%3D…`` (dropped CASCADE after). The URL
+    is plain text, so it passes through a subprocess's argv and environment unchanged. An
+    unreachable server skips the test (fails it under CI=true). No schema is applied here.
+    """
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp / 'adk.sqlite3'}"
+    elif backend == "redis":
+        client = await services.redis_client()
+        prefix = services.redis_prefix()
+        try:
+            yield services.with_query(services.REDIS_URL, prefix=prefix, allow_volatile="true")
+        finally:
+            try:
+                await services.delete_prefixed(client, prefix)
+            finally:
+                await client.aclose()
+    elif backend == "postgres":
+        async with services.postgres_schema() as schema:
+            yield services.schema_url(schema)
+    else:
+        raise ValueError(f"unknown backend {backend!r}")
+
+
+@contextmanager
+def held_open(context: AbstractAsyncContextManager[T]) -> Iterator[T]:
+    """An async context held open around synchronous code, on an event loop of its own.
+
+    The loop sits idle in between, so the code inside may call ``asyncio.run`` itself.
+    """
+    with asyncio.Runner() as runner:
+        value = runner.run(context.__aenter__())
+        try:
+            yield value
+        except BaseException as exc:
+            if not runner.run(context.__aexit__(type(exc), exc, exc.__traceback__)):
+                raise
+        else:
+            runner.run(context.__aexit__(None, None, None))
 
 
 class Site:

@@ -1,4 +1,6 @@
-"""Real process deaths: SIGKILL, SIGSTOP/SIGCONT and a 20-process race, on the SQLite store.
+"""Real process deaths: SIGKILL, SIGSTOP/SIGCONT and a 20-process race, on every durable
+backend (SQLite, Redis, PostgreSQL): the store URL reaches each worker through its argv and
+environment, as it would in a deployment.
 
 The airline is a table the tool writes; each test counts its rows.
 """
@@ -8,11 +10,12 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from processes import Site
+from processes import BACKENDS, Site, held_open, store_url
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
 
@@ -23,9 +26,12 @@ def _resume(site: Site, run_id: str) -> tuple[int, str]:
     return proc.returncode, out + err
 
 
-@pytest.fixture
-def site(tmp_path: Path) -> Site:
-    return Site(tmp_path)
+@pytest.fixture(params=BACKENDS)
+def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
+    """The test's store (a fresh SQLite file, Redis prefix or PostgreSQL schema, with the
+    schema applied) and airline; the Redis keys or the schema are removed afterwards."""
+    with held_open(store_url(request.param, tmp_path)) as url:
+        yield Site(tmp_path, url)
 
 
 def test_killed_after_book_seat_completed_resumes_with_the_outcome_replayed(site: Site) -> None:

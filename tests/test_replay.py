@@ -241,7 +241,7 @@ async def test_replay_never_takes_over_a_run_that_exists() -> None:
 
 
 async def test_a_step_whose_call_arguments_were_redacted_must_be_stubbed() -> None:
-    world, shop = World(), Shop()
+    world = World()
     turns = [[("refund", {"order": "o-1", "amount": 40, "token": "abc"})], "done"]
 
     @tool(side_effects=False)
