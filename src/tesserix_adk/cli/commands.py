@@ -71,7 +71,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting, so callers get an exit code back."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message}")
+        # "tesserix: inspect: ..." rather than "tesserix: tesserix inspect: ...".
+        where = self.prog.partition(" ")[2]
+        raise UsageError(f"{where}: {message}" if where else message)
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         if message:
