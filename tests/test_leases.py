@@ -354,3 +354,22 @@ async def test_fifty_concurrent_resumes_one_carries_the_run(airline: Airline) ->
     assert len(winners) == 1 and winners[0].status is RunStatus.completed
     assert all(isinstance(r, ResumeConflictError) for r in results if r not in winners)
     assert airline.bookings == ["LH123"]
+
+
+async def test_a_renewal_that_cannot_reach_the_store_is_lost_once_the_ttl_has_passed() -> None:
+    inner = MemoryLeaseStore()
+
+    class Unreachable:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        async def renew(self, lease: Any, ttl: float) -> Any:
+            raise ConnectionError("lease store unreachable")
+
+    policy = LeasePolicy(ttl=0.3, renew_within=0.2)
+    holder = await Leaseholder.acquire(Unreachable(), "acme", "r", "w-1", policy)  # type: ignore[arg-type]
+    async with holder:
+        holder.check()  # fine while the ttl has not passed, reachable or not
+        await asyncio.sleep(0.4)
+        with pytest.raises(LeaseLostError):
+            holder.check()
