@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.errors import ConfigurationError, ProviderError
 
 __all__ = [
     "MALFORMED_ARGUMENTS",
@@ -70,3 +70,37 @@ def scrub(text: str, secrets: Iterable[str | None]) -> str:
         if secret:
             text = text.replace(secret, "[redacted:api_key]")
     return text
+
+
+def translate_sdk_error(
+    exc: Exception, *, sdk: Any, base: type[Exception], where: str, scrub: Callable[[str], str]
+) -> ProviderError | None:
+    """An SDK's error as a ``ProviderError``; ``None`` for what is not the SDK's.
+
+    The ``openai`` and ``anthropic`` SDKs share their error classes' names and meaning, so
+    one translation serves both: transient failures (timeouts, connection loss, 408/409/429/
+    5xx, a malformed body) are retryable, anything else the SDK raises is not.
+    """
+    if isinstance(exc, sdk.APITimeoutError):
+        return ProviderError(f"{where}: timed out after retries", retryable=True)
+    if isinstance(exc, sdk.APIConnectionError):
+        return ProviderError(
+            f"{where}: connection failed after retries: {scrub(str(exc))}", retryable=True
+        )
+    if isinstance(exc, sdk.APIStatusError):
+        return ProviderError(
+            f"{where}: {scrub(str(exc))}",
+            retryable=is_transient_status(exc.status_code),
+            status_code=exc.status_code,
+        )
+    if isinstance(exc, sdk.APIResponseValidationError):
+        return ProviderError(
+            f"{where}: malformed response: {scrub(str(exc))}",
+            retryable=True,
+            status_code=exc.status_code,
+        )
+    if isinstance(exc, json.JSONDecodeError):
+        return ProviderError(f"{where}: the response body is not JSON: {exc}", retryable=True)
+    if isinstance(exc, base):
+        return ProviderError(f"{where}: {scrub(str(exc))}", retryable=False)
+    return None

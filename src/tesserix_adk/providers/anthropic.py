@@ -41,9 +41,9 @@ from tesserix_adk.errors import ConfigurationError, ProviderError
 from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall, Usage
 from tesserix_adk.providers._common import (
     MALFORMED_ARGUMENTS,
-    is_transient_status,
     scrub,
     strip_vendor,
+    translate_sdk_error,
 )
 from tesserix_adk.providers.base import ModelRequest, ModelResponse
 from tesserix_adk.providers.pricing import Price, Prices, cost_micros, price_for
@@ -160,31 +160,13 @@ class AnthropicProvider:
 
     def _translate(self, exc: Exception) -> ProviderError | None:
         """The SDK's error as a ``ProviderError``; ``None`` for what is not the SDK's."""
-        where = f"anthropic {self.model}"
-        if isinstance(exc, anthropic.APITimeoutError):
-            return ProviderError(f"{where}: timed out after retries", retryable=True)
-        if isinstance(exc, anthropic.APIConnectionError):
-            return ProviderError(
-                f"{where}: connection failed after retries: {self._scrub(str(exc))}",
-                retryable=True,
-            )
-        if isinstance(exc, anthropic.APIStatusError):
-            return ProviderError(
-                f"{where}: {self._scrub(str(exc))}",
-                retryable=is_transient_status(exc.status_code),
-                status_code=exc.status_code,
-            )
-        if isinstance(exc, anthropic.APIResponseValidationError):
-            return ProviderError(
-                f"{where}: malformed response: {self._scrub(str(exc))}",
-                retryable=True,
-                status_code=exc.status_code,
-            )
-        if isinstance(exc, json.JSONDecodeError):
-            return ProviderError(f"{where}: the response body is not JSON: {exc}", retryable=True)
-        if isinstance(exc, anthropic.AnthropicError):
-            return ProviderError(f"{where}: {self._scrub(str(exc))}", retryable=False)
-        return None
+        return translate_sdk_error(
+            exc,
+            sdk=anthropic,
+            base=anthropic.AnthropicError,
+            where=f"anthropic {self.model}",
+            scrub=self._scrub,
+        )
 
 
 # --- our messages → the wire ----------------------------------------------------------------

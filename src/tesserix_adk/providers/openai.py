@@ -24,7 +24,6 @@ the SDK's errors into ``ProviderError`` once, at this boundary.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,9 +40,9 @@ from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, Too
 from tesserix_adk.providers._common import (
     arguments_from_text,
     arguments_to_text,
-    is_transient_status,
     scrub,
     strip_vendor,
+    translate_sdk_error,
 )
 from tesserix_adk.providers.base import ModelRequest, ModelResponse
 from tesserix_adk.providers.pricing import Price, Prices, cost_micros, price_for
@@ -164,31 +163,13 @@ class OpenAIProvider:
 
     def _translate(self, exc: Exception) -> ProviderError | None:
         """The SDK's error as a ``ProviderError``; ``None`` for what is not the SDK's."""
-        where = f"openai {self.model}"
-        if isinstance(exc, openai.APITimeoutError):
-            return ProviderError(f"{where}: timed out after retries", retryable=True)
-        if isinstance(exc, openai.APIConnectionError):
-            return ProviderError(
-                f"{where}: connection failed after retries: {self._scrub(str(exc))}",
-                retryable=True,
-            )
-        if isinstance(exc, openai.APIStatusError):
-            return ProviderError(
-                f"{where}: {self._scrub(str(exc))}",
-                retryable=is_transient_status(exc.status_code),
-                status_code=exc.status_code,
-            )
-        if isinstance(exc, openai.APIResponseValidationError):
-            return ProviderError(
-                f"{where}: malformed response: {self._scrub(str(exc))}",
-                retryable=True,
-                status_code=exc.status_code,
-            )
-        if isinstance(exc, json.JSONDecodeError):
-            return ProviderError(f"{where}: the response body is not JSON: {exc}", retryable=True)
-        if isinstance(exc, openai.OpenAIError):
-            return ProviderError(f"{where}: {self._scrub(str(exc))}", retryable=False)
-        return None
+        return translate_sdk_error(
+            exc,
+            sdk=openai,
+            base=openai.OpenAIError,
+            where=f"openai {self.model}",
+            scrub=self._scrub,
+        )
 
 
 # --- our messages → the wire ----------------------------------------------------------------
