@@ -19,8 +19,8 @@ demo: $(STAMP)
 	$(VENV)/bin/tesserix demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check --no-cache src tests benchmarks
-	$(VENV)/bin/ruff format --no-cache --check src tests benchmarks
+	$(VENV)/bin/ruff check --no-cache src tests benchmarks examples
+	$(VENV)/bin/ruff format --no-cache --check src tests benchmarks examples
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict src
