@@ -69,3 +69,12 @@ def provider() -> Any:
 def broken_provider() -> Any:
     """A provider factory that cannot build its client (``--provider booking:broken_provider``)."""
     raise RuntimeError("OPENAI_API_KEY is not set")
+
+
+STUB_CALLS: list[dict[str, Any]] = []
+
+
+def fake_booking(flight: str) -> dict[str, str]:
+    """A stub for book_seat (``--stub book_seat=booking:fake_booking``)."""
+    STUB_CALLS.append({"flight": flight})
+    return {"booking": "STUB", "flight": flight}

@@ -154,3 +154,71 @@ class _Rejects:
 def rejecting() -> _Rejects:
     """A provider whose every call is rejected for good."""
     return _Rejects()
+
+
+# --- tesserix replay ---------------------------------------------------------------------
+
+
+def _finished(stores: Stores, airline: Airline) -> None:
+    async def go() -> None:
+        runner = AgentRunner(
+            ScriptedProvider(BOOK_TURNS),
+            idempotency=stores.idempotency,
+            checkpoints=stores.checkpointer(),
+            ledger=stores.ledger,
+        )
+        await runner.run(booking_agent(airline), "book", tenant="acme", run_id="r")
+
+    asyncio.run(go())
+
+
+def _replay(stores: Stores, airline: Airline, *extra: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = resume_main(
+        [
+            "replay",
+            "r",
+            "--tenant",
+            "acme",
+            "--agent",
+            "booking",
+            "--provider",
+            "booking:provider",
+            *extra,
+        ],
+        stores=stores,
+        agents={"booking": booking_agent(airline)},
+        out=out,
+        err=err,
+    )
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_replay_from_a_step_with_a_stub_runs_as_a_new_run(airline: Airline) -> None:
+    import booking
+
+    stores = _stores()
+    _finished(stores, airline)
+    assert _run(stores.checkpoints.steps("acme", "r")) == [1, 2, 3, 4, 5]
+    booking.STUB_CALLS.clear()
+    code, out, err = _replay(
+        stores, airline, "--from-step", "3", "--stub", "book_seat=booking:fake_booking"
+    )
+    assert code == ExitCode.CARRIED_ON, err
+    assert "(replay of r@3) now completed" in out
+    assert booking.STUB_CALLS == [{"flight": "LH123"}]
+    assert airline.bookings == ["LH123"]  # from the original run only
+
+
+def test_replay_exit_codes(airline: Airline) -> None:
+    stores = _stores()
+    _finished(stores, airline)
+    stub = ("--stub", "book_seat=booking:fake_booking")
+    assert _replay(stores, airline, "--from-step", "9", *stub)[0] == ExitCode.NOTHING_CHECKPOINTED
+    unstubbed = _replay(stores, airline, "--from-step", "3")
+    assert unstubbed[0] == ExitCode.USAGE and "book_seat" in unstubbed[2]
+    bad_stub = _replay(stores, airline, "--from-step", "3", "--stub", "book_seat")
+    assert bad_stub[0] == ExitCode.USAGE
+    _run(stores.checkpoints.put("acme", "r", b'{"format": 1, "ten', step=3))
+    corrupt = _replay(stores, airline, "--from-step", "3", *stub)
+    assert corrupt[0] == ExitCode.MUST_NOT_CARRY_ON, corrupt
