@@ -414,3 +414,31 @@ async def test_client_clock_an_hour_off_can_neither_take_a_live_lease_nor_keep_a
         assert await pg_stores.leases.current(T, "lapsed") is None
         # Deadlines are the server's: an hour of client skew does not show in them.
         assert abs(live.expires_at - (real_time() + 3600)) < 60
+
+
+def test_the_url_reaches_psycopg_byte_for_byte_but_for_the_kits_options() -> None:
+    from tesserix_adk.adapters.postgres import _split_url
+
+    socket = "postgresql:///test?host=/var/run/postgresql&application_name=team+a"
+    assert _split_url(socket + "&keep_last=3") == (socket, {"keep_last": "3"})
+    plus = "postgresql://app:ab+c%40d@db.internal:5432/x?options=-csearch_path%3Dmine"
+    assert _split_url(plus)[0] == plus
+
+
+def test_a_typo_in_a_driver_option_is_a_configuration_error_at_open() -> None:
+    from tesserix_adk.adapters.postgres import open_postgres_stores
+
+    with pytest.raises(ConfigurationError, match="keep_lats"):
+        open_postgres_stores(services.with_query(services.POSTGRES_URL, keep_lats="3"))
+
+
+async def test_a_database_that_does_not_exist_is_a_configuration_error_not_an_outage(
+    pg_schema: str,
+) -> None:
+    from tesserix_adk.adapters.postgres import open_postgres_stores
+
+    base = services.POSTGRES_URL.rsplit("/", 1)[0]
+    async with open_postgres_stores(f"{base}/no_such_db_{pg_schema}") as stores:
+        with pytest.raises(ConfigurationError, match="does not exist") as refused:
+            await stores.checkpoints.runs("acme")
+    assert refused.value.retryable is False

@@ -27,11 +27,12 @@ import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote
 
 try:
     import psycopg
     from psycopg import errors as pg_errors
+    from psycopg.conninfo import conninfo_to_dict
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
@@ -234,6 +235,14 @@ _OTHER_KIT_OPTIONS = frozenset(
 # --- the database ------------------------------------------------------------------------
 
 
+_MISCONFIGURED = (
+    "does not exist",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "password is required",
+)
+
+
 @contextmanager
 def _driver_errors(action: str) -> Iterator[None]:
     """Translate psycopg errors into the kit's, once, at the boundary."""
@@ -266,8 +275,9 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
 class PostgresDatabase:
     """A connection pool the stores share, opened on first use; schema and lifetime."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, *, conninfo: str | None = None) -> None:
         self.pool = pool
+        self.conninfo = conninfo
         self._opening = asyncio.Lock()
         self._closed = False
 
@@ -290,7 +300,7 @@ class PostgresDatabase:
             timeout=5.0,
             name="tesserix-adk",
         )
-        return cls(pool)
+        return cls(pool, conninfo=conninfo)
 
     async def _open(self) -> None:
         if self._closed:
@@ -298,7 +308,22 @@ class PostgresDatabase:
         if self.pool.closed:
             async with self._opening:
                 if self.pool.closed:
+                    await self._probe()
                     await self.pool.open()
+
+    async def _probe(self) -> None:
+        """One direct connection first: a pool only logs why it cannot connect, and a
+        database, role or password that does not exist is a setting to fix, not an outage."""
+        if self.conninfo is None:
+            return
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+        except psycopg.OperationalError as exc:
+            text = " ".join(str(exc).split())
+            if any(mark in text for mark in _MISCONFIGURED):
+                raise ConfigurationError(f"PostgreSQL refused the connection: {text}") from exc
+            raise
+        await conn.close()
 
     async def rows(self, action: str, sql: str, params: Mapping[str, Any]) -> list[Row]:
         """Run one statement on a pooled connection and return its rows as dicts."""
@@ -1356,11 +1381,18 @@ def _whole(url: str, name: str, raw: str, *, least: int) -> int:
 
 
 def _split_url(url: str) -> tuple[str, dict[str, str]]:
-    """The URL for psycopg and the kit's own options, taken out of its query."""
-    parts = urlsplit(url)
-    kept: list[tuple[str, str]] = []
+    """The URL for psycopg and the kit's own options, taken out of its query.
+
+    Everything but the kit's options is handed on byte for byte: no re-encoding (libpq reads
+    ``+`` literally) and no rebuilding (``postgresql:///db?host=/socket`` has no host part).
+    """
+    base, _, rest = url.partition("?")
+    query, hash_, fragment = rest.partition("#")
+    kept: list[str] = []
     options: dict[str, str] = {}
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+    for segment in query.split("&") if query else ():
+        raw_name, _, raw_value = segment.partition("=")
+        name, value = unquote(raw_name), unquote(raw_value)
         if name in _OTHER_KIT_OPTIONS:
             raise ConfigurationError(
                 f"{name!r} is not an option of PostgreSQL stores "
@@ -1371,10 +1403,13 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
                 raise ConfigurationError(f"the PostgreSQL store URL sets {name!r} twice")
             options[name] = value
         else:
-            kept.append((name, value))
-    # quote, not quote_plus: libpq does not read "+" as a space.
-    query = urlencode(kept, quote_via=quote)
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment)), options
+            kept.append(segment)
+    out = base + ("?" + "&".join(kept) if kept else "") + (hash_ + fragment if fragment else "")
+    try:
+        conninfo_to_dict(out)  # parses only: a typo'd option is a usage mistake, not an outage
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"the PostgreSQL store URL is not usable: {exc}") from exc
+    return out, options
 
 
 def open_postgres_stores(url: str) -> Stores:
