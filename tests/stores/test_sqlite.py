@@ -489,3 +489,23 @@ async def test_lease_expiry_is_stamped_by_sqlites_clock(
     monkeypatch.setattr(time, "time", lambda: real_time() + 86400.0)
     lease = await SqliteLeaseStore(database).acquire("acme", "run-1", "worker-a", 30)
     assert abs(lease.expires_at - (real_time() + 30)) < 60
+
+
+async def test_a_lease_in_the_same_file_counts_as_a_seen_fence(
+    database: SqliteDatabase,
+) -> None:
+    checkpoints = SqliteCheckpointStore(database)
+    leases = SqliteLeaseStore(database)
+    first = await leases.acquire("acme", "run-1", "worker-a", 0.2)
+    with pytest.raises(StaleFenceError):
+        await checkpoints.put("acme", "run-1", b"unfenced", step=1)
+    await checkpoints.put("acme", "run-1", b"a", step=1, fence=first.fence)
+    await asyncio.sleep(0.3)
+    second = await leases.acquire("acme", "run-1", "worker-b", 30)
+    # Fenced out by the takeover itself, before the new holder sealed anything.
+    with pytest.raises(StaleFenceError):
+        await checkpoints.put("acme", "run-1", b"late", step=2, fence=first.fence)
+    with pytest.raises(StaleFenceError):
+        await checkpoints.seal("acme", "run-1", first.fence)
+    await checkpoints.put("acme", "run-1", b"b", step=2, fence=second.fence)
+    assert (await checkpoints.latest("acme", "run-1")).payload == b"b"  # type: ignore[union-attr]

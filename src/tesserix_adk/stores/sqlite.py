@@ -465,10 +465,22 @@ def _highest_fence(conn: sqlite3.Connection, store: str, tenant: str, run_id: st
     return None if row is None else int(row[0])
 
 
+def _seen_fence(conn: sqlite3.Connection, store: str, tenant: str, run_id: str) -> int | None:
+    """The highest fence this store kind has seen for the run. A lease taken in this same
+    file counts as seen: a takeover fences the old holder out at once, before any seal."""
+    highest = _highest_fence(conn, store, tenant, run_id)
+    leased = conn.execute(
+        "SELECT fence FROM adk_run_leases WHERE tenant = ? AND run_id = ?", (tenant, run_id)
+    ).fetchone()
+    if leased is not None:
+        highest = max(int(leased[0]), highest or 0)
+    return highest
+
+
 def _check_fence(
     conn: sqlite3.Connection, store: str, tenant: str, run_id: str, fence: int | None
 ) -> None:
-    highest = _highest_fence(conn, store, tenant, run_id)
+    highest = _seen_fence(conn, store, tenant, run_id)
     if highest is None:
         return
     if fence is None:
@@ -495,7 +507,7 @@ def _accept_fence(
 
 
 def _seal(conn: sqlite3.Connection, store: str, tenant: str, run_id: str, fence: int) -> None:
-    highest = _highest_fence(conn, store, tenant, run_id)
+    highest = _seen_fence(conn, store, tenant, run_id)
     if highest is not None and highest > fence:
         raise StaleFenceError(
             f"cannot seal run {run_id!r} at fence {fence}: fence {highest} was seen"
