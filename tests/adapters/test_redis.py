@@ -562,3 +562,8 @@ async def test_client_clock_an_hour_off_can_neither_take_a_live_lease_nor_keep_a
         assert await redis_stores.leases.current(T, "lapsed") is None
         # Deadlines are the server's: an hour of client skew does not show in them.
         assert abs(live.expires_at - (real_time() + 3600)) < 60
+
+
+def test_an_option_the_driver_does_not_know_is_a_configuration_error_at_open() -> None:
+    with pytest.raises(ConfigurationError, match="keep_lats"):
+        open_redis_stores("redis://127.0.0.1:6379/0?keep_lats=3")

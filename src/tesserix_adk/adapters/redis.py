@@ -1456,7 +1456,10 @@ def open_redis_stores(url: str) -> Stores:
         # Defaults only: options in the URL win. Without them a server that stops answering
         # would hold a live run for minutes instead of failing its write as unavailable.
         client = aioredis.from_url(driver_url, socket_connect_timeout=5.0, socket_timeout=10.0)
-    except (ValueError, RedisError) as exc:
+        # Builds a connection object without connecting: an option the driver does not
+        # know fails here, as a usage mistake, instead of as a TypeError on first use.
+        client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, RedisError) as exc:
         raise ConfigurationError(f"cannot read the Redis store URL: {exc}") from exc
     # Nothing connects before first use, so a refusal below leaves nothing to close.
     leases = RedisLeaseStore(client, prefix=prefix, allow_volatile=allow_volatile)
