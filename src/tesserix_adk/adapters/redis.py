@@ -902,6 +902,11 @@ class RedisIdempotencyStore(_FencedRedisStore):
                 pipe.get(index)
                 _, owner = await pipe.execute()
             tag = _text(owner)
+            if tag != mine:
+                # A key another run named first (a custom key reused across runs): the
+                # record lives under that run's tag, so this run's own list names it too,
+                # before the claim, or records() of this run could never find it.
+                await self._client.sadd(self._keys.tagged(mine, "idem:keys"), _enc(key))
             result = await self._claim(
                 keys=[
                     self._record_key(tag, key),
@@ -988,8 +993,20 @@ class RedisIdempotencyStore(_FencedRedisStore):
         await self._ready()
         tag = _Keys.tag(tenant, run_id)
         with _driver_errors(f"listing the records of run {run_id!r}"):
-            members = await self._client.smembers(self._keys.tagged(tag, "idem:keys"))
-            located = [(tag, unquote(_text(member))) for member in members]
+            members = [
+                unquote(_text(m))
+                for m in await self._client.smembers(self._keys.tagged(tag, "idem:keys"))
+            ]
+            # Almost every record lives under its own run's tag; the index says where one
+            # claimed under another run's key lives.
+            async with self._client.pipeline(transaction=False) as pipe:
+                for key in members:
+                    pipe.get(self._keys.key_index(key))
+                owners = await pipe.execute()
+            located = [
+                (_text(owner) if owner else tag, key)
+                for key, owner in zip(members, owners, strict=True)
+            ]
             found = await self._fetch(located)
         mine = [r for r in found if r.tenant == tenant and r.run_id == run_id]
         return sorted(

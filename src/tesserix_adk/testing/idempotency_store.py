@@ -411,6 +411,19 @@ class IdempotencyStoreConformance(ClockedConformance):
         assert found["done"].status is RecordStatus.completed
         assert await idempotency_store.lookup([]) == {}
 
+    async def test_records_find_a_key_another_run_named_first(
+        self, idempotency_store: IdempotencyStore
+    ) -> None:
+        # A custom key reused across runs: run A's claim is refused by its fence and
+        # stores nothing; run B then claims the same key, and B's records list it.
+        await idempotency_store.seal(T, "run-a", 5)
+        with pytest.raises(StaleFenceError):
+            await _claim(idempotency_store, "order-42", "worker-a", run_id="run-a", fence=1)
+        mine = await _claim(idempotency_store, "order-42", "worker-b", run_id="run-b", fence=1)
+        assert mine.run_id == "run-b" and mine.holder == "worker-b"
+        assert [r.key for r in await idempotency_store.records(T, "run-b")] == ["order-42"]
+        assert await idempotency_store.records(T, "run-a") == []
+
     async def test_records_lists_every_live_record_of_the_run_in_order(
         self, idempotency_store: IdempotencyStore
     ) -> None:
