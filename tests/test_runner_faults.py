@@ -161,3 +161,75 @@ async def test_a_resumed_run_that_ends_on_budget_with_a_completed_call_ahead_is_
         await runner().resume(agent, "r", tenant="acme")
     assert airline.bookings == ["LH123"]
     assert store.puts[-1]["iteration"] == 0  # no final frontier pretending nothing ran
+
+
+async def test_a_tool_exception_is_the_calls_error_outcome_recorded_and_answered() -> None:
+    @tool
+    def charge(amount: int) -> str:
+        """Charge a card."""
+        raise ValueError("card declined")
+
+    seen: list[Any] = []
+
+    class Records:
+        def __init__(self) -> None:
+            self.inner = ScriptedProvider([[("charge", {"amount": 5})], "The card was declined."])
+
+        async def complete(self, request: Any) -> Any:
+            seen.append(request)
+            return await self.inner.complete(request)
+
+    idem = MemoryIdempotencyStore()
+    runner = AgentRunner(
+        Records(), idempotency=idem, checkpoints=Checkpointer(MemoryCheckpointStore())
+    )
+    run = await runner.run(Agent("pay", "Charge.", [charge]), "pay", tenant="acme", run_id="r")
+    assert run.status is RunStatus.completed
+    answer = next(m for m in seen[-1].messages if m.tool_call_id == "call_0_0")
+    assert answer.is_error and answer.text == "ValueError: card declined"
+    (record,) = [r for r in await idem.records("acme", "r") if r.tool == "charge"]
+    assert str(record.status) == "completed" and b'"is_error":true' in (record.outcome or b"")
+
+
+async def test_an_idempotent_call_in_flight_is_sent_again_under_the_same_key() -> None:
+    keys: list[str | None] = []
+
+    def agent(crash: bool) -> Agent:
+        @tool(idempotent=True)
+        def refund(order: str, ctx: Any = None) -> str:
+            """The payment provider deduplicates by our key."""
+            keys.append(ctx.idempotency_key)
+            if crash:
+                raise SimulatedCrash
+            return "refunded"
+
+        return Agent("refunds", "Refund.", [refund])
+
+    idem, store = MemoryIdempotencyStore(), MemoryCheckpointStore()
+    turns = [[("refund", {"order": "o-1"})], "done"]
+
+    def runner() -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider(turns), idempotency=idem, checkpoints=Checkpointer(store)
+        )
+
+    with pytest.raises(SimulatedCrash):
+        await runner().run(agent(True), "refund", tenant="acme", run_id="r")
+    run = await runner().resume(agent(False), "r", tenant="acme")
+    assert run.status is RunStatus.completed
+    assert len(keys) == 2 and keys[0] == keys[1]  # re-sent, with the key it deduplicates by
+
+
+def test_a_history_store_other_than_the_checkpointers_is_refused() -> None:
+    from tesserix_adk import ConfigurationError, Resumer
+
+    checkpointer = Checkpointer(MemoryCheckpointStore(), history=MemoryHistoryStore())
+    with pytest.raises(ConfigurationError, match="history"):
+        AgentRunner(
+            ScriptedProvider([]),
+            idempotency=MemoryIdempotencyStore(),
+            checkpoints=checkpointer,
+            history=MemoryHistoryStore(),
+        )
+    with pytest.raises(ConfigurationError, match="history"):
+        Resumer(checkpointer, MemoryLeaseStore(), MemoryHistoryStore(), MemoryIdempotencyStore())
