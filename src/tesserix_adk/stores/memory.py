@@ -33,6 +33,12 @@ from tesserix_adk.stores.protocols import (
     ToolFlags,
     chain_digest,
 )
+from tesserix_adk.stores.records import (
+    after_claim,
+    after_complete,
+    after_resolve,
+    checked_resolution,
+)
 
 __all__ = [
     "MemoryApprovalStore",
@@ -204,62 +210,35 @@ class MemoryIdempotencyStore:
         if ttl is not None:
             ttl = _positive_ttl(ttl)
         now = self._clock()
-        expires_at = None if ttl is None else now + ttl
-        record = self._live(key, now)
-        if record is None or record.status is RecordStatus.never_ran:
-            record = IdempotencyRecord(
-                key=key,
-                status=RecordStatus.in_flight,
-                holder=holder,
-                tenant=tenant,
-                run_id=run_id,
-                iteration=iteration,
-                tool=tool,
-                call_id=call_id,
-                flags=flags,
-                fence=fence,
-                since=now,
-                expires_at=expires_at,
-            )
-        elif record.status is RecordStatus.in_flight and record.holder == holder:
-            record = replace(
-                record,
-                fence=record.fence if fence is None else fence,
-                expires_at=record.expires_at if expires_at is None else expires_at,
-            )
-        elif record.status is RecordStatus.in_flight and takeover:
-            record = replace(record, holder=holder, fence=fence, since=now, expires_at=expires_at)
-        else:
-            # Completed, or in flight under another holder without takeover: unchanged.
-            if tool is not None:
-                self._fences.accept(tenant, run_id, fence)
-            return record
+        record, changed = after_claim(
+            self._live(key, now),
+            key=key,
+            holder=holder,
+            tenant=tenant,
+            run_id=run_id,
+            iteration=iteration,
+            tool=tool,
+            call_id=call_id,
+            flags=flags,
+            fence=fence,
+            now=now,
+            expires_at=None if ttl is None else now + ttl,
+            takeover=takeover,
+        )
         if tool is not None:
             self._fences.accept(tenant, run_id, fence)
-        self._records[key] = record
+        if changed:
+            self._records[key] = record
         return record
 
     async def complete(self, key: str, outcome: bytes, *, holder: str) -> IdempotencyRecord:
         """Record the outcome of a claim held by ``holder`` (not fenced)."""
         now = self._clock()
-        record = self._live(key, now)
-        if record is None:
-            raise StaleFenceError(f"{holder!r} holds no claim on {key!r}")
-        if record.status is RecordStatus.completed and record.holder == holder and not record.by:
-            return record
-        if record.status is not RecordStatus.in_flight or record.holder != holder:
-            raise StaleFenceError(
-                f"{holder!r} does not hold {key!r} in flight "
-                f"({record.status} under {record.holder!r})"
-            )
-        record = replace(
-            record,
-            status=RecordStatus.completed,
-            outcome=bytes(outcome),
-            completed_at=now,
-            expires_at=None,
+        record, changed = after_complete(
+            self._live(key, now), key=key, outcome=outcome, holder=holder, now=now
         )
-        self._records[key] = record
+        if changed:
+            self._records[key] = record
         return record
 
     async def release(self, key: str, *, holder: str) -> None:
@@ -301,25 +280,11 @@ class MemoryIdempotencyStore:
         self, key: str, outcome: bytes | None = None, *, never_ran: bool = False, by: str
     ) -> IdempotencyRecord:
         """An operator settles an in-flight call: its outcome, or that it never ran."""
-        if never_ran == (outcome is not None):
-            raise ValueError("resolve needs exactly one of an outcome or never_ran=True")
+        checked_resolution(outcome, never_ran)
         now = self._clock()
-        record = self._live(key, now)
-        if record is None:
-            raise KeyError(key)
-        if record.status is not RecordStatus.in_flight:
-            raise ValueError(f"{key!r} is {record.status}, not in flight")
-        if never_ran:
-            record = replace(record, status=RecordStatus.never_ran, by=by, expires_at=None)
-        else:
-            record = replace(
-                record,
-                status=RecordStatus.completed,
-                outcome=None if outcome is None else bytes(outcome),
-                by=by,
-                completed_at=now,
-                expires_at=None,
-            )
+        record = after_resolve(
+            self._live(key, now), key=key, outcome=outcome, never_ran=never_ran, by=by, now=now
+        )
         self._records[key] = record
         return record
 

@@ -57,6 +57,12 @@ from tesserix_adk.stores.protocols import (
     ToolFlags,
     chain_digest,
 )
+from tesserix_adk.stores.records import (
+    after_claim,
+    after_complete,
+    after_resolve,
+    checked_resolution,
+)
 
 __all__ = [
     "SQLITE_SCHEMA",
@@ -823,41 +829,25 @@ class SqliteIdempotencyStore(_FencedSqliteStore):
             if tool is not None:
                 _check_fence(conn, _IDEMPOTENCY, tenant, run_id, fence)
             now = _now(conn)
-            expires_at = None if ttl is None else now + _positive_ttl(ttl)
-            record = _live_record(conn, key, now)
-            if record is None or record.status is RecordStatus.never_ran:
-                record = IdempotencyRecord(
-                    key=key,
-                    status=RecordStatus.in_flight,
-                    holder=holder,
-                    tenant=tenant,
-                    run_id=run_id,
-                    iteration=iteration,
-                    tool=tool,
-                    call_id=call_id,
-                    flags=flags,
-                    fence=fence,
-                    since=now,
-                    expires_at=expires_at,
-                )
-            elif record.status is RecordStatus.in_flight and record.holder == holder:
-                record = replace(
-                    record,
-                    fence=record.fence if fence is None else fence,
-                    expires_at=record.expires_at if expires_at is None else expires_at,
-                )
-            elif record.status is RecordStatus.in_flight and takeover:
-                record = replace(
-                    record, holder=holder, fence=fence, since=now, expires_at=expires_at
-                )
-            else:
-                # Completed, or in flight under another holder without takeover: unchanged.
-                if tool is not None:
-                    _accept_fence(conn, _IDEMPOTENCY, tenant, run_id, fence)
-                return record
+            record, changed = after_claim(
+                _live_record(conn, key, now),
+                key=key,
+                holder=holder,
+                tenant=tenant,
+                run_id=run_id,
+                iteration=iteration,
+                tool=tool,
+                call_id=call_id,
+                flags=flags,
+                fence=fence,
+                now=now,
+                expires_at=None if ttl is None else now + _positive_ttl(ttl),
+                takeover=takeover,
+            )
             if tool is not None:
                 _accept_fence(conn, _IDEMPOTENCY, tenant, run_id, fence)
-            _save_record(conn, record)
+            if changed:
+                _save_record(conn, record)
             return record
 
         return await self.database.write(claim)
@@ -868,28 +858,11 @@ class SqliteIdempotencyStore(_FencedSqliteStore):
 
         def complete(conn: sqlite3.Connection) -> IdempotencyRecord:
             now = _now(conn)
-            record = _live_record(conn, key, now)
-            if record is None:
-                raise StaleFenceError(f"{holder!r} holds no claim on {key!r}")
-            if (
-                record.status is RecordStatus.completed
-                and record.holder == holder
-                and not record.by
-            ):
-                return record
-            if record.status is not RecordStatus.in_flight or record.holder != holder:
-                raise StaleFenceError(
-                    f"{holder!r} does not hold {key!r} in flight "
-                    f"({record.status} under {record.holder!r})"
-                )
-            record = replace(
-                record,
-                status=RecordStatus.completed,
-                outcome=data,
-                completed_at=now,
-                expires_at=None,
+            record, changed = after_complete(
+                _live_record(conn, key, now), key=key, outcome=data, holder=holder, now=now
             )
-            _save_record(conn, record)
+            if changed:
+                _save_record(conn, record)
             return record
 
         return await self.database.write(complete)
@@ -948,28 +921,19 @@ class SqliteIdempotencyStore(_FencedSqliteStore):
         self, key: str, outcome: bytes | None = None, *, never_ran: bool = False, by: str
     ) -> IdempotencyRecord:
         """An operator settles an in-flight call: its outcome, or that it never ran."""
-        if never_ran == (outcome is not None):
-            raise ValueError("resolve needs exactly one of an outcome or never_ran=True")
+        checked_resolution(outcome, never_ran)
         data = None if outcome is None else bytes(outcome)
 
         def resolve(conn: sqlite3.Connection) -> IdempotencyRecord:
             now = _now(conn)
-            record = _live_record(conn, key, now)
-            if record is None:
-                raise KeyError(key)
-            if record.status is not RecordStatus.in_flight:
-                raise ValueError(f"{key!r} is {record.status}, not in flight")
-            if never_ran:
-                record = replace(record, status=RecordStatus.never_ran, by=by, expires_at=None)
-            else:
-                record = replace(
-                    record,
-                    status=RecordStatus.completed,
-                    outcome=data,
-                    by=by,
-                    completed_at=now,
-                    expires_at=None,
-                )
+            record = after_resolve(
+                _live_record(conn, key, now),
+                key=key,
+                outcome=data,
+                never_ran=never_ran,
+                by=by,
+                now=now,
+            )
             _save_record(conn, record)
             return record
 

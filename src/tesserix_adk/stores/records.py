@@ -1,0 +1,118 @@
+"""The idempotency record state machine, as pure functions.
+
+Stores that decide in Python (memory, SQLite) read the live record, call one of these inside
+their own atomic section, and save what comes back; Redis and PostgreSQL decide the same in
+their scripts and statements. Each function returns the record as it stands afterwards and
+whether it must be written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tesserix_adk.errors import StaleFenceError
+from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
+
+__all__ = ["after_claim", "after_complete", "after_resolve", "checked_resolution"]
+
+
+def after_claim(
+    existing: IdempotencyRecord | None,
+    *,
+    key: str,
+    holder: str,
+    tenant: str,
+    run_id: str,
+    iteration: int | None,
+    tool: str | None,
+    call_id: str | None,
+    flags: ToolFlags | None,
+    fence: int | None,
+    now: float,
+    expires_at: float | None,
+    takeover: bool,
+) -> tuple[IdempotencyRecord, bool]:
+    """A claim on the live record ``existing`` (``None``: absent)."""
+    if existing is None or existing.status is RecordStatus.never_ran:
+        fresh = IdempotencyRecord(
+            key=key,
+            status=RecordStatus.in_flight,
+            holder=holder,
+            tenant=tenant,
+            run_id=run_id,
+            iteration=iteration,
+            tool=tool,
+            call_id=call_id,
+            flags=flags,
+            fence=fence,
+            since=now,
+            expires_at=expires_at,
+        )
+        return fresh, True
+    if existing.status is RecordStatus.in_flight and existing.holder == holder:
+        renewed = replace(
+            existing,
+            fence=existing.fence if fence is None else fence,
+            expires_at=existing.expires_at if expires_at is None else expires_at,
+        )
+        return renewed, True
+    if existing.status is RecordStatus.in_flight and takeover:
+        taken = replace(existing, holder=holder, fence=fence, since=now, expires_at=expires_at)
+        return taken, True
+    # Completed, or in flight under another holder without takeover: unchanged.
+    return existing, False
+
+
+def after_complete(
+    existing: IdempotencyRecord | None, *, key: str, outcome: bytes, holder: str, now: float
+) -> tuple[IdempotencyRecord, bool]:
+    """A holder records the outcome of its claim (``StaleFenceError`` if it holds none)."""
+    if existing is None:
+        raise StaleFenceError(f"{holder!r} holds no claim on {key!r}")
+    if existing.status is RecordStatus.completed and existing.holder == holder and not existing.by:
+        return existing, False
+    if existing.status is not RecordStatus.in_flight or existing.holder != holder:
+        raise StaleFenceError(
+            f"{holder!r} does not hold {key!r} in flight "
+            f"({existing.status} under {existing.holder!r})"
+        )
+    done = replace(
+        existing,
+        status=RecordStatus.completed,
+        outcome=bytes(outcome),
+        completed_at=now,
+        expires_at=None,
+    )
+    return done, True
+
+
+def checked_resolution(outcome: bytes | None, never_ran: bool) -> None:
+    """``ValueError`` unless exactly one of an outcome or ``never_ran`` is given."""
+    if never_ran == (outcome is not None):
+        raise ValueError("resolve needs exactly one of an outcome or never_ran=True")
+
+
+def after_resolve(
+    existing: IdempotencyRecord | None,
+    *,
+    key: str,
+    outcome: bytes | None,
+    never_ran: bool,
+    by: str,
+    now: float,
+) -> IdempotencyRecord:
+    """An operator settles an in-flight call (``KeyError`` absent, ``ValueError`` settled)."""
+    if existing is None:
+        raise KeyError(key)
+    if existing.status is not RecordStatus.in_flight:
+        raise ValueError(f"{key!r} is {existing.status}, not in flight")
+    if never_ran:
+        return replace(existing, status=RecordStatus.never_ran, by=by, expires_at=None)
+    return replace(
+        existing,
+        status=RecordStatus.completed,
+        outcome=None if outcome is None else bytes(outcome),
+        by=by,
+        completed_at=now,
+        expires_at=None,
+    )
