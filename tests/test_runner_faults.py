@@ -233,3 +233,81 @@ def test_a_history_store_other_than_the_checkpointers_is_refused() -> None:
         )
     with pytest.raises(ConfigurationError, match="history"):
         Resumer(checkpointer, MemoryLeaseStore(), MemoryHistoryStore(), MemoryIdempotencyStore())
+
+
+async def test_a_waiting_run_with_an_unkeyed_call_keeps_waiting_until_decided() -> None:
+    from tesserix_adk import MemoryApprovalStore
+    from tesserix_adk.testing import FakeClock
+
+    sent: list[str] = []
+    dies = {"now": False}
+
+    @tool(key=None, requires_approval=True)
+    def wire_money(to: str) -> str:
+        """Unkeyed and needs a person: nothing is sent before the decision."""
+        sent.append(to)
+        if dies["now"]:
+            raise SimulatedCrash
+        return "sent"
+
+    agent = Agent("payments", "Pay.", [wire_money])
+    clock = FakeClock()
+    store, idem = MemoryCheckpointStore(), MemoryIdempotencyStore(clock=clock)
+    approvals = MemoryApprovalStore()
+
+    def runner() -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider([[("wire_money", {"to": "acct-1"})], "paid"]),
+            idempotency=idem,
+            checkpoints=Checkpointer(store),
+            approvals=approvals,
+        )
+
+    run = await runner().run(agent, "pay", tenant="acme", run_id="r")
+    assert run.status is RunStatus.waiting_approval and run.pending_approval is not None
+    again = await runner().resume(agent, "r", tenant="acme")  # not refused: nothing ran
+    assert again.status is RunStatus.waiting_approval and sent == []
+    await approvals.decide("acme", run.pending_approval.id, approved=True, by="alice")
+    # The resume that dispatches first writes a frontier naming the call; dying in the call
+    # then leaves a frontier that refuses, instead of one that would send it again.
+    dies["now"] = True
+    with pytest.raises(SimulatedCrash):
+        await runner().resume(agent, "r", tenant="acme")
+    assert sent == ["acct-1"]
+    clock.advance(301)  # the dead resumer's claim lapses by the store's clock
+    with pytest.raises(IndeterminateToolCallError, match="wire_money"):
+        await runner().resume(agent, "r", tenant="acme")
+    assert sent == ["acct-1"]
+
+
+async def test_a_decided_unkeyed_call_is_sent_once_when_nothing_dies() -> None:
+    from tesserix_adk import MemoryApprovalStore
+
+    sent: list[str] = []
+
+    @tool(key=None, requires_approval=True)
+    def wire_money(to: str) -> str:
+        """Unkeyed and needs a person."""
+        sent.append(to)
+        return "sent"
+
+    agent = Agent("payments", "Pay.", [wire_money])
+    store, idem, approvals = (
+        MemoryCheckpointStore(),
+        MemoryIdempotencyStore(),
+        MemoryApprovalStore(),
+    )
+
+    def runner() -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider([[("wire_money", {"to": "acct-1"})], "paid"]),
+            idempotency=idem,
+            checkpoints=Checkpointer(store),
+            approvals=approvals,
+        )
+
+    run = await runner().run(agent, "pay", tenant="acme", run_id="r")
+    assert run.pending_approval is not None
+    await approvals.decide("acme", run.pending_approval.id, approved=True, by="alice")
+    done = await runner().resume(agent, "r", tenant="acme")
+    assert done.status is RunStatus.completed and sent == ["acct-1"]

@@ -278,7 +278,8 @@ class AgentRunner:
             _refuse_unresumable(cp, agent)
             if plan is None:
                 return _finished_run(cp)
-            refuse_if_undecidable(plan)
+            if not _nothing_ran_since_approval_asked(cp, plan):
+                refuse_if_undecidable(plan)
             await self._restore(carry, cp, plan)
             return await self._continue(carry, cp)
 
@@ -463,6 +464,9 @@ class AgentRunner:
             waiting = await self._decided(carry, cp.pending_approval.id, calls)
             if waiting is not None:
                 return waiting
+            # Before the decided turn dispatches anything, a frontier without the pending
+            # request must name its unkeyed calls: a later resume then knows they may have run.
+            await self._name_unkeyed(carry, calls)
         # A crash between the after_model_call frontier and the approval request (or a
         # replay from such a step) still asks before dispatching.
         waiting = await self._ask_approval(carry, calls)
@@ -494,21 +498,32 @@ class AgentRunner:
             self._refuse_divergence(carry, calls)
             # A side-effecting call without a key leaves no record of its own: only a
             # frontier naming it lets a resume refuse instead of sending it again.
-            unkeyed = [oc.call.name for oc in calls if oc.key is None and oc.side_effects]
-            written = await self._boundary(
-                carry, Boundary.after_model_call, outstanding=calls, force=bool(unkeyed)
-            )
-            if unkeyed and written is False:
-                raise StoreUnavailableError(
-                    f"the frontier naming {', '.join(unkeyed)} (no idempotency key) could not "
-                    "be written, so it was not dispatched; the run is resumable"
-                )
+            await self._name_unkeyed(carry, calls, boundary_write=True)
             waiting = await self._ask_approval(carry, calls)
             if waiting is not None:
                 return waiting
             await self._dispatch(carry, calls)
             await self._boundary(carry, Boundary.after_tool_result)
             carry.iteration += 1
+
+    async def _name_unkeyed(
+        self, carry: _Carry, calls: Sequence[OutstandingCall], *, boundary_write: bool = False
+    ) -> None:
+        """Write the ``after_model_call`` frontier: when the policy asks (``boundary_write``)
+        or, whatever the policy, when a side-effecting call without a key is about to be
+        sent — it leaves no record, so only a frontier naming it lets a resume refuse
+        instead of sending it again. Such a call is not sent if that frontier failed."""
+        unkeyed = [oc.call.name for oc in calls if oc.key is None and oc.side_effects]
+        if not unkeyed and not boundary_write:
+            return
+        written = await self._boundary(
+            carry, Boundary.after_model_call, outstanding=calls, force=bool(unkeyed)
+        )
+        if unkeyed and written is False:
+            raise StoreUnavailableError(
+                f"the frontier naming {', '.join(unkeyed)} (no idempotency key) could not "
+                "be written, so it was not dispatched; the run is resumable"
+            )
 
     async def _call_model(self, carry: _Carry) -> ModelResponse | str:
         """The model's answer, or why the run failed (a non-retryable model error)."""
@@ -888,6 +903,15 @@ def _refuse_unresumable(cp: Checkpoint, agent: Agent) -> None:
         )
     if cp.status is CheckpointStatus.failed:
         raise RunFailedError(f"run {cp.run_id!r} ended failed at step {cp.step}")
+
+
+def _nothing_ran_since_approval_asked(cp: Checkpoint, plan: ResumePlan) -> bool:
+    """A ``before_approval`` frontier is only ever followed by a dispatch after a newer
+    frontier named the turn's unkeyed calls; so while it is the latest, those calls did not
+    run, and only a claimed record can make a call indeterminate."""
+    return cp.boundary is Boundary.before_approval and all(
+        p.record is None and not p.ahead for p in plan.indeterminate
+    )
 
 
 def _finished_run(cp: Checkpoint) -> Run:
