@@ -71,7 +71,7 @@ from tesserix_adk.stores.protocols import (
     RecordStatus,
     ToolFlags,
 )
-from tesserix_adk.tools import Tool, ToolContext, call_maybe_async, canonical_json
+from tesserix_adk.tools import Tool, ToolContext, accepts_ctx, call_maybe_async, canonical_json
 
 __all__ = ["RESUME_CLAIM_TTL", "AgentRunner", "Run", "RunStatus", "run_claim_key"]
 
@@ -929,8 +929,6 @@ def _finished_run(cp: Checkpoint) -> Run:
 
 
 async def _call_stub(stub: Callable[..., Any], call: ToolCall, ctx: ToolContext) -> Any:
-    from tesserix_adk.tools import accepts_ctx
-
     return await call_maybe_async(stub, dict(call.arguments), ctx if accepts_ctx(stub) else None)
 
 

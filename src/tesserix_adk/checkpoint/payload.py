@@ -9,7 +9,7 @@ released format has a golden payload under ``tests/`` that later readers must st
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -446,8 +446,3 @@ def _obj(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise TypeError(f"expected a JSON object, got {type(value).__name__}")
     return value
-
-
-def outstanding_keys(outstanding: Sequence[OutstandingCall]) -> set[str]:
-    """The keys of the calls a frontier lists."""
-    return {oc.key for oc in outstanding if oc.key is not None}

@@ -179,7 +179,7 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
             )
         buckets[planned.disposition].append(planned)
 
-    listed = {oc.key for oc in checkpoint.outstanding if oc.key is not None}
+    listed = set(keys)
     at_model_call = checkpoint.boundary in (Boundary.after_model_call, Boundary.before_approval)
     for rec in records:
         if rec.tool is None or rec.iteration is None or rec.key in listed:
