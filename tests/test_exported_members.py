@@ -78,6 +78,7 @@ EXPECTED = {
     "ScriptedProvider",
     "ScriptedTurn",
     "StaleFenceError",
+    "StoreReplyLostError",
     "StoreUnavailableError",
     "StoredCheckpoint",
     "TextPart",

@@ -52,6 +52,7 @@ from tesserix_adk.errors import (
     RevisionMismatchError,
     RunFailedError,
     StaleFenceError,
+    StoreReplyLostError,
     StoreUnavailableError,
 )
 from tesserix_adk.leases import Leaseholder, LeasePolicy
@@ -164,6 +165,7 @@ __all__ = [
     "ScriptedProvider",
     "ScriptedTurn",
     "StaleFenceError",
+    "StoreReplyLostError",
     "StoreUnavailableError",
     "StoredCheckpoint",
     "TextPart",

@@ -8,6 +8,7 @@ reading the attribute, never by matching on names.
     AdkError (.retryable)
     ├── ConfigurationError            a usage mistake; fix the code or the deployment
     ├── StoreUnavailableError         a store could not be reached (retryable)
+    │   └── StoreReplyLostError       sent, but the reply was lost: the outcome is unknown
     ├── ProviderError                 a model call failed (.retryable, .status_code)
     ├── CheckpointError
     │   ├── CheckpointFormatError     written by a newer kit; left untouched for it
@@ -55,6 +56,7 @@ __all__ = [
     "RevisionMismatchError",
     "RunFailedError",
     "StaleFenceError",
+    "StoreReplyLostError",
     "StoreUnavailableError",
 ]
 
@@ -75,9 +77,21 @@ class ConfigurationError(AdkError):
 
 
 class StoreUnavailableError(AdkError):
-    """A store could not be reached; trying again later is the right answer."""
+    """A store could not be reached; trying again later is the right answer.
+
+    Raised as itself only when the request certainly did not take effect (it never reached
+    the store, or the store refused it whole). ``outcome_unknown`` is ``False``.
+    """
 
     retryable = True
+    outcome_unknown: bool = False
+
+
+class StoreReplyLostError(StoreUnavailableError):
+    """The request was sent and may have been applied, but its reply was lost (a dropped
+    connection mid-reply, a client-side deadline). Whoever cares reads the record back."""
+
+    outcome_unknown = True
 
 
 class ProviderError(AdkError):
