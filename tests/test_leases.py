@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -373,3 +374,102 @@ async def test_a_renewal_that_cannot_reach_the_store_is_lost_once_the_ttl_has_pa
         await asyncio.sleep(0.4)
         with pytest.raises(LeaseLostError):
             holder.check()
+
+
+# --- closing: bounded, never renewing for ever, cancellation passed on -------------------
+
+
+class _DeafRenewals:
+    """A lease store whose renew loses a cancellation, as redis-py on Python 3.11 does about
+    half the time: it goes on waiting for ``gate`` (a server that has not answered yet)."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryLeaseStore()
+        self.gate = asyncio.Event()
+        self.renewing = asyncio.Event()
+        self.renewals = 0
+        self.lost_cancellations = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def renew(self, lease: Any, ttl: float) -> Any:
+        self.renewing.set()
+        while not self.gate.is_set():
+            try:
+                await self.gate.wait()
+            except asyncio.CancelledError:
+                self.lost_cancellations += 1
+        self.renewals += 1
+        return await self.inner.renew(lease, ttl)
+
+
+async def _finished(task: asyncio.Task[Any], within: float = 10.0) -> bool:
+    """Whether ``task`` ends within ``within`` seconds (a hang guard, not a speed claim)."""
+    done, _ = await asyncio.wait({task}, timeout=within)
+    return task in done
+
+
+async def test_close_returns_and_stops_renewing_when_a_renewal_loses_its_cancellation() -> None:
+    store = _DeafRenewals()
+    policy = LeasePolicy(ttl=0.3, renew_within=0.2)
+    holder = await Leaseholder.acquire(store, "acme", "r", "w-1", policy)  # type: ignore[arg-type]
+    try:
+        await holder.__aenter__()
+        await store.renewing.wait()
+        closing = asyncio.create_task(holder.close())
+        assert await _finished(closing), "close() hung on a renewal that lost its cancellation"
+        await closing
+        assert store.lost_cancellations >= 1
+    finally:
+        store.gate.set()
+    # The renewal the server finally answers must be the last one: the loop was told to
+    # stop, not only cancelled, so it renews no more however long the process lives.
+    await asyncio.sleep(0.5)  # five renewal periods
+    assert store.renewals <= 1
+
+
+async def test_close_swallows_no_cancellation_of_its_caller() -> None:
+    store = _DeafRenewals()
+    policy = LeasePolicy(ttl=0.3, renew_within=0.2)
+    holder = await Leaseholder.acquire(store, "acme", "r", "w-1", policy)  # type: ignore[arg-type]
+    try:
+        await holder.__aenter__()
+        await store.renewing.wait()
+        closing = asyncio.create_task(holder.close())
+        await asyncio.sleep(0.01)
+        closing.cancel()
+        assert await _finished(closing), "close() hung after its caller was cancelled"
+    finally:
+        store.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    # The cleanup ran to its end, shielded: the lease was handed back.
+    assert await store.inner.current("acme", "r") is None
+
+
+async def test_close_bounds_a_release_that_never_answers() -> None:
+    inner = MemoryLeaseStore()
+    answer = asyncio.Event()
+
+    class HangingRelease:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        async def release(self, lease: Any) -> None:
+            while not answer.is_set():  # deaf to cancellation too
+                with contextlib.suppress(asyncio.CancelledError):
+                    await answer.wait()
+
+    policy = LeasePolicy(ttl=0.3, renew_within=0.2)
+    holder = await Leaseholder.acquire(HangingRelease(), "acme", "r", "w-1", policy)  # type: ignore[arg-type]
+    try:
+        await holder.__aenter__()
+        await asyncio.sleep(0.05)
+        closing = asyncio.create_task(holder.close())
+        assert await _finished(closing), "close() waited for ever on the release"
+        await closing
+        lease = await inner.current("acme", "r")
+        assert lease is not None and lease.holder == "w-1"  # left to lapse by the store's clock
+    finally:
+        answer.set()

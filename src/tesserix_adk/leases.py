@@ -4,6 +4,13 @@ The store's clock decides expiry; the holder keeps its own, more pessimistic dea
 ``time.monotonic()`` when the acquire or renew was *sent*, plus the ttl. Past that deadline
 the holder can no longer know it holds the run, so the run stops before its next durable
 write (``check()`` raises ``LeaseLostError``), whatever the store would say.
+
+Closing never hangs and never leaves a lease renewed for ever: the renewal loop stops on a
+flag it checks after every wait and every renewal (a driver may lose a cancellation, as
+redis-py on Python 3.11 does), and every wait in ``close()`` is bounded by
+``close_timeout``. A release that does not answer in time is abandoned: the lease then
+lapses by the store's clock. A cancelled caller still gets its ``CancelledError``, after
+the shielded cleanup.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from tesserix_adk.stores.protocols import LeaseStore, RunLease
 __all__ = ["LeasePolicy", "Leaseholder"]
 
 _log = logging.getLogger("tesserix_adk.leases")
+
+# Upper bound, in seconds, of each wait in Leaseholder.close() (the renewal loop, the release).
+_CLOSE_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,14 +70,26 @@ class Leaseholder:
         *,
         sent_at: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        close_timeout: float | None = None,
     ) -> None:
         self.store = store
         self.lease = lease
         self.policy = policy or LeasePolicy()
+        if close_timeout is not None and not close_timeout > 0:
+            raise ConfigurationError(f"close_timeout must be > 0 seconds, got {close_timeout!r}")
+        # Past this a release is not worth waiting for: the store's clock frees the run.
+        self.close_timeout = (
+            min(_CLOSE_TIMEOUT, self.policy.renew_within)
+            if close_timeout is None
+            else close_timeout
+        )
         self._monotonic = monotonic
         self._sent_at = monotonic() if sent_at is None else sent_at
         self._lost: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        # Tasks close() stopped waiting for; held so they are not collected mid-flight.
+        self._abandoned: set[asyncio.Future[None]] = set()
         self.renewals = 0
 
     @classmethod
@@ -119,9 +141,10 @@ class Leaseholder:
         self.renewals += 1
 
     async def _renew_loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             wait = self._sent_at + self.policy.renew_every - self._monotonic()
-            await asyncio.sleep(max(wait, 0.0))
+            if await self._stopped_within(wait):
+                return
             try:
                 await self.renew()
             except LeaseLostError:
@@ -131,7 +154,15 @@ class Leaseholder:
                 if self._monotonic() >= self.deadline:
                     self._lost = exc
                     return
-                await asyncio.sleep(min(1.0, self.policy.renew_within / 4))
+                if await self._stopped_within(min(1.0, self.policy.renew_within / 4)):
+                    return
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        """Wait up to ``seconds``; whether ``close()`` asked the loop to stop."""
+        if seconds > 0 and not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), seconds)
+        return self._stopping.is_set()
 
     async def __aenter__(self) -> Leaseholder:
         self._task = asyncio.create_task(self._renew_loop(), name=f"lease:{self.lease.run_id}")
@@ -146,25 +177,59 @@ class Leaseholder:
         await self.close()
 
     async def close(self) -> None:
-        """Stop renewing and hand the lease back, shielded from cancellation."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(_wait(self._task))
-            self._task = None
-        if self._lost is None:
-            release = asyncio.ensure_future(self.store.release(self.lease))
-            try:
-                await asyncio.shield(release)
-            except asyncio.CancelledError:
-                # Let the release finish, then let the cancellation through.
-                with contextlib.suppress(Exception):
-                    await release
-                raise
-            except Exception as exc:
-                _log.warning("releasing lease on run %s failed: %r", self.lease.run_id, exc)
+        """Stop renewing and hand the lease back; shielded from cancellation, each wait
+        bounded by ``close_timeout``. A cancelled caller's ``CancelledError`` is re-raised
+        once the cleanup is done."""
+        self._stopping.set()
+        cleanup = asyncio.ensure_future(self._stop_and_release())
+        try:
+            await asyncio.shield(cleanup)
+        except asyncio.CancelledError:
+            # The cleanup is bounded; finish it, then let the cancellation through.
+            while not cleanup.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({cleanup})
+            raise
 
+    async def _stop_and_release(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()  # also a signal, but one a driver may lose: the flag is the one
+            if not await self._settled(task):
+                _log.warning(
+                    "the lease renewal of run %s did not stop within %g s; it stops after "
+                    "its current call",
+                    self.lease.run_id,
+                    self.close_timeout,
+                )
+        if self._lost is not None:
+            return
+        release = asyncio.ensure_future(self.store.release(self.lease))
+        if not await self._settled(release):
+            release.cancel()
+            _log.warning(
+                "releasing lease on run %s took over %g s; it lapses by the store's clock",
+                self.lease.run_id,
+                self.close_timeout,
+            )
+            return
+        exc = None if release.cancelled() else release.exception()
+        if exc is not None:
+            _log.warning("releasing lease on run %s failed: %r", self.lease.run_id, exc)
 
-async def _wait(task: asyncio.Task[None]) -> None:
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    async def _settled(self, future: asyncio.Future[None]) -> bool:
+        """Whether ``future`` ends within ``close_timeout``; if not, it is kept (and its
+        outcome retrieved whenever it comes) but no longer waited for."""
+        done, _ = await asyncio.wait({future}, timeout=self.close_timeout)
+        if future in done:
+            if not future.cancelled():
+                future.exception()  # retrieved: a renewal's failure was logged already
+            return True
+        self._abandoned.add(future)
+        future.add_done_callback(self._forget)
+        return False
+
+    def _forget(self, future: asyncio.Future[None]) -> None:
+        self._abandoned.discard(future)
+        if not future.cancelled():
+            future.exception()
