@@ -1,10 +1,11 @@
 """``describe()``: the one summary of a frontier that ``inspect`` and ``run --resume`` print,
-so the two can never drift."""
+so the two can never drift. Ids in it are ``escaped``: one of them cannot forge a line."""
 
 from __future__ import annotations
 
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.checkpoint.planning import ResumePlan
+from tesserix_adk.cli.text import escaped
 
 __all__ = ["describe"]
 
@@ -19,23 +20,24 @@ def describe(
     cp = checkpoint
     micros = cp.micros if spent is None else spent
     lines = [
-        f"run {cp.run_id}  tenant {cp.tenant}  agent {cp.agent_name}",
+        f"run {escaped(cp.run_id)}  tenant {escaped(cp.tenant)}  agent {escaped(cp.agent_name)}",
         f"iteration {cp.iteration}  {cp.usage.input_tokens} in, {cp.usage.output_tokens} out  "
         f"{micros} micros",
         _where(cp),
     ]
     if cp.replay_of:
-        lines.append(f"replay of {cp.replay_of}")
+        lines.append(f"replay of {escaped(cp.replay_of)}")
     if plan is not None:
-        lines.extend(p.describe() for p in plan.calls)
+        # A planned call's line names its call id and, in its reason, the holder seen.
+        lines.extend(escaped(p.describe()) for p in plan.calls)
     return "\n".join(lines)
 
 
 def _where(cp: Checkpoint) -> str:
     if cp.status is CheckpointStatus.tombstone:
-        return f"tombstone at step {cp.step}: {cp.reason}"
+        return f"tombstone at step {cp.step}: {escaped(str(cp.reason))}"
     if cp.status is CheckpointStatus.waiting_approval and cp.pending_approval is not None:
-        return f"waiting on approval {cp.pending_approval.id}"
+        return f"waiting on approval {escaped(cp.pending_approval.id)}"
     if cp.status.finished:
         return f"{cp.status} at step {cp.step}"
     outstanding = len(cp.outstanding)

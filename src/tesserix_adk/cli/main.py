@@ -3,79 +3,146 @@
 Not ``adk``: that is the command of Google's Agent Development Kit, with its own
 ``adk run --resume``, and users may have both installed. An embedding product wires
 ``frontier_main``/``resume_main`` under whatever name it likes.
+
+One parser reads the whole command line (argparse subcommands), so a value is only ever
+taken as the option it follows: ``tesserix --tenant demo inspect r`` is a usage error, never
+the demo. ``--store URL`` goes before or after the command.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from urllib.parse import urlsplit
 
-from tesserix_adk.cli.commands import ExitCode, frontier_main, resume_main
+from tesserix_adk.cli.commands import (
+    HelpShown,
+    add_frontier_commands,
+    add_resume_commands,
+    new_parser,
+    run_command,
+)
+from tesserix_adk.cli.failures import ExitCode, UsageError, explain
+from tesserix_adk.cli.text import sentence
 
 __all__ = ["DEFAULT_STORE", "main"]
 
 DEFAULT_STORE = "sqlite:///.adk/adk.sqlite3"
 
-_USAGE = """\
-usage: tesserix [--store URL] COMMAND ...
+_EPILOG = """\
+--store defaults to $ADK_STORE, else sqlite:///.adk/adk.sqlite3; it goes before or after
+the command. `tesserix COMMAND --help` describes a command.
 
-commands:
-  inspect RUN --tenant T [--json]        show a run's frontier and plan (takes no lease)
-  run --resume RUN --tenant T --agent module:attr [--provider module:attr] [--worker W]
-  approve REQ --tenant T --by NAME [--deny] [--note TEXT]
-  resolve RUN --tenant T --call ID (--outcome JSON | --never-ran) --by NAME
-  runs --tenant T [--stuck]              list runs (stuck: in flight, lease lapsed)
-  steps RUN --tenant T                   a run's step snapshots
-  replay RUN --tenant T --from-step N --stub TOOL=module:attr [--live TOOL] --agent module:attr
-  schema show|apply                      the store's schema
-  demo                                   a run dies and carries on with one booking
-
---store defaults to $ADK_STORE, else sqlite:///.adk/adk.sqlite3
 exit codes: 0 carried on, 1 nothing checkpointed, 2 bad command line,
             3 held elsewhere or store down (retry later), 4 must not be carried on
 """
-
-_FRONTIER = {"inspect", "runs", "steps", "approve", "resolve", "schema"}
-_RESUME = {"run", "replay"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code."""
     _quiet_logging()
-    args = list(sys.argv[1:] if argv is None else argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
     try:
-        store, args = _take_store(args)
-    except ValueError as exc:
-        sys.stderr.write(f"tesserix: {exc}\n")
+        _refuse_options_before_the_command(args_list)
+        args = _parser().parse_args(args_list)
+    except HelpShown:
+        return int(ExitCode.CARRIED_ON)
+    except UsageError as exc:
+        sys.stderr.write(f"tesserix: {sentence(str(exc))}\n")
         return int(ExitCode.USAGE)
-    command = next((a for a in args if not a.startswith("-")), None)
-    if command is None:
-        if "-h" in args or "--help" in args:
-            sys.stdout.write(_USAGE)
-            return int(ExitCode.CARRIED_ON)
-        sys.stderr.write("tesserix: no command given; try `tesserix --help`\n")
-        return int(ExitCode.USAGE)
-    if command == "demo":
+    if args.command == "demo":
         from tesserix_adk.cli.demo import run_demo
 
-        return run_demo(args[args.index("demo") + 1 :])
-    if command not in _FRONTIER | _RESUME:
-        sys.stderr.write(f"tesserix: unknown command {command!r}; try `tesserix --help`\n")
-        return int(ExitCode.USAGE)
-    from tesserix_adk.errors import ConfigurationError
+        return run_demo(["--keep"] if args.keep else [])
     from tesserix_adk.stores.urls import open_stores
 
-    url = store or os.environ.get("ADK_STORE") or DEFAULT_STORE
+    url = args.store or os.environ.get("ADK_STORE") or DEFAULT_STORE
     try:
+        _check_store_url(url)
         stores = open_stores(url)
-    except ConfigurationError as exc:
-        sys.stderr.write(f"tesserix: {exc}\n")
-        return int(ExitCode.USAGE)
-    if command in _RESUME:
-        return resume_main(args, stores=stores, agents={})
-    return frontier_main(args, stores=stores)
+    except Exception as exc:
+        code, text = explain(exc)
+        sys.stderr.write(text + "\n")
+        return int(code)
+    return run_command(args, stores=stores, agents={})
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = new_parser(
+        usage="tesserix [--store URL] [--version] COMMAND ...",
+        description="Inspect, decide on and carry on checkpointed agent runs.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--store", metavar="URL", help="the store (see below)")
+    parser.add_argument("--version", action="version", version=f"tesserix {_version()}")
+    # The same option after the command; SUPPRESS keeps a value given before it.
+    store_after = new_parser(add_help=False)
+    store_after.add_argument("--store", metavar="URL", default=argparse.SUPPRESS)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", title="commands", prog="tesserix"
+    )
+    add_frontier_commands(sub, parents=[store_after])
+    add_resume_commands(sub, parents=[store_after])
+    demo = sub.add_parser(
+        "demo",
+        help="a run dies with SIGKILL and carries on with one booking (offline, temporary files)",
+        description="Two acts with real OS processes against a temporary SQLite store.",
+    )
+    demo.add_argument("--keep", action="store_true", help="keep the temporary files")
+    return parser
+
+
+_TOP_LEVEL = ("--store", "--version", "-h", "--help")
+
+
+def _refuse_options_before_the_command(argv: Sequence[str]) -> None:
+    """An option of a command written before it: say where it goes, rather than let its
+    value stand for the command (``--tenant demo inspect r``)."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--store":
+            i += 2
+        elif arg.startswith("--store=") or arg in _TOP_LEVEL:
+            i += 1
+        elif arg.startswith("-") and arg != "-" and arg != "--":
+            name = arg.split("=", 1)[0]
+            raise UsageError(
+                f"{name} is not an option of tesserix itself; options of a command go after "
+                f"it, as in `tesserix inspect RUN --tenant T`"
+            )
+        else:
+            return
+
+
+_REDIS_DB = re.compile(r"/?[0-9]*")
+
+
+def _check_store_url(url: str) -> None:
+    """What the drivers would let through quietly: a Redis database that is not a number
+    (redis-py falls back to database 0, another run's data)."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return  # open_stores says why
+    if parts.scheme.lower() in ("redis", "rediss") and not _REDIS_DB.fullmatch(parts.path):
+        raise UsageError(
+            f"the Redis store URL's path must be a database number, as in "
+            f"redis://host:6379/0, not {parts.path!r}"
+        )
+
+
+def _version() -> str:
+    try:
+        return version("tesserix-adk")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
 
 
 def _quiet_logging() -> None:
@@ -86,20 +153,3 @@ def _quiet_logging() -> None:
         logging.basicConfig(level=logging.DEBUG)
     elif not root.handlers:
         root.addHandler(logging.NullHandler())
-
-
-def _take_store(args: list[str]) -> tuple[str | None, list[str]]:
-    """Pull ``--store URL`` out of ``args`` wherever it stands."""
-    store = None
-    rest: list[str] = []
-    it = iter(args)
-    for arg in it:
-        if arg == "--store":
-            store = next(it, None)
-            if store is None:
-                raise ValueError("--store needs a URL")
-        elif arg.startswith("--store="):
-            store = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    return store, rest

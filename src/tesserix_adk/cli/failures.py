@@ -1,0 +1,161 @@
+"""Errors to exit codes: what an operator can do about each, in one sentence.
+
+    0 carried on (or printed what was asked)      3 not now: held elsewhere / store down
+    1 nothing checkpointed under that id          4 must not be carried on
+    2 a command line it could not read
+
+The kit's error types decide most codes. A few store troubles arrive as a generic kit error
+whose cause is a driver's, and would read as "retry later" or as a driver internal; they are
+told apart here, by that cause, so the code says what helps: a damaged database file is 4
+(retrying never helps), a PostgreSQL database that does not exist is 1 (create it, then
+apply the schema), a Redis database index the server lacks or an option no one knows is 2.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from enum import IntEnum
+
+from tesserix_adk.cli.text import sentence
+from tesserix_adk.errors import (
+    AdkError,
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    CheckpointTooLargeError,
+    ConfigurationError,
+    DivergedRunError,
+    HistoryUnavailableError,
+    IndeterminateToolCallError,
+    LeaseError,
+    NoCheckpointError,
+    ResumeConflictError,
+    RevisionMismatchError,
+    RunFailedError,
+    StaleFenceError,
+    StoreUnavailableError,
+)
+
+__all__ = ["ExitCode", "Refused", "UsageError", "exit_code_for", "explain"]
+
+
+class ExitCode(IntEnum):
+    """What a script reads from a command."""
+
+    CARRIED_ON = 0
+    NOTHING_CHECKPOINTED = 1
+    USAGE = 2
+    HELD = 3
+    MUST_NOT_CARRY_ON = 4
+
+
+class UsageError(Exception):
+    """A command line that could not be read (exit 2)."""
+
+
+class Refused(Exception):
+    """A decision that conflicts with one already made (exit 4)."""
+
+
+_HELD = (ResumeConflictError, LeaseError, StoreUnavailableError, StaleFenceError)
+_MUST_NOT = (
+    IndeterminateToolCallError,
+    DivergedRunError,
+    HistoryUnavailableError,
+    CheckpointFormatError,
+    CheckpointCorruptError,
+    CheckpointTooLargeError,
+    RevisionMismatchError,
+    RunFailedError,
+)
+
+
+def exit_code_for(exc: BaseException) -> ExitCode:
+    """The documented exit code of an error."""
+    return explain(exc)[0]
+
+
+def explain(exc: BaseException) -> tuple[ExitCode, str]:
+    """The exit code of ``exc`` and the one line of stderr that says it."""
+    trouble = _store_trouble(exc)
+    if trouble is not None:
+        return trouble
+    text = sentence(str(exc)) or type(exc).__name__
+    if isinstance(exc, (AdkError, UsageError, Refused)):
+        return _code_of(exc), "tesserix: " + text
+    return _code_of(exc), f"tesserix: {type(exc).__name__}: {text}"
+
+
+def _code_of(exc: BaseException) -> ExitCode:
+    if isinstance(exc, UsageError):
+        return ExitCode.USAGE
+    if isinstance(exc, NoCheckpointError):
+        return ExitCode.NOTHING_CHECKPOINTED
+    if isinstance(exc, _HELD):
+        return ExitCode.HELD
+    if isinstance(exc, (*_MUST_NOT, Refused)):
+        return ExitCode.MUST_NOT_CARRY_ON
+    if isinstance(exc, ConfigurationError):
+        # A store file or schema that does not exist: nothing can be checkpointed there.
+        if "schema apply" in str(exc):
+            return ExitCode.NOTHING_CHECKPOINTED
+        return ExitCode.USAGE
+    if isinstance(exc, AdkError) and exc.retryable:
+        return ExitCode.HELD
+    return ExitCode.MUST_NOT_CARRY_ON
+
+
+# --- store troubles told apart by their driver's cause -------------------------------------
+
+_DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+_UNKNOWN_KEYWORD = re.compile(r"unexpected keyword argument '([^']*)'")
+_UNKNOWN_URI_PARAMETER = re.compile(r'invalid URI query parameter: "([^"]*)"')
+_NO_DATABASE = re.compile(r'database "([^"]*)" does not exist')
+
+
+def _store_trouble(exc: BaseException) -> tuple[ExitCode, str] | None:
+    if not isinstance(exc, AdkError):
+        return None
+    for cause in _causes(exc):
+        code = getattr(cause, "sqlite_errorcode", None)
+        damaged = isinstance(code, int) and code & 0xFF in _DAMAGED
+        if isinstance(cause, sqlite3.DatabaseError) and damaged:
+            return ExitCode.MUST_NOT_CARRY_ON, (
+                f"tesserix: {sentence(str(exc))}; the database file is damaged and "
+                "retrying will not help: restore it from a backup"
+            )
+        module = type(cause).__module__
+        text = str(cause)
+        if module.startswith("redis") and "DB index is out of range" in text:
+            return ExitCode.USAGE, (
+                "tesserix: the Redis server has no database with the number the store URL "
+                "names (its path, as in redis://host:6379/0); use one from 0 up to the "
+                "server's `databases` setting minus one (16 databases by default)"
+            )
+        unknown = _UNKNOWN_KEYWORD.search(text) if isinstance(cause, TypeError) else None
+        if unknown is None and module.startswith("psycopg"):
+            unknown = _UNKNOWN_URI_PARAMETER.search(text)
+        if unknown is not None:
+            return ExitCode.USAGE, (
+                f"tesserix: the store URL has an unknown option {sentence(unknown[1])!r}: "
+                "neither tesserix nor the database driver takes it; check its spelling"
+            )
+        missing = _NO_DATABASE.search(text) if module.startswith("psycopg") else None
+        if missing is not None:
+            name = sentence(missing[1])
+            return ExitCode.NOTHING_CHECKPOINTED, (
+                f"tesserix: PostgreSQL has no database {name!r}, so nothing is checkpointed "
+                f"there; create it (e.g. `createdb {name}`), then run "
+                "`tesserix schema apply --store URL`"
+            )
+    return None
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The errors ``exc`` was raised from, nearest first (at most a few, never a cycle)."""
+    seen: list[BaseException] = []
+    current = exc.__cause__ or exc.__context__
+    while current is not None and current not in seen and len(seen) < 8:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
