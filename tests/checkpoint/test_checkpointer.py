@@ -32,6 +32,7 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.checkpoint.payload import decode_checkpoint
+from tesserix_adk.testing.corruption import resealed
 from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
 from tesserix_adk.testing.secrets import leaked_secrets, planted_secrets
 
@@ -159,9 +160,7 @@ async def test_binary_parts_come_back_byte_for_byte() -> None:
 
 
 def _outstanding(payload: bytes, **change: Any) -> bytes:
-    body = json.loads(payload)
-    body["outstanding"][0].update(change)
-    return json.dumps(body).encode()
+    return resealed(payload, lambda b: b["outstanding"][0].update(change))
 
 
 async def _finished_run(airline: Airline) -> tuple[MemoryCheckpointStore, MemoryIdempotencyStore]:
@@ -190,35 +189,28 @@ async def _overwrite(store: MemoryCheckpointStore, payload: bytes) -> None:
     ("mangle", "error"),
     [
         (
+            lambda p: resealed(p, lambda b: b.update(format=CHECKPOINT_FORMAT + 1)),
+            CheckpointFormatError,
+        ),
+        (
             lambda p: json.dumps({**json.loads(p), "format": CHECKPOINT_FORMAT + 1}).encode(),
             CheckpointFormatError,
         ),
+        (lambda p: json.dumps(json.loads(p)).encode(), CheckpointCorruptError),
         (lambda p: b"\x00garbage\xff" + p[:10], CheckpointCorruptError),
         (lambda p: p[: len(p) // 2], CheckpointCorruptError),
-        (
-            lambda p: json.dumps({**json.loads(p), "run_id": "other"}).encode(),
-            CheckpointCorruptError,
-        ),
-        (
-            lambda p: json.dumps(
-                {k: v for k, v in json.loads(p).items() if k != "outstanding"}
-            ).encode(),
-            CheckpointCorruptError,
-        ),
+        (lambda p: resealed(p, lambda b: b.update(run_id="other")), CheckpointCorruptError),
+        (lambda p: resealed(p, lambda b: b.pop("outstanding")), CheckpointCorruptError),
         (lambda p: _outstanding(p, key=5), CheckpointCorruptError),
         (lambda p: _outstanding(p, arguments=["x"]), CheckpointCorruptError),
-        (
-            lambda p: json.dumps({**json.loads(p), "fence": "seven"}).encode(),
-            CheckpointCorruptError,
-        ),
+        (lambda p: resealed(p, lambda b: b.update(fence="seven")), CheckpointCorruptError),
         (lambda p: _outstanding(p, side_effects="false"), CheckpointCorruptError),
-        (
-            lambda p: json.dumps({**json.loads(p), "boundary": None}).encode(),
-            CheckpointCorruptError,
-        ),
+        (lambda p: resealed(p, lambda b: b.update(boundary=None)), CheckpointCorruptError),
     ],
     ids=[
         "newer-format",
+        "newer-format-another-envelope",
+        "re-serialised",
         "garbage",
         "truncated",
         "other-run",
@@ -300,11 +292,11 @@ async def test_state_is_validated_on_load() -> None:
     await runner.run(agent, "go", tenant="acme", run_id="r", state=Ticket(phase="a", ticket_id="1"))
     latest = await store.latest("acme", "r")
     assert latest is not None
-    body = json.loads(latest.payload)
-    body["status"] = "running"
-    body["boundary"] = "after_tool_result"
-    body["state"] = {"phase": "apply"}
-    await _overwrite(store, json.dumps(body).encode())
+    changed = resealed(
+        latest.payload,
+        lambda b: b.update(status="running", boundary="after_tool_result", state={"phase": "x"}),
+    )
+    await _overwrite(store, changed)
     with pytest.raises(CheckpointCorruptError, match="state"):
         await runner.resume(
             Agent("t", "i", [], state_schema=Ticket, max_iterations=1), "r", tenant="acme"

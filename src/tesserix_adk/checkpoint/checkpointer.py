@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from tesserix_adk.checkpoint.payload import (
+    DEFAULT_MAX_BYTES,
     Boundary,
     Checkpoint,
     decode_checkpoint,
@@ -51,7 +52,6 @@ __all__ = [
     "state_to_json",
 ]
 
-DEFAULT_MAX_BYTES = 1024 * 1024
 _log = logging.getLogger("tesserix_adk.checkpoint")
 
 
@@ -228,7 +228,12 @@ class Checkpointer:
         return await self.store.steps(tenant, run_id)
 
     async def messages(self, checkpoint: Checkpoint) -> list[Message]:
-        """The transcript a frontier names; ``HistoryUnavailableError`` if it is gone."""
+        """The transcript a frontier names, verified.
+
+        ``CheckpointCorruptError`` if an entry was damaged (it fails its own checksum);
+        ``HistoryUnavailableError`` if the transcript is gone, shorter, or intact entries
+        that are not the ones the frontier names (its chained digest differs).
+        """
         if checkpoint.messages is not None:
             return list(checkpoint.messages)
         handle = checkpoint.history_handle
@@ -240,15 +245,23 @@ class Checkpointer:
                 "store, and this Checkpointer has none"
             )
         entries = await self.history.fetch(handle)
-        digest = EMPTY_HISTORY_DIGEST
-        for entry in entries:
-            digest = chain_digest(digest, entry)
-        if len(entries) != handle.count or digest != handle.digest:
+        if len(entries) != handle.count:
             raise HistoryUnavailableError(
                 f"the transcript of run {checkpoint.run_id!r} does not match its frontier "
                 f"({len(entries)} of {handle.count} message(s) resolve)"
             )
-        return [decode_message(e) for e in entries]
+        # Each entry verifies its own checksum first: a damaged entry is corrupt (exit 4,
+        # an operator's case), not merely a transcript that is gone or was replaced.
+        messages = [decode_message(e) for e in entries]
+        digest = EMPTY_HISTORY_DIGEST
+        for entry in entries:
+            digest = chain_digest(digest, entry)
+        if digest != handle.digest:
+            raise HistoryUnavailableError(
+                f"the transcript of run {checkpoint.run_id!r} does not match its frontier "
+                f"(its {handle.count} message(s) are not the ones it names)"
+            )
+        return messages
 
 
 def _extended(
