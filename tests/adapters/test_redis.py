@@ -22,10 +22,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from adapters import services
 from tesserix_adk.adapters.redis import (
     RedisCheckpointStore,
-    RedisIdempotencyStore,
     RedisLeaseStore,
     RedisLedger,
-    check_persistence,
     open_redis_stores,
 )
 from tesserix_adk.errors import (
@@ -76,17 +74,6 @@ async def _claim(
         fence=fence,
         ttl=ttl,
     )
-
-
-@asynccontextmanager
-async def _server_setting(client: Redis, name: str, value: str) -> AsyncIterator[None]:
-    """``CONFIG SET name value`` for the block, restored afterwards."""
-    before = (await client.config_get(name))[name]
-    await client.config_set(name, value)
-    try:
-        yield
-    finally:
-        await client.config_set(name, before)
 
 
 async def _require_volatile(client: Redis) -> None:
@@ -405,42 +392,8 @@ async def test_allow_volatile_accepts_a_volatile_server(
         await stores.aclose()
 
 
-async def test_allkeys_eviction_policy_is_refused(redis_client: Redis, redis_prefix: str) -> None:
-    store = RedisLeaseStore(redis_client, prefix=redis_prefix)
-    # An RDB save point makes the server persistent, so only the policy is left to refuse.
-    async with (
-        _server_setting(redis_client, "save", "3600 1"),
-        _server_setting(redis_client, "maxmemory-policy", "allkeys-lru"),
-    ):
-        with pytest.raises(ConfigurationError) as refused:
-            await store.acquire(T, R, "worker-a", 30)
-        message = str(refused.value)
-        assert "maxmemory-policy" in message and "allkeys-lru" in message
-        assert "allow_volatile=true" in message
-        assert "appendonly" not in message
-
-
-async def test_persistent_server_with_a_volatile_policy_is_accepted(
-    redis_client: Redis, redis_prefix: str
-) -> None:
-    async with (
-        _server_setting(redis_client, "save", "3600 1"),
-        _server_setting(redis_client, "maxmemory-policy", "volatile-lru"),
-    ):
-        await check_persistence(redis_client)
-        store = RedisIdempotencyStore(redis_client, prefix=redis_prefix)
-        await store.check_persistence()
-        record = await store.claim(
-            "k1",
-            holder="worker-a",
-            tenant=T,
-            run_id=R,
-            iteration=0,
-            tool="book_seat",
-            call_id="c1",
-            flags=ToolFlags(),
-        )
-        assert record.status is RecordStatus.in_flight
+# Servers with AOF, RDB only, or an eviction policy: tests/adapters/test_redis_faults.py,
+# each on a throwaway server (the shared one is never reconfigured).
 
 
 # --- ids ---------------------------------------------------------------------------------

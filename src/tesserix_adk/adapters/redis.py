@@ -35,17 +35,30 @@ the same answer when run twice. Most do by their nature; a lease acquisition and
 charge carry a random token per call, so the second run recognises the first.
 
 Durability: a Redis that loses its data on restart loses fences and in-flight claims, which
-could let a call run twice. ``RedisLeaseStore`` and ``RedisIdempotencyStore`` refuse a server
-with neither AOF nor an RDB save point, or with an ``allkeys-*`` eviction policy, unless they
-are built with ``allow_volatile=True`` (URL ``?allow_volatile=true``).
+could let a call run twice. Persistent means AOF on with ``appendfsync always`` (every write
+on disk before its reply) or ``everysec`` (an OS crash or power loss can lose up to about
+one second of acknowledged writes; a killed Redis process loses nothing). RDB save points
+alone are volatile for this purpose: a crash rolls the server back to its last snapshot,
+fences and claims with it. ``RedisLeaseStore`` and ``RedisIdempotencyStore`` refuse any
+other server, or one with an ``allkeys-*`` eviction policy, unless they are built with
+``allow_volatile=True`` (URL ``?allow_volatile=true``).
+
+Errors say whether the outcome is unknown: a failure before any command of the call left
+the client (connection refused, connect timeout, a full pool) and a server's refusal of a
+command as a whole (OOM, READONLY, LOADING, BUSY, ...) are ``StoreUnavailableError``; a
+timeout or a dropped connection once a command was sent is ``StoreReplyLostError``. What
+was sent is known because every connection of a client the stores use marks, for the kit
+call in progress, the moment it writes a command (not its own handshake).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
@@ -54,8 +67,14 @@ try:
     import redis.asyncio as aioredis
     from redis.exceptions import (
         AuthenticationError,
+        BusyLoadingError,
+        ClusterDownError,
+        NoPermissionError,
+        OutOfMemoryError,
+        ReadOnlyError,
         RedisError,
         ResponseError,
+        TryAgainError,
     )
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -71,6 +90,7 @@ from tesserix_adk.errors import (
     LeaseHeldError,
     LeaseLostError,
     StaleFenceError,
+    StoreReplyLostError,
     StoreUnavailableError,
 )
 from tesserix_adk.messages import ToolCall, Usage
@@ -111,22 +131,113 @@ _OTHER_KIT_OPTIONS = frozenset(
     {"prefix", "allow_volatile", "keep_last", "pool_min", "pool_max", "synchronous"}
 ) - set(_KIT_OPTIONS)
 
-# Server errors that mean "not now" rather than "never".
-_TRANSIENT_REPLIES = ("OOM", "READONLY", "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+# Server refusals that mean "not now" rather than "never"; each refuses a command whole.
+# redis-py raises a class for most and strips the code from the message, so the classes
+# are what is matched (BusyLoadingError is LOADING; ClusterDownError covers MASTERDOWN).
+_TRANSIENT_ERRORS = (
+    OutOfMemoryError,
+    ReadOnlyError,
+    BusyLoadingError,
+    TryAgainError,
+    ClusterDownError,
+)
+# Codes redis-py leaves in the message, as the server sent it.
+_TRANSIENT_REPLIES = ("BUSY", "OOM", "READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
 _PERMISSION_REPLIES = ("NOPERM", "NOAUTH", "WRONGPASS")
+
+_log = logging.getLogger("tesserix_adk.adapters.redis")
 
 
 # --- shared plumbing ---------------------------------------------------------------------
 
 
+class _Sends:
+    """Whether any command of the kit call in progress left the client."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = False
+
+
+_sends: ContextVar[_Sends | None] = ContextVar("tesserix_adk_redis_sends", default=None)
+
+
+class _MarksSends:
+    """Mixed into the client's connection class: a command written for a kit call marks
+    that call's ``_Sends``; the connection's own handshake does not."""
+
+    _adk_connecting = 0
+
+    async def connect(self, *args: Any, **kwargs: Any) -> Any:
+        self._adk_connecting += 1
+        try:
+            return await super().connect(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._adk_connecting -= 1
+
+    async def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+        self._adk_connecting += 1
+        try:
+            return await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._adk_connecting -= 1
+
+    async def send_packed_command(self, *args: Any, **kwargs: Any) -> Any:
+        sends = _sends.get()
+        if sends is not None and not self._adk_connecting:
+            if not self.is_connected:  # type: ignore[attr-defined]
+                await self.connect()  # a refused connection is not a sent command
+            sends.sent = True
+        return await super().send_packed_command(*args, **kwargs)  # type: ignore[misc]
+
+
+_MARKING: dict[type[Any], type[Any]] = {}
+
+
+def _marking(cls: type[Any]) -> type[Any]:
+    if issubclass(cls, _MarksSends):
+        return cls
+    if cls not in _MARKING:
+        _MARKING[cls] = type(f"Marking{cls.__name__}", (_MarksSends, cls), {})
+    return _MARKING[cls]
+
+
+def _track_sends(client: Client) -> None:
+    """Make every connection of ``client`` mark what it sends (idempotent)."""
+    pool = client.connection_pool
+    pool.connection_class = _marking(pool.connection_class)
+    existing: list[Any] = [getattr(client, "connection", None)]
+    for name in ("_available_connections", "_in_use_connections", "_connections"):
+        existing.extend(getattr(pool, name, None) or ())
+    for conn in existing:
+        if conn is not None and not isinstance(conn, _MarksSends):
+            # Only a method override is added, so the object's layout is unchanged.
+            conn.__class__ = _marking(type(conn))
+
+
 @contextmanager
 def _driver_errors(action: str) -> Iterator[None]:
-    """Translate redis-py errors into the kit's, once, at the boundary."""
+    """Translate redis-py errors into the kit's, once, at the boundary, saying whether the
+    outcome is unknown (a command was sent) or certainly nothing happened."""
+    sends = _Sends()
+    token = _sends.set(sends)
     try:
         yield
     except AuthenticationError as exc:
         raise ConfigurationError(f"Redis refused the credentials while {action}: {exc}") from exc
+    except _TRANSIENT_ERRORS as exc:
+        raise StoreUnavailableError(
+            f"Redis refused {action} for now ({type(exc).__name__}): {exc}", retryable=True
+        ) from exc
+    except NoPermissionError as exc:
+        raise ConfigurationError(f"Redis refused {action}: {exc}") from exc
     except (RedisConnectionError, RedisTimeoutError) as exc:
+        if sends.sent:
+            raise StoreReplyLostError(
+                f"Redis did not answer while {action} after the command was sent; it may "
+                f"have been applied: {exc}"
+            ) from exc
         raise StoreUnavailableError(f"Redis could not be reached while {action}: {exc}") from exc
     except ResponseError as exc:
         reply = str(exc)
@@ -137,7 +248,13 @@ def _driver_errors(action: str) -> Iterator[None]:
             retryable=reply.startswith(_TRANSIENT_REPLIES),
         ) from exc
     except RedisError as exc:
+        if sends.sent:
+            raise StoreReplyLostError(
+                f"Redis failed while {action} after the command was sent: {exc}"
+            ) from exc
         raise StoreUnavailableError(f"Redis failed while {action}: {exc}") from exc
+    finally:
+        _sends.reset(token)
 
 
 def _enc(value: str) -> str:
@@ -200,6 +317,7 @@ def _require_bytes(client: Client) -> None:
             "the Redis client decodes responses (decode_responses=True); the stores keep "
             "bytes and need a client built with decode_responses=False"
         )
+    _track_sends(client)
 
 
 def _check_prefix(prefix: str) -> str:
@@ -240,16 +358,19 @@ class _Keys:
 
 async def check_persistence(client: Client) -> None:
     """Raise ``ConfigurationError`` unless the server keeps fences and claims across a
-    restart (AOF on, or at least one RDB save point) and never evicts them (no
-    ``allkeys-*`` maxmemory-policy)."""
+    crash and never evicts them: AOF on with ``appendfsync always`` or ``everysec`` (the
+    latter may lose up to about one second of acknowledged writes to an OS crash or power
+    loss, and says so in a warning), and no ``allkeys-*`` maxmemory-policy. RDB save points
+    alone do not count: a crash rolls the server back to its last snapshot."""
     with _driver_errors("checking its persistence settings"):
         persistence = await client.info("persistence")
         memory = await client.info("memory")
         try:
-            save: str | None = str((await client.config_get("save")).get("save", ""))
+            config = await client.config_get("appendfsync")
+            fsync: str | None = str(config.get("appendfsync", "")).lower()
         except ResponseError:
-            # CONFIG is often renamed away on managed servers; then only AOF can vouch.
-            save = None
+            # CONFIG is often renamed away on managed servers; then fsync cannot be known.
+            fsync = None
     problems: list[str] = []
     policy = str(memory.get("maxmemory_policy", "noeviction"))
     if policy.startswith("allkeys-"):
@@ -258,11 +379,21 @@ async def check_persistence(client: Client) -> None:
             f"(use noeviction or a volatile-* policy)"
         )
     aof = str(persistence.get("aof_enabled", "0")) == "1"
-    if not aof and not save:
-        unknown = " (CONFIG GET save is not allowed)" if save is None else ""
+    if not aof:
         problems.append(
-            f"it has neither AOF (appendonly yes) nor an RDB save point (save){unknown}, "
-            f"so a restart loses fences and claims"
+            "it has no AOF (appendonly yes, with appendfsync always or everysec); RDB save "
+            "points alone are not enough, since a crash rolls the server back to its last "
+            "snapshot and loses fences and claims"
+        )
+    elif fsync is None:
+        problems.append(
+            "its appendfsync setting cannot be read (CONFIG GET is not allowed), so it "
+            "cannot be told to be always or everysec"
+        )
+    elif fsync not in ("always", "everysec"):
+        problems.append(
+            f"its appendfsync is {fsync}, which leaves syncing to the OS and can lose many "
+            f"seconds of acknowledged writes (use always, or everysec)"
         )
     if problems:
         raise ConfigurationError(
@@ -270,6 +401,12 @@ async def check_persistence(client: Client) -> None:
             + "; ".join(problems)
             + ". Fix the server settings, or accept the risk with allow_volatile=true in the "
             "store URL (allow_volatile=True in code)."
+        )
+    if fsync == "everysec":
+        _log.warning(
+            "Redis runs appendfsync everysec: an OS crash or power loss can lose up to about "
+            "one second of acknowledged writes (a claim among them); appendfsync always "
+            "closes that window"
         )
 
 
