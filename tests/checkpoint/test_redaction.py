@@ -203,36 +203,58 @@ def test_ordinary_text_is_left_alone() -> None:
         assert r.text(text) == text
 
 
-@pytest.mark.parametrize(
-    "key",
-    [
-        "password",
-        "Password",
-        "PASSWORD",
-        "secret",
-        "client_secret",
-        "token",
-        "access_token",
-        "refresh_token",
-        "api_key",
-        "apikey",
-        "X-Api-Key",
-        "x_api_key",
-        "authorization",
-        "Authorization",
-        "cookie",
-        "Set-Cookie",
-        "db_password",
-        "DB-Password",
-        "private_key",
-    ],
-)
-@pytest.mark.parametrize("value", ["hunter2", 1234, 3.5, {"nested": "v"}, ["a", "b"], ""])
-def test_sensitive_keys_are_masked_whatever_the_value(key: str, value: Any) -> None:
+_SENSITIVE_KEYS = [
+    "password",
+    "Password",
+    "PASSWORD",
+    "secret",
+    "client_secret",
+    "token",
+    "access_token",
+    "refresh_token",
+    "api_key",
+    "apikey",
+    "X-Api-Key",
+    "x_api_key",
+    "authorization",
+    "Authorization",
+    "cookie",
+    "Set-Cookie",
+    "db_password",
+    "DB-Password",
+    "private_key",
+]
+
+
+@pytest.mark.parametrize("key", _SENSITIVE_KEYS)
+@pytest.mark.parametrize("value", ["hunter2", "[redacted:jwt]x", " "])
+def test_a_string_under_a_sensitive_key_is_masked_whatever_it_looks_like(
+    key: str, value: str
+) -> None:
     out = default_redactor().value({"data": [{key: value, "other": "kept"}]})
     masked = out["data"][0][key]
-    assert isinstance(masked, str) and masked.startswith("[redacted:") and masked.endswith("]")
+    assert masked.startswith("[redacted:") and masked.endswith("]") and value not in masked
     assert out["data"][0]["other"] == "kept"
+
+
+@pytest.mark.parametrize("key", _SENSITIVE_KEYS)
+def test_under_a_sensitive_key_strings_go_and_the_shape_stays(key: str) -> None:
+    value = {"nested": "v", "n": 7, "list": ["a", 2, None, True], "empty": ""}
+    out = default_redactor().value({key: value})[key]
+    assert set(out) == set(value)
+    assert out["nested"].startswith("[redacted:") and out["list"][0] == out["nested"]
+    assert out["n"] == 7 and out["list"][1:] == [2, None, True] and out["empty"] == ""
+
+
+@pytest.mark.parametrize("key", _SENSITIVE_KEYS)
+@pytest.mark.parametrize("value", [1234, 3.5, 0, None, True, False, ""])
+def test_numbers_booleans_none_and_empty_strings_under_a_sensitive_key_stay(
+    key: str, value: Any
+) -> None:
+    # They carry no credential worth masking, and masking them would break a typed state.
+    data = {key: value}
+    assert default_redactor().value(data) == data
+    assert default_redactor().changed(data) is False
 
 
 @pytest.mark.parametrize(
@@ -375,7 +397,8 @@ def test_changed_says_whether_anything_was_masked() -> None:
     assert r.changed({"q": "hello", "n": [1, 2]}) is False
     assert r.changed(("a", ("b",))) is False  # tuples becoming lists is not a change
     assert r.changed({"q": [f"call with {SAMPLES['openai_key'][0]}"]}) is True
-    assert r.changed({"api_key": 5}) is True
+    assert r.changed({"api_key": "5"}) is True
+    assert r.changed({"api_key": 5}) is False
     assert r.changed(SAMPLES["aws_access_key_id"][0]) is True
     assert r.changed(b"Bearer " + _BEARER_TOKEN.encode()) is False
 
@@ -404,3 +427,266 @@ def test_leaked_secrets_finds_planted_secrets_raw_or_json_escaped() -> None:
     assert sorted(leaked_secrets(json.dumps(planted).encode())) == KINDS
     assert leaked_secrets(planted["private_key"]) == ["private_key"]
     assert leaked_secrets("nothing here") == []
+
+
+# --- coverage users expect ---------------------------------------------------------------
+
+_LONG_KEY = "sk-" + "proj-" + _pick(_ALNUM, 64)
+_WRAPPED_TAIL = [_pick(_ALNUM, 39) + "7", _pick(_ALNUM, 30) + "9"]
+_WRAPPED_KEY = "\n".join([_LONG_KEY, *_WRAPPED_TAIL])
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_a_key_wrapped_across_lines_is_masked_with_every_line(newline: str) -> None:
+    wrapped = _WRAPPED_KEY.replace("\n", newline)
+    out = default_redactor().text(f"use this key:{newline}{wrapped}{newline}Thanks, Ann")
+    assert out == f"use this key:{newline}[redacted:openai_key]{newline}Thanks, Ann"
+
+
+def test_a_key_wrapped_inside_a_json_string_is_masked_with_every_line() -> None:
+    result = json.dumps({"note": _WRAPPED_KEY, "n": 1})
+    out = default_redactor().text(result)
+    assert json.loads(out) == {"note": "[redacted:openai_key]", "n": 1}
+    # Also when the JSON text is not parsed as such (cut short, or inside a log line).
+    line = default_redactor().text("tool said: " + result[:-1])
+    assert all(part not in line for part in _WRAPPED_TAIL)
+
+
+def test_a_wrapped_key_whose_first_line_is_short_is_masked_too() -> None:
+    out = default_redactor().text("sk-" + "proj-\n" + _WRAPPED_TAIL[0] + "\nbye")
+    assert out == "[redacted:openai_key]\nbye"
+
+
+def test_a_pem_block_inside_json_text_is_masked() -> None:
+    planted, body = SAMPLES["private_key"]
+    r = default_redactor()
+    for text in [json.dumps({"config": planted}), "raw: " + json.dumps(planted)]:
+        out = r.text(text)
+        assert all(line not in out for line in body.splitlines())
+        assert "[redacted:private_key]" in out
+
+
+@pytest.mark.parametrize(
+    ("key", "kind"),
+    [
+        ("accessToken", "token"),
+        ("AccessToken", "token"),
+        ("idToken", "token"),
+        ("clientSecret", "secret"),
+        ("openai_api_key", "api_key"),
+        ("OPENAI_API_KEY", "api_key"),
+        ("openAIApiKey", "api_key"),
+        ("x-api-key", "api_key"),
+        ("api-key", "api_key"),
+        ("apiKey", "api_key"),
+        ("authorization", "authorization"),
+        ("Proxy-Authorization", "authorization"),
+        ("github_token", "token"),
+        ("db.password", "password"),
+        ("aws_secret_access_key", "secret"),
+        ("SecretAccessKey", "secret"),
+        ("credentials", "secret"),
+        ("passphrase", "password"),
+    ],
+)
+def test_key_names_users_expect_are_sensitive_in_data_json_text_and_free_text(
+    key: str, kind: str
+) -> None:
+    r = default_redactor()
+    placeholder = f"[redacted:{kind}]"
+    assert r.value({key: "hunter2"}) == {key: placeholder}
+    assert json.loads(r.text(json.dumps({key: "hunter2", "n": 1}))) == {key: placeholder, "n": 1}
+    assert r.text(f"{key}=hunter2&page=2") == f"{key}={placeholder}&page=2"
+    assert r.text(f"{key}: hunter2\nnext") == f"{key}: {placeholder}\nnext"
+    assert r.text(f"{{'{key}': 'hunter2', 'n': 1}}") == f"{{'{key}': '{placeholder}', 'n': 1}}"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "inputTokens",
+        "max_tokens",
+        "passwordHint",
+        "tokenizer",
+        "secretary",
+        "nextToken",
+        "next_page_token",
+        "pageToken",
+        "monkey",
+        "keyboard",
+    ],
+)
+def test_names_that_only_look_sensitive_stay_in_data_and_free_text(key: str) -> None:
+    r = default_redactor()
+    assert r.value({key: "plain-value"}) == {key: "plain-value"}
+    assert r.text(f"{key}=plain-value") == f"{key}=plain-value"
+
+
+def test_authorization_headers_keep_their_scheme() -> None:
+    r = default_redactor()
+    basic = base64.b64encode(b"user:pass").decode()
+    assert r.text(f"Authorization: Basic {basic}") == "Authorization: Basic [redacted:basic_auth]"
+    assert r.text(f"curl -H 'Authorization: Basic {basic}' x") == (
+        "curl -H 'Authorization: Basic [redacted:basic_auth]' x"
+    )
+    assert r.value({"headers": {"Authorization": f"Basic {basic}"}}) == {
+        "headers": {"Authorization": "[redacted:authorization]"}
+    }
+    # A scheme with a short token, or one nobody knows, still loses the token.
+    assert r.text("Authorization: Bearer abc\nHost: x") == (
+        "Authorization: Bearer [redacted:authorization]\nHost: x"
+    )
+    assert r.text("authorization: Digest username=a, response=b\n") == (
+        "authorization: Digest [redacted:authorization]\n"
+    )
+    assert r.text("Basic authentication needs TLS.") == "Basic authentication needs TLS."
+
+
+def test_header_lines_with_api_keys_and_cookies_are_masked() -> None:
+    r = default_redactor()
+    text = "X-Api-Key: abc123def\napi-key: 42\nCookie: sid=abc; theme=dark\nAccept: */*"
+    assert r.text(text) == (
+        "X-Api-Key: [redacted:api_key]\napi-key: [redacted:api_key]\n"
+        "Cookie: [redacted:cookie]\nAccept: */*"
+    )
+
+
+def test_json_inside_a_string_value_is_masked_by_key_and_stays_json_text() -> None:
+    inner = json.dumps({"user": "ann", "password": "hunter2", "tries": 3}, indent=2)
+    out = default_redactor().value({"result": inner, "list": [inner]})
+    for text in (out["result"], out["list"][0]):
+        assert "hunter2" not in text
+        assert json.loads(text) == {"user": "ann", "password": "[redacted:password]", "tries": 3}
+    # Only the masked string changed; the layout is the tool's own.
+    assert out["result"] == inner.replace('"hunter2"', '"[redacted:password]"')
+
+
+def test_json_text_nested_in_json_text_is_masked_at_every_level() -> None:
+    inner = json.dumps({"token": "t0k3n-value"})
+    outer = json.dumps({"body": inner, "secret": {"k": ["a", 1]}})
+    out = default_redactor().text(outer)
+    assert json.loads(json.loads(out)["body"]) == {"token": "[redacted:token]"}
+    assert json.loads(out)["secret"] == {"k": ["[redacted:secret]", 1]}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"token":"a","token":"hunter2-secret"}',
+        '{"token":"hunter2-secret","token":"[redacted:token]"}',
+        '{"token":"hunter2-secret","token":null}',
+        '{"password":"hunter2-secret","password":1}',
+        '[{"note":"x","api_key":"hunter2-secret","api_key":"b"}]',
+    ],
+)
+def test_every_duplicate_of_a_key_in_json_text_is_masked(text: str) -> None:
+    # A parser keeps only the last duplicate, so judging the text by what json.loads returns
+    # lets the others through; the text itself is masked, duplicates and all.
+    out = default_redactor().text(text)
+    assert "hunter2" not in out
+    pairs = json.loads(out, object_pairs_hook=list)
+    assert json.dumps(json.loads(text, object_pairs_hook=list)).count('"') == json.dumps(
+        pairs
+    ).count('"')
+
+
+def test_numbers_and_literals_under_a_sensitive_key_in_json_text_stay() -> None:
+    text = '{"token": 42, "password": null, "secret": true, "api_key": ""}'
+    assert default_redactor().text(text) == text
+
+
+def test_anthropic_and_project_keys_are_masked_in_every_setting() -> None:
+    r = default_redactor()
+    anthropic = SAMPLES["anthropic_key"][0]
+    for planted, kind in [(_LONG_KEY, "openai_key"), (anthropic, "anthropic_key")]:
+        assert r.text(f"OPENAI_API_KEY={planted}") == f"OPENAI_API_KEY=[redacted:{kind}]"
+        assert r.value({"cfg": f'{{"k": "{planted}"}}'}) == {"cfg": f'{{"k": "[redacted:{kind}]"}}'}
+
+
+# --- a typed state stays resumable ------------------------------------------------------
+
+
+def test_a_typed_state_with_secret_named_fields_round_trips_through_redaction() -> None:
+    from dataclasses import asdict, dataclass
+
+    from pydantic import BaseModel, TypeAdapter
+
+    class State(BaseModel):
+        token: int
+        password: str | None = None
+        secret: bool = False
+        api_key: str = ""
+        credentials: dict[str, str | int] = {}
+        note: str = ""
+
+    state = State(token=42, password="hunter2", credentials={"user": "ann", "pin": 1234})
+    out = default_redactor().value(state.model_dump(mode="json"))
+    back = State.model_validate(out)
+    assert back.token == 42 and back.secret is False and back.api_key == ""
+    assert back.password == "[redacted:password]"
+    assert back.credentials == {"user": "[redacted:secret]", "pin": 1234}
+
+    @dataclass
+    class Counters:
+        token: int
+        refresh_token: float | None
+        cookie: bool
+
+    plain = Counters(token=7, refresh_token=None, cookie=True)
+    assert TypeAdapter(Counters).validate_python(default_redactor().value(asdict(plain))) == plain
+
+
+# --- free text: log lines, errors, validation messages ----------------------------------
+
+
+def test_log_lines_and_error_messages_are_masked_as_free_text() -> None:
+    r = default_redactor()
+    line = (
+        "provider call failed: 401 for https://api.example/v1?api_key=abc123&model=m "
+        "headers={'x-api-key': 'abc123', 'Accept': 'json'} password=hunter2"
+    )
+    out = r.text(line)
+    assert "abc123" not in out and "hunter2" not in out
+    assert "model=m" in out and "'Accept': 'json'" in out
+
+
+def test_a_pydantic_validation_message_never_quotes_a_secret() -> None:
+    from pydantic import BaseModel, ValidationError
+
+    class Creds(BaseModel):
+        password: int
+        nested: dict[str, int] = {}
+        label: int = 0
+
+    with pytest.raises(ValidationError) as caught:
+        Creds(
+            password="hunter2" * 10,  # type: ignore[arg-type]
+            nested={"token": _LONG_KEY},  # type: ignore[dict-item]
+            label=SAMPLES["anthropic_key"][0],  # type: ignore[arg-type]
+        )
+    message = str(caught.value)
+    assert "hunter2" in message and _LONG_KEY[:20] in message  # pydantic quotes them
+    out = default_redactor().text(message)
+    assert "hunter2" not in out
+    # pydantic cuts long values to a head and a tail: neither may survive.
+    for secret in (_LONG_KEY, SAMPLES["anthropic_key"][0]):
+        assert secret[:12] not in out and secret[-12:] not in out
+    assert "input_value='[redacted:password]'" in out
+    assert "1 validation error" in out or "3 validation errors" in out
+
+
+def test_a_pydantic_argument_error_is_masked_by_field_name() -> None:
+    from pydantic import BaseModel, ValidationError
+
+    class LoginArgs(BaseModel):
+        user: str
+        password: int
+        retries: int = 0
+
+    with pytest.raises(ValidationError) as caught:
+        LoginArgs.model_validate({"user": "ann", "password": "hunter2", "retries": "x"})
+    # As the tool layer words it, with the arguments the model sent.
+    message = f"invalid arguments for login: {caught.value}"
+    out = default_redactor().text(message)
+    assert "hunter2" not in out and "input_value='[redacted:password]'" in out
+    assert "input_value='x'" in out  # an ordinary field keeps its input
