@@ -82,7 +82,8 @@ class ReplyDroppingProxy:
 
     Forwards both ways until ``drop_next_reply()`` is called; then, ``skip`` requests
     later, a request is forwarded to the server, the server's reply is read and thrown
-    away, and the client's connection is closed: the request was applied, its reply lost.
+    away, and the client's connection is closed (``then="close"``) or left open and silent
+    (``then="hang"``): the request was applied, its reply lost.
     """
 
     def __init__(self, host: str, port: int) -> None:
@@ -91,6 +92,7 @@ class ReplyDroppingProxy:
         self.dropped = 0
         self._armed = False
         self._skip = 0
+        self._then = "close"
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -99,9 +101,11 @@ class ReplyDroppingProxy:
         assert self._server is not None
         return int(self._server.sockets[0].getsockname()[1])
 
-    def drop_next_reply(self, *, skip: int = 0) -> None:
+    def drop_next_reply(self, *, skip: int = 0, then: str = "close") -> None:
+        assert then in ("close", "hang")
         self._armed = True
         self._skip = skip
+        self._then = then
 
     async def __aenter__(self) -> ReplyDroppingProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -143,6 +147,9 @@ class ReplyDroppingProxy:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(server_r.read(65536), 5)
                     self.dropped += 1
+                    if self._then == "hang":
+                        while await client_r.read(65536):
+                            pass
                     break
                 server_w.write(data)
                 await server_w.drain()

@@ -17,14 +17,26 @@ implicitly: ``create_schema()`` (what ``tesserix schema apply`` runs) does, idem
 and safely from several processes at once (an advisory lock serialises it); ``verify()``
 checks the version. Tables live in the first schema of the connection's search_path, which
 a URL chooses with ``options=-csearch_path%3D<schema>``.
+
+Bounds. Every call has a client-side deadline, ``timeout`` seconds (URL ``?timeout=``,
+default 5 s, kept well below the default 30 s lease ttl), for getting a connection and again
+for the statement. Each pooled connection sets ``statement_timeout`` and ``lock_timeout``
+below that deadline (so the server cancels, and rolls back, a statement it can before the
+client gives up on it) and TCP keepalives with ``tcp_user_timeout`` (so a dead peer is
+noticed); options given in the URL win. Errors say whether the outcome is unknown: no
+connection could be had, or the server cancelled or rolled the statement back
+(``statement_timeout``, ``lock_timeout``, a deadlock) — ``StoreUnavailableError``; the
+statement was sent and then the connection was lost or the deadline passed —
+``StoreReplyLostError``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import unquote
@@ -47,6 +59,7 @@ from tesserix_adk.errors import (
     LeaseHeldError,
     LeaseLostError,
     StaleFenceError,
+    StoreReplyLostError,
     StoreUnavailableError,
 )
 from tesserix_adk.messages import ToolCall, Usage
@@ -75,6 +88,7 @@ __all__ = [
     "PostgresIdempotencyStore",
     "PostgresLeaseStore",
     "PostgresLedger",
+    "DEFAULT_TIMEOUT",
     "open_postgres_stores",
 ]
 
@@ -225,11 +239,18 @@ _SCHEMA_LOCK_CLASS = 0x7E55E12
 _APPLY = "run `tesserix schema apply --store URL` (or `await stores.create_schema()`)"
 
 # The kit's own URL options; everything else in the URL goes to psycopg.
-_KIT_OPTIONS = ("keep_last", "pool_min", "pool_max")
+_KIT_OPTIONS = ("keep_last", "pool_min", "pool_max", "timeout")
 # Options of the kit's other backends: refused here rather than handed to the driver.
 _OTHER_KIT_OPTIONS = frozenset(
     {"prefix", "allow_volatile", "keep_last", "pool_min", "pool_max", "synchronous"}
 ) - set(_KIT_OPTIONS)
+
+# Seconds: the client-side deadline of every call, unless the URL says ``timeout=``.
+DEFAULT_TIMEOUT = 5.0
+# The server's own bounds, as fractions of the deadline: a statement the server can cancel
+# is cancelled (and rolled back, outcome known) before the client stops waiting for it.
+_STATEMENT_SHARE = 0.8
+_LOCK_SHARE = 0.6
 
 
 # --- the database ------------------------------------------------------------------------
@@ -243,18 +264,43 @@ _MISCONFIGURED = (
 )
 
 
+class _Call:
+    """Whether the statement of the call in progress was handed to the server."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = False
+
+
 @contextmanager
-def _driver_errors(action: str) -> Iterator[None]:
-    """Translate psycopg errors into the kit's, once, at the boundary."""
+def _driver_errors(action: str) -> Iterator[_Call]:
+    """Translate psycopg errors into the kit's, once, at the boundary, saying whether the
+    outcome is unknown (``call.sent`` and no reply) or certainly nothing happened."""
+    call = _Call()
     try:
-        yield
+        yield call
     except pg_errors.UndefinedTable as exc:
         raise ConfigurationError(
             f"a tesserix-adk table is missing while {action} ({exc.diag.message_primary}); {_APPLY}"
         ) from exc
     except (pg_errors.InsufficientPrivilege, pg_errors.InvalidSchemaName) as exc:
         raise ConfigurationError(f"PostgreSQL refused {action}: {exc}") from exc
+    except (
+        pg_errors.QueryCanceled,
+        pg_errors.LockNotAvailable,
+        pg_errors.TransactionRollback,
+    ) as exc:
+        # The server answered: it cancelled or rolled the statement back, whole.
+        raise StoreUnavailableError(
+            f"PostgreSQL gave up on {action} and rolled it back ({exc.diag.message_primary})"
+        ) from exc
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        if call.sent:
+            raise StoreReplyLostError(
+                f"PostgreSQL lost the connection while {action}, after the statement was "
+                f"sent; it may have been applied: {exc}"
+            ) from exc
         raise StoreUnavailableError(
             f"PostgreSQL could not be reached while {action}: {exc}"
         ) from exc
@@ -264,43 +310,99 @@ def _driver_errors(action: str) -> Iterator[None]:
         ) from exc
 
 
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    # Pinned on every pooled connection: each statement commits on its own, at READ
-    # COMMITTED whatever the server's default, and explicit transactions use it too.
-    await conn.set_autocommit(True)
-    await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
-    await conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED")
+def _configurer(timeout: float) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
+    statement_ms = max(1, int(timeout * _STATEMENT_SHARE * 1000))
+    lock_ms = max(1, int(timeout * _LOCK_SHARE * 1000))
+
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        # Pinned on every pooled connection: each statement commits on its own, at READ
+        # COMMITTED whatever the server's default, and explicit transactions use it too.
+        await conn.set_autocommit(True)
+        await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
+        await conn.execute(
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED"
+        )
+        await conn.execute(f"SET statement_timeout = {statement_ms}")
+        await conn.execute(f"SET lock_timeout = {lock_ms}")
+
+    return configure
+
+
+def _socket_options(conninfo: str, timeout: float) -> dict[str, Any]:
+    """Keepalives and a connect timeout for libpq, except where ``conninfo`` sets its own."""
+    given = conninfo_to_dict(conninfo) if conninfo else {}
+    wanted: dict[str, Any] = {
+        "connect_timeout": max(2, math.ceil(timeout)),
+        "keepalives": 1,
+        "keepalives_idle": max(1, math.ceil(timeout)),
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+        # Unacknowledged data past this (ms) drops the connection: a peer gone mid-reply.
+        "tcp_user_timeout": max(1000, int(timeout * 2000)),
+    }
+    return {name: value for name, value in wanted.items() if name not in given}
+
+
+def _positive_seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigurationError(
+            f"{name} in the PostgreSQL store URL must be a positive number of seconds, got {raw!r}"
+        )
+    return value
 
 
 class PostgresDatabase:
     """A connection pool the stores share, opened on first use; schema and lifetime."""
 
-    def __init__(self, pool: Pool, *, conninfo: str | None = None) -> None:
+    def __init__(
+        self, pool: Pool, *, conninfo: str | None = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
+        if not (timeout > 0 and math.isfinite(timeout)):
+            raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout}")
         self.pool = pool
         self.conninfo = conninfo
+        # Seconds each call may wait for a connection, and then for its statement's reply.
+        self.timeout = float(timeout)
         self._opening = asyncio.Lock()
         self._closed = False
 
     @classmethod
-    def from_url(cls, conninfo: str, *, pool_min: int = 1, pool_max: int = 4) -> PostgresDatabase:
-        """A database over a new pool on ``conninfo`` (a URL or key=value string); no I/O."""
+    def from_url(
+        cls,
+        conninfo: str,
+        *,
+        pool_min: int = 1,
+        pool_max: int = 4,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> PostgresDatabase:
+        """A database over a new pool on ``conninfo`` (a URL or key=value string); no I/O.
+
+        Its connections carry ``statement_timeout``/``lock_timeout`` below ``timeout`` and
+        TCP keepalives (a pool built by hand gets only the client-side deadline)."""
         if pool_min < 0 or pool_max < 1 or pool_max < pool_min:
             raise ConfigurationError(
                 f"pool_min must be at least 0 and pool_max at least 1 and at least pool_min, "
                 f"got pool_min={pool_min} and pool_max={pool_max}"
             )
+        if not (timeout > 0 and math.isfinite(timeout)):
+            raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout}")
         pool: Pool = AsyncConnectionPool(
             conninfo,
+            kwargs=_socket_options(conninfo, timeout),
             min_size=pool_min,
             max_size=pool_max,
             open=False,
-            configure=_configure,
+            configure=_configurer(timeout),
             # How long a statement waits for a connection: a stopped server should fail a
             # write as unavailable soon, so the live run can carry on without it.
-            timeout=5.0,
+            timeout=timeout,
             name="tesserix-adk",
         )
-        return cls(pool, conninfo=conninfo)
+        return cls(pool, conninfo=conninfo, timeout=timeout)
 
     async def _open(self) -> None:
         if self._closed:
@@ -317,7 +419,9 @@ class PostgresDatabase:
         if self.conninfo is None:
             return
         try:
-            conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+            conn = await psycopg.AsyncConnection.connect(
+                self.conninfo, autocommit=True, **_socket_options(self.conninfo, self.timeout)
+            )
         except psycopg.OperationalError as exc:
             text = " ".join(str(exc).split())
             if any(mark in text for mark in _MISCONFIGURED):
@@ -326,15 +430,24 @@ class PostgresDatabase:
         await conn.close()
 
     async def rows(self, action: str, sql: str, params: Mapping[str, Any]) -> list[Row]:
-        """Run one statement on a pooled connection and return its rows as dicts."""
-        with _driver_errors(action):
+        """Run one statement on a pooled connection and return its rows as dicts; waits at
+        most ``timeout`` for a connection and ``timeout`` for the reply."""
+        with _driver_errors(action) as call:
             await self._open()
             async with (
-                self.pool.connection() as conn,
+                self.pool.connection(timeout=self.timeout) as conn,
                 conn.cursor(row_factory=dict_row) as cur,
             ):
-                await cur.execute(sql, params)
-                return await cur.fetchall() if cur.description is not None else []
+                call.sent = True
+                try:
+                    async with asyncio.timeout(self.timeout):
+                        await cur.execute(sql, params)
+                        return await cur.fetchall() if cur.description is not None else []
+                except TimeoutError as exc:
+                    raise StoreReplyLostError(
+                        f"PostgreSQL did not answer {action} within {self.timeout:g} s; the "
+                        f"statement may have been applied"
+                    ) from exc
 
     async def row(self, action: str, sql: str, params: Mapping[str, Any]) -> Row | None:
         """Run one statement and return its first row, if any."""
@@ -344,9 +457,10 @@ class PostgresDatabase:
     async def create_schema(self) -> None:
         """Create or upgrade the tables in the search_path's first schema; idempotent, and
         safe to run from several processes at once."""
-        with _driver_errors("applying the schema"):
+        with _driver_errors("applying the schema") as call:
             await self._open()
-            async with self.pool.connection() as conn, conn.transaction():
+            async with self.pool.connection(timeout=self.timeout) as conn, conn.transaction():
+                call.sent = True
                 cur = await conn.execute("SELECT current_schema()")
                 found = await cur.fetchone()
                 schema = None if found is None else found[0]
@@ -1415,8 +1529,10 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
 def open_postgres_stores(url: str) -> Stores:
     """The six PostgreSQL stores on one pool, as a ``Stores`` bundle; no I/O until first use.
 
-    Options in the query: ``keep_last``, ``pool_min`` (default 1) and ``pool_max`` (default
-    4); everything else goes to psycopg (e.g. ``options=-csearch_path%3Dmy_schema``).
+    Options in the query: ``keep_last``, ``pool_min`` (default 1), ``pool_max`` (default
+    4) and ``timeout`` (seconds, default 5: the client-side deadline of every call, kept
+    below the lease ttl; the server's statement and lock timeouts are set below it);
+    everything else goes to psycopg (e.g. ``options=-csearch_path%3Dmy_schema``).
     ``create_schema()`` applies ``EXPECTED_CHECKPOINT_SCHEMA``; ``verify()`` checks it;
     ``aclose()`` closes the pool.
     """
@@ -1426,7 +1542,14 @@ def open_postgres_stores(url: str) -> Stores:
     )
     pool_min = _whole(url, "pool_min", options.get("pool_min", "1"), least=0)
     pool_max = _whole(url, "pool_max", options.get("pool_max", "4"), least=1)
-    database = PostgresDatabase.from_url(conninfo, pool_min=pool_min, pool_max=pool_max)
+    timeout = (
+        _positive_seconds("timeout", options["timeout"])
+        if "timeout" in options
+        else DEFAULT_TIMEOUT
+    )
+    database = PostgresDatabase.from_url(
+        conninfo, pool_min=pool_min, pool_max=pool_max, timeout=timeout
+    )
     return Stores(
         checkpoints=PostgresCheckpointStore(database, keep_last=keep_last),
         idempotency=PostgresIdempotencyStore(database),
