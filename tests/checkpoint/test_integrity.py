@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ from tesserix_adk.checkpoint.payload import (
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.stores.protocols import HistoryHandle
 from tesserix_adk.testing.corruption import (
+    CorruptionConformance,
     byte_flips,
     nested,
     nested_json,
@@ -566,6 +568,15 @@ def test_an_outcome_over_the_cap_is_replaced_not_truncated() -> None:
     assert encode_outcome(big, Redactor(), max_bytes=1000) == recorded.payload
 
 
+def test_a_result_json_cannot_write_is_recorded_as_text_like_the_transcript() -> None:
+    when = datetime(2030, 1, 2, tzinfo=UTC)
+    outcome = ToolOutcome(call_id="c", content={"at": when, "ids": (1, 2)})
+    recorded = recorded_outcome(outcome, Redactor())
+    assert decode_outcome(recorded.payload, "c").content == {"at": str(when), "ids": [1, 2]}
+    entry = decode_message(encode_message(Message.tool_result(outcome), Redactor()))
+    assert json.loads(entry.text) == recorded.outcome.content
+
+
 def test_an_outcome_at_the_cap_is_kept_whole() -> None:
     small = ToolOutcome(call_id="c", content="y" * 100)
     size = len(encode_outcome(small, Redactor()))
@@ -644,3 +655,16 @@ async def test_a_json_text_tool_result_is_masked_in_transcript_observation_and_r
     assert leaks == []
     observed = [p["observation"] for p in store.puts if p.get("observation")]
     assert observed and all("[redacted:" in json.dumps(o) for o in observed)
+
+
+# --- the shipped suite, on the memory stores ----------------------------------------------
+
+
+class TestCorruptionOnMemoryStores(CorruptionConformance):
+    @pytest.fixture
+    def checkpoint_store(self) -> MemoryCheckpointStore:
+        return MemoryCheckpointStore()
+
+    @pytest.fixture
+    def history_store(self) -> MemoryHistoryStore:
+        return MemoryHistoryStore()

@@ -1,1 +1,2 @@
-"""Checkpoints: payload and codec (format, redaction, size cap), policy, planning."""
+"""Checkpoints: payload and codec (format, checksum, nesting limit, redaction, size cap),
+policy, planning."""

@@ -32,7 +32,7 @@ field; one without a checksum is read only in the exact shape the kit wrote befo
 checksums (no other key, every type right).
 
 **Nesting.** No payload nests more than ``MAX_NESTING`` (64) JSON arrays/objects deep, the
-envelope included: a tool's arguments inside a frontier get about 58 levels. Encoding
+envelope included: a tool call's arguments object may nest 58 levels below itself. Encoding
 something deeper raises ``CheckpointTooLargeError(retryable=False)`` (refused, like an
 oversized frontier: the ``Checkpointer`` writes a tombstone), except an outcome, which is
 replaced (below); decoding it raises ``CheckpointCorruptError``. Depth is measured on the
@@ -392,7 +392,10 @@ def redact_outcome_content(content: Any, redactor: Redactor) -> Any:
     """
     if isinstance(content, str):
         return _redacted_text(content, redactor)
-    return redactor.value(_bounded(content, "a tool result"))
+    # As JSON data first, the way the transcript entry writes it (``default=str``): a
+    # result the codec cannot write would leave a completed call's claim in flight.
+    data = json.loads(json.dumps(_bounded(content, "a tool result"), default=str))
+    return redactor.value(data)
 
 
 def _redacted_text(text: str, redactor: Redactor) -> str:
