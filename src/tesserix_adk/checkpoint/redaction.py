@@ -240,20 +240,20 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         _Rule(
             "anthropic_key",
             re.compile(
-                r"(?<![A-Za-z0-9_-])" + _prefixed_token("sk-ant-", key_body, key_letters, 20)
+                _prefixed_token("sk-ant-(?<![A-Za-z0-9_-]sk-ant-)", key_body, key_letters, 20)
             ),
             ("sk-ant-",),
         ),
         _Rule(
             "openai_key",
             # ``sk-…`` and ``sk-proj-…``; 20 characters at least, so ``sk-learn`` stays.
-            re.compile(r"(?<![A-Za-z0-9_-])" + _prefixed_token("sk-", key_body, key_letters, 20)),
+            re.compile(_prefixed_token("sk-(?<![A-Za-z0-9_-]sk-)", key_body, key_letters, 20)),
             ("sk-",),
         ),
         _Rule(
             "github_token",
             re.compile(
-                r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{36,}+|github_pat_[A-Za-z0-9_]{22,}+)"
+                r"g(?<![A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,}+|ithub_pat_[A-Za-z0-9_]{22,}+)"
                 r"(?![A-Za-z0-9_])" + _wrapped(r"[A-Za-z0-9_]", r"[A-Za-z_]") + "*"
             ),
             ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
@@ -261,7 +261,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         _Rule(
             "slack_token",
             re.compile(
-                r"(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9-]{10,}+"
+                r"xox(?<![A-Za-z0-9]xox)[abprs]-[A-Za-z0-9-]{10,}+"
                 + _wrapped(r"[A-Za-z0-9-]", r"[A-Za-z-]")
                 + "*"
             ),
@@ -275,7 +275,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         _Rule(
             "jwt",
             re.compile(
-                r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]*+"
+                r"eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]*+"
                 + _wrapped(key_body, key_letters)
                 + "*"
             ),
@@ -307,8 +307,10 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             # password runs to the last ``@`` before the path, so ``p@ss`` goes whole.
             # Anchored on ``://`` (after a scheme character) rather than on the scheme, so a
             # long scheme-like run never restarts the match at each of its characters.
+            # (Here and above, a look-behind placed after a literal prefix lets the engine
+            # search for the literal instead of trying every position.)
             re.compile(
-                r"(?P<keep>(?<=[A-Za-z0-9+.-])://[^\s/?#@:\[\]]*+:)"
+                r"(?P<keep>://(?<=[A-Za-z0-9+.-]://)[^\s/?#@:\[\]]*+:)"
                 r"(?!\[redacted:url_password\]@)[^\s/?#]+(?=@)"
             ),
             ("://",),
@@ -334,6 +336,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
                 + b64
                 + r"{40}(?![A-Za-z0-9/+=])"
             ),
+            ("/", "+"),
             min_length=40,
         ),
     )
@@ -344,11 +347,14 @@ def _builtin_rules() -> tuple[_Rule, ...]:
 # The last word of a credential-like key right before ``:`` or ``=``; the whole key is then
 # read backwards from it and checked with ``_key_kind``. Anchoring on the word (not on the key's
 # first character) keeps the scan linear whatever runs of identifier characters come before.
+# It runs on the ASCII-lowered text (same length, same positions): a case-insensitive
+# alternation is several times slower to search.
 _KEY_WORD = re.compile(
-    r"(?P<word>(?i:pass(?:word|wd|phrase)|secret|token|api[_-]?key"
-    r"|(?:secret|private|access)[_-]?key|authorization|cookie|credentials?))"
+    r"(?P<word>pass(?:word|wd|phrase)|secret|token|api[_-]?key"
+    r"|(?:secret|private|access)[_-]?key|authorization|cookie|credentials?)"
     r"(?P<close>\\?[\"'])?[ \t]{0,16}+(?P<sep>[:=])(?![:=])[ \t]{0,16}+"
 )
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 _KEY_HINTS = ("pass", "secret", "token", "key", "auth", "cookie", "credential")
 _KEY_CHAR_SET = frozenset(string.ascii_letters + string.digits + "_.-")
 _KEY_CHARS = re.compile(rf"[A-Za-z0-9_.\-]{{0,{_MAX_KEY}}}")
@@ -365,7 +371,7 @@ def _mask_key_values(text: str) -> str:
     """``key: value`` and ``key=value`` pairs whose key is named like a credential."""
     out: list[str] = []
     done = 0
-    for m in _KEY_WORD.finditer(text):
+    for m in _KEY_WORD.finditer(text.translate(_ASCII_LOWER)):
         if m.start() < done:
             continue
         # The key's other words, read backwards from the one the pattern found.
@@ -484,6 +490,12 @@ def _mask_validation_inputs(text: str) -> str:
     return _VALIDATION_INPUT.sub(by_content, _VALIDATION_FIELD.sub(by_field, text))
 
 
+# Every hint of every rule above, for one quick look at a string no rule can touch.
+_ANY_HINT = re.compile(
+    r"-----begin|sk-|gh[pousr]_|github_pat_|xox|akia|asia|eyj|basic|bearer|://|secret|[/+]"
+    r"|pass|token|key|auth|cookie|credential|input_value="
+)
+
 # --- JSON text --------------------------------------------------------------------------
 
 _JSON_START = re.compile(r"[ \t\r\n]*+[{\[]")
@@ -574,6 +586,8 @@ class Redactor:
         if len(value) < _SHORTEST_SECRET:
             return value
         lowered = value.lower()
+        if _ANY_HINT.search(lowered) is None:
+            return value
         for rule in self._rules:
             value = rule.apply(value, lowered)
         if any(h in lowered for h in _KEY_HINTS):
@@ -616,7 +630,7 @@ class Redactor:
             if token in ("}", "]"):
                 stack.pop()
                 continue
-            decoded = json.loads(token)
+            decoded = json.loads(token) if "\\" in token else token[1:-1]
             if in_object and _JSON_COLON.match(text, m.end()):
                 value_kind = _key_kind(decoded) or inherited
                 masked = self._text(decoded, depth + 1)
