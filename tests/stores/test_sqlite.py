@@ -171,6 +171,68 @@ async def test_create_schema_refuses_a_newer_schema(tmp_path: Path) -> None:
             await stores.create_schema()
 
 
+def _insert_record(conn: sqlite3.Connection, key: str | None) -> None:
+    conn.execute(
+        "INSERT INTO adk_idempotency (key, status, holder, tenant, run_id, iteration, tool, "
+        "call_id, side_effects, idempotent, since) "
+        "VALUES (?, 'completed', 'w', 'acme', 'run-1', 0, 'book_seat', 'c1', 1, 0, 0)",
+        (key,),
+    )
+
+
+async def test_a_null_idempotency_key_cannot_be_stored(database: SqliteDatabase) -> None:
+    with raw(Path(database.path)) as conn:
+        with pytest.raises(sqlite3.IntegrityError, match="NOT NULL"):
+            _insert_record(conn, None)
+        with pytest.raises(sqlite3.IntegrityError, match="NOT NULL"):
+            conn.execute(
+                "INSERT INTO adk_approvals (id, tenant, run_id, calls, iteration, status, "
+                "requested_at) VALUES (NULL, 'acme', 'run-1', '[]', 0, 'pending', 0)"
+            )
+
+
+async def test_a_version_1_file_is_migrated_by_schema_apply_and_keeps_its_records(
+    tmp_path: Path,
+) -> None:
+    from tesserix_adk.stores.sqlite import SQLITE_MIGRATIONS
+
+    path = tmp_path / "adk.sqlite3"
+    with raw(path) as conn:  # a file exactly as version 1 of the kit left it
+        conn.executescript(SQLITE_MIGRATIONS[0])
+        conn.execute("INSERT INTO adk_schema_version (id, version) VALUES (1, 1)")
+        _insert_record(conn, "k1")
+    async with open_sqlite_stores(path) as stores:
+        with pytest.raises(ConfigurationError, match="tesserix schema apply"):
+            await stores.idempotency.lookup(["k1"])
+    async with open_sqlite_stores(path) as stores:
+        await stores.create_schema()
+        await stores.verify()
+        assert (await stores.idempotency.lookup(["k1"]))["k1"].tool == "book_seat"
+    with raw(path) as conn:
+        assert conn.execute("SELECT version FROM adk_schema_version").fetchone() == (
+            SQLITE_SCHEMA_VERSION,
+        )
+        with pytest.raises(sqlite3.IntegrityError, match="NOT NULL"):
+            _insert_record(conn, None)
+
+
+async def test_a_version_1_file_holding_a_null_key_is_refused_not_migrated(
+    tmp_path: Path,
+) -> None:
+    from tesserix_adk.stores.sqlite import SQLITE_MIGRATIONS
+
+    path = tmp_path / "adk.sqlite3"
+    with raw(path) as conn:
+        conn.executescript(SQLITE_MIGRATIONS[0])
+        conn.execute("INSERT INTO adk_schema_version (id, version) VALUES (1, 1)")
+        _insert_record(conn, None)
+    async with open_sqlite_stores(path) as stores:
+        with pytest.raises(ConfigurationError, match="no key"):
+            await stores.create_schema()
+    with raw(path) as conn:  # left as it was
+        assert conn.execute("SELECT version FROM adk_schema_version").fetchone() == (1,)
+
+
 @pytest.mark.parametrize(("synchronous", "pragma"), [("full", 2), ("normal", 1)])
 async def test_synchronous_setting_is_honoured(
     tmp_path: Path, synchronous: str, pragma: int

@@ -65,6 +65,7 @@ from tesserix_adk.stores.records import (
 )
 
 __all__ = [
+    "SQLITE_MIGRATIONS",
     "SQLITE_SCHEMA",
     "SQLITE_SCHEMA_VERSION",
     "SqliteApprovalStore",
@@ -77,12 +78,9 @@ __all__ = [
     "open_sqlite_stores",
 ]
 
-SQLITE_SCHEMA_VERSION = 1
-
-SQLITE_SCHEMA = f"""\
--- tesserix-adk SQLite schema, version {SQLITE_SCHEMA_VERSION}.
--- Applied by `tesserix schema apply` (SqliteDatabase.create_schema); idempotent.
-
+# Version 1, exactly as it was released: kept so that a test can build a file of that
+# version, and as the record of what version 2 starts from.
+_V1 = """\
 CREATE TABLE IF NOT EXISTS adk_schema_version (
     id      INTEGER PRIMARY KEY CHECK (id = 1),
     version INTEGER NOT NULL
@@ -172,6 +170,169 @@ CREATE TABLE IF NOT EXISTS adk_ledger (
 
 CREATE TABLE IF NOT EXISTS adk_approvals (
     id           TEXT PRIMARY KEY,
+    tenant       TEXT NOT NULL,
+    run_id       TEXT NOT NULL,
+    calls        TEXT NOT NULL,
+    iteration    INTEGER NOT NULL,
+    status       TEXT NOT NULL,
+    decided_by   TEXT,
+    note         TEXT,
+    requested_at REAL NOT NULL,
+    decided_at   REAL
+);
+"""
+
+_V2 = """\
+-- Version 2: the idempotency key and the approval id are NOT NULL. SQLite lets a PRIMARY
+-- KEY that is not an INTEGER hold NULL, and a record with a NULL key can never be found
+-- by its key: its call would look as if it never ran. SQLite cannot add NOT NULL to a
+-- column, so both tables are rebuilt, rows and all.
+CREATE TABLE adk_idempotency_v2 (
+    key          TEXT NOT NULL PRIMARY KEY,
+    status       TEXT NOT NULL,
+    holder       TEXT NOT NULL,
+    tenant       TEXT NOT NULL,
+    run_id       TEXT NOT NULL,
+    iteration    INTEGER,
+    tool         TEXT,
+    call_id      TEXT,
+    side_effects INTEGER,
+    idempotent   INTEGER,
+    fence        INTEGER,
+    outcome      BLOB,
+    since        REAL NOT NULL,
+    completed_at REAL,
+    expires_at   REAL,
+    resolved_by  TEXT
+);
+INSERT INTO adk_idempotency_v2 (key, status, holder, tenant, run_id, iteration, tool, call_id,
+    side_effects, idempotent, fence, outcome, since, completed_at, expires_at, resolved_by)
+    SELECT key, status, holder, tenant, run_id, iteration, tool, call_id, side_effects,
+        idempotent, fence, outcome, since, completed_at, expires_at,
+        resolved_by FROM adk_idempotency;
+DROP TABLE adk_idempotency;
+ALTER TABLE adk_idempotency_v2 RENAME TO adk_idempotency;
+CREATE INDEX IF NOT EXISTS adk_idempotency_run ON adk_idempotency (tenant, run_id);
+
+CREATE TABLE adk_approvals_v2 (
+    id           TEXT NOT NULL PRIMARY KEY,
+    tenant       TEXT NOT NULL,
+    run_id       TEXT NOT NULL,
+    calls        TEXT NOT NULL,
+    iteration    INTEGER NOT NULL,
+    status       TEXT NOT NULL,
+    decided_by   TEXT,
+    note         TEXT,
+    requested_at REAL NOT NULL,
+    decided_at   REAL
+);
+INSERT INTO adk_approvals_v2 (id, tenant, run_id, calls, iteration, status, decided_by, note,
+    requested_at, decided_at)
+    SELECT id, tenant, run_id, calls, iteration, status, decided_by, note, requested_at,
+        decided_at FROM adk_approvals;
+DROP TABLE adk_approvals;
+ALTER TABLE adk_approvals_v2 RENAME TO adk_approvals;
+"""
+
+SQLITE_MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+"""``SQLITE_MIGRATIONS[i]`` takes a file from schema version ``i`` to ``i + 1``. A new file
+gets ``SQLITE_SCHEMA`` at once; ``create_schema()`` applies the steps an older file lacks."""
+
+SQLITE_SCHEMA_VERSION = len(SQLITE_MIGRATIONS)
+
+SQLITE_SCHEMA = f"""\
+-- tesserix-adk SQLite schema, version {SQLITE_SCHEMA_VERSION}.
+-- Applied by `tesserix schema apply` (SqliteDatabase.create_schema); idempotent.
+
+CREATE TABLE IF NOT EXISTS adk_schema_version (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL
+);
+
+-- The highest fence each kind of store has seen per run. Rows are never deleted: forgetting
+-- a run must not let a superseded holder write again.
+CREATE TABLE IF NOT EXISTS adk_fences (
+    store  TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    fence  INTEGER NOT NULL,
+    PRIMARY KEY (store, tenant, run_id)
+) WITHOUT ROWID;
+
+-- One frontier per run: the last accepted put, what resume reads.
+CREATE TABLE IF NOT EXISTS adk_frontiers (
+    tenant  TEXT NOT NULL,
+    run_id  TEXT NOT NULL,
+    step    INTEGER NOT NULL,
+    fence   INTEGER,
+    payload BLOB NOT NULL,
+    PRIMARY KEY (tenant, run_id)
+);
+
+-- Step snapshots, for replay and inspection; pruned to keep_last per run.
+CREATE TABLE IF NOT EXISTS adk_checkpoint_steps (
+    tenant  TEXT NOT NULL,
+    run_id  TEXT NOT NULL,
+    step    INTEGER NOT NULL,
+    fence   INTEGER,
+    payload BLOB NOT NULL,
+    PRIMARY KEY (tenant, run_id, step)
+);
+
+-- Idempotency records; times are SQLite's clock in epoch seconds.
+CREATE TABLE IF NOT EXISTS adk_idempotency (
+    key          TEXT NOT NULL PRIMARY KEY,
+    status       TEXT NOT NULL,
+    holder       TEXT NOT NULL,
+    tenant       TEXT NOT NULL,
+    run_id       TEXT NOT NULL,
+    iteration    INTEGER,
+    tool         TEXT,
+    call_id      TEXT,
+    side_effects INTEGER,
+    idempotent   INTEGER,
+    fence        INTEGER,
+    outcome      BLOB,
+    since        REAL NOT NULL,
+    completed_at REAL,
+    expires_at   REAL,
+    resolved_by  TEXT
+);
+CREATE INDEX IF NOT EXISTS adk_idempotency_run ON adk_idempotency (tenant, run_id);
+
+-- One row per run ever leased: fence counts acquisitions and never goes back; holder is
+-- NULL once released.
+CREATE TABLE IF NOT EXISTS adk_run_leases (
+    tenant     TEXT NOT NULL,
+    run_id     TEXT NOT NULL,
+    fence      INTEGER NOT NULL,
+    holder     TEXT,
+    expires_at REAL,
+    PRIMARY KEY (tenant, run_id)
+);
+
+-- Transcripts out of line: row `position` holds message position-1 and the chained digest
+-- of the prefix of `position` messages.
+CREATE TABLE IF NOT EXISTS adk_history (
+    tenant   TEXT NOT NULL,
+    run_id   TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    digest   TEXT NOT NULL,
+    item     BLOB NOT NULL,
+    PRIMARY KEY (tenant, run_id, position)
+);
+
+CREATE TABLE IF NOT EXISTS adk_ledger (
+    tenant        TEXT NOT NULL,
+    run_id        TEXT NOT NULL,
+    micros        INTEGER NOT NULL,
+    input_tokens  INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    PRIMARY KEY (tenant, run_id)
+);
+
+CREATE TABLE IF NOT EXISTS adk_approvals (
+    id           TEXT NOT NULL PRIMARY KEY,
     tenant       TEXT NOT NULL,
     run_id       TEXT NOT NULL,
     calls        TEXT NOT NULL,
@@ -397,14 +558,27 @@ class SqliteDatabase:
                     "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                     ("adk_schema_version",),
                 ).fetchone()
+                version = SQLITE_SCHEMA_VERSION
                 if exists is not None:
                     row = conn.execute(
                         "SELECT version FROM adk_schema_version WHERE id = 1"
                     ).fetchone()
-                    if row is not None and row[0] != SQLITE_SCHEMA_VERSION:
-                        raise self._wrong_version(row[0])
+                    if row is not None:
+                        version = row[0]
+                if not isinstance(version, int) or not 1 <= version <= SQLITE_SCHEMA_VERSION:
+                    raise self._wrong_version(version)
+                if version < 2:
+                    self._refuse_null_keys(conn)
+                for migration in SQLITE_MIGRATIONS[version:]:
+                    for statement in _schema_statements(migration):
+                        conn.execute(statement)
+                # Idempotent: on a file at this version it puts back a table dropped by hand.
                 for statement in _schema_statements(SQLITE_SCHEMA):
                     conn.execute(statement)
+                conn.execute(
+                    "UPDATE adk_schema_version SET version = ? WHERE id = 1",
+                    (SQLITE_SCHEMA_VERSION,),
+                )
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -413,6 +587,23 @@ class SqliteDatabase:
         finally:
             conn.close()
 
+    def _refuse_null_keys(self, conn: sqlite3.Connection) -> None:
+        # Version 2 makes these NOT NULL. Such a row can never be found by its key, so it
+        # is not silently dropped: an operator decides what it was.
+        (records,) = conn.execute(
+            "SELECT count(*) FROM adk_idempotency WHERE key IS NULL"
+        ).fetchone()
+        (approvals,) = conn.execute(
+            "SELECT count(*) FROM adk_approvals WHERE id IS NULL"
+        ).fetchone()
+        if records or approvals:
+            raise ConfigurationError(
+                f"the SQLite store {self.path} holds {records} idempotency record(s) with no "
+                f"key and {approvals} approval(s) with no id; version {SQLITE_SCHEMA_VERSION} "
+                f"of the schema refuses them. Inspect and delete them (e.g. DELETE FROM "
+                f"adk_idempotency WHERE key IS NULL), then run `tesserix schema apply` again"
+            )
+
     def _missing(self) -> ConfigurationError:
         return ConfigurationError(
             f"the SQLite store {self.path} has no tesserix schema (or does not exist); "
@@ -420,10 +611,11 @@ class SqliteDatabase:
         )
 
     def _wrong_version(self, found: object) -> ConfigurationError:
-        # Version 1 is the first: anything lower was not written by a release of the kit,
-        # so there is nothing to migrate from yet.
+        # Version 1 is the first: anything lower was not written by a release of the kit.
         if isinstance(found, int) and found > SQLITE_SCHEMA_VERSION:
             hint = "upgrade tesserix-adk to use it"
+        elif isinstance(found, int) and found >= 1:
+            hint = f"migrate it, keeping its data, with `tesserix schema apply --store {self.url}`"
         else:
             hint = "it was not created by `tesserix schema apply`"
         return ConfigurationError(
