@@ -571,3 +571,47 @@ async def test_a_lease_in_the_same_file_counts_as_a_seen_fence(
         await checkpoints.seal("acme", "run-1", first.fence)
     await checkpoints.put("acme", "run-1", b"b", step=2, fence=second.fence)
     assert (await checkpoints.latest("acme", "run-1")).payload == b"b"  # type: ignore[union-attr]
+
+
+_COMMIT_FAILS = textwrap.dedent(
+    """
+    import asyncio, os, resource, signal, sys
+    from tesserix_adk.errors import StoreReplyLostError, StoreUnavailableError
+    from tesserix_adk.stores.sqlite import SqliteCheckpointStore, SqliteDatabase
+
+    async def main(path):
+        db = SqliteDatabase(path)
+        await db.create_schema()
+        checkpoints = SqliteCheckpointStore(db)
+        await checkpoints.put("acme", "r", b"small", step=0)
+        # The file may not grow much more: the next commit's WAL write fails (EFBIG).
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        limit = os.path.getsize(path + "-wal") + 20000
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+        try:
+            await checkpoints.put("acme", "r", b"y" * 200000, step=1)
+        except StoreReplyLostError as exc:
+            print("reply-lost", exc)
+        except StoreUnavailableError as exc:
+            print("unavailable", exc)
+        else:
+            print("written")
+        await db.aclose()
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+def test_a_commit_that_fails_midway_is_outcome_unknown(tmp_path: Path) -> None:
+    # The failure comes at COMMIT, after SQLite began writing the transaction out: from the
+    # caller's side it may have been committed, so the runner must read it back.
+    done = subprocess.run(
+        [sys.executable, "-c", _COMMIT_FAILS, str(tmp_path / "adk.sqlite3")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("reply-lost"), done.stdout

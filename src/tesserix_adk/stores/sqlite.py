@@ -41,6 +41,7 @@ from tesserix_adk.errors import (
     LeaseHeldError,
     LeaseLostError,
     StaleFenceError,
+    StoreReplyLostError,
     StoreUnavailableError,
 )
 from tesserix_adk.messages import ToolCall, Usage
@@ -382,6 +383,14 @@ def _schema_statements(schema: str) -> Iterator[str]:
         raise ConfigurationError(f"the SQLite schema ends in an incomplete statement: {leftover}")
 
 
+class _CommitInDoubt(Exception):
+    """COMMIT failed after SQLite ended the transaction: committed or not, unknown."""
+
+    def __init__(self, error: sqlite3.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _sqlite_url(path: str) -> str:
     # SQLAlchemy style: three slashes, then the path (absolute paths add their own slash).
     return "sqlite:///" + path
@@ -477,6 +486,11 @@ class SqliteDatabase:
     def _translating(self, call: Callable[[], T]) -> T:
         try:
             return call()
+        except _CommitInDoubt as doubt:
+            raise StoreReplyLostError(
+                f"the SQLite store {self.path} failed while committing, after SQLite began "
+                f"writing the transaction out; it may have been committed: {doubt.error}"
+            ) from doubt.error
         except sqlite3.Error as exc:
             raise self._translate(exc) from exc
 
@@ -485,7 +499,16 @@ class SqliteDatabase:
         try:
             conn.execute(begin)
             result = fn(conn)
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                # Still in the transaction (SQLITE_BUSY, a deferred constraint): nothing was
+                # committed, and the rollback below makes sure. Otherwise SQLite ended it
+                # while writing it out (an I/O error, a full disk), and from here it cannot
+                # be told whether the commit record reached the file.
+                if conn.in_transaction:
+                    raise
+                raise _CommitInDoubt(exc) from exc
             return result
         finally:
             if conn.in_transaction:
@@ -1140,6 +1163,14 @@ class SqliteLeaseStore:
 
     Each run keeps one row whose fence counts acquisitions; release frees the run but keeps
     the row, so a fence is never handed out twice.
+
+    The clock's limit: SQLite's ``julianday('now')`` is the wall clock of whichever process
+    runs the statement. A process whose clock is off, or a host whose clock is stepped, moves
+    every lease's expiry as seen by that process: a clock stepped forward by S seconds can
+    take a live lease up to S seconds early; one stepped back blocks a lapsed run for up to
+    S seconds. Fences still prevent a duplicate: the earlier holder's next write or claim is
+    refused, and its own monotonic deadline (``Leaseholder``) stops it at its ttl whatever
+    the wall clock says. Keep the host's clock slewed (NTP), not stepped, if that matters.
     """
 
     def __init__(self, database: SqliteDatabase) -> None:
