@@ -242,3 +242,9 @@ def test_an_unknown_scheme_never_shows_the_password() -> None:
 )
 def test_redact_url_masks_only_the_password(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+def test_a_postgres_url_carries_its_call_timeout_through_open_stores() -> None:
+    pytest.importorskip("psycopg")
+    stores = open_stores("postgresql://adk@db.example/adk?timeout=2.5")
+    assert stores.leases.database.timeout == 2.5  # type: ignore[attr-defined]

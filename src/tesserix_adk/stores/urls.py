@@ -24,8 +24,10 @@ def open_stores(url: str) -> Stores:
     """Build the six stores named by ``url`` as a ``Stores`` bundle; no I/O.
 
     Options come from the query: ``keep_last=N`` (memory, SQLite) and
-    ``synchronous=full|normal`` (SQLite). A relative SQLite path is relative to the
-    current directory at the time of this call. Anything else is a ``ConfigurationError``.
+    ``synchronous=full|normal`` (SQLite); Redis and PostgreSQL read theirs in their openers
+    (``prefix``, ``allow_volatile``; ``pool_min``, ``pool_max``, ``timeout``). A relative
+    SQLite path is relative to the current directory at the time of this call. Anything
+    else is a ``ConfigurationError``.
     """
     try:
         parts = urlsplit(url.strip())
