@@ -8,13 +8,23 @@ import hashlib
 import json
 import random
 import string
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tesserix_adk.checkpoint.redaction import Redactor, default_redactor
 from tesserix_adk.errors import ConfigurationError
-from tesserix_adk.testing.secrets import leaked_secrets, planted_secrets
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.urls import open_stores
+from tesserix_adk.testing.secrets import (
+    PlantedSecretsSuite,
+    leaked,
+    leaked_secrets,
+    planted_cases,
+    planted_secrets,
+)
 
 # Fake secrets, generated so no source line looks like a real token to a secret scanner.
 _rng = random.Random(7)
@@ -49,12 +59,14 @@ _PEM_BODY = "\n".join(_pick(_ALNUM + "+/", 64) for _ in range(4))
 _PEM_LABEL = "EC " + "PRIVATE KEY"
 _URL_PASSWORD = "s3cr3t-" + _pick(_ALNUM, 10)
 _BEARER_TOKEN = "tok_" + _pick(_ALNUM, 30)
+_BASIC = base64.b64encode(f"report:{_pick(_ALNUM, 14)}".encode()).decode()
 
 # kind → (text to plant, the part that must disappear)
 SAMPLES: dict[str, tuple[str, str]] = {
     "openai_key": _same("sk-" + _pick(_ALNUM, 48)),
     "anthropic_key": _same("sk-" + "ant-api03-" + _pick(_ALNUM + "-_", 90) + "AA"),
     "bearer": (f"Bearer {_BEARER_TOKEN}", _BEARER_TOKEN),
+    "basic_auth": (f"Basic {_BASIC}", _BASIC),
     "aws_access_key_id": _same("AS" + "IA" + _pick(string.ascii_uppercase + string.digits, 16)),
     "aws_secret_key": _same("Zk9q" + _pick(_ALNUM, 16) + "/x+Q" + _pick(_ALNUM, 12) + "Ab1c"),
     "github_token": _same("gh" + "s_" + _pick(_ALNUM, 36)),
@@ -690,3 +702,54 @@ def test_a_pydantic_argument_error_is_masked_by_field_name() -> None:
     out = default_redactor().text(message)
     assert "hunter2" not in out and "input_value='[redacted:password]'" in out
     assert "input_value='x'" in out  # an ordinary field keeps its input
+
+
+# --- the planted-secrets suite a store runs ---------------------------------------------
+
+
+def test_every_planted_case_is_masked_by_the_redactor() -> None:
+    r = default_redactor()
+    cases = planted_cases()
+    assert len({c.name for c in cases}) == len(cases)
+    for case in cases:
+        assert case.found_in(json.dumps(case.planted)), case.name  # the check can fail
+        out = r.value(case.planted) if isinstance(case.planted, dict) else r.text(case.planted)
+        assert leaked(json.dumps(out), (case,)) == [], case.name
+
+
+# checkpoint/payload.py's ``_redacted_text`` judges JSON text by what ``json.loads`` keeps
+# (the last duplicate) and stores the text raw when that looks clean, so the first of two
+# duplicated keys is stored unmasked. It goes once it calls ``Redactor.text`` (which masks JSON
+# text in place, duplicates and all); then this mark fails and is to be removed.
+_DUPLICATE_KEY_LEAK = pytest.mark.xfail(
+    strict=True, reason="payload._redacted_text stores a duplicated JSON key raw"
+)
+
+
+class TestPlantedSecretsOnMemoryStores(PlantedSecretsSuite):
+    @pytest.fixture
+    def planted_stores(self) -> Stores:
+        return open_stores("memory://")
+
+    @_DUPLICATE_KEY_LEAK
+    async def test_no_planted_secret_reaches_any_store(self, planted_stores: Any) -> None:
+        await super().test_no_planted_secret_reaches_any_store(planted_stores)
+
+
+class TestPlantedSecretsOnSqlite(PlantedSecretsSuite):
+    @pytest.fixture
+    async def planted_stores(self, tmp_path: Any) -> AsyncIterator[Stores]:
+        stores = open_stores(f"sqlite:///{tmp_path}/planted.db")
+        await stores.create_schema()
+        yield stores
+        await stores.aclose()
+
+    @_DUPLICATE_KEY_LEAK
+    async def test_no_planted_secret_reaches_any_store(self, planted_stores: Any) -> None:
+        await super().test_no_planted_secret_reaches_any_store(planted_stores)
+
+    async def raw_bytes(self, stores: Any, tenant: str, run_id: str) -> bytes:
+        # The database file and its write-ahead log, as they lie on disk.
+        path = Path(str(stores.url).removeprefix("sqlite:///").split("?")[0])
+        files = [path, path.with_name(path.name + "-wal")]
+        return b"".join(f.read_bytes() for f in files if f.exists())
