@@ -717,23 +717,10 @@ def test_every_planted_case_is_masked_by_the_redactor() -> None:
         assert leaked(json.dumps(out), (case,)) == [], case.name
 
 
-# checkpoint/payload.py's ``_redacted_text`` judges JSON text by what ``json.loads`` keeps
-# (the last duplicate) and stores the text raw when that looks clean, so the first of two
-# duplicated keys is stored unmasked. It goes once it calls ``Redactor.text`` (which masks JSON
-# text in place, duplicates and all); then this mark fails and is to be removed.
-_DUPLICATE_KEY_LEAK = pytest.mark.xfail(
-    strict=True, reason="payload._redacted_text stores a duplicated JSON key raw"
-)
-
-
 class TestPlantedSecretsOnMemoryStores(PlantedSecretsSuite):
     @pytest.fixture
     def planted_stores(self) -> Stores:
         return open_stores("memory://")
-
-    @_DUPLICATE_KEY_LEAK
-    async def test_no_planted_secret_reaches_any_store(self, planted_stores: Any) -> None:
-        await super().test_no_planted_secret_reaches_any_store(planted_stores)
 
 
 class TestPlantedSecretsOnSqlite(PlantedSecretsSuite):
@@ -743,10 +730,6 @@ class TestPlantedSecretsOnSqlite(PlantedSecretsSuite):
         await stores.create_schema()
         yield stores
         await stores.aclose()
-
-    @_DUPLICATE_KEY_LEAK
-    async def test_no_planted_secret_reaches_any_store(self, planted_stores: Any) -> None:
-        await super().test_no_planted_secret_reaches_any_store(planted_stores)
 
     async def raw_bytes(self, stores: Any, tenant: str, run_id: str) -> bytes:
         # The database file and its write-ahead log, as they lie on disk.

@@ -399,17 +399,8 @@ def redact_outcome_content(content: Any, redactor: Redactor) -> Any:
 
 
 def _redacted_text(text: str, redactor: Redactor) -> str:
-    if text[:1] in ("{", "["):
-        depth = _nesting(text)
-        if depth is not None and depth <= MAX_NESTING:
-            try:
-                data = json.loads(text)
-            except ValueError:
-                pass
-            else:
-                if redactor.changed(data):
-                    return json.dumps(redactor.value(data), sort_keys=True, default=str)
-                return text
+    # Redactor.text masks JSON text in place (every duplicate of a key included, which a
+    # json.loads round trip would drop) and anything else as free text.
     return redactor.text(text)
 
 

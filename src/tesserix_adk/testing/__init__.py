@@ -15,28 +15,34 @@ from tesserix_adk.testing.clock import FakeClock
 if TYPE_CHECKING:
     from tesserix_adk.testing.approval_store import ApprovalStoreConformance
     from tesserix_adk.testing.checkpoint_store import CheckpointStoreConformance
+    from tesserix_adk.testing.corruption import CorruptionConformance
     from tesserix_adk.testing.history_store import HistoryStoreConformance
     from tesserix_adk.testing.idempotency_store import IdempotencyStoreConformance
     from tesserix_adk.testing.lease_store import LeaseStoreConformance
     from tesserix_adk.testing.ledger import LedgerConformance
+    from tesserix_adk.testing.secrets import PlantedSecretsSuite
 
 __all__ = [
     "ApprovalStoreConformance",
     "CheckpointStoreConformance",
+    "CorruptionConformance",
     "FakeClock",
     "HistoryStoreConformance",
     "IdempotencyStoreConformance",
     "LeaseStoreConformance",
     "LedgerConformance",
+    "PlantedSecretsSuite",
 ]
 
 _SUITES = {
     "ApprovalStoreConformance": "approval_store",
     "CheckpointStoreConformance": "checkpoint_store",
+    "CorruptionConformance": "corruption",
     "HistoryStoreConformance": "history_store",
     "IdempotencyStoreConformance": "idempotency_store",
     "LeaseStoreConformance": "lease_store",
     "LedgerConformance": "ledger",
+    "PlantedSecretsSuite": "secrets",
 }
 
 
