@@ -10,6 +10,7 @@ import pytest
 
 from booking import BOOK_TURNS, Airline, booking_agent
 from tesserix_adk import (
+    Agent,
     AgentRunner,
     Boundary,
     Checkpointer,
@@ -29,6 +30,7 @@ from tesserix_adk import (
     RunStatus,
     ScriptedProvider,
     StaleFenceError,
+    tool,
 )
 from tesserix_adk.testing import FakeClock
 from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
@@ -144,14 +146,30 @@ async def test_seal_fences_out_the_old_holder_before_the_new_one_writes(airline:
 
 async def test_workers_sharing_a_name_never_both_hold_a_run(airline: Airline) -> None:
     world = World()
-    one, two = world.runner(worker="w1"), world.runner(worker="w1")
-    assert one.holder != two.holder
-    lease = await world.leases.acquire("acme", "r", one.holder, 30)
+    inside = asyncio.Event()
+    release = asyncio.Event()
+
+    @tool
+    async def book_seat(flight: str) -> str:
+        """Book a seat (waits while the other worker tries)."""
+        inside.set()
+        await release.wait()
+        airline.bookings.append(flight)
+        return "booked"
+
+    agent = Agent("booking", "Book.", [book_seat])
+    turns: list[Any] = [[("book_seat", {"flight": "LH123"})], "done"]
+    one, two = world.runner(turns, worker="w1"), world.runner(turns, worker="w1")
+    first = asyncio.ensure_future(one.run(agent, "book", tenant="acme", run_id="r"))
+    await inside.wait()
+    held = await world.leases.current("acme", "r")
+    assert held is not None and held.holder.startswith("w1-")
     with pytest.raises(LeaseHeldError) as err:
-        await two.run(booking_agent(airline), "book", tenant="acme", run_id="r")
-    assert err.value.holder == one.holder
-    assert airline.searches == 0
-    await world.leases.release(lease)
+        await two.run(agent, "book", tenant="acme", run_id="r")
+    assert err.value.holder == held.holder
+    release.set()
+    assert (await first).status is RunStatus.completed
+    assert airline.bookings == ["LH123"]
 
 
 async def test_runner_holds_a_lease_while_running_and_releases_it(airline: Airline) -> None:

@@ -85,9 +85,10 @@ async def test_unkeyed_call_is_not_sent_when_its_frontier_cannot_be_written() ->
 async def test_a_holder_past_its_lease_deadline_sends_nothing_not_even_unkeyed_calls() -> None:
     sent: list[str] = []
 
-    @tool(side_effects=False)
+    @tool(side_effects=False, inline=True)
     def slow_lookup(q: str) -> str:
-        """Blocks the event loop past the lease ttl, so no renewal can happen."""
+        """Blocks the event loop past the lease ttl, so no renewal can happen (inline: a
+        sync tool otherwise runs in a worker thread and the lease is renewed)."""
         time.sleep(0.35)
         return q
 

@@ -43,8 +43,8 @@ class Resumer:
         self,
         checkpoints: Checkpointer,
         leases: LeaseStore,
-        history: HistoryStore | None = None,
-        idempotency: IdempotencyStore | None = None,
+        history: HistoryStore | None,
+        idempotency: IdempotencyStore,
         *,
         policy: LeasePolicy | None = None,
     ) -> None:
@@ -52,8 +52,6 @@ class Resumer:
             raise ConfigurationError(
                 "the history store is configured once, on the Checkpointer; pass the same one"
             )
-        if idempotency is None:
-            raise ConfigurationError("Resumer needs the idempotency store to plan a resume")
         self.checkpoints = checkpoints
         self.leases = leases
         self.idempotency = idempotency

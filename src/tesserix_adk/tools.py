@@ -6,6 +6,8 @@ decide, without the agent at hand, whether a call that may have run can be sent 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import inspect
 import json
@@ -35,7 +37,12 @@ def canonical_json(value: Any) -> str:
 
 
 class KeyFunction(Protocol):
-    """Derives a call's idempotency key; must be a pure function of its inputs."""
+    """Derives a call's idempotency key; must be a pure function of its inputs.
+
+    A key function may also take ``occurrence`` (keyword): the index of this (tool,
+    arguments) pair among identical calls of the same turn. One that does not take it gets
+    ``#<occurrence>`` appended to its key for every twin after the first.
+    """
 
     def __call__(
         self, *, tenant: str, run_id: str, iteration: int, tool: str, arguments: Mapping[str, Any]
@@ -43,11 +50,22 @@ class KeyFunction(Protocol):
 
 
 def default_key(
-    *, tenant: str, run_id: str, iteration: int, tool: str, arguments: Mapping[str, Any]
+    *,
+    tenant: str,
+    run_id: str,
+    iteration: int,
+    tool: str,
+    arguments: Mapping[str, Any],
+    occurrence: int = 0,
 ) -> str:
-    """A digest of (tenant, run, iteration, tool, arguments); never the provider's call id,
-    so a model that asks the same call again after a crash finds the recorded outcome."""
-    body = canonical_json([tenant, run_id, iteration, tool, dict(arguments)])
+    """A digest of (tenant, run, iteration, tool, arguments, occurrence); never the
+    provider's call id, so a model that asks the same call again after a crash finds the
+    recorded outcome. ``occurrence`` tells twin calls of one turn apart (the first twin's
+    key is the same as before twins were told apart)."""
+    parts: list[Any] = [tenant, run_id, iteration, tool, dict(arguments)]
+    if occurrence:
+        parts.append(occurrence)
+    body = canonical_json(parts)
     return "k1:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
@@ -83,9 +101,11 @@ class Tool:
     __slots__ = (
         "_accepts_ctx",
         "_args_model",
+        "_key_takes_occurrence",
         "description",
         "fn",
         "idempotent",
+        "inline",
         "key",
         "name",
         "parameters",
@@ -103,6 +123,7 @@ class Tool:
         idempotent: bool = False,
         requires_approval: bool = False,
         key: KeyFunction | None = default_key,
+        inline: bool = False,
     ) -> None:
         self.fn = fn
         self.name = name or fn.__name__
@@ -111,6 +132,10 @@ class Tool:
         self.idempotent = idempotent
         self.requires_approval = requires_approval
         self.key = key
+        # A sync tool runs in a worker thread so it never stalls lease renewals; ``inline``
+        # is for the rare one that must run on the event loop's thread.
+        self.inline = inline
+        self._key_takes_occurrence = key is not None and _takes(key, "occurrence")
         self._args_model, self._accepts_ctx = _arguments_model(fn, self.name)
         self.parameters: Mapping[str, Any] = self._args_model.model_json_schema()
 
@@ -124,44 +149,90 @@ class Tool:
         """The description a provider sends to the model."""
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
 
-    def key_for(self, *, tenant: str, run_id: str, iteration: int, call: ToolCall) -> str | None:
-        """The call's idempotency key, or ``None`` for a tool that opted out."""
+    def key_for(
+        self, *, tenant: str, run_id: str, iteration: int, call: ToolCall, occurrence: int = 0
+    ) -> str | None:
+        """The call's idempotency key, or ``None`` for a tool that opted out.
+
+        ``occurrence`` is the index of this call among identical (tool, arguments) calls of
+        the same turn, so twins get keys of their own.
+        """
         if self.key is None:
             return None
-        return self.key(
+        if self._key_takes_occurrence:
+            return cast(Callable[..., str], self.key)(
+                tenant=tenant,
+                run_id=run_id,
+                iteration=iteration,
+                tool=self.name,
+                arguments=call.arguments,
+                occurrence=occurrence,
+            )
+        key = self.key(
             tenant=tenant,
             run_id=run_id,
             iteration=iteration,
             tool=self.name,
             arguments=call.arguments,
         )
+        return key if not occurrence else f"{key}#{occurrence}"
 
-    async def invoke(self, arguments: Mapping[str, Any], ctx: ToolContext) -> Any:
-        """Validate the arguments and run the function (a sync function runs inline: make
-        a blocking tool async or hand it to a thread yourself)."""
+    async def invoke(
+        self,
+        arguments: Mapping[str, Any],
+        ctx: ToolContext,
+        *,
+        guard: Callable[[], None] | None = None,
+    ) -> Any:
+        """Validate the arguments and run the function: a sync one in a worker thread
+        (unless ``inline``). ``guard`` is called right before the function starts, with
+        nothing awaited in between, so a holder that lost the run sends nothing."""
         try:
             parsed = self._args_model.model_validate(dict(arguments))
         except ValidationError as exc:
             raise ValueError(f"invalid arguments for {self.name}: {exc}") from exc
         kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
-        return await call_maybe_async(self.fn, kwargs, ctx if self._accepts_ctx else None)
+        if guard is not None:
+            guard()
+        return await call_maybe_async(
+            self.fn, kwargs, ctx if self._accepts_ctx else None, thread=not self.inline
+        )
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r}, side_effects={self.side_effects})"
 
 
 async def call_maybe_async(
-    fn: Callable[..., Any], kwargs: dict[str, Any], ctx: ToolContext | None
+    fn: Callable[..., Any], kwargs: dict[str, Any], ctx: ToolContext | None, *, thread: bool = False
 ) -> Any:
-    """Call ``fn`` with keyword arguments (and ``ctx`` when given), sync or async."""
+    """Call ``fn`` with keyword arguments (and ``ctx`` when given), sync or async; with
+    ``thread``, a sync ``fn`` runs in a worker thread, off the event loop."""
     if ctx is not None:
         kwargs = {**kwargs, _CTX: ctx}
-    if inspect.iscoroutinefunction(fn):
+    if _is_async(fn):
         return await cast(Callable[..., Awaitable[Any]], fn)(**kwargs)
-    result = fn(**kwargs)
+    if thread:
+        result = await asyncio.to_thread(functools.partial(fn, **kwargs))
+    else:
+        result = fn(**kwargs)
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _takes(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def accepts_ctx(fn: Callable[..., Any]) -> bool:
@@ -203,6 +274,7 @@ def tool(
     idempotent: bool = False,
     requires_approval: bool = False,
     key: KeyFunction | None = default_key,
+    inline: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -216,6 +288,7 @@ def tool(
     idempotent: bool = False,
     requires_approval: bool = False,
     key: KeyFunction | None = default_key,
+    inline: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a function a ``Tool``; usable bare (``@tool``) or with keywords."""
 
@@ -228,6 +301,7 @@ def tool(
             idempotent=idempotent,
             requires_approval=requires_approval,
             key=key,
+            inline=inline,
         )
 
     if fn is not None:

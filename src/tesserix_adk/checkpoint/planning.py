@@ -149,8 +149,8 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
             planned = PlannedCall(
                 **base,
                 disposition=ToolDisposition.indeterminate,
-                reason="in flight, and its arguments were redacted in the frontier; it is "
-                "not sent again with masked arguments",
+                reason=f"claimed in flight by {rec.holder} (fence {rec.fence}), and its "
+                "arguments were redacted in the frontier; nobody can say whether it ran",
                 record=rec,
             )
         elif safe_to_resend:
@@ -171,12 +171,23 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
                 record=rec,
             )
         if oc.redacted and planned.disposition is ToolDisposition.never_ran:
-            planned = dataclasses.replace(
-                planned,
-                disposition=ToolDisposition.indeterminate,
-                reason="its arguments were redacted in the frontier; it is not sent with "
-                "masked arguments",
-            )
+            if planned.takeover:
+                # In flight under a holder that may have sent it: re-sending is out (the
+                # arguments are masked), so whether it ran is for an operator to say.
+                planned = dataclasses.replace(
+                    planned,
+                    disposition=ToolDisposition.indeterminate,
+                    takeover=False,
+                    reason=f"in flight under {rec.holder if rec else 'a holder'}, and its "
+                    "arguments were redacted in the frontier; it is not sent again with "
+                    "masked arguments",
+                )
+            else:
+                planned = dataclasses.replace(
+                    planned,
+                    reason=planned.reason + "; its arguments were redacted in the frontier, so "
+                    "it is not sent: the model is told it was not sent",
+                )
         buckets[planned.disposition].append(planned)
 
     listed = set(keys)

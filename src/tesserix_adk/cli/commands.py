@@ -221,10 +221,10 @@ async def _resume(
         )
         spent = await stores.ledger.spent(args.tenant, args.resume)
 
-        def found(cp: Checkpoint, plan: ResumePlan | None, fence: int | None) -> None:
+        def found(cp: Checkpoint, plan: ResumePlan | None, fence: int | None, holder: str) -> None:
             out.write(describe(cp, plan=plan, spent=spent) + "\n")
             holding = f"fence {fence}" if fence is not None else "no lease store"
-            out.write(f"holding the run as {escaped(runner.holder)} ({holding})\n")
+            out.write(f"holding the run as {escaped(holder)} ({holding})\n")
             out.flush()
 
         run = await runner.resume(agent, args.resume, tenant=args.tenant, on_frontier=found)

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tesserix_adk.errors import StoreReplyLostError, StoreUnavailableError
 from tesserix_adk.stores.protocols import (
     CheckpointStore,
     IdempotencyRecord,
@@ -19,7 +20,7 @@ from tesserix_adk.stores.protocols import (
     ToolFlags,
 )
 
-__all__ = ["FaultyCheckpointStore", "FaultyIdempotencyStore", "SimulatedCrash"]
+__all__ = ["FaultyCheckpointStore", "FaultyIdempotencyStore", "IdempotencyHook", "SimulatedCrash"]
 
 
 class SimulatedCrash(BaseException):
@@ -95,13 +96,42 @@ class FaultyCheckpointStore:
         await self.inner.seal(tenant, run_id, fence)
 
 
-class FaultyIdempotencyStore:
-    """Wraps an idempotency store; ``unreachable`` makes tool-call claims fail like a
-    dropped connection (the run's own resume claim still works)."""
+IdempotencyHook = Callable[[str, str, str], None]
+"""``hook(phase, op, key)``: ``phase`` is ``"before"`` (the request has not reached the store)
+or ``"after"`` (the store applied it, the reply is on its way); ``op`` is ``claim``,
+``complete``, ``lookup`` or ``records``. Raising from it stands in for the fault."""
 
-    def __init__(self, inner: IdempotencyStore) -> None:
+
+class FaultyIdempotencyStore:
+    """Wraps an idempotency store and breaks it on purpose.
+
+    - ``unreachable``: tool-call claims fail like a dropped connection (the run's own resume
+      claim still works);
+    - ``fail_completes`` / ``fail_claims``: the next N completes / tool-call claims never
+      reach the store (``StoreUnavailableError``);
+    - ``lose_complete_replies`` / ``lose_claim_replies``: the next N are applied, then the
+      reply is lost (``StoreReplyLostError``);
+    - ``hook``: called around every call (see ``IdempotencyHook``), for arbitrary faults.
+    """
+
+    def __init__(self, inner: IdempotencyStore, *, hook: IdempotencyHook | None = None) -> None:
         self.inner = inner
         self.unreachable = False
+        self.fail_completes = 0
+        self.fail_claims = 0
+        self.lose_complete_replies = 0
+        self.lose_claim_replies = 0
+        self.hook = hook
+        self.calls: list[tuple[str, str]] = []
+
+    def _before(self, op: str, key: str) -> None:
+        self.calls.append((op, key))
+        if self.hook is not None:
+            self.hook("before", op, key)
+
+    def _after(self, op: str, key: str) -> None:
+        if self.hook is not None:
+            self.hook("after", op, key)
 
     async def claim(
         self,
@@ -118,10 +148,15 @@ class FaultyIdempotencyStore:
         ttl: float | None = None,
         takeover: bool = False,
     ) -> IdempotencyRecord:
-        """Claim, unless the store is "unreachable" for tool calls."""
+        """Claim, unless told to fail (before the store) or to lose the reply (after)."""
         if self.unreachable and tool is not None:
             raise ConnectionError("idempotency store unreachable (simulated)")
-        return await self.inner.claim(
+        if tool is not None:
+            self._before("claim", key)
+            if self.fail_claims > 0:
+                self.fail_claims -= 1
+                raise StoreUnavailableError("claim never reached the store (simulated)")
+        rec = await self.inner.claim(
             key,
             holder=holder,
             tenant=tenant,
@@ -134,22 +169,43 @@ class FaultyIdempotencyStore:
             ttl=ttl,
             takeover=takeover,
         )
+        if tool is not None:
+            self._after("claim", key)
+            if self.lose_claim_replies > 0:
+                self.lose_claim_replies -= 1
+                raise StoreReplyLostError("the claim was applied; its reply was lost (simulated)")
+        return rec
 
     async def complete(self, key: str, outcome: bytes, *, holder: str) -> IdempotencyRecord:
-        """Delegates."""
-        return await self.inner.complete(key, outcome, holder=holder)
+        """Complete, unless told to fail (before the store) or to lose the reply (after)."""
+        self._before("complete", key)
+        if self.fail_completes > 0:
+            self.fail_completes -= 1
+            raise StoreUnavailableError("complete never reached the store (simulated)")
+        rec = await self.inner.complete(key, outcome, holder=holder)
+        self._after("complete", key)
+        if self.lose_complete_replies > 0:
+            self.lose_complete_replies -= 1
+            raise StoreReplyLostError("the outcome was recorded; its reply was lost (simulated)")
+        return rec
 
     async def release(self, key: str, *, holder: str) -> None:
         """Delegates."""
         await self.inner.release(key, holder=holder)
 
     async def lookup(self, keys: Sequence[str]) -> dict[str, IdempotencyRecord]:
-        """Delegates."""
-        return await self.inner.lookup(keys)
+        """Delegates (through the hook)."""
+        self._before("lookup", ",".join(keys))
+        found = await self.inner.lookup(keys)
+        self._after("lookup", ",".join(keys))
+        return found
 
     async def records(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
-        """Delegates."""
-        return await self.inner.records(tenant, run_id)
+        """Delegates (through the hook)."""
+        self._before("records", run_id)
+        found = await self.inner.records(tenant, run_id)
+        self._after("records", run_id)
+        return found
 
     async def resolve(
         self, key: str, outcome: bytes | None = None, *, never_ran: bool = False, by: str

@@ -1,0 +1,102 @@
+"""Approvals: ask a person before a call that needs one, and take their decision.
+
+A turn whose calls need approval records one ``ApprovalRequest`` (arguments redacted) and a
+``before_approval`` frontier naming it, then the run waits. Once decided, the decision
+becomes the run's grants and the turn goes on as any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tesserix_adk.checkpoint.payload import (
+    Boundary,
+    CheckpointStatus,
+    Grant,
+    OutstandingCall,
+    PendingApproval,
+)
+from tesserix_adk.errors import ConfigurationError, NoCheckpointError
+from tesserix_adk.messages import ToolCall
+from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.run.frontier import write_frontier
+from tesserix_adk.run.parts import RunParts
+from tesserix_adk.run.result import Run, RunStatus
+from tesserix_adk.run.state import RunState
+from tesserix_adk.stores.protocols import ApprovalStatus
+
+__all__ = ["ask_approval", "take_decision"]
+
+
+async def ask_approval(
+    parts: RunParts, run: RunState, attempt: Attempt, calls: Sequence[OutstandingCall]
+) -> Run | None:
+    """The waiting run if some call of the turn needs an approval not yet given; else
+    ``None`` (nothing to ask)."""
+    decided = {g.call_id for g in run.grants}
+    needing = [
+        oc.call
+        for oc in calls
+        if (tool := run.agent.tools.get(oc.call.name)) is not None
+        and tool.requires_approval
+        and oc.call.id not in decided
+    ]
+    if not needing:
+        return None
+    assert parts.approvals is not None  # AgentRunner checks the agent
+    attempt.guard()
+    redactor = parts.redactor
+    request = await parts.approvals.request(
+        run.tenant,
+        run.run_id,
+        [
+            ToolCall(id=c.id, name=c.name, arguments=redactor.value(dict(c.arguments)))
+            for c in needing
+        ],
+        iteration=run.iteration,
+        fence=attempt.fence,
+    )
+    pending = PendingApproval(id=request.id, calls=tuple(c.id for c in needing))
+    await write_frontier(
+        parts,
+        run,
+        attempt,
+        Boundary.before_approval,
+        outstanding=calls,
+        status=CheckpointStatus.waiting_approval,
+        pending=pending,
+    )
+    return run.result(RunStatus.waiting_approval, fence=attempt.fence, pending_approval=request)
+
+
+async def take_decision(
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    request_id: str,
+    calls: Sequence[OutstandingCall],
+) -> Run | None:
+    """``None`` once the request is decided (its grants added); else the waiting run."""
+    if parts.approvals is None:
+        raise ConfigurationError("this run waits on an approval; the runner has no store")
+    request = await parts.approvals.get(run.tenant, request_id)
+    if request is None:
+        raise NoCheckpointError(f"approval request {request_id!r} is gone")
+    if request.status is ApprovalStatus.pending:
+        return run.result(RunStatus.waiting_approval, fence=attempt.fence, pending_approval=request)
+    approved = request.status is ApprovalStatus.approved
+    known = {g.call_id for g in run.grants}
+    keys = {oc.call.id: oc.key for oc in calls}
+    for call in request.calls:
+        if call.id not in known:
+            run.grants.append(
+                Grant(
+                    request=request.id,
+                    call_id=call.id,
+                    key=keys.get(call.id),
+                    approved=approved,
+                    by=request.by,
+                    note=None if request.note is None else parts.redactor.text(request.note),
+                )
+            )
+    return None

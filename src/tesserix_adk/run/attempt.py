@@ -1,0 +1,169 @@
+"""``Attempt``: one try at carrying a run — its holder, lease, run claim and takeover keys.
+
+Ownership belongs to an attempt, never to a runner object: every ``run``/``resume``/
+``replay`` call is a new attempt with a holder id of its own, so a retry on the same runner
+treats an earlier attempt's in-flight claim like any other holder's (it may have run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tesserix_adk.errors import AdkError, ResumeConflictError, StoreUnavailableError
+from tesserix_adk.leases import Leaseholder
+from tesserix_adk.stores.protocols import IdempotencyStore, RecordStatus
+from tesserix_adk.tools import canonical_json
+
+__all__ = ["RESUME_CLAIM_TTL", "AheadCall", "Attempt", "RunClaim", "new_holder", "run_claim_key"]
+
+RESUME_CLAIM_TTL = 300.0
+
+_log = logging.getLogger("tesserix_adk.runner")
+
+
+def new_holder(worker: str | None) -> str:
+    """A holder id no other attempt has: the worker's name and a random suffix."""
+    return f"{worker or 'worker'}-{secrets.token_hex(6)}"
+
+
+def run_claim_key(tenant: str, run_id: str) -> str:
+    """The idempotency key of a run's resume claim (one per tenant and run)."""
+    body = canonical_json(["resume", tenant, run_id])
+    return "run1:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AheadCall:
+    """A completed side-effecting call the run made past its frontier."""
+
+    key: str
+    tool: str
+    call_id: str | None
+
+    def describe(self) -> str:
+        """``<tool> (<call id>)``."""
+        return f"{self.tool} ({self.call_id or self.key})"
+
+
+class RunClaim:
+    """A resume's at-most-once claim on the run, renewed in the background while it goes on.
+
+    It only saves work (correctness comes from fences and call keys), so a renewal that
+    cannot reach the store is retried, and only another holder's claim stops the run.
+    """
+
+    def __init__(
+        self, store: IdempotencyStore, *, tenant: str, run_id: str, holder: str, ttl: float
+    ) -> None:
+        self.store = store
+        self.tenant = tenant
+        self.run_id = run_id
+        self.holder = holder
+        self.ttl = ttl
+        self.key = run_claim_key(tenant, run_id)
+        self.taken_by: str | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def take(self) -> None:
+        """Claim the run (``ResumeConflictError`` if another attempt holds it)."""
+        try:
+            rec = await self.store.claim(
+                self.key,
+                holder=self.holder,
+                tenant=self.tenant,
+                run_id=self.run_id,
+                iteration=None,
+                tool=None,
+                call_id=None,
+                flags=None,
+                ttl=self.ttl,
+            )
+        except AdkError:
+            raise
+        except Exception as exc:
+            raise StoreUnavailableError(f"the idempotency store is unreachable: {exc}") from exc
+        if rec.status is not RecordStatus.in_flight or rec.holder != self.holder:
+            raise ResumeConflictError(
+                f"run {self.run_id!r} is being resumed by {rec.holder}", holder=rec.holder
+            )
+
+    def start_renewing(self) -> None:
+        """Renew every third of the ttl until ``release``."""
+        self._task = asyncio.create_task(self._renew(), name=f"run-claim:{self.run_id}")
+
+    def check(self) -> None:
+        """``ResumeConflictError`` once another attempt took the claim over."""
+        if self.taken_by is not None:
+            raise ResumeConflictError(
+                f"run {self.run_id!r} is being resumed by {self.taken_by}", holder=self.taken_by
+            )
+
+    async def _renew(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.ttl / 3)
+            if self._stop.is_set():
+                return
+            try:
+                await self.take()
+            except ResumeConflictError as exc:
+                self.taken_by = exc.holder or "another worker"
+                return
+            except Exception as exc:  # it expires on its own; only work is at stake
+                _log.warning("renewing the resume claim of run %s failed: %r", self.run_id, exc)
+
+    def abandon(self) -> None:
+        """Stop renewing and leave the claim to expire, as a dead process would."""
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def release(self) -> None:
+        """Stop renewing and drop the claim (bounded; a failure leaves it to expire)."""
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._task), 5.0)
+            self._task.cancel()
+            self._task = None
+        try:
+            await asyncio.wait_for(self.store.release(self.key, holder=self.holder), 5.0)
+        except Exception as exc:
+            _log.warning("releasing the resume claim failed: %r", exc)
+
+
+@dataclass(slots=True, kw_only=True)
+class Attempt:
+    """Who carries the run right now, and what this attempt may do that another may not."""
+
+    holder: str
+    lease: Leaseholder | None = None
+    run_claim: RunClaim | None = None
+    # In-flight claims the plan found safe to take over and send again (idempotent or
+    # side-effect free tools).
+    takeover_keys: set[str] = field(default_factory=set)
+    # Completed side-effecting records the run left ahead of its frontier, by iteration.
+    ahead: dict[int, dict[str, AheadCall]] = field(default_factory=dict)
+    stubs: Mapping[str, Callable[..., Any]] | None = None
+
+    @property
+    def fence(self) -> int | None:
+        """The fence every durable write of this attempt carries."""
+        return None if self.lease is None else self.lease.fence
+
+    def guard(self) -> None:
+        """Raise before a durable write or a dispatch if this attempt may no longer carry
+        the run: its lease lapsed or was taken, or its resume claim was."""
+        if self.lease is not None:
+            self.lease.check()
+        if self.run_claim is not None:
+            self.run_claim.check()

@@ -1,0 +1,288 @@
+"""One turn's tool calls, and the dispatch unit each keyed call goes through:
+claim → (lease check) → invoke → complete.
+
+No claim, no dispatch. A claim or complete whose reply was lost (``StoreReplyLostError``, or
+a driver error the store did not translate) is settled by reading the record back, never by
+assuming; one that never reached the store (``StoreUnavailableError``) is not. A call whose
+arguments were masked in the frontier is never sent: the model is told why instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+
+from tesserix_adk.checkpoint.payload import (
+    Grant,
+    OutstandingCall,
+    decode_outcome,
+    recorded_outcome,
+)
+from tesserix_adk.checkpoint.planning import PlannedCall, ToolDisposition
+from tesserix_adk.errors import (
+    AdkError,
+    CheckpointCorruptError,
+    IndeterminateToolCallError,
+    StoreReplyLostError,
+    StoreUnavailableError,
+)
+from tesserix_adk.messages import Message, ToolCall, ToolOutcome
+from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.run.parts import RunParts
+from tesserix_adk.run.state import RunState
+from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
+from tesserix_adk.tools import Tool, ToolContext, accepts_ctx, call_maybe_async
+
+__all__ = ["COMPLETE_TRIES", "MASKED_CALL", "call_tool", "dispatch_turn"]
+
+_log = logging.getLogger("tesserix_adk.runner")
+
+# How often this attempt tries to record an outcome it still holds before giving up.
+COMPLETE_TRIES = 3
+_BACKOFF = (0.05, 0.2, 0.5)
+
+MASKED_CALL = (
+    "not sent: its arguments held a secret, and the kit never stores secrets, so the "
+    "arguments this run kept are masked and sending them would be wrong; ask for the call "
+    "again with the real values if it is still needed"
+)
+
+
+async def dispatch_turn(
+    parts: RunParts, run: RunState, attempt: Attempt, calls: Sequence[OutstandingCall]
+) -> None:
+    """Run the turn's calls one at a time in the model's order and append their results."""
+    grants = {g.call_id: g for g in run.grants}
+    results: list[Message] = []
+    observed: list[dict[str, Any]] = []
+    for oc in calls:
+        tool = run.agent.tools.get(oc.call.name)
+        if tool is None:
+            outcome = ToolOutcome(
+                call_id=oc.call.id, content=f"unknown tool {oc.call.name!r}", is_error=True
+            )
+        elif tool.requires_approval and not _approved(grants.get(oc.call.id)):
+            outcome = ToolOutcome(
+                call_id=oc.call.id, content=_denial(grants.get(oc.call.id)), is_error=True
+            )
+        else:
+            outcome = await call_tool(parts, run, attempt, tool, oc)
+        results.append(Message.tool_result(outcome))
+        observed.append(
+            {
+                "call_id": oc.call.id,
+                "tool": oc.call.name,
+                "content": outcome.content,
+                "is_error": outcome.is_error,
+            }
+        )
+    run.messages.extend(results)
+    run.observation = observed
+    # Grants of a finished turn are settled; only the run's decisions stay on record.
+    answered = {c.call.id for c in calls}
+    run.grants = [g for g in run.grants if g.call_id not in answered]
+
+
+async def call_tool(
+    parts: RunParts, run: RunState, attempt: Attempt, tool: Tool, oc: OutstandingCall
+) -> ToolOutcome:
+    """One call through the dispatch unit; the outcome the model is told."""
+    ctx = ToolContext(
+        tenant=run.tenant,
+        run_id=run.run_id,
+        call=oc.call,
+        idempotency_key=oc.key,
+        fence=attempt.fence,
+        iteration=run.iteration,
+        state=run.state,
+    )
+    # Before every dispatch, keyed or not: a holder that may have lost the run sends
+    # nothing (an unkeyed call has no fence downstream to stop it).
+    attempt.guard()
+    if oc.key is None:
+        if oc.redacted:
+            return ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
+        outcome = await _invoke(attempt, tool, oc.call, ctx)
+        return _told(parts, outcome)
+    rec = await _claim(parts, run, attempt, tool, oc)
+    if _held_elsewhere(rec, attempt) and not oc.redacted and _safe_to_resend(tool):
+        # An earlier attempt's claim on a call that may be sent again (no side effects,
+        # or the far side deduplicates by our key): take it over, as a resume would.
+        attempt.takeover_keys.add(oc.key)
+        rec = await _claim(parts, run, attempt, tool, oc)
+    if rec.status is RecordStatus.completed and rec.outcome is not None:
+        return decode_outcome(rec.outcome, oc.call.id)
+    if _held_elsewhere(rec, attempt):
+        doubt = PlannedCall(
+            call_id=oc.call.id,
+            tool=tool.name,
+            key=oc.key,
+            disposition=ToolDisposition.indeterminate,
+            reason=f"claimed in flight by {rec.holder} (fence {rec.fence}), another attempt; "
+            "nobody can say whether it ran",
+            iteration=run.iteration,
+            arguments=oc.call.arguments,
+            side_effects=tool.side_effects,
+            record=rec,
+        )
+        raise IndeterminateToolCallError(
+            f"cannot tell whether 1 call(s) ran: {doubt.describe()}; check the tool's own "
+            "system and record what happened with `tesserix resolve`",
+            calls=[doubt],
+        )
+    if rec.status is not RecordStatus.in_flight:
+        raise CheckpointCorruptError(
+            f"the record of {tool.name} ({oc.call.id}) is {rec.status} without an outcome; "
+            "it is not sent again"
+        )
+    if oc.redacted:
+        outcome = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
+    else:
+        outcome = await _invoke(attempt, tool, oc.call, ctx)
+    recorded = recorded_outcome(outcome, parts.redactor)
+    await _complete(parts, attempt, tool, oc, recorded.payload)
+    return recorded.outcome if recorded.replaced else outcome
+
+
+def _held_elsewhere(rec: IdempotencyRecord, attempt: Attempt) -> bool:
+    return rec.status is RecordStatus.in_flight and rec.holder != attempt.holder
+
+
+def _safe_to_resend(tool: Tool) -> bool:
+    return not tool.side_effects or tool.idempotent
+
+
+def _told(parts: RunParts, outcome: ToolOutcome) -> ToolOutcome:
+    """What the model is told of an unkeyed call: what a record would have said."""
+    recorded = recorded_outcome(outcome, parts.redactor)
+    return recorded.outcome if recorded.replaced else outcome
+
+
+async def _claim(
+    parts: RunParts, run: RunState, attempt: Attempt, tool: Tool, oc: OutstandingCall
+) -> IdempotencyRecord:
+    assert oc.key is not None
+    try:
+        return await parts.idempotency.claim(
+            oc.key,
+            holder=attempt.holder,
+            tenant=run.tenant,
+            run_id=run.run_id,
+            iteration=run.iteration,
+            tool=tool.name,
+            call_id=oc.call.id,
+            flags=ToolFlags(side_effects=tool.side_effects, idempotent=tool.idempotent),
+            fence=attempt.fence,
+            takeover=oc.key in attempt.takeover_keys,
+        )
+    except StoreReplyLostError as exc:
+        lost: Exception = exc
+    except AdkError:
+        raise  # never reached the store, a stale fence, ...: nothing was claimed
+    except Exception as exc:
+        lost = exc  # a driver error the store did not translate: the outcome is unknown
+    rec = await _read_back(parts, oc.key)
+    if rec is not None and (
+        rec.status is RecordStatus.completed
+        or (rec.status is RecordStatus.in_flight and rec.holder == attempt.holder)
+    ):
+        return rec
+    raise StoreUnavailableError(
+        f"the claim of {tool.name} ({oc.call.id}) lost its reply and could not be read back, "
+        f"so it was not dispatched: {lost}"
+    ) from lost
+
+
+async def _complete(
+    parts: RunParts, attempt: Attempt, tool: Tool, oc: OutstandingCall, payload: bytes
+) -> None:
+    """Record the outcome, retrying while this attempt still holds it in memory."""
+    assert oc.key is not None
+    last: Exception | None = None
+    for attempt_no in range(COMPLETE_TRIES):
+        try:
+            await parts.idempotency.complete(oc.key, payload, holder=attempt.holder)
+            return
+        except StoreReplyLostError as exc:
+            last = exc
+        except StoreUnavailableError as exc:
+            last = exc
+            await asyncio.sleep(_BACKOFF[attempt_no])
+            continue
+        except AdkError:
+            raise
+        except Exception as exc:
+            last = exc
+        rec = await _read_back(parts, oc.key)
+        if rec is not None and rec.status is RecordStatus.completed:
+            return
+        await asyncio.sleep(_BACKOFF[attempt_no])
+    raise StoreUnavailableError(
+        f"{tool.name} ({oc.call.id}) ran but its outcome could not be recorded after "
+        f"{COMPLETE_TRIES} tries ({last}); it stays claimed in flight, so a resume refuses it "
+        "as indeterminate until an operator records what happened (`tesserix resolve`)"
+    ) from last
+
+
+async def _read_back(parts: RunParts, key: str) -> IdempotencyRecord | None:
+    """The record as the store holds it now, or ``None`` if it cannot be read either."""
+    for attempt_no in range(COMPLETE_TRIES):
+        try:
+            found = await parts.idempotency.lookup([key])
+        except Exception as exc:
+            _log.warning("reading back %s failed: %r", key, exc)
+            await asyncio.sleep(_BACKOFF[attempt_no])
+            continue
+        return found.get(key)
+    return None
+
+
+async def _invoke(attempt: Attempt, tool: Tool, call: ToolCall, ctx: ToolContext) -> ToolOutcome:
+    """Run the tool (or its replay stub); an ``Exception`` is the call's error outcome,
+    except the guard's own refusal, which stops the run with nothing sent."""
+    refused: list[BaseException] = []
+
+    def guard() -> None:
+        try:
+            attempt.guard()
+        except AdkError as exc:
+            refused.append(exc)
+            raise
+
+    try:
+        stub = None if attempt.stubs is None else attempt.stubs.get(tool.name)
+        if stub is not None:
+            guard()
+            args = dict(call.arguments)
+            value = await call_maybe_async(
+                stub, args, ctx if accepts_ctx(stub) else None, thread=True
+            )
+            result = _stub_result(value)
+        else:
+            result = await tool.invoke(call.arguments, ctx, guard=guard)
+        return ToolOutcome(call_id=call.id, content=to_jsonable_python(result, fallback=str))
+    except Exception as exc:
+        if refused and exc is refused[0]:
+            raise
+        return ToolOutcome(call_id=call.id, content=f"{type(exc).__name__}: {exc}", is_error=True)
+
+
+def _stub_result(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {**value, "stub": True}
+    return {"stub": True, "value": value}
+
+
+def _approved(grant: Grant | None) -> bool:
+    return grant is not None and grant.approved
+
+
+def _denial(grant: Grant | None) -> str:
+    if grant is None:  # pragma: no cover - approvals are asked before every dispatch
+        return "not approved"
+    note = f": {grant.note}" if grant.note else ""
+    return f"denied by {grant.by}{note}"

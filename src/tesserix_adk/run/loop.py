@@ -1,0 +1,223 @@
+"""The run loop as SPEC §2 reads, one iteration at a time.
+
+1. call the model, charge the ledger, append its message → ``after_model_call``;
+2. calls needing an approval not yet given → ``before_approval``, and the run waits;
+3. each call in the model's order through the dispatch unit;
+4. all results appended → ``after_tool_result``; next iteration.
+
+A run resumed past its frontier must ask again for exactly the side-effecting calls it
+already made at each iteration; the first turn that does not is refused at once, before
+anything of that turn is written or sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from tesserix_adk.checkpoint.payload import Boundary, Checkpoint, CheckpointStatus, OutstandingCall
+from tesserix_adk.errors import (
+    AdkError,
+    ConfigurationError,
+    DivergedRunError,
+    ProviderError,
+    StoreUnavailableError,
+)
+from tesserix_adk.messages import ToolCall
+from tesserix_adk.providers.base import ModelRequest, ModelResponse
+from tesserix_adk.run.approvals import ask_approval, take_decision
+from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.run.dispatch import dispatch_turn
+from tesserix_adk.run.frontier import write_frontier, write_frontier_naming_unkeyed
+from tesserix_adk.run.parts import RunParts
+from tesserix_adk.run.result import Run, RunStatus
+from tesserix_adk.run.state import RunState
+from tesserix_adk.tools import canonical_json
+
+__all__ = ["carry_on", "outstanding_calls", "run_loop"]
+
+_log = logging.getLogger("tesserix_adk.runner")
+
+
+async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
+    """Iterate until the model answers without calls, the budget or iterations run out,
+    or a call needs an approval."""
+    agent = run.agent
+    while True:
+        if agent.budget_micros is not None and run.spent >= agent.budget_micros:
+            return await _finish(parts, run, attempt, RunStatus.budget_exhausted)
+        if run.iteration >= agent.max_iterations:
+            return await _finish(parts, run, attempt, RunStatus.max_iterations)
+        attempt.guard()
+        response = await _call_model(parts, run, attempt)
+        if isinstance(response, str):
+            return await _finish(parts, run, attempt, RunStatus.failed, output=response)
+        message = response.message
+        run.steps_used += 1
+        run.messages.append(message)
+        if not message.tool_calls:
+            return await _finish(parts, run, attempt, RunStatus.completed, output=message.text)
+        calls = outstanding_calls(run, message.tool_calls)
+        _refuse_divergence(run, attempt, calls)
+        await write_frontier_naming_unkeyed(parts, run, attempt, calls, policy_asks=True)
+        waiting = await _take_turn(parts, run, attempt, calls)
+        if waiting is not None:
+            return waiting
+
+
+async def carry_on(parts: RunParts, run: RunState, attempt: Attempt, cp: Checkpoint) -> Run:
+    """Pick up at the frontier's boundary, then go on with the loop."""
+    if cp.boundary is Boundary.after_tool_result:
+        run.iteration = cp.iteration + 1
+        return await run_loop(parts, run, attempt)
+    calls = list(cp.outstanding)
+    # The frontier's outstanding calls are this iteration's turn.
+    _refuse_divergence(run, attempt, calls)
+    if cp.pending_approval is not None:
+        waiting = await take_decision(parts, run, attempt, cp.pending_approval.id, calls)
+        if waiting is not None:
+            return waiting
+        # Before the decided turn dispatches anything, a frontier without the pending
+        # request must name its unkeyed calls: a later resume then knows they may have run.
+        await write_frontier_naming_unkeyed(parts, run, attempt, calls, policy_asks=False)
+    waiting = await _take_turn(parts, run, attempt, calls)
+    if waiting is not None:
+        return waiting
+    return await run_loop(parts, run, attempt)
+
+
+async def _take_turn(
+    parts: RunParts, run: RunState, attempt: Attempt, calls: Sequence[OutstandingCall]
+) -> Run | None:
+    """Approvals, then dispatch, then ``after_tool_result``; the waiting run if a person
+    has to decide first. (A crash between ``after_model_call`` and the approval request,
+    or a replay from such a step, still asks before dispatching.)"""
+    waiting = await ask_approval(parts, run, attempt, calls)
+    if waiting is not None:
+        return waiting
+    await dispatch_turn(parts, run, attempt, calls)
+    await write_frontier(parts, run, attempt, Boundary.after_tool_result)
+    run.iteration += 1
+    return None
+
+
+def outstanding_calls(run: RunState, calls: Sequence[ToolCall]) -> list[OutstandingCall]:
+    """The turn's calls with their keys; twins (same tool, same arguments) are told apart
+    by their occurrence within the turn."""
+    seen: dict[tuple[str, str], int] = {}
+    result: list[OutstandingCall] = []
+    for call in calls:
+        tool = run.agent.tools.get(call.name)
+        if tool is None:  # answered with an error, never dispatched
+            result.append(OutstandingCall(call=call, key=None, side_effects=False))
+            continue
+        twin = (call.name, canonical_json(dict(call.arguments)))
+        occurrence = seen.get(twin, 0)
+        seen[twin] = occurrence + 1
+        key = tool.key_for(
+            tenant=run.tenant,
+            run_id=run.run_id,
+            iteration=run.iteration,
+            call=call,
+            occurrence=occurrence,
+        )
+        result.append(
+            OutstandingCall(
+                call=call, key=key, side_effects=tool.side_effects, idempotent=tool.idempotent
+            )
+        )
+    return result
+
+
+def _refuse_divergence(run: RunState, attempt: Attempt, calls: Sequence[OutstandingCall]) -> None:
+    """The run went further than its frontier: at each such iteration the model must ask
+    again for exactly the side-effecting calls that already ran there."""
+    done = attempt.ahead.get(run.iteration)
+    if not done:
+        return
+    asked = {oc.key for oc in calls if oc.side_effects and oc.key is not None}
+    extra = [oc.call.name for oc in calls if oc.side_effects and oc.key not in done]
+    missing = [a.describe() for key, a in done.items() if key not in asked]
+    if extra:
+        raise DivergedRunError(
+            f"run {run.run_id!r} diverged at iteration {run.iteration}: the model now asks "
+            f"for {', '.join(extra)}, which is not what already ran there"
+        )
+    if missing:
+        raise DivergedRunError(
+            f"run {run.run_id!r} diverged at iteration {run.iteration}: {len(missing)} "
+            f"side-effecting call(s) that already ran there were not asked for again: "
+            f"{', '.join(missing)}"
+        )
+    del attempt.ahead[run.iteration]
+
+
+async def _finish(
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    status: RunStatus,
+    *,
+    output: str | None = None,
+) -> Run:
+    # However the run ends, it must not end having skipped a call that already ran.
+    if attempt.ahead:
+        skipped = [a.describe() for calls in attempt.ahead.values() for a in calls.values()]
+        raise DivergedRunError(
+            f"run {run.run_id!r} diverged: it would finish without asking again for "
+            f"{len(skipped)} side-effecting call(s) that already ran: {', '.join(skipped)}"
+        )
+    await write_frontier(
+        parts,
+        run,
+        attempt,
+        Boundary.after_model_call,
+        status=CheckpointStatus(status.value),
+        final=True,
+        output=output,
+    )
+    return run.result(status, fence=attempt.fence, output=output)
+
+
+async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> ModelResponse | str:
+    """The model's answer, or why the run failed (a non-retryable model error)."""
+    agent = run.agent
+    request = ModelRequest(
+        agent_name=agent.name,
+        instructions=agent.instructions,
+        messages=tuple(run.messages),
+        tools=tuple(t.spec for t in agent.tools.values()),
+        model=agent.model,
+        iteration=run.iteration,
+    )
+    try:
+        response = await parts.provider.complete(request)
+    except ConfigurationError:
+        raise  # a usage mistake, not a run failure: nothing durable is written
+    except AdkError as exc:
+        if exc.retryable:
+            raise
+        reason = parts.redactor.text(f"{type(exc).__name__}: {exc}")
+        _log.error("run %s failed on a non-retryable model error: %s", run.run_id, reason)
+        return reason
+    except (OSError, TimeoutError) as exc:
+        # Connection resets, refused connections and timeouts outside the SDK's own
+        # translation: the run is resumable, so say "try again".
+        raise ProviderError(
+            f"the model could not be reached: {type(exc).__name__}: "
+            f"{parts.redactor.text(str(exc))}",
+            retryable=True,
+        ) from exc
+    run.usage = run.usage + response.usage
+    run.spent += response.cost_micros
+    if parts.ledger is not None:
+        attempt.guard()
+        try:
+            await parts.ledger.charge(
+                run.tenant, run.run_id, response.cost_micros, response.usage, fence=attempt.fence
+            )
+        except AdkError:
+            raise
+        except Exception as exc:
+            raise StoreUnavailableError(f"the ledger is unreachable: {exc}") from exc
+    return response

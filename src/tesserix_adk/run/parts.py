@@ -1,0 +1,24 @@
+"""``RunParts``: the stores and provider one runner carries every run with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tesserix_adk.checkpoint.checkpointer import Checkpointer
+from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.providers.base import Provider
+from tesserix_adk.stores.protocols import ApprovalStore, IdempotencyStore, Ledger
+
+__all__ = ["RunParts"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunParts:
+    """What every piece of the loop reaches for; the same for every run of a runner."""
+
+    provider: Provider
+    idempotency: IdempotencyStore
+    checkpoints: Checkpointer | None
+    ledger: Ledger | None
+    approvals: ApprovalStore | None
+    redactor: Redactor

@@ -1,0 +1,68 @@
+"""Resume: what a frontier and its plan hand to the next attempt, and what refuses it."""
+
+from __future__ import annotations
+
+from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.checkpointer import Checkpointer, TranscriptCursor, state_from_json
+from tesserix_adk.checkpoint.payload import Boundary, Checkpoint, CheckpointStatus
+from tesserix_adk.checkpoint.planning import ResumePlan
+from tesserix_adk.errors import CheckpointTooLargeError, RevisionMismatchError, RunFailedError
+from tesserix_adk.run.attempt import AheadCall, Attempt
+from tesserix_adk.run.state import RunState
+from tesserix_adk.stores.protocols import Ledger
+
+__all__ = ["nothing_ran_since_approval_asked", "refuse_unresumable", "restore"]
+
+
+async def restore(
+    checkpoints: Checkpointer,
+    ledger: Ledger | None,
+    run: RunState,
+    attempt: Attempt,
+    cp: Checkpoint,
+    plan: ResumePlan,
+) -> None:
+    """Fill ``run`` from the frontier and ``attempt`` from the plan."""
+    run.messages = await checkpoints.messages(cp)
+    run.iteration = cp.iteration
+    run.step = cp.step
+    run.steps_used = cp.steps_used
+    run.usage = cp.usage
+    run.state = state_from_json(cp.state, run.agent.state_schema)
+    run.grants = list(cp.grants)
+    run.replay_of = cp.replay_of
+    run.observation = cp.observation
+    run.cursor = TranscriptCursor(handle=cp.history_handle, persisted=len(run.messages))
+    attempt.takeover_keys = {p.key for p in plan.to_dispatch if p.takeover and p.key}
+    for p in plan.completed:
+        if p.ahead and p.side_effects and p.key and p.iteration is not None:
+            attempt.ahead.setdefault(p.iteration, {})[p.key] = AheadCall(
+                key=p.key, tool=p.tool, call_id=p.call_id
+            )
+    run.spent = cp.micros if ledger is None else await ledger.spent(run.tenant, run.run_id)
+
+
+def refuse_unresumable(cp: Checkpoint, agent: Agent) -> None:
+    """Refuse a tombstone, a changed agent, or a run that ended ``failed``."""
+    if cp.is_tombstone:
+        raise CheckpointTooLargeError(
+            f"run {cp.run_id!r} cannot be carried on: its frontier at step {cp.step} was "
+            f"refused ({cp.reason})",
+            retryable=False,
+        )
+    if cp.agent_revision != agent.revision:
+        raise RevisionMismatchError(
+            f"run {cp.run_id!r} was checkpointed by agent {cp.agent_name!r} revision "
+            f"{cp.agent_revision}; this agent is revision {agent.revision}"
+        )
+    if cp.status is CheckpointStatus.failed:
+        raise RunFailedError(f"run {cp.run_id!r} ended failed at step {cp.step}")
+
+
+def nothing_ran_since_approval_asked(cp: Checkpoint, plan: ResumePlan) -> bool:
+    """A ``before_approval`` frontier is only ever followed by a dispatch after a newer
+    frontier named the turn's unkeyed calls; so while it is the latest, those calls did not
+    run, and only a claimed record can make a call indeterminate."""
+    return cp.boundary is Boundary.before_approval and all(
+        p.record is None and not p.ahead for p in plan.indeterminate
+    )

@@ -1,0 +1,335 @@
+"""``AgentRunner``: runs agents, checkpointing at safe boundaries, and carries them on.
+
+Each public verb is one *attempt*: a holder id of its own, the run's lease (with a lease
+store), the resume claim (``resume``), a seal on every store, then the loop. A
+``BaseException`` (process death, cancellation) propagates untouched: nothing more is
+written, the last boundary frontier stays resumable, and only the lease is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.checkpointer import Checkpointer
+from tesserix_adk.checkpoint.payload import Checkpoint
+from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume, refuse_if_undecidable
+from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.errors import (
+    ConfigurationError,
+    LeaseHeldError,
+    NoCheckpointError,
+    ResumeConflictError,
+)
+from tesserix_adk.leases import Leaseholder, LeasePolicy
+from tesserix_adk.messages import Message
+from tesserix_adk.providers.base import Provider
+from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_holder
+from tesserix_adk.run.loop import carry_on, run_loop
+from tesserix_adk.run.parts import RunParts
+from tesserix_adk.run.replay import check_stubs, replay_state, replayed_frontier, usable_step
+from tesserix_adk.run.result import Run, finished_run
+from tesserix_adk.run.resume import nothing_ran_since_approval_asked, refuse_unresumable, restore
+from tesserix_adk.run.state import RunState
+from tesserix_adk.stores.protocols import (
+    ApprovalStore,
+    HistoryStore,
+    IdempotencyStore,
+    LeaseStore,
+    Ledger,
+)
+
+if TYPE_CHECKING:
+    from tesserix_adk.stores.bundle import Stores
+
+__all__ = ["AgentRunner", "FrontierObserver"]
+
+FrontierObserver = Callable[[Checkpoint, ResumePlan | None, int | None, str], None]
+
+
+class AgentRunner:
+    """Runs agents, checkpointing at safe boundaries, and carries them on after a crash."""
+
+    def __init__(
+        self,
+        provider: Provider,
+        *,
+        idempotency: IdempotencyStore,
+        checkpoints: Checkpointer | None = None,
+        leases: LeaseStore | None = None,
+        history: HistoryStore | None = None,
+        ledger: Ledger | None = None,
+        approvals: ApprovalStore | None = None,
+        lease_policy: LeasePolicy | None = None,
+        worker: str | None = None,
+        resume_claim_ttl: float = RESUME_CLAIM_TTL,
+    ) -> None:
+        if history is not None and (checkpoints is None or checkpoints.history is not history):
+            raise ConfigurationError(
+                "the history store is configured once, on the Checkpointer "
+                "(Checkpointer(store, history=...)); pass the same one or none here"
+            )
+        self.provider = provider
+        self.idempotency = idempotency
+        self.checkpoints = checkpoints
+        self.leases = leases
+        self.ledger = ledger
+        self.approvals = approvals
+        self.lease_policy = lease_policy or LeasePolicy()
+        # The name every attempt's holder id starts with; each attempt adds its own suffix.
+        self.worker = worker or "worker"
+        # How long a resumer that died keeps others from resuming (store's clock).
+        self.resume_claim_ttl = resume_claim_ttl
+
+    @classmethod
+    def from_stores(cls, provider: Provider, stores: Stores, **kwargs: Any) -> AgentRunner:
+        """A runner over an ``open_stores`` bundle: every store wired, history on the
+        Checkpointer. ``kwargs`` go to the Checkpointer (``policy``, ``max_bytes``,
+        ``redact``, ``extra_patterns``) or the runner (``lease_policy``, ``worker``,
+        ``resume_claim_ttl``)."""
+        cp_options = {"policy", "max_bytes", "redact", "extra_patterns"}
+        cp_kwargs = {k: v for k, v in kwargs.items() if k in cp_options}
+        runner_kwargs = {k: v for k, v in kwargs.items() if k not in cp_options}
+        checkpointer = Checkpointer(stores.checkpoints, history=stores.history, **cp_kwargs)
+        return cls(
+            provider,
+            idempotency=stores.idempotency,
+            checkpoints=checkpointer,
+            leases=stores.leases,
+            ledger=stores.ledger,
+            approvals=stores.approvals,
+            **runner_kwargs,
+        )
+
+    @property
+    def redactor(self) -> Redactor:
+        """The redaction applied to everything the runner persists."""
+        if self.checkpoints is not None:
+            return self.checkpoints.redactor
+        return Redactor()
+
+    @property
+    def _parts(self) -> RunParts:
+        return RunParts(
+            provider=self.provider,
+            idempotency=self.idempotency,
+            checkpoints=self.checkpoints,
+            ledger=self.ledger,
+            approvals=self.approvals,
+            redactor=self.redactor,
+        )
+
+    # --- public verbs --------------------------------------------------------------------
+
+    async def run(
+        self,
+        agent: Agent,
+        input: str | Message | Sequence[Message],
+        *,
+        tenant: str,
+        run_id: str | None = None,
+        state: Any = None,
+    ) -> Run:
+        """Start a new run and carry it until it finishes or waits on a person."""
+        self._check_agent(agent)
+        run_id = run_id or f"run_{secrets.token_hex(8)}"
+        run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=_as_messages(input))
+        run.state = state
+        attempt = Attempt(holder=new_holder(self.worker))
+        async with self._holding(attempt, tenant, run_id):
+            if self.checkpoints is not None:
+                existing = await self.checkpoints.store.latest(tenant, run_id)
+                if existing is not None:
+                    raise ConfigurationError(
+                        f"run {run_id!r} already has a frontier; resume it instead of "
+                        "starting it again"
+                    )
+            if self.ledger is not None:
+                run.spent = await self.ledger.spent(tenant, run_id)
+            return await run_loop(self._parts, run, attempt)
+
+    async def resume(
+        self,
+        agent: Agent,
+        run_id: str,
+        *,
+        tenant: str,
+        on_frontier: FrontierObserver | None = None,
+    ) -> Run:
+        """Carry a run on from its frontier, never making a side-effecting call twice.
+
+        ``on_frontier(checkpoint, plan, fence, holder)`` is called once the frontier is read
+        (and planned, unless it is finished or refused), before anything is carried on: the
+        CLI prints its summary there. ``holder`` is this attempt's holder id.
+        """
+        self._check_agent(agent)
+        checkpoints = self._require_checkpoints()
+        attempt = Attempt(holder=new_holder(self.worker))
+        claim = RunClaim(
+            self.idempotency,
+            tenant=tenant,
+            run_id=run_id,
+            holder=attempt.holder,
+            ttl=self.resume_claim_ttl,
+        )
+        await claim.take()
+        attempt.run_claim = claim
+        claim.start_renewing()
+        try:
+            result = await self._resume_claimed(
+                checkpoints, agent, run_id, tenant, attempt, on_frontier
+            )
+        except (Exception, asyncio.CancelledError):
+            await _shielded(claim.release())
+            raise
+        except BaseException:
+            # A stand-in for a process death: the claim is left to expire, exactly as a
+            # killed process would leave it (only its renewal stops).
+            claim.abandon()
+            raise
+        await _shielded(claim.release())
+        return result
+
+    async def _resume_claimed(
+        self,
+        checkpoints: Checkpointer,
+        agent: Agent,
+        run_id: str,
+        tenant: str,
+        attempt: Attempt,
+        on_frontier: FrontierObserver | None,
+    ) -> Run:
+        async with self._holding(attempt, tenant, run_id, resuming=True):
+            cp = await checkpoints.latest(tenant, run_id)
+            if cp is None:
+                raise NoCheckpointError(
+                    f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
+                )
+            plan = None
+            if not cp.is_tombstone and not cp.status.finished:
+                plan = await plan_resume(cp, self.idempotency)
+            if on_frontier is not None:
+                on_frontier(cp, plan, attempt.fence, attempt.holder)
+            refuse_unresumable(cp, agent)
+            if plan is None:
+                return finished_run(cp)
+            if not nothing_ran_since_approval_asked(cp, plan):
+                refuse_if_undecidable(plan)
+            run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=[])
+            await restore(checkpoints, self.ledger, run, attempt, cp, plan)
+            return await carry_on(self._parts, run, attempt, cp)
+
+    async def replay(
+        self,
+        agent: Agent,
+        run_id: str,
+        *,
+        tenant: str,
+        from_step: int,
+        stubs: Mapping[str, Callable[..., Any]],
+        live: Sequence[str] = (),
+        new_run_id: str | None = None,
+    ) -> Run:
+        """Run forward from a past step as a new run, side-effecting tools stubbed.
+
+        Debugging, never production: nothing is written under the original run, and a
+        side-effecting tool that is neither stubbed nor named in ``live`` refuses the
+        replay before anything runs.
+        """
+        checkpoints = self._require_checkpoints()
+        check_stubs(agent, stubs, live)
+        self._check_agent(agent)
+        cp = usable_step(
+            await checkpoints.at(tenant, run_id, from_step),
+            run_id=run_id,
+            tenant=tenant,
+            from_step=from_step,
+            stubs=stubs,
+        )
+        messages = await checkpoints.messages(cp)
+        new_id = new_run_id or f"{run_id}-replay-{secrets.token_hex(4)}"
+        if new_id == run_id:
+            raise ConfigurationError("a replay never writes into the original run")
+        if await checkpoints.store.latest(tenant, new_id) is not None:
+            raise ConfigurationError(
+                f"run {new_id!r} already exists; a replay starts a run of its own"
+            )
+        run = replay_state(agent, cp, messages, new_id)
+        attempt = Attempt(holder=new_holder(self.worker), stubs=dict(stubs))
+        async with self._holding(attempt, tenant, new_id):
+            replayed = replayed_frontier(cp, run)
+            if cp.status.finished:
+                return finished_run(replayed)
+            return await carry_on(self._parts, run, attempt, replayed)
+
+    # --- set-up --------------------------------------------------------------------------
+
+    def _check_agent(self, agent: Agent) -> None:
+        if self.approvals is None and any(t.requires_approval for t in agent.tools.values()):
+            raise ConfigurationError(
+                f"agent {agent.name!r} has tools that require approval; give the runner an "
+                "approval store (approvals=...)"
+            )
+
+    def _require_checkpoints(self) -> Checkpointer:
+        if self.checkpoints is None:
+            raise ConfigurationError("resuming needs a Checkpointer (checkpoints=...)")
+        return self.checkpoints
+
+    @contextlib.asynccontextmanager
+    async def _holding(
+        self, attempt: Attempt, tenant: str, run_id: str, *, resuming: bool = False
+    ) -> AsyncIterator[None]:
+        """Hold the run's lease (with a lease store) and seal every store with its fence,
+        for the length of the block; release it on the way out, shielded. A resume that
+        finds the lease held says ``ResumeConflictError``."""
+        if self.leases is None:
+            yield
+            return
+        try:
+            lease = await Leaseholder.acquire(
+                self.leases, tenant, run_id, attempt.holder, self.lease_policy
+            )
+        except LeaseHeldError as exc:
+            if not resuming:
+                raise
+            raise ResumeConflictError(
+                f"run {run_id!r} is held by {exc.holder or 'another worker'}", holder=exc.holder
+            ) from exc
+        async with lease:
+            attempt.lease = lease
+            await self._seal(tenant, run_id, lease.fence)
+            yield
+
+    async def _seal(self, tenant: str, run_id: str, fence: int) -> None:
+        """Raise the fence in every store this run writes to, before reading anything, so
+        a superseded holder is refused even before this holder's first write."""
+        stores: list[Any] = [self.idempotency, self.ledger, self.approvals]
+        if self.checkpoints is not None:
+            stores += [self.checkpoints.store, self.checkpoints.history]
+        for store in stores:
+            if store is not None:
+                await store.seal(tenant, run_id, fence)
+
+
+def _as_messages(input: str | Message | Sequence[Message]) -> list[Message]:
+    if isinstance(input, str):
+        return [Message.user(input)]
+    if isinstance(input, Message):
+        return [input]
+    return list(input)
+
+
+async def _shielded(awaitable: Awaitable[None]) -> None:
+    """Finish cleanup even when the caller is being cancelled, then let the cancel through."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise

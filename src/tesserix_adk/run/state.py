@@ -1,0 +1,106 @@
+"""``RunState``: what a frontier persists, and nothing that belongs to one attempt.
+
+A run's state survives the process: it is written into every frontier and read back from
+the latest one on resume. Who carries the run now (holder, lease, claims) is the
+``Attempt``'s business and never enters a frontier.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.checkpointer import TranscriptCursor, state_to_json
+from tesserix_adk.checkpoint.payload import (
+    Boundary,
+    Checkpoint,
+    CheckpointStatus,
+    Grant,
+    OutstandingCall,
+    PendingApproval,
+)
+from tesserix_adk.messages import Message, Usage
+from tesserix_adk.run.result import Run, RunStatus
+from tesserix_adk.stores.protocols import ApprovalRequest
+
+__all__ = ["RunState"]
+
+
+@dataclass(slots=True, kw_only=True)
+class RunState:
+    """The run as its next frontier will record it."""
+
+    agent: Agent
+    tenant: str
+    run_id: str
+    messages: list[Message]
+    iteration: int = 0
+    step: int = 0
+    steps_used: int = 0
+    usage: Usage = field(default_factory=Usage)
+    spent: int = 0
+    state: Any = None
+    grants: list[Grant] = field(default_factory=list)
+    replay_of: str | None = None
+    cursor: TranscriptCursor = field(default_factory=TranscriptCursor)
+    observation: Any = None
+
+    def frontier(
+        self,
+        boundary: Boundary,
+        *,
+        fence: int | None,
+        outstanding: tuple[OutstandingCall, ...],
+        status: CheckpointStatus,
+        pending: PendingApproval | None,
+        output: str | None,
+    ) -> Checkpoint:
+        """The frontier for the next step (``state_to_json`` may raise a typed error)."""
+        return Checkpoint(
+            tenant=self.tenant,
+            run_id=self.run_id,
+            agent_name=self.agent.name,
+            agent_revision=self.agent.revision,
+            step=self.step,
+            boundary=boundary,
+            status=status,
+            iteration=self.iteration,
+            fence=fence,
+            messages=tuple(self.messages),
+            outstanding=outstanding,
+            pending_approval=pending,
+            grants=tuple(self.grants),
+            usage=self.usage,
+            micros=self.spent,
+            state=state_to_json(self.state, self.agent.state_schema),
+            steps_used=self.steps_used,
+            replay_of=self.replay_of,
+            output=output,
+            written_at=time.time(),
+            observation=self.observation,
+        )
+
+    def result(
+        self,
+        status: RunStatus,
+        *,
+        fence: int | None,
+        output: str | None = None,
+        pending_approval: ApprovalRequest | None = None,
+    ) -> Run:
+        """The ``Run`` handed back to the caller."""
+        return Run(
+            run_id=self.run_id,
+            tenant=self.tenant,
+            agent_name=self.agent.name,
+            status=status,
+            output=output,
+            iteration=self.iteration,
+            usage=self.usage,
+            spent_micros=self.spent,
+            pending_approval=pending_approval,
+            replay_of=self.replay_of,
+            fence=fence,
+        )
