@@ -610,3 +610,58 @@ async def test_the_resume_claim_is_renewed_while_a_long_iteration_runs(airline: 
     assert run.status is RunStatus.completed
     assert airline.bookings == ["LH123"]
     assert json.loads(json.dumps(run.output)) == "Booked LH123."
+
+
+# --- 7b. an approval request orphaned by a death is reused -----------------------------------
+
+
+async def test_a_request_orphaned_by_a_death_is_asked_again_under_the_same_id(
+    airline: Airline,
+) -> None:
+    store = FaultyCheckpointStore(MemoryCheckpointStore(), crash_before=_at("before_approval", 1))
+    idem, approvals = MemoryIdempotencyStore(), MemoryApprovalStore()
+
+    def runner() -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider(BOOK_TURNS),
+            idempotency=idem,
+            checkpoints=Checkpointer(store),
+            approvals=approvals,
+        )
+
+    agent = booking_agent(airline, approval=True)
+    with pytest.raises(SimulatedCrash):
+        await runner().run(agent, "book", tenant="acme", run_id="r")
+    store.crash_before = None
+    orphans = [r for r in approvals._requests.values() if r.run_id == "r"]
+    assert len(orphans) == 1
+    waiting = await runner().resume(agent, "r", tenant="acme")
+    assert waiting.status is RunStatus.waiting_approval
+    assert waiting.pending_approval is not None
+    assert waiting.pending_approval.id == orphans[0].id
+    assert len([r for r in approvals._requests.values() if r.run_id == "r"]) == 1
+
+
+async def test_an_orphaned_request_decided_meanwhile_lets_the_resume_go_on(
+    airline: Airline,
+) -> None:
+    store = FaultyCheckpointStore(MemoryCheckpointStore(), crash_before=_at("before_approval", 1))
+    idem, approvals = MemoryIdempotencyStore(), MemoryApprovalStore()
+
+    def runner() -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider(BOOK_TURNS),
+            idempotency=idem,
+            checkpoints=Checkpointer(store),
+            approvals=approvals,
+        )
+
+    agent = booking_agent(airline, approval=True)
+    with pytest.raises(SimulatedCrash):
+        await runner().run(agent, "book", tenant="acme", run_id="r")
+    store.crash_before = None
+    [orphan] = [r for r in approvals._requests.values() if r.run_id == "r"]
+    await approvals.decide("acme", orphan.id, approved=True, by="ops")
+    run = await runner().resume(agent, "r", tenant="acme")
+    assert run.status is RunStatus.completed
+    assert airline.bookings == ["LH123"]

@@ -1428,15 +1428,16 @@ class PostgresApprovalStore(_FencedPostgresStore):
         *,
         iteration: int,
         fence: int | None = None,
+        id: str | None = None,
     ) -> ApprovalRequest:
-        """Record a pending request; ids are unique per store."""
+        """Record a pending request (made once under a chosen ``id``)."""
         encoded = _calls_to_json(calls)
         while True:
             params = _run(
                 tenant,
                 run_id,
                 fence,
-                id=f"req-{secrets.token_hex(6)}",
+                id=id or f"req-{secrets.token_hex(6)}",
                 calls=encoded,
                 iteration=int(iteration),
             )
@@ -1449,6 +1450,11 @@ class PostgresApprovalStore(_FencedPostgresStore):
             assert row is not None
             if row["id"] is not None:
                 return _approval(row)
+            if id is not None:
+                existing = await self.get(tenant, id)
+                if existing is None:
+                    raise ValueError(f"approval request id {id!r} is taken")
+                return existing
             # That id was taken already: draw another.
 
     async def decide(

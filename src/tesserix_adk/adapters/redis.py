@@ -1486,8 +1486,10 @@ class RedisApprovalStore(_FencedRedisStore):
         *,
         iteration: int,
         fence: int | None = None,
+        id: str | None = None,
     ) -> ApprovalRequest:
-        """Record a pending request; ids are unique per store."""
+        """Record a pending request (made once under a chosen ``id``)."""
+        chosen = id
         tag = _Keys.tag(tenant, run_id)
         fields = [
             "tenant",
@@ -1501,9 +1503,14 @@ class RedisApprovalStore(_FencedRedisStore):
         ]
         with _driver_errors(f"recording an approval request of run {run_id!r}"):
             while True:
-                id = f"req-{secrets.token_hex(6)}"
+                id = chosen or f"req-{secrets.token_hex(6)}"
                 if await self._client.set(self._keys.approval_index(id), tag, nx=True):
                     break
+                if chosen is not None:
+                    existing = await self.get(tenant, chosen)
+                    if existing is None:
+                        raise ValueError(f"approval request id {chosen!r} is taken")
+                    return existing
             result = await self._request(
                 keys=[
                     self._request_key(tag, id),

@@ -7,6 +7,7 @@ becomes the run's grants and the turn goes on as any other.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from tesserix_adk.checkpoint.payload import (
@@ -23,9 +24,10 @@ from tesserix_adk.run.frontier import write_frontier
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.state import RunState
-from tesserix_adk.stores.protocols import ApprovalStatus
+from tesserix_adk.stores.protocols import ApprovalRequest, ApprovalStatus
+from tesserix_adk.tools import canonical_json
 
-__all__ = ["ask_approval", "take_decision"]
+__all__ = ["approval_request_id", "ask_approval", "take_decision"]
 
 
 async def ask_approval(
@@ -55,7 +57,13 @@ async def ask_approval(
         ],
         iteration=run.iteration,
         fence=attempt.fence,
+        id=approval_request_id(run.tenant, run.run_id, run.iteration, [c.id for c in needing]),
     )
+    if request.status is not ApprovalStatus.pending:
+        # Asked before by an attempt that died before its frontier named the request, and
+        # decided since: the decision stands.
+        _grant(parts, run, request, calls)
+        return None
     pending = PendingApproval(id=request.id, calls=tuple(c.id for c in needing))
     await write_frontier(
         parts,
@@ -84,6 +92,21 @@ async def take_decision(
         raise NoCheckpointError(f"approval request {request_id!r} is gone")
     if request.status is ApprovalStatus.pending:
         return run.result(RunStatus.waiting_approval, fence=attempt.fence, pending_approval=request)
+    _grant(parts, run, request, calls)
+    return None
+
+
+def approval_request_id(tenant: str, run_id: str, iteration: int, call_ids: Sequence[str]) -> str:
+    """The id a turn's approval request is made under: the same for every attempt at that
+    turn, so a request orphaned by a death is found again, never asked twice."""
+    body = canonical_json(["approval", tenant, run_id, iteration, list(call_ids)])
+    return "req-" + hashlib.sha256(body.encode("utf-8")).hexdigest()[:24]
+
+
+def _grant(
+    parts: RunParts, run: RunState, request: ApprovalRequest, calls: Sequence[OutstandingCall]
+) -> None:
+    """A decided request's calls become the run's grants."""
     approved = request.status is ApprovalStatus.approved
     known = {g.call_id for g in run.grants}
     keys = {oc.call.id: oc.key for oc in calls}
@@ -99,4 +122,3 @@ async def take_decision(
                     note=None if request.note is None else parts.redactor.text(request.note),
                 )
             )
-    return None

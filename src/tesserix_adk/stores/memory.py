@@ -494,12 +494,18 @@ class MemoryApprovalStore:
         *,
         iteration: int,
         fence: int | None = None,
+        id: str | None = None,
     ) -> ApprovalRequest:
-        """Record a pending request; ids are unique per store."""
+        """Record a pending request (made once under a chosen ``id``)."""
         self._fences.check(tenant, run_id, fence)
         self._fences.accept(tenant, run_id, fence)
-        id = f"req-{secrets.token_hex(6)}"
-        while id in self._requests:
+        if id is not None:
+            existing = self._requests.get(id)
+            if existing is not None:
+                if existing.tenant != tenant:
+                    raise ValueError(f"approval request id {id!r} is taken")
+                return existing
+        while id is None or id in self._requests:
             id = f"req-{secrets.token_hex(6)}"
         request = ApprovalRequest(
             id=id,

@@ -390,8 +390,15 @@ class ApprovalStore(Protocol):
         *,
         iteration: int,
         fence: int | None = None,
+        id: str | None = None,
     ) -> ApprovalRequest:
-        """Record a pending request; ids are unique per store."""
+        """Record a pending request; ids are unique per store.
+
+        With ``id`` the request is made once: while a request with that id exists for the
+        tenant, it is returned as it stands (pending or decided) and nothing is written. A
+        runner that died between asking and checkpointing asks again under the same id
+        and finds the request a person may already have decided.
+        """
         ...
 
     async def decide(

@@ -1493,16 +1493,24 @@ class SqliteApprovalStore(_FencedSqliteStore):
         *,
         iteration: int,
         fence: int | None = None,
+        id: str | None = None,
     ) -> ApprovalRequest:
-        """Record a pending request; ids are unique per store."""
+        """Record a pending request (made once under a chosen ``id``)."""
         encoded = _calls_to_json(calls)
+        chosen = id
 
         def request(conn: sqlite3.Connection) -> ApprovalRequest:
             _check_fence(conn, _APPROVALS, tenant, run_id, fence)
             _accept_fence(conn, _APPROVALS, tenant, run_id, fence)
             now = _now(conn)
+            if chosen is not None:
+                existing = _get_approval(conn, chosen)
+                if existing is not None:
+                    if existing.tenant != tenant:
+                        raise ValueError(f"approval request id {chosen!r} is taken")
+                    return existing
             while True:
-                id = f"req-{secrets.token_hex(6)}"
+                id = chosen or f"req-{secrets.token_hex(6)}"
                 inserted = conn.execute(
                     f"INSERT INTO adk_approvals ({_APPROVAL_COLUMNS}) "
                     "VALUES (?, ?, ?, ?, ?, ?, NULL, NULL, ?, NULL) ON CONFLICT (id) DO NOTHING",

@@ -51,6 +51,24 @@ class ApprovalStoreConformance:
         ids = {(await approval_store.request(T, R, CALLS[:1], iteration=i)).id for i in range(100)}
         assert len(ids) == 100
 
+    async def test_a_request_under_a_chosen_id_is_made_once(
+        self, approval_store: ApprovalStore
+    ) -> None:
+        first = await approval_store.request(T, R, CALLS, iteration=2, fence=1, id="req-chosen")
+        assert first.id == "req-chosen"
+        again = await approval_store.request(T, R, CALLS, iteration=2, fence=1, id="req-chosen")
+        assert again == first
+        assert await approval_store.get(T, "req-chosen") == first
+
+    async def test_a_chosen_id_returns_the_request_as_decided(
+        self, approval_store: ApprovalStore
+    ) -> None:
+        await approval_store.request(T, R, CALLS, iteration=2, id="req-decided")
+        decided = await approval_store.decide(T, "req-decided", approved=False, by="ops")
+        again = await approval_store.request(T, R, CALLS, iteration=2, id="req-decided")
+        assert again == decided
+        assert again.status is ApprovalStatus.denied
+
     async def test_approval_records_who_and_when(self, approval_store: ApprovalStore) -> None:
         request = await approval_store.request(T, R, CALLS, iteration=1)
         approved = await approval_store.decide(T, request.id, approved=True, by="ops@acme")
