@@ -35,8 +35,11 @@ from tesserix_adk import (
     ScriptedProvider,
     StoreUnavailableError,
     ToolCall,
+    ToolOutcome,
     tool,
 )
+from tesserix_adk.checkpoint.payload import encode_outcome
+from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.stores import open_stores
 from tesserix_adk.testing.faults import (
     FaultyCheckpointStore,
@@ -229,4 +232,169 @@ async def test_run_retried_after_an_unwritable_frontier_does_not_book_a_differen
         await runner.run(agent, "book", tenant="acme", run_id="r")
     except Exception as exc:
         assert getattr(exc, "retryable", True) is False
+    assert airline.bookings == ["LH123"]
+
+
+# --- twin calls and custom key functions -----------------------------------------------
+
+
+async def test_twin_calls_are_two_calls_with_a_key_function_taking_keyword_arguments(
+    airline: Airline,
+) -> None:
+    """DEFECT. A key function written as ``def key(**kw)`` (the KeyFunction protocol's
+    keywords, no ``occurrence``) is taken to honour ``occurrence`` because it accepts any
+    keyword, so twin calls share its key: the second seat is never booked and the model is
+    told it was. SPEC §10: two identical calls in one turn are two calls."""
+
+    def by_flight(**kw: Any) -> str:
+        return f"{kw['run_id']}:{kw['iteration']}:{kw['tool']}:{kw['arguments']['flight']}"
+
+    @tool(key=by_flight)
+    def book_seat(flight: str) -> str:
+        """Book one seat."""
+        airline.bookings.append(flight)
+        return f"booked seat {len(airline.bookings)}"
+
+    agent = Agent("booking", "Book.", [book_seat])
+    turns: list[Any] = [
+        [("book_seat", {"flight": "LH123"}), ("book_seat", {"flight": "LH123"})],
+        "Booked two seats.",
+    ]
+    provider = _Recording(ScriptedProvider(turns))
+    runner = AgentRunner(provider, idempotency=MemoryIdempotencyStore())
+    run = await runner.run(agent, "two seats", tenant="acme", run_id="r")
+    assert run.status is RunStatus.completed
+    assert airline.bookings == ["LH123", "LH123"]
+    answers = [m.text for m in _answers(provider.requests[-1], "book_seat")]
+    assert sorted(answers) == ["booked seat 1", "booked seat 2"]
+
+
+# --- a turn asked again after dying between its calls ----------------------------------
+
+
+async def test_a_turn_asked_again_after_dying_between_its_calls_carries_on(
+    airline: Airline,
+) -> None:
+    """DEFECT (or a SPEC §3 wording to revisit). With a policy that skips
+    ``after_model_call``, the process dies after the first of a turn's two bookings and
+    before the second was claimed. The resumed model asks for exactly the same turn: the
+    first is replayed, the second never ran and is sent once. Nothing that happened is
+    hidden from the model, so nothing diverged; yet the runner refuses for ever
+    (``DivergedRunError``, exit 4) because the second call's key is not among the completed
+    ones. A run that can finish must."""
+    store = MemoryCheckpointStore()
+    idem = MemoryIdempotencyStore()
+    turns: list[Any] = [
+        BOOK_TURNS[0],
+        [("book_seat", {"flight": "LH123"}), ("book_seat", {"flight": "UA456"})],
+        "Booked both.",
+    ]
+
+    def runner() -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider(turns),
+            idempotency=idem,
+            checkpoints=Checkpointer(store, policy=ONLY_TOOL_RESULTS),
+        )
+
+    def die_after_first(stage: str) -> None:
+        if stage == "after" and airline.bookings == ["LH123"]:
+            raise SimulatedCrash
+
+    airline.hook = die_after_first
+    with pytest.raises(SimulatedCrash):
+        await runner().run(booking_agent(airline), "book both", tenant="acme", run_id="r")
+    airline.hook = None
+    # The first booking's outcome was never recorded (death inside the tool): the
+    # operator checks the airline and records it.
+    [rec] = [r for r in await idem.records("acme", "r") if r.tool == "book_seat"]
+    booked = encode_outcome(ToolOutcome(call_id="-", content="booked"), Redactor())
+    await idem.resolve(rec.key, booked, by="ops")
+    run = await runner().resume(booking_agent(airline), "r", tenant="acme")
+    assert run.status is RunStatus.completed
+    assert airline.bookings == ["LH123", "UA456"]
+
+
+# --- a claim the lease check stopped before dispatch ----------------------------------
+
+
+async def test_a_call_stopped_by_the_lease_check_before_dispatch_is_not_left_in_doubt(
+    airline: Airline,
+) -> None:
+    """DEFECT. The holder stalls right after its claim; the lease check before the tool
+    (issue 20 1a) rightly stops it with nothing sent. But the claim stays in flight under
+    that holder, so every later resume refuses, naming ``book_seat`` as a call nobody can
+    decide — although the only attempt that could have sent it knows it did not. Every
+    refusal names exactly the calls in doubt; this one is not."""
+    import time
+
+    ttl = 0.3
+
+    def stall(phase: str, op: str, key: str) -> None:
+        if phase == "after" and op == "claim" and airline.searches:
+            time.sleep(ttl + 0.1)
+
+    store, idem = MemoryCheckpointStore(), MemoryIdempotencyStore()
+    leases = MemoryLeaseStore()
+
+    def runner(hook: Any) -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider(BOOK_TURNS),
+            idempotency=FaultyIdempotencyStore(idem, hook=hook),
+            checkpoints=Checkpointer(store),
+            leases=leases,
+            lease_policy=LeasePolicy(ttl=ttl, renew_within=0.2),
+        )
+
+    with pytest.raises(LeaseLostError):
+        await runner(stall).run(booking_agent(airline), "book", tenant="acme", run_id="r")
+    assert airline.bookings == []
+    await asyncio.sleep(ttl + 0.1)  # the stale lease lapses by the store's clock
+    run = await runner(None).resume(booking_agent(airline), "r", tenant="acme")
+    assert run.status is RunStatus.completed
+    assert airline.bookings == ["LH123"]
+
+
+# --- a lost claim reply that cannot be read back ---------------------------------------
+
+
+async def test_a_claim_given_up_as_not_dispatched_is_not_called_in_doubt_by_the_retry(
+    airline: Airline,
+) -> None:
+    """DEFECT. The claim of ``book_seat`` is applied but its reply is lost, and reading
+    the record back fails too: the run stops with a retryable error saying the call "was
+    not dispatched". The caller retries on the same runner, and that attempt refuses with
+    ``IndeterminateToolCallError`` ("nobody can say whether it ran"), non-retryable, for a
+    call the kit itself said it did not send. A retryable stop must leave the run
+    resumable (SPEC §2), and a refusal must name only calls in doubt."""
+    store = MemoryCheckpointStore()
+    reads_fail = False
+
+    def lookups_fail(phase: str, op: str, key: str) -> None:
+        if phase == "before" and op == "lookup" and reads_fail:
+            raise StoreUnavailableError("lookup never reached the store (simulated)")
+
+    faulty = FaultyIdempotencyStore(MemoryIdempotencyStore(), hook=lookups_fail)
+    runner = AgentRunner(
+        ScriptedProvider(BOOK_TURNS), idempotency=faulty, checkpoints=Checkpointer(store)
+    )
+    agent = booking_agent(airline)
+
+    def lose_the_booking_claim(phase: str, op: str, key: str) -> None:
+        nonlocal reads_fail
+        lookups_fail(phase, op, key)
+        if phase == "before" and op == "claim" and airline.searches:
+            faulty.lose_claim_replies = 1
+            reads_fail = True
+
+    faulty.hook = lose_the_booking_claim
+    with pytest.raises(StoreUnavailableError) as first:
+        await runner.run(agent, "book", tenant="acme", run_id="r")
+    assert first.value.retryable
+    assert "not dispatched" in str(first.value)
+    assert airline.bookings == []
+    faulty.hook = None
+    reads_fail = False
+    run = await runner.resume(agent, "r", tenant="acme")
+    assert run.status is RunStatus.completed
     assert airline.bookings == ["LH123"]

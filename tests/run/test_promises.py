@@ -665,3 +665,26 @@ async def test_an_orphaned_request_decided_meanwhile_lets_the_resume_go_on(
     run = await runner().resume(agent, "r", tenant="acme")
     assert run.status is RunStatus.completed
     assert airline.bookings == ["LH123"]
+
+
+async def test_from_stores_wires_every_store_of_a_bundle(airline: Airline, tmp_path: Path) -> None:
+    stores = open_stores(f"sqlite:///{tmp_path}/adk.sqlite3")
+    await stores.create_schema()
+    async with stores:
+        runner = AgentRunner.from_stores(
+            ScriptedProvider(BOOK_TURNS), stores, worker="w7", policy=ONLY_TOOL_RESULTS
+        )
+        assert runner.checkpoints is not None
+        assert runner.checkpoints.history is stores.history
+        assert runner.checkpoints.policy == ONLY_TOOL_RESULTS
+        assert (runner.leases, runner.ledger, runner.approvals, runner.idempotency) == (
+            stores.leases,
+            stores.ledger,
+            stores.approvals,
+            stores.idempotency,
+        )
+        run = await runner.run(booking_agent(airline), "book", tenant="acme", run_id="r")
+        assert run.status is RunStatus.completed
+        assert run.fence is not None
+        lease_holder = [r.holder for r in await stores.idempotency.records("acme", "r")]
+        assert all(h.startswith("w7-") for h in lease_holder)

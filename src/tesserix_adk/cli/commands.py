@@ -210,15 +210,7 @@ async def _resume(
         raise UsageError("`run` only carries existing runs on: pass --resume RUN")
     agent = load_agent(args.agent, agents)
     async with built_provider(args.provider, agent, args.agent) as provider:
-        runner = AgentRunner(
-            provider,
-            idempotency=stores.idempotency,
-            checkpoints=stores.checkpointer(),
-            leases=stores.leases,
-            ledger=stores.ledger,
-            approvals=stores.approvals,
-            worker=args.worker,
-        )
+        runner = AgentRunner.from_stores(provider, stores, worker=args.worker)
         spent = await stores.ledger.spent(args.tenant, args.resume)
 
         def found(cp: Checkpoint, plan: ResumePlan | None, fence: int | None, holder: str) -> None:
@@ -251,15 +243,7 @@ async def _replay(
             if not callable(stub):
                 raise UsageError(f"--stub {spec}: {ref} is not callable")
             stubs[name] = stub
-        runner = AgentRunner(
-            provider,
-            idempotency=stores.idempotency,
-            checkpoints=stores.checkpointer(),
-            leases=stores.leases,
-            ledger=stores.ledger,
-            approvals=stores.approvals,
-            worker="replay",
-        )
+        runner = AgentRunner.from_stores(provider, stores, worker="replay")
         run = await runner.replay(
             agent,
             args.run,

@@ -80,13 +80,9 @@ async def _main(args: argparse.Namespace) -> int:
     if args.delay:
         provider = _Slow(provider, args.delay)
         os.environ[DELAY_ENV] = str(args.delay)
-    runner = AgentRunner(
+    runner = AgentRunner.from_stores(
         provider,
-        idempotency=stores.idempotency,
-        checkpoints=stores.checkpointer(),
-        leases=stores.leases,
-        ledger=stores.ledger,
-        approvals=stores.approvals,
+        stores,
         lease_policy=LeasePolicy(ttl=ttl, renew_within=ttl / 2),
         worker=args.worker,
         resume_claim_ttl=args.claim_ttl,
