@@ -80,15 +80,18 @@ EXIT_COMPLETED, EXIT_NOT_NOW, EXIT_REFUSED, EXIT_OTHER = 0, 3, 4, 5
 class Faults:
     """Where this process kills or stops itself."""
 
-    def __init__(self, specs: Sequence[str], rec: Recorder, run: str) -> None:
+    def __init__(
+        self, specs: Sequence[str], rec: Recorder, run: str, release: str | None = None
+    ) -> None:
         self.rec = rec
+        self.release = release
         self.run = run
         self.seen: dict[str, int] = {}
         self.armed: dict[str, tuple[str, int]] = {}
         for spec in specs:
             kind, _, where = spec.partition(":")
             point, _, nth = where.partition("@")
-            assert kind in ("kill", "stop") and point in POINTS, spec
+            assert kind in ("kill", "stop", "hold") and point in POINTS, spec
             self.armed[point] = (kind, int(nth or 1))
 
     def at(self, point: str) -> None:
@@ -100,6 +103,14 @@ class Faults:
         self.rec.event("fault", self.run, kind=kind, point=point, nth=self.seen[point])
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif kind == "hold":
+            # Only inside the tool (a worker thread): the loop goes on renewing the lease
+            # while this holds the run, until the harness releases it.
+            deadline = time.monotonic() + 60
+            while not (self.release and os.path.exists(self.release)):
+                assert time.monotonic() < deadline, "never released"
+                time.sleep(0.01)
+            self.rec.event("released", self.run, point=point)
         else:
             os.kill(os.getpid(), signal.SIGSTOP)  # the harness sends SIGCONT later
             self.rec.event("continued", self.run, point=point)
@@ -283,7 +294,7 @@ def _dump_tasks(signum: int, frame: Any) -> None:
 
 
 async def _carry(args: argparse.Namespace, rec: Recorder) -> int:
-    faults = Faults(args.fault, rec, args.run)
+    faults = Faults(args.fault, rec, args.run, args.release)
     stores = recording(open_stores(args.store), rec, faults)
     provider: Any = ScriptedProvider(TURNS)
     if args.delay:
@@ -350,6 +361,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--lease-ttl", type=float, default=1.0)
     parser.add_argument("--claim-ttl", type=float, default=1.0)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--release", metavar="FILE", help="ends a hold once it exists")
     parser.add_argument("--resolve", metavar="KEY")
     parser.add_argument("--outcome", metavar="JSON")
     return parser.parse_args(list(argv))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,14 +20,13 @@ from tesserix_adk import (
     Boundary,
     Checkpointer,
     CheckpointPolicy,
-    IndeterminateToolCallError,
     LeaseLostError,
     LeasePolicy,
-    Message,
     MemoryApprovalStore,
     MemoryCheckpointStore,
     MemoryIdempotencyStore,
     MemoryLeaseStore,
+    Message,
     ModelRequest,
     ModelResponse,
     RunStatus,
@@ -40,7 +38,6 @@ from tesserix_adk import (
 )
 from tesserix_adk.checkpoint.payload import encode_outcome
 from tesserix_adk.checkpoint.redaction import Redactor
-from tesserix_adk.stores import open_stores
 from tesserix_adk.testing.faults import (
     FaultyCheckpointStore,
     FaultyIdempotencyStore,

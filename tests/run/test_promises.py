@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from adapters import services
 from booking import BOOK_TURNS, Airline, booking_agent
 from tesserix_adk import (
     Agent,
@@ -56,11 +57,26 @@ from tesserix_adk.testing.faults import (
 ONLY_TOOL_RESULTS = CheckpointPolicy(boundaries=frozenset({Boundary.after_tool_result}))
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
 async def idempotency(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    """An idempotency store of each embedded backend."""
+    """An idempotency store of every backend."""
     if request.param == "memory":
         yield MemoryIdempotencyStore()
+        return
+    if request.param == "redis":
+        async with services.redis_stores() as stores:
+            yield stores.idempotency
+        return
+    if request.param == "postgres":
+        async with services.postgres_stores() as stores:
+            yield stores.idempotency
         return
     stores = open_stores(f"sqlite:///{tmp_path}/adk.sqlite3")
     await stores.create_schema()

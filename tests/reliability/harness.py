@@ -1,0 +1,229 @@
+"""Drives real worker processes through faults and hands the history to the checker.
+
+Workers are forked from a fork server that has the kit imported already, so a worker costs
+a fork, not an interpreter start (each is still a separate OS process with its own
+connections, killed with real signals). Every worker has a deadline: one still running at
+it has its asyncio tasks (SIGUSR1) and threads (SIGUSR2, faulthandler) dumped, is killed,
+and goes on the record as a hang, dump included.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reliability import worker
+from reliability.checker import Verdict, check
+from reliability.history import Recorder, read_history
+
+# Deadline of one worker process: a whole run takes well under a second.
+WORKER_DEADLINE = float(os.environ.get("ADK_TORTURE_WORKER_DEADLINE", "60"))
+# How many workers one run may take before the suite calls it stuck.
+MAX_WORKERS = 80
+
+_CTX = multiprocessing.get_context("forkserver")
+_CTX.set_forkserver_preload(["reliability.worker"])
+
+
+def stopped(pid: int) -> bool:
+    """The process is in state T (stopped by a signal)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except FileNotFoundError:
+        return False
+
+
+class Proc:
+    """One worker process."""
+
+    def __init__(self, site: Site, run: str, argv: Sequence[str], label: str) -> None:
+        self.site = site
+        self.run = run
+        self.label = label
+        self.out = site.tmp / f"{label}.out"
+        self.process = _CTX.Process(target=worker.child, args=(list(argv), str(self.out)))
+        self.process.start()
+        self.started = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        assert self.process.pid is not None
+        return self.process.pid
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or ``None`` if it still runs after ``timeout``."""
+        self.process.join(timeout)
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+        self.process.join(10)
+
+    def finish(self, deadline: float = WORKER_DEADLINE) -> int:
+        """Its exit code; past the deadline, a hang on the record and ``-SIGKILL``."""
+        left = max(0.0, self.started + deadline - time.monotonic())
+        code = self.wait(left)
+        if code is not None:
+            return code
+        for sig in (signal.SIGCONT, signal.SIGUSR1, signal.SIGUSR2):
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        self.kill()
+        self.site.hang(self.run, self.label, self.output())
+        return -signal.SIGKILL
+
+    def output(self) -> str:
+        try:
+            return self.out.read_text()[-20000:]
+        except FileNotFoundError:
+            return ""
+
+
+@dataclass
+class Stats:
+    """What a batch of trials did, for the figures."""
+
+    trials: int = 0
+    kills: int = 0
+    refusals: int = 0
+    resolutions: int = 0
+    workers: int = 0
+    notes: dict[str, int] = field(default_factory=dict)
+
+
+class Site:
+    """One store URL, one history file, and the workers of every trial on them."""
+
+    def __init__(self, store: str, tmp: Path, *, lease_ttl: float = 0.6, delay: float = 0.01):
+        self.store = store
+        self.tmp = tmp
+        self.history = tmp / "history.jsonl"
+        self.lease_ttl = lease_ttl
+        self.delay = delay
+        self.recorder = Recorder(self.history, "harness")
+        self.stats = Stats()
+        self._n = 0
+        self._lock = threading.Lock()
+
+    # --- processes ---------------------------------------------------------------------
+
+    def _label(self, run: str) -> str:
+        with self._lock:
+            self._n += 1
+            self.stats.workers += 1
+            return f"{run}.w{self._n}"
+
+    def start(self, run: str, *extra: str, label: str | None = None) -> Proc:
+        label = label or self._label(run)
+        argv = [
+            "--store",
+            self.store,
+            "--run",
+            run,
+            "--history",
+            str(self.history),
+            "--worker",
+            label,
+            "--lease-ttl",
+            str(self.lease_ttl),
+            "--claim-ttl",
+            str(self.lease_ttl),
+            "--delay",
+            str(self.delay),
+            *extra,
+        ]
+        return Proc(self, run, argv, label)
+
+    def hang(self, run: str, label: str, detail: str) -> None:
+        self.recorder.event("hang", run, worker=label, detail=detail)
+
+    def count(self, what: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self.stats, what, getattr(self.stats, what) + n)
+
+    def note(self, what: str) -> None:
+        with self._lock:
+            self.stats.notes[what] = self.stats.notes.get(what, 0) + 1
+
+    # --- carrying a run to its end -----------------------------------------------------
+
+    def carry(
+        self,
+        run: str,
+        rng: random.Random,
+        *,
+        faults: Sequence[Sequence[str]] = (),
+        kill_within: float | None = None,
+        kills: int = 0,
+    ) -> None:
+        """Start, fault, resume, resolve ... until the run completes.
+
+        ``faults[i]`` are the named faults of the i-th worker; the first ``kills`` workers
+        are also SIGKILLed at a random moment within ``kill_within`` seconds.
+        """
+        for n in range(MAX_WORKERS):
+            extra = [f"--fault={f}" for f in (faults[n] if n < len(faults) else ())]
+            proc = self.start(run, *extra)
+            if n < kills and kill_within is not None:
+                if proc.wait(rng.uniform(0.0, kill_within)) is None:
+                    proc.kill()
+                    self.count("kills")
+                    continue
+            code = proc.finish()
+            if code == -signal.SIGKILL:
+                self.count("kills")
+            if code == worker.EXIT_COMPLETED:
+                return
+            if code == worker.EXIT_REFUSED:
+                self.count("refusals")
+                self.resolve_from_the_world(run)
+            elif code not in (worker.EXIT_NOT_NOW, -signal.SIGKILL):
+                return  # on the record as an error; the checker reports it
+            time.sleep(0.05)
+        self.recorder.event("gave_up", run, workers=MAX_WORKERS)
+
+    def resolve_from_the_world(self, run: str) -> None:
+        """What an on-call engineer does: look each call in doubt up in the outside world
+        (the effects on the record) and record what was found."""
+        events = read_history(self.history)
+        refusal = [e for e in events if e.run == run and e.ev == "result"][-1]
+        assert refusal["verdict"] == "refused", refusal
+        effects = {e["key"]: e for e in events if e.run == run and e.ev == "effect"}
+        for key in refusal["keys"]:
+            what: list[str]
+            if key in effects:
+                what = ["--outcome", json.dumps({"booked": effects[key]["item"]})]
+            else:
+                what = []
+            for _ in range(MAX_WORKERS):
+                code = self.start(run, "--resolve", key, *what).finish()
+                if code != worker.EXIT_NOT_NOW:  # 3: someone holds the run right now
+                    break
+                time.sleep(0.1)
+            self.count("resolutions")
+
+    # --- verdict -----------------------------------------------------------------------
+
+    def verdict(self) -> Verdict:
+        return check(read_history(self.history), expected_items=worker.ITEMS)
+
+
+def in_parallel(jobs: Iterable[Callable[[], Any]], width: int = 3) -> None:
+    """Run trials side by side (each its own run); the first failure is raised."""
+    with ThreadPoolExecutor(max_workers=width) as pool:
+        for future in [pool.submit(job) for job in jobs]:
+            future.result()
