@@ -11,8 +11,10 @@ import json
 import sys
 import threading
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-from reliability.checker import Verdict
+if TYPE_CHECKING:
+    from reliability.checker import Verdict
 
 __all__ = ["Tally", "TALLY", "lines"]
 
@@ -35,7 +37,13 @@ class Tally:
         self._lock = threading.Lock()
 
     def add(
-        self, backend: str, scenario: str, trials: int, verdict: Verdict, *, kills: int = 0,
+        self,
+        backend: str,
+        scenario: str,
+        trials: int,
+        verdict: Verdict,
+        *,
+        kills: int = 0,
         workers: int = 0,
     ) -> None:
         with self._lock:

@@ -108,8 +108,17 @@ class Stats:
 class Site:
     """One store URL, one history file, and the workers of every trial on them."""
 
-    def __init__(self, store: str, tmp: Path, *, lease_ttl: float = 0.6, delay: float = 0.01):
+    def __init__(
+        self,
+        store: str,
+        tmp: Path,
+        *,
+        backend: str = "?",
+        lease_ttl: float = 0.6,
+        delay: float = 0.01,
+    ) -> None:
         self.store = store
+        self.backend = backend
         self.tmp = tmp
         self.history = tmp / "history.jsonl"
         self.lease_ttl = lease_ttl
@@ -167,16 +176,20 @@ class Site:
         rng: random.Random,
         *,
         faults: Sequence[Sequence[str]] = (),
+        first: Sequence[str] = (),
         kill_within: float | None = None,
         kills: int = 0,
     ) -> None:
         """Start, fault, resume, resolve ... until the run completes.
 
-        ``faults[i]`` are the named faults of the i-th worker; the first ``kills`` workers
-        are also SIGKILLed at a random moment within ``kill_within`` seconds.
+        ``faults[i]`` are the named faults of the i-th worker, ``first`` more arguments of
+        the first; the first ``kills`` workers are also SIGKILLed at a random moment within
+        ``kill_within`` seconds.
         """
         for n in range(MAX_WORKERS):
             extra = [f"--fault={f}" for f in (faults[n] if n < len(faults) else ())]
+            if n == 0:
+                extra += first
             proc = self.start(run, *extra)
             if n < kills and kill_within is not None:
                 if proc.wait(rng.uniform(0.0, kill_within)) is None:

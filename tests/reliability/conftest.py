@@ -1,0 +1,59 @@
+"""The reliability suite's sites (a store of the test's own on each backend, with its
+schema applied) and the figures printed at the end of the session."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from processes import BACKENDS, held_open, store_url
+from reliability.figures import TALLY, details, lines
+from reliability.harness import Site
+from reliability.profile import PROFILE, SEED
+from tesserix_adk.stores.urls import open_stores
+
+
+async def apply_schema(url: str) -> None:
+    async with open_stores(url) as stores:
+        await stores.create_schema()
+
+
+def make_site(url: str, tmp: Path, backend: str, **kw: float) -> Site:
+    """A site on ``url`` with the schema applied (outside any running loop)."""
+    asyncio.run(apply_schema(url))
+    return Site(url, tmp, backend=backend, **kw)
+
+
+@pytest.fixture(params=BACKENDS)
+def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
+    """A fresh store (SQLite file, Redis prefix, PostgreSQL schema) and history."""
+    with held_open(store_url(request.param, tmp_path)) as url:
+        yield make_site(url, tmp_path, request.param)
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> random.Random:
+    """Seeded per test, so a failure can be run again (``ADK_TORTURE_SEED``)."""
+    return random.Random(f"{SEED}:{request.node.nodeid}")
+
+
+def pytest_report_header() -> str:
+    return f"reliability profile: {PROFILE.name} (ADK_TORTURE=1 for the full one), seed {SEED}"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    rows = TALLY.as_json()
+    if not rows:
+        return
+    terminalreporter.section(f"reliability figures ({PROFILE.name} profile)")
+    for line in details(rows) + lines(rows):
+        terminalreporter.write_line(line)
+    target = os.environ.get("ADK_TORTURE_FIGURES")
+    if target:
+        Path(target).write_text(json.dumps(rows, indent=2))
