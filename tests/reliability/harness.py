@@ -191,11 +191,11 @@ class Site:
             if n == 0:
                 extra += first
             proc = self.start(run, *extra)
-            if n < kills and kill_within is not None:
-                if proc.wait(rng.uniform(0.0, kill_within)) is None:
-                    proc.kill()
-                    self.count("kills")
-                    continue
+            cut = n < kills and kill_within is not None
+            if cut and proc.wait(rng.uniform(0.0, kill_within or 0.0)) is None:
+                proc.kill()
+                self.count("kills")
+                continue
             code = proc.finish()
             if code == -signal.SIGKILL:
                 self.count("kills")

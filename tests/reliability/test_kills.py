@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 
-
 from reliability.figures import TALLY
 from reliability.harness import Site, in_parallel
 from reliability.history import read_history

@@ -8,7 +8,9 @@ attacks it withstood.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,24 +22,32 @@ from tesserix_adk import (
     Boundary,
     Checkpointer,
     CheckpointPolicy,
+    ConfigurationError,
     LeaseLostError,
     LeasePolicy,
     MemoryApprovalStore,
     MemoryCheckpointStore,
     MemoryIdempotencyStore,
     MemoryLeaseStore,
+    NoCheckpointError,
     Message,
     ModelRequest,
     ModelResponse,
+    ResumeConflictError,
     RunStatus,
     ScriptedProvider,
     StoreUnavailableError,
     ToolCall,
+    ToolContext,
     ToolOutcome,
     tool,
 )
 from tesserix_adk.checkpoint.payload import encode_outcome
 from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.errors import LeaseHeldError
+from tesserix_adk.run import run_claim_key
+from tesserix_adk.stores import open_stores
+from tesserix_adk.testing import FakeClock
 from tesserix_adk.testing.faults import (
     FaultyCheckpointStore,
     FaultyIdempotencyStore,
@@ -395,3 +405,246 @@ async def test_a_claim_given_up_as_not_dispatched_is_not_called_in_doubt_by_the_
     run = await runner.resume(agent, "r", tenant="acme")
     assert run.status is RunStatus.completed
     assert airline.bookings == ["LH123"]
+
+
+# --- custom key functions --------------------------------------------------------------
+
+
+def _by_order(*, tenant: str, run_id: str, iteration: int, tool: str, arguments: Any) -> Any:
+    """A business key: the order, so the payment provider deduplicates by it."""
+    return arguments["order"]
+
+
+async def test_a_key_function_returning_a_non_string_is_a_typed_error_before_any_dispatch() -> None:
+    """DEFECT. A key function returns the order number, an ``int`` (KeyFunction returns
+    ``str``). The runner claims and sends the payment under it and writes a frontier that
+    no reader accepts: every resume then says the frontier is *corrupt*
+    (``CheckpointCorruptError``), which sends the operator after a storage fault. Bad
+    input must be a typed error (``ConfigurationError``) before anything is sent."""
+    paid: list[int] = []
+
+    @tool(key=_by_order)
+    def pay(order: int) -> str:
+        """Pay an order."""
+        paid.append(order)
+        return "paid"
+
+    agent = Agent("shop", "Pay.", [pay])
+    runner = AgentRunner(
+        ScriptedProvider([[("pay", {"order": 5})], "done"]),
+        idempotency=MemoryIdempotencyStore(),
+        checkpoints=Checkpointer(MemoryCheckpointStore()),
+    )
+    with pytest.raises(ConfigurationError, match="key"):
+        await runner.run(agent, "pay", tenant="acme", run_id="r")
+    assert paid == []
+
+
+async def test_a_key_that_ignores_the_tenant_never_hands_one_tenant_another_tenants_outcome() -> (
+    None
+):
+    """DEFECT. A business key (``f"order-{n}"``) that does not name the tenant: tenant
+    ``globex`` pays its order 5 after tenant ``acme`` paid theirs. The record of ``acme``
+    answers ``globex``'s call: ``globex`` is never charged, and its model is told
+    ``acme``'s receipt. SPEC §10: the idempotency protocol is tenant-scoped, records are
+    keyed by (tenant, key)."""
+    paid: list[tuple[str, int]] = []
+
+    def order_key(**kw: Any) -> str:
+        return f"order-{kw['arguments']['order']}"
+
+    @tool(key=order_key)
+    def pay(order: int, ctx: ToolContext) -> str:
+        """Pay an order."""
+        paid.append((ctx.tenant, order))
+        return f"receipt for {ctx.tenant}"
+
+    agent = Agent("shop", "Pay.", [pay])
+    idem = MemoryIdempotencyStore()
+    turns: list[Any] = [[("pay", {"order": 5})], "done"]
+    for tenant in ("acme", "globex"):
+        provider = _Recording(ScriptedProvider(turns))
+        runner = AgentRunner(provider, idempotency=idem)
+        await runner.run(agent, "pay", tenant=tenant, run_id="r")
+        [answer] = _answers(provider.requests[-1], "pay")
+        assert answer.text == f"receipt for {tenant}"
+    assert paid == [("acme", 5), ("globex", 5)]
+
+
+# --- the resume claim racing a second resumer ------------------------------------------
+
+
+async def test_a_carrier_holding_the_lease_is_not_stopped_by_a_resumer_that_failed(
+    airline: Airline,
+) -> None:
+    """DEFECT (issue 20 point 6, a window left). The carrier's resume claim lapses (the
+    idempotency store was out longer than the claim's ttl, so renewals failed); a second
+    resumer takes the claim, is refused by the lease and lets go. If the carrier's renewal
+    lands in between, the carrier — which holds the lease, and which nobody else carries
+    — stops with ``ResumeConflictError``. The claim only saves work (SPEC §3); with a
+    lease store the lease decides who carries."""
+    clock = FakeClock()
+    idem = MemoryIdempotencyStore(clock=clock)
+    store = FaultyCheckpointStore(MemoryCheckpointStore(), crash_after=_at("after_model_call", 1))
+    leases = MemoryLeaseStore()
+
+    def runner() -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider(BOOK_TURNS),
+            idempotency=idem,
+            checkpoints=Checkpointer(store),
+            leases=leases,
+            resume_claim_ttl=0.3,
+        )
+
+    @tool(side_effects=False)
+    def search_flights(origin: str, dest: str) -> list[str]:
+        """Find flights between two airports."""
+        return ["LH123"]
+
+    @tool
+    async def book_seat(flight: str) -> str:
+        """Book one seat on a flight."""
+        if store.crash_after is None:  # the resumed carrier
+            clock.advance(1.0)  # its claim lapsed while renewals could not get through
+            key = run_claim_key("acme", "r")
+            other = await idem.claim(
+                key,
+                holder="resumer-2",
+                tenant="acme",
+                run_id="r",
+                iteration=None,
+                tool=None,
+                call_id=None,
+                flags=None,
+                ttl=0.3,
+            )
+            assert other.holder == "resumer-2"
+            await asyncio.sleep(0.25)  # the carrier's renewal runs now
+            await idem.release(key, holder="resumer-2")  # refused by the lease, it lets go
+        airline.bookings.append(flight)
+        return "booked"
+
+    agent = Agent("booking", "Book the flight the user asks for.", [search_flights, book_seat])
+    with pytest.raises(SimulatedCrash):
+        await runner().run(agent, "book", tenant="acme", run_id="r")
+    store.crash_after = None
+    lapsed = await leases.current("acme", "r")
+    assert lapsed is None  # the dead run's lease was released on the way out
+    run = await runner().resume(agent, "r", tenant="acme")
+    assert run.status is RunStatus.completed
+    assert airline.bookings == ["LH123"]
+
+
+# --- withstood: cancellation or death at every await, then retries on the same runner --
+
+
+class _Trip:
+    """Raises ``exc`` at the ``k``-th store call (before it reaches the store, or after)."""
+
+    def __init__(self, k: int, *, after: bool, exc: type[BaseException]) -> None:
+        self.k, self.after, self.exc = k, after, exc
+        self.seen = 0
+        self.tripped: str | None = None
+
+    def tick(self, name: str, phase: str) -> None:
+        if phase != ("after" if self.after else "before"):
+            return
+        self.seen += 1
+        if self.seen == self.k:
+            self.tripped = name
+            raise self.exc()
+
+
+class _Tripping:
+    """Any store, every async method passing through a ``_Trip``."""
+
+    def __init__(self, inner: Any, trip: _Trip, name: str) -> None:
+        self._inner, self._trip, self._name = inner, trip, name
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._inner, attr)
+        if attr.startswith("_") or not asyncio.iscoroutinefunction(value):
+            return value
+
+        async def tripping(*args: Any, **kwargs: Any) -> Any:
+            self._trip.tick(f"{self._name}.{attr}", "before")
+            result = await value(*args, **kwargs)
+            self._trip.tick(f"{self._name}.{attr}", "after")
+            return result
+
+        return tripping
+
+
+async def _carry_to_the_end(
+    runner: AgentRunner, agent: Agent, idem: Any, airline: Airline
+) -> list[str]:
+    """Retry on the same runner as a careful operator would: wait out a held run, and
+    settle each call a refusal names by what the airline truthfully holds."""
+    seen: list[str] = []
+    for _ in range(12):
+        try:
+            try:
+                run = await runner.resume(agent, "r", tenant="acme")
+            except NoCheckpointError:
+                run = await runner.run(agent, "book", tenant="acme", run_id="r")
+        except (ResumeConflictError, LeaseHeldError):
+            seen.append("held")
+            await asyncio.sleep(0.2)
+            continue
+        except IndeterminateToolCallError as exc:
+            for call in exc.calls:
+                seen.append(f"in doubt: {call.tool}")
+                assert call.tool == "book_seat", "only a side-effecting call is ever in doubt"
+                assert call.key is not None
+                if airline.bookings:
+                    done = encode_outcome(ToolOutcome(call_id="-", content="booked"), Redactor())
+                    await idem.resolve(call.key, done, by="ops")
+                else:
+                    await idem.resolve(call.key, never_ran=True, by="ops")
+            continue
+        seen.append(run.status.value)
+        return seen
+    raise AssertionError(f"the run never finished: {seen}")
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+@pytest.mark.parametrize(
+    ("after", "exc"),
+    [(False, asyncio.CancelledError), (True, asyncio.CancelledError), (True, SimulatedCrash)],
+    ids=["cancelled-before", "cancelled-after", "died-after"],
+)
+async def test_cancelled_or_dead_at_any_store_call_then_retried_books_once(
+    backend: str, after: bool, exc: type[BaseException], tmp_path: Path
+) -> None:
+    for k in range(1, 200):
+        airline = Airline()
+        trip = _Trip(k, after=after, exc=exc)
+        if backend == "memory":
+            stores: Any = open_stores("memory://")
+        else:
+            stores = open_stores(f"sqlite:///{tmp_path}/k{k}.sqlite3")
+            await stores.create_schema()
+        async with stores:
+            wrapped = {
+                name: _Tripping(getattr(stores, name), trip, name)
+                for name in ("checkpoints", "idempotency", "leases", "history", "ledger")
+            }
+            runner = AgentRunner(
+                ScriptedProvider(BOOK_TURNS),
+                idempotency=wrapped["idempotency"],
+                checkpoints=Checkpointer(wrapped["checkpoints"], history=wrapped["history"]),
+                leases=wrapped["leases"],
+                ledger=wrapped["ledger"],
+                lease_policy=LeasePolicy(ttl=0.3, renew_within=0.2),
+                resume_claim_ttl=0.3,
+            )
+            agent = booking_agent(airline)
+            with contextlib.suppress(BaseException):
+                await runner.run(agent, "book", tenant="acme", run_id="r")
+            if trip.tripped is None:
+                break  # past the last store call of a whole run
+            trip.k = -1
+            await _carry_to_the_end(runner, agent, stores.idempotency, airline)
+            assert airline.bookings == ["LH123"], f"tripped at {trip.tripped} (call {k})"
+    assert trip.tripped is None, "the sweep never reached the end of the run"

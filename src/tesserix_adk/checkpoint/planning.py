@@ -3,12 +3,15 @@
 The plan decides; it does not act. For each call the frontier lists, and for each record
 the run left *ahead* of its frontier, the idempotency store's record says whether it
 completed (replay the outcome), never ran (dispatch it), or is in flight under a holder
-that is gone (indeterminate: nobody can say, so nobody guesses).
+that no longer carries the run (indeterminate: nobody can say, so nobody guesses). A holder
+is never called "gone": its lease lapsed or was taken, yet it may still be running — only
+its fences stop it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -166,8 +169,9 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
             planned = PlannedCall(
                 **base,
                 disposition=ToolDisposition.indeterminate,
-                reason=f"claimed in flight by {rec.holder} (fence {rec.fence}), which is gone; "
-                "nobody can say whether it ran",
+                reason=f"claimed in flight by {rec.holder} (fence {rec.fence}) at "
+                f"{_when(rec.since)}; that holder no longer carries the run (its lease lapsed "
+                "or was taken), so nobody can say whether it ran",
                 record=rec,
             )
         if oc.redacted and planned.disposition is ToolDisposition.never_ran:
@@ -244,6 +248,11 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
         to_dispatch=tuple(to_dispatch),
         indeterminate=tuple(indeterminate),
     )
+
+
+def _when(epoch: float) -> str:
+    """A store-clock time as an operator reads it (UTC)."""
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _completed_reason(rec: IdempotencyRecord) -> str:
