@@ -23,16 +23,17 @@ from tesserix_adk import (
     Checkpointer,
     CheckpointPolicy,
     ConfigurationError,
+    IndeterminateToolCallError,
     LeaseLostError,
     LeasePolicy,
     MemoryApprovalStore,
     MemoryCheckpointStore,
     MemoryIdempotencyStore,
     MemoryLeaseStore,
-    NoCheckpointError,
     Message,
     ModelRequest,
     ModelResponse,
+    NoCheckpointError,
     ResumeConflictError,
     RunStatus,
     ScriptedProvider,
@@ -648,3 +649,36 @@ async def test_cancelled_or_dead_at_any_store_call_then_retried_books_once(
             await _carry_to_the_end(runner, agent, stores.idempotency, airline)
             assert airline.bookings == ["LH123"], f"tripped at {trip.tripped} (call {k})"
     assert trip.tripped is None, "the sweep never reached the end of the run"
+
+
+# --- withstood: resumers racing ----------------------------------------------------------
+
+
+async def test_resumers_racing_on_one_runner_and_on_two_carry_the_run_once(
+    airline: Airline,
+) -> None:
+    store = FaultyCheckpointStore(MemoryCheckpointStore(), crash_after=_at("after_model_call", 1))
+    idem, leases = MemoryIdempotencyStore(), MemoryLeaseStore()
+
+    def runner() -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider(BOOK_TURNS),
+            idempotency=idem,
+            checkpoints=Checkpointer(store),
+            leases=leases,
+        )
+
+    agent = booking_agent(airline)
+    with pytest.raises(SimulatedCrash):
+        await runner().run(agent, "book", tenant="acme", run_id="r")
+    store.crash_after = None
+    shared = runner()
+    racers = [shared, shared, runner(), runner()]
+    outcomes = await asyncio.gather(
+        *(r.resume(agent, "r", tenant="acme") for r in racers), return_exceptions=True
+    )
+    finished = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(finished) == 1 and finished[0].status is RunStatus.completed
+    assert all(isinstance(o, ResumeConflictError) for o in refused), refused
+    assert airline.bookings == ["LH123"]

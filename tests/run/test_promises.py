@@ -704,3 +704,61 @@ async def test_from_stores_wires_every_store_of_a_bundle(airline: Airline, tmp_p
         assert run.fence is not None
         lease_holder = [r.holder for r in await stores.idempotency.records("acme", "r")]
         assert all(h.startswith("w7-") for h in lease_holder)
+
+
+# --- issue 12: hostile ids and arguments get a typed error ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tenant", "run_id", "why"),
+    [
+        ("acme", "", "empty"),
+        ("", "r", "empty"),
+        ("acme", "r\ud800", "surrogate"),
+        ("acme", "r" * 2000, "longer"),
+    ],
+)
+async def test_a_hostile_run_id_or_tenant_is_refused_before_anything_is_written(
+    airline: Airline, tenant: str, run_id: str, why: str
+) -> None:
+    store = MemoryCheckpointStore()
+    runner = AgentRunner(
+        ScriptedProvider(BOOK_TURNS),
+        idempotency=MemoryIdempotencyStore(),
+        checkpoints=Checkpointer(store),
+    )
+    with pytest.raises(ConfigurationError, match=why):
+        await runner.run(booking_agent(airline), "book", tenant=tenant, run_id=run_id)
+    with pytest.raises(ConfigurationError, match=why):
+        await runner.resume(booking_agent(airline), run_id, tenant=tenant)
+    assert airline.searches == 0
+
+
+async def test_arguments_nested_too_deep_are_refused_not_sent_and_the_run_carries_on() -> None:
+    sent: list[Any] = []
+
+    @tool
+    def store_tree(tree: Any) -> str:
+        """Store a tree."""
+        sent.append(tree)
+        return "stored"
+
+    deep: Any = "leaf"
+    for _ in range(5000):
+        deep = {"child": deep}
+    agent = Agent("trees", "Store trees.", [store_tree])
+    turns: list[Any] = [[("store_tree", {"tree": deep})], "done"]
+    store = MemoryCheckpointStore()
+    provider = _Recording(ScriptedProvider(turns))
+    runner = AgentRunner(
+        provider,
+        idempotency=MemoryIdempotencyStore(),
+        checkpoints=Checkpointer(store, history=MemoryHistoryStore()),
+    )
+    run = await runner.run(agent, "store", tenant="acme", run_id="r")
+    assert run.status is RunStatus.completed
+    assert sent == []
+    [answer] = _answer_to(provider.requests[-1], "store_tree")
+    assert answer.is_error and "nest" in answer.text
+    cp = await Checkpointer(store).latest("acme", "r")
+    assert cp is not None and not cp.is_tombstone

@@ -11,9 +11,9 @@ its fences stop it.
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 

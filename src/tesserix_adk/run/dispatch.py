@@ -37,7 +37,11 @@ from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
 from tesserix_adk.tools import Tool, ToolContext, accepts_ctx, call_maybe_async
 
-__all__ = ["COMPLETE_TRIES", "MASKED_CALL", "call_tool", "dispatch_turn"]
+__all__ = ["COMPLETE_TRIES", "MASKED_CALL", "REFUSED_ARGUMENTS", "call_tool", "dispatch_turn"]
+
+# Stands in for arguments the kit refused to carry (nested too deep); such a call is
+# answered with the reason, never sent.
+REFUSED_ARGUMENTS = "__tesserix_refused__"
 
 _log = logging.getLogger("tesserix_adk.runner")
 
@@ -61,7 +65,10 @@ async def dispatch_turn(
     observed: list[dict[str, Any]] = []
     for oc in calls:
         tool = run.agent.tools.get(oc.call.name)
-        if tool is None:
+        refused = oc.call.arguments.get(REFUSED_ARGUMENTS)
+        if refused is not None:
+            outcome = ToolOutcome(call_id=oc.call.id, content=f"not sent: {refused}", is_error=True)
+        elif tool is None:
             outcome = ToolOutcome(
                 call_id=oc.call.id, content=f"unknown tool {oc.call.name!r}", is_error=True
             )

@@ -12,10 +12,18 @@ anything of that turn is written or sent.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 
-from tesserix_adk.checkpoint.payload import Boundary, Checkpoint, CheckpointStatus, OutstandingCall
+from tesserix_adk.checkpoint.payload import (
+    MAX_NESTING,
+    Boundary,
+    Checkpoint,
+    CheckpointStatus,
+    OutstandingCall,
+    within_nesting,
+)
 from tesserix_adk.errors import (
     AdkError,
     ConfigurationError,
@@ -23,11 +31,11 @@ from tesserix_adk.errors import (
     ProviderError,
     StoreUnavailableError,
 )
-from tesserix_adk.messages import ToolCall
+from tesserix_adk.messages import Message, ToolCall
 from tesserix_adk.providers.base import ModelRequest, ModelResponse
 from tesserix_adk.run.approvals import ask_approval, take_decision
 from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.run.dispatch import dispatch_turn
+from tesserix_adk.run.dispatch import REFUSED_ARGUMENTS, dispatch_turn
 from tesserix_adk.run.frontier import write_frontier, write_frontier_naming_unkeyed
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.result import Run, RunStatus
@@ -52,7 +60,7 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
         response = await _call_model(parts, run, attempt)
         if isinstance(response, str):
             return await _finish(parts, run, attempt, RunStatus.failed, output=response)
-        message = response.message
+        message = _within_nesting(response.message)
         run.steps_used += 1
         run.messages.append(message)
         if not message.tool_calls:
@@ -99,6 +107,23 @@ async def _take_turn(
     await write_frontier(parts, run, attempt, Boundary.after_tool_result)
     run.iteration += 1
     return None
+
+
+def _within_nesting(message: Message) -> Message:
+    """The model's message with every call whose arguments nest deeper than the kit
+    encodes replaced by a refusal: such a call cannot be keyed, recorded or checkpointed, so
+    it is answered with an error rather than sent (and the frontier stays writable)."""
+    if all(within_nesting(c.arguments) for c in message.tool_calls):
+        return message
+    calls = tuple(
+        c
+        if within_nesting(c.arguments)
+        else dataclasses.replace(
+            c, arguments={REFUSED_ARGUMENTS: f"arguments nest deeper than {MAX_NESTING} levels"}
+        )
+        for c in message.tool_calls
+    )
+    return dataclasses.replace(message, tool_calls=calls)
 
 
 def outstanding_calls(run: RunState, calls: Sequence[ToolCall]) -> list[OutstandingCall]:

@@ -46,7 +46,7 @@ from tesserix_adk.stores.protocols import (
 if TYPE_CHECKING:
     from tesserix_adk.stores.bundle import Stores
 
-__all__ = ["AgentRunner", "FrontierObserver"]
+__all__ = ["MAX_ID_BYTES", "AgentRunner", "FrontierObserver", "check_ids"]
 
 FrontierObserver = Callable[[Checkpoint, ResumePlan | None, int | None, str], None]
 
@@ -136,7 +136,8 @@ class AgentRunner:
     ) -> Run:
         """Start a new run and carry it until it finishes or waits on a person."""
         self._check_agent(agent)
-        run_id = run_id or f"run_{secrets.token_hex(8)}"
+        run_id = f"run_{secrets.token_hex(8)}" if run_id is None else run_id
+        check_ids(tenant=tenant, run_id=run_id)
         run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=_as_messages(input))
         run.state = state
         attempt = Attempt(holder=new_holder(self.worker))
@@ -167,6 +168,7 @@ class AgentRunner:
         CLI prints its summary there. ``holder`` is this attempt's holder id.
         """
         self._check_agent(agent)
+        check_ids(tenant=tenant, run_id=run_id)
         checkpoints = self._require_checkpoints()
         attempt = Attempt(holder=new_holder(self.worker))
         claim = RunClaim(
@@ -251,7 +253,8 @@ class AgentRunner:
             stubs=stubs,
         )
         messages = await checkpoints.messages(cp)
-        new_id = new_run_id or f"{run_id}-replay-{secrets.token_hex(4)}"
+        new_id = f"{run_id}-replay-{secrets.token_hex(4)}" if new_run_id is None else new_run_id
+        check_ids(tenant=tenant, run_id=new_id)
         if new_id == run_id:
             raise ConfigurationError("a replay never writes into the original run")
         if await checkpoints.store.latest(tenant, new_id) is not None:
@@ -314,6 +317,28 @@ class AgentRunner:
         for store in stores:
             if store is not None:
                 await store.seal(tenant, run_id, fence)
+
+
+MAX_ID_BYTES = 512
+
+
+def check_ids(*, tenant: str, run_id: str) -> None:
+    """Refuse, before anything is read or written, an id no store can keep as given:
+    empty, not encodable as UTF-8 (a lone surrogate), or longer than ``MAX_ID_BYTES``."""
+    for what, value in (("tenant", tenant), ("run id", run_id)):
+        if not isinstance(value, str) or not value:
+            raise ConfigurationError(f"the {what} is empty; give every run a non-empty {what}")
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise ConfigurationError(
+                f"the {what} holds a lone surrogate at position {exc.start} and cannot be "
+                "stored as UTF-8"
+            ) from None
+        if size > MAX_ID_BYTES:
+            raise ConfigurationError(
+                f"the {what} is {size} bytes long; ids longer than {MAX_ID_BYTES} bytes are refused"
+            )
 
 
 def _as_messages(input: str | Message | Sequence[Message]) -> list[Message]:
