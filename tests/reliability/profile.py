@@ -12,8 +12,8 @@ __all__ = ["PROFILE", "SEED", "Profile"]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Profile:
     name: str
-    # Each named kill point, this many runs per backend (a kill at the point's first,
-    # second, ... occurrence in turn).
+    # Rounds of every named kill point per backend (round r kills at a point's
+    # (r mod its occurrences)+1-th occurrence).
     named_kill_rounds: int
     # Runs cut by SIGKILL at random moments, per backend (up to three kills each).
     random_kill_runs: int
@@ -27,25 +27,25 @@ class Profile:
 
 CI = Profile(
     name="ci",
-    named_kill_rounds=1,
+    named_kill_rounds=2,
     random_kill_runs=6,
     racers=8,
     race_rounds=1,
-    stop_runs=2,
+    stop_runs=5,
     restart_runs=3,
     proxy_runs=4,
-    width=3,
+    width=5,
 )
 FULL = Profile(
     name="full",
-    named_kill_rounds=5,
+    named_kill_rounds=20,
     random_kill_runs=200,
     racers=16,
     race_rounds=20,
     stop_runs=50,
     restart_runs=20,
     proxy_runs=40,
-    width=3,
+    width=5,
 )
 
 PROFILE = FULL if os.environ.get("ADK_TORTURE", "").strip() not in ("", "0") else CI

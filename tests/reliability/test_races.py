@@ -1,0 +1,66 @@
+"""Many processes racing to resume one run: exactly one carries it, every round.
+
+The run's first worker dies right after the model asked for the bookings (its frontier
+written, nothing claimed); once its lease lapsed, N processes start at once. The winner
+holds the run inside its first tool call (renewing its lease) until every loser has given
+up, so all of them genuinely overlap with it; then it finishes the run.
+"""
+
+from __future__ import annotations
+
+import time
+
+from reliability.figures import TALLY
+from reliability.harness import Site
+from reliability.history import read_history
+from reliability.profile import PROFILE
+from reliability.worker import EXIT_COMPLETED, EXIT_NOT_NOW
+
+
+def _round(site: Site, run: str) -> list[str]:
+    assert site.start(run, "--fault=kill:after_frontier@1").finish() < 0
+    time.sleep(site.lease_ttl * 1.5)
+    release = site.tmp / f"{run}.release"
+    racers = [
+        site.start(run, "--fault=hold:tool_before@1", "--release", str(release), "--lease-ttl", "3")
+        for _ in range(PROFILE.racers)
+    ]
+    holding: list[str] = []
+    deadline = time.monotonic() + 60
+    codes: dict[str, int | None] = {}
+    # Every loser ends on its own; the winner waits in its tool for the release.
+    while time.monotonic() < deadline:
+        codes = {r.label: r.process.exitcode for r in racers}
+        events = read_history(site.history)
+        holding = [
+            e.proc for e in events if e.run == run and e.ev == "fault" and e["kind"] == "hold"
+        ]
+        if len([c for c in codes.values() if c is None]) <= len(holding) and holding:
+            break
+        time.sleep(0.05)
+    release.touch()
+    ended = {r.label: r.finish() for r in racers}
+    carriers = sorted(
+        {e.proc for e in read_history(site.history) if e.run == run and e.ev == "acquire_ok"}
+        & set(ended)
+    )
+    assert sorted(holding) == carriers, (holding, carriers)
+    assert [ended[c] for c in carriers] == [EXIT_COMPLETED] * len(carriers), ended
+    losers = {label: code for label, code in ended.items() if label not in carriers}
+    assert set(losers.values()) <= {EXIT_NOT_NOW}, ended
+    return carriers
+
+
+def test_processes_racing_to_resume_one_run_have_exactly_one_carrier(site: Site) -> None:
+    rounds = [_round(site, f"race-{n}") for n in range(PROFILE.race_rounds)]
+    verdict = site.verdict()
+    TALLY.add(
+        site.backend,
+        f"races {PROFILE.racers}x",
+        len(rounds),
+        verdict,
+        kills=len(rounds),
+        workers=site.stats.workers,
+    )
+    assert verdict.ok, verdict.explain()
+    assert [len(c) for c in rounds] == [1] * len(rounds), rounds
