@@ -121,7 +121,9 @@ def test_key_none_opts_out_and_custom_keys_are_used() -> None:
     assert email.key_for(tenant="t", run_id="r", iteration=0, call=call) is None
     assert not email.keyed
     call = ToolCall(id="c", name="refund", arguments={"order": "o-9"})
-    assert refund.key_for(tenant="t", run_id="r", iteration=0, call=call) == "refund:o-9"
+    # A custom key is kept per tenant: the tenant goes in front, percent-encoded.
+    assert refund.key_for(tenant="t", run_id="r", iteration=0, call=call) == "t/refund:o-9"
+    assert refund.key_for(tenant="a/b", run_id="r", iteration=0, call=call) == "a%2Fb/refund:o-9"
 
 
 def test_var_args_are_refused() -> None:

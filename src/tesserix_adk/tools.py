@@ -11,6 +11,7 @@ import functools
 import hashlib
 import inspect
 import json
+from urllib.parse import quote
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, overload
@@ -159,8 +160,28 @@ class Tool:
         """
         if self.key is None:
             return None
+        key = self._raw_key(
+            tenant=tenant, run_id=run_id, iteration=iteration, call=call, occurrence=occurrence
+        )
+        if not isinstance(key, str) or not key:
+            raise ConfigurationError(
+                f"the key function of tool {self.name!r} returned {type(key).__name__} "
+                f"{key!r}; an idempotency key is a non-empty str"
+            )
+        if not self._key_takes_occurrence and occurrence:
+            key = f"{key}#{occurrence}"
+        if self.key is not default_key:
+            # Records are kept per (tenant, key): a business key such as "order-5" names no
+            # tenant, so the tenant (percent-encoded: no "/" left in it) goes in front.
+            key = f"{quote(tenant, safe='')}/{key}"
+        return key
+
+    def _raw_key(
+        self, *, tenant: str, run_id: str, iteration: int, call: ToolCall, occurrence: int
+    ) -> Any:
+        assert self.key is not None
         if self._key_takes_occurrence:
-            return cast(Callable[..., str], self.key)(
+            return cast(Callable[..., Any], self.key)(
                 tenant=tenant,
                 run_id=run_id,
                 iteration=iteration,
@@ -168,14 +189,13 @@ class Tool:
                 arguments=call.arguments,
                 occurrence=occurrence,
             )
-        key = self.key(
+        return self.key(
             tenant=tenant,
             run_id=run_id,
             iteration=iteration,
             tool=self.name,
             arguments=call.arguments,
         )
-        return key if not occurrence else f"{key}#{occurrence}"
 
     async def invoke(
         self,
@@ -212,12 +232,20 @@ async def call_maybe_async(
     if _is_async(fn):
         return await cast(Callable[..., Awaitable[Any]], fn)(**kwargs)
     if thread:
-        result = await asyncio.to_thread(functools.partial(fn, **kwargs))
+        result = await asyncio.to_thread(functools.partial(_in_thread, fn, kwargs))
     else:
         result = fn(**kwargs)
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+def _in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    try:
+        return fn(**kwargs)
+    except StopIteration as exc:
+        # A future cannot carry StopIteration (asyncio drops it and the await never ends).
+        raise RuntimeError(f"the tool raised StopIteration: {exc!r}") from exc
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -232,7 +260,9 @@ def _takes(fn: Callable[..., Any], name: str) -> bool:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    # Only a parameter of that name: ``**kw`` takes anything without meaning to honour it.
+    param = params.get(name)
+    return param is not None and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
 
 
 def accepts_ctx(fn: Callable[..., Any]) -> bool:

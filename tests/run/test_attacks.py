@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -334,8 +335,6 @@ async def test_a_call_stopped_by_the_lease_check_before_dispatch_is_not_left_in_
     that holder, so every later resume refuses, naming ``book_seat`` as a call nobody can
     decide — although the only attempt that could have sent it knows it did not. Every
     refusal names exactly the calls in doubt; this one is not."""
-    import time
-
     ttl = 0.3
 
     def stall(phase: str, op: str, key: str) -> None:

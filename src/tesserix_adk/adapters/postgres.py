@@ -994,13 +994,14 @@ class PostgresIdempotencyStore(_FencedPostgresStore):
             )
         raise StoreUnavailableError(f"{key!r} kept changing while {holder!r} completed it")
 
-    async def release(self, key: str, *, holder: str) -> None:
+    async def release(self, key: str, *, holder: str, undispatched: bool = False) -> None:
         """Drop a ttl claim held by ``holder``; anything else is left alone."""
         await self.database.rows(
             f"releasing {key!r}",
             "DELETE FROM adk_idempotency WHERE key = %(key)s AND status = 'in_flight' "
-            "AND holder = %(holder)s AND expires_at IS NOT NULL",
-            {"key": key, "holder": holder},
+            "AND holder = %(holder)s "
+            "AND (expires_at IS NOT NULL OR (%(undispatched)s AND tool IS NOT NULL))",
+            {"key": key, "holder": holder, "undispatched": undispatched},
         )
 
     async def lookup(self, keys: Sequence[str]) -> dict[str, IdempotencyRecord]:

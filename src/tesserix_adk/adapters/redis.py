@@ -637,10 +637,11 @@ return {'ok', redis.call('HGETALL', KEYS[1])}
 """
 )
 
-# KEYS: record, the run's record set. ARGV: holder, member.
+# KEYS: record, the run's record set. ARGV: holder, member, undispatched ('1'/'0').
 _RELEASE_CLAIM = r"""
-local current = redis.call('HMGET', KEYS[1], 'status', 'holder', 'expires_at')
-if current[1] == 'in_flight' and current[2] == ARGV[1] and current[3] then
+local current = redis.call('HMGET', KEYS[1], 'status', 'holder', 'expires_at', 'tool')
+local releasable = current[3] or (ARGV[3] == '1' and current[4])
+if current[1] == 'in_flight' and current[2] == ARGV[1] and releasable then
   redis.call('DEL', KEYS[1])
   redis.call('SREM', KEYS[2], ARGV[2])
   return 1
@@ -1084,7 +1085,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
             )
         return _record(_pairs(result[1]))
 
-    async def release(self, key: str, *, holder: str) -> None:
+    async def release(self, key: str, *, holder: str, undispatched: bool = False) -> None:
         """Drop a ttl claim held by ``holder``; anything else is left alone."""
         await self._ready()
         with _driver_errors(f"releasing {key!r}"):
@@ -1093,7 +1094,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
                 return
             await self._release(
                 keys=[self._record_key(tag, key), self._keys.tagged(tag, "idem:keys")],
-                args=[holder, _enc(key)],
+                args=[holder, _enc(key), "1" if undispatched else "0"],
             )
 
     async def _fetch(self, located: Sequence[tuple[str, str]]) -> list[IdempotencyRecord]:

@@ -26,6 +26,7 @@ __all__ = [
     "ResumePlan",
     "ToolDisposition",
     "plan_resume",
+    "plan_without_frontier",
     "refuse_if_undecidable",
 ]
 
@@ -196,17 +197,42 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
 
     listed = set(keys)
     at_model_call = checkpoint.boundary in (Boundary.after_model_call, Boundary.before_approval)
+    _plan_ahead(
+        records,
+        listed=listed,
+        iteration=checkpoint.iteration,
+        at_model_call=at_model_call,
+        completed=completed,
+        to_dispatch=to_dispatch,
+        indeterminate=indeterminate,
+    )
+    return ResumePlan(
+        completed=tuple(completed),
+        to_dispatch=tuple(to_dispatch),
+        indeterminate=tuple(indeterminate),
+    )
+
+
+def _plan_ahead(
+    records: list[IdempotencyRecord],
+    *,
+    listed: set[str],
+    iteration: int,
+    at_model_call: bool,
+    completed: list[PlannedCall],
+    to_dispatch: list[PlannedCall],
+    indeterminate: list[PlannedCall],
+) -> None:
+    """Plan the records a run left ahead of its frontier (at ``iteration``)."""
     for rec in records:
         if rec.tool is None or rec.iteration is None or rec.key in listed:
             continue
-        ahead = rec.iteration > checkpoint.iteration or (
-            rec.iteration == checkpoint.iteration and at_model_call
-        )
+        ahead = rec.iteration > iteration or (rec.iteration == iteration and at_model_call)
         if not ahead or rec.status is RecordStatus.never_ran:
             continue
         flags = rec.flags
         side_effects = True if flags is None else flags.side_effects
-        base = {
+        base: dict[str, Any] = {
             "call_id": rec.call_id,
             "tool": rec.tool,
             "key": rec.key,
@@ -243,6 +269,26 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
                     f"frontier (iteration {rec.iteration}); nobody can say whether it ran",
                 )
             )
+
+
+async def plan_without_frontier(
+    tenant: str, run_id: str, idempotency: IdempotencyStore
+) -> ResumePlan:
+    """The plan of a run that has records but no frontier (its first frontier could not
+    be written): every record is ahead. One scan of the run's records."""
+    records = await idempotency.records(tenant, run_id)
+    completed: list[PlannedCall] = []
+    to_dispatch: list[PlannedCall] = []
+    indeterminate: list[PlannedCall] = []
+    _plan_ahead(
+        records,
+        listed=set(),
+        iteration=-1,
+        at_model_call=False,
+        completed=completed,
+        to_dispatch=to_dispatch,
+        indeterminate=indeterminate,
+    )
     return ResumePlan(
         completed=tuple(completed),
         to_dispatch=tuple(to_dispatch),

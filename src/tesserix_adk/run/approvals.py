@@ -36,13 +36,14 @@ async def ask_approval(
     """The waiting run if some call of the turn needs an approval not yet given; else
     ``None`` (nothing to ask)."""
     decided = {g.call_id for g in run.grants}
-    needing = [
-        oc.call
+    asking = [
+        oc
         for oc in calls
         if (tool := run.agent.tools.get(oc.call.name)) is not None
         and tool.requires_approval
         and oc.call.id not in decided
     ]
+    needing = [oc.call for oc in asking]
     if not needing:
         return None
     assert parts.approvals is not None  # AgentRunner checks the agent
@@ -57,12 +58,13 @@ async def ask_approval(
         ],
         iteration=run.iteration,
         fence=attempt.fence,
-        id=approval_request_id(run.tenant, run.run_id, run.iteration, [c.id for c in needing]),
+        id=approval_request_id(run.tenant, run.run_id, run.iteration, asking),
     )
     if request.status is not ApprovalStatus.pending:
         # Asked before by an attempt that died before its frontier named the request, and
-        # decided since: the decision stands.
-        _grant(parts, run, request, calls)
+        # decided since: the decision stands, for the calls of this turn it was made on
+        # (a model asked again names its calls anew; the request keeps the old ids).
+        _grant(parts, run, request, calls, now_named=needing)
         return None
     pending = PendingApproval(id=request.id, calls=tuple(c.id for c in needing))
     await write_frontier(
@@ -96,21 +98,33 @@ async def take_decision(
     return None
 
 
-def approval_request_id(tenant: str, run_id: str, iteration: int, call_ids: Sequence[str]) -> str:
+def approval_request_id(
+    tenant: str, run_id: str, iteration: int, calls: Sequence[OutstandingCall]
+) -> str:
     """The id a turn's approval request is made under: the same for every attempt at that
-    turn, so a request orphaned by a death is found again, never asked twice."""
-    body = canonical_json(["approval", tenant, run_id, iteration, list(call_ids)])
+    turn, so a request orphaned by a death is found again, never asked twice. It names the
+    calls as their keys do (tool, arguments, occurrence), never by the provider's call ids,
+    which a model asked again makes up anew."""
+    named = [oc.key or canonical_json([oc.call.name, dict(oc.call.arguments)]) for oc in calls]
+    body = canonical_json(["approval", tenant, run_id, iteration, named])
     return "req-" + hashlib.sha256(body.encode("utf-8")).hexdigest()[:24]
 
 
 def _grant(
-    parts: RunParts, run: RunState, request: ApprovalRequest, calls: Sequence[OutstandingCall]
+    parts: RunParts,
+    run: RunState,
+    request: ApprovalRequest,
+    calls: Sequence[OutstandingCall],
+    *,
+    now_named: Sequence[ToolCall] | None = None,
 ) -> None:
-    """A decided request's calls become the run's grants."""
+    """A decided request's calls become the run's grants (``now_named``: the same calls
+    as this turn names them, in the request's order)."""
     approved = request.status is ApprovalStatus.approved
     known = {g.call_id for g in run.grants}
     keys = {oc.call.id: oc.key for oc in calls}
-    for call in request.calls:
+    decided = request.calls if now_named is None else tuple(now_named)
+    for call in decided:
         if call.id not in known:
             run.grants.append(
                 Grant(

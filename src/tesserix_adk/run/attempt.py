@@ -165,5 +165,7 @@ class Attempt:
         the run: its lease lapsed or was taken, or its resume claim was."""
         if self.lease is not None:
             self.lease.check()
-        if self.run_claim is not None:
+        elif self.run_claim is not None:
+            # With a lease store the lease decides who carries the run; the claim only
+            # saves work, and losing it to a resumer the lease refused stops nothing.
             self.run_claim.check()

@@ -113,7 +113,10 @@ async def call_tool(
     if oc.key is None:
         if oc.redacted:
             return ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
-        outcome = await _invoke(attempt, tool, oc.call, ctx)
+        try:
+            outcome = await _invoke(attempt, tool, oc.call, ctx)
+        except _NotSent as stop:
+            raise stop.error from None
         return _told(parts, outcome)
     rec = await _claim(parts, run, attempt, tool, oc)
     if _held_elsewhere(rec, attempt) and not oc.redacted and _safe_to_resend(tool):
@@ -149,7 +152,13 @@ async def call_tool(
     if oc.redacted:
         outcome = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
     else:
-        outcome = await _invoke(attempt, tool, oc.call, ctx)
+        try:
+            outcome = await _invoke(attempt, tool, oc.call, ctx)
+        except _NotSent as stop:
+            # The lease check stopped the call before it started: nothing is in doubt, so
+            # the claim goes rather than leave every later resume refusing it.
+            await _release_unsent(parts, attempt, oc.key)
+            raise stop.error from None
     recorded = recorded_outcome(outcome, parts.redactor)
     await _complete(parts, attempt, tool, oc, recorded.payload)
     return recorded.outcome if recorded.replaced else outcome
@@ -198,6 +207,9 @@ async def _claim(
         or (rec.status is RecordStatus.in_flight and rec.holder == attempt.holder)
     ):
         return rec
+    # Perhaps applied, certainly not sent: drop the claim if it is there, so a retry does
+    # not find a claim of ours in doubt.
+    await _release_unsent(parts, attempt, oc.key)
     raise StoreUnavailableError(
         f"the claim of {tool.name} ({oc.call.id}) lost its reply and could not be read back, "
         f"so it was not dispatched: {lost}"
@@ -235,6 +247,24 @@ async def _complete(
     ) from last
 
 
+async def _release_unsent(parts: RunParts, attempt: Attempt, key: str) -> None:
+    """Drop this attempt's claim on a call it did not send (a no-op if there is none)."""
+    try:
+        await asyncio.shield(
+            parts.idempotency.release(key, holder=attempt.holder, undispatched=True)
+        )
+    except Exception as exc:  # then it stays in flight, and a resume says so
+        _log.warning("dropping the unsent claim %s failed: %r", key, exc)
+
+
+class _NotSent(Exception):
+    """The guard refused right before the tool started: nothing was sent."""
+
+    def __init__(self, error: AdkError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 async def _read_back(parts: RunParts, key: str) -> IdempotencyRecord | None:
     """The record as the store holds it now, or ``None`` if it cannot be read either."""
     for attempt_no in range(COMPLETE_TRIES):
@@ -251,7 +281,7 @@ async def _read_back(parts: RunParts, key: str) -> IdempotencyRecord | None:
 async def _invoke(attempt: Attempt, tool: Tool, call: ToolCall, ctx: ToolContext) -> ToolOutcome:
     """Run the tool (or its replay stub); an ``Exception`` is the call's error outcome,
     except the guard's own refusal, which stops the run with nothing sent."""
-    refused: list[BaseException] = []
+    refused: list[AdkError] = []
 
     def guard() -> None:
         try:
@@ -274,7 +304,7 @@ async def _invoke(attempt: Attempt, tool: Tool, call: ToolCall, ctx: ToolContext
         return ToolOutcome(call_id=call.id, content=to_jsonable_python(result, fallback=str))
     except Exception as exc:
         if refused and exc is refused[0]:
-            raise
+            raise _NotSent(refused[0]) from None
         return ToolOutcome(call_id=call.id, content=f"{type(exc).__name__}: {exc}", is_error=True)
 
 

@@ -11,7 +11,7 @@ from tesserix_adk.run.attempt import AheadCall, Attempt
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import Ledger
 
-__all__ = ["nothing_ran_since_approval_asked", "refuse_unresumable", "restore"]
+__all__ = ["note_ahead", "nothing_ran_since_approval_asked", "refuse_unresumable", "restore"]
 
 
 async def restore(
@@ -33,13 +33,19 @@ async def restore(
     run.replay_of = cp.replay_of
     run.observation = cp.observation
     run.cursor = TranscriptCursor(handle=cp.history_handle, persisted=len(run.messages))
+    note_ahead(attempt, plan)
+    run.spent = cp.micros if ledger is None else await ledger.spent(run.tenant, run.run_id)
+
+
+def note_ahead(attempt: Attempt, plan: ResumePlan) -> None:
+    """What the attempt must honour of a plan: in-flight claims it may take over and send
+    again, and completed side-effecting calls the model must ask for again."""
     attempt.takeover_keys = {p.key for p in plan.to_dispatch if p.takeover and p.key}
     for p in plan.completed:
         if p.ahead and p.side_effects and p.key and p.iteration is not None:
             attempt.ahead.setdefault(p.iteration, {})[p.key] = AheadCall(
                 key=p.key, tool=p.tool, call_id=p.call_id
             )
-    run.spent = cp.micros if ledger is None else await ledger.spent(run.tenant, run.run_id)
 
 
 def refuse_unresumable(cp: Checkpoint, agent: Agent) -> None:

@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
-from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume, refuse_if_undecidable
+from tesserix_adk.checkpoint.planning import (
+    ResumePlan,
+    plan_resume,
+    plan_without_frontier,
+    refuse_if_undecidable,
+)
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
     ConfigurationError,
@@ -33,7 +38,12 @@ from tesserix_adk.run.loop import carry_on, run_loop
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.replay import check_stubs, replay_state, replayed_frontier, usable_step
 from tesserix_adk.run.result import Run, finished_run
-from tesserix_adk.run.resume import nothing_ran_since_approval_asked, refuse_unresumable, restore
+from tesserix_adk.run.resume import (
+    note_ahead,
+    nothing_ran_since_approval_asked,
+    refuse_unresumable,
+    restore,
+)
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import (
     ApprovalStore,
@@ -149,6 +159,12 @@ class AgentRunner:
                         f"run {run_id!r} already has a frontier; resume it instead of "
                         "starting it again"
                     )
+            # A retry of a run whose first frontier could not be written finds the records
+            # the earlier attempt left: they are ahead of an empty frontier, planned as a
+            # resume would (never sent again, in doubt refused, divergence refused).
+            plan = await plan_without_frontier(tenant, run_id, self.idempotency)
+            refuse_if_undecidable(plan)
+            note_ahead(attempt, plan)
             if self.ledger is not None:
                 run.spent = await self.ledger.spent(tenant, run_id)
             return await run_loop(self._parts, run, attempt)

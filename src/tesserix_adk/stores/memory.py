@@ -241,14 +241,14 @@ class MemoryIdempotencyStore:
             self._records[key] = record
         return record
 
-    async def release(self, key: str, *, holder: str) -> None:
+    async def release(self, key: str, *, holder: str, undispatched: bool = False) -> None:
         """Drop a ttl claim held by ``holder``; anything else is left alone."""
         record = self._live(key, self._clock())
         if (
             record is not None
             and record.status is RecordStatus.in_flight
             and record.holder == holder
-            and record.expires_at is not None
+            and (record.expires_at is not None or (undispatched and record.tool is not None))
         ):
             del self._records[key]
 

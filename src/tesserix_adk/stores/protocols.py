@@ -161,6 +161,7 @@ class IdempotencyStore(Protocol):
         in_flight ──complete(outcome), same holder──▶ completed(outcome, at)
         in_flight ──resolve by an operator──▶ completed(outcome, by) | never_ran(by)
         in_flight ──release / ttl expiry──▶ absent   (only claims taken with a ttl)
+        in_flight ──release(undispatched), same holder──▶ absent   (a call never sent)
         completed ──claim──▶ returned unchanged
         never_ran ──claim──▶ in_flight               (the operator said it never ran)
     """
@@ -200,8 +201,10 @@ class IdempotencyStore(Protocol):
         """
         ...
 
-    async def release(self, key: str, *, holder: str) -> None:
-        """Drop a ttl claim held by ``holder`` (tool-call claims are never released)."""
+    async def release(self, key: str, *, holder: str, undispatched: bool = False) -> None:
+        """Drop a ttl claim held in flight by ``holder``. Tool-call claims are never
+        released, except with ``undispatched=True``: the holder says it claimed the call
+        and then did not send it (its lease check stopped it), so nothing is in doubt."""
         ...
 
     async def lookup(self, keys: Sequence[str]) -> dict[str, IdempotencyRecord]:

@@ -1082,14 +1082,14 @@ class SqliteIdempotencyStore(_FencedSqliteStore):
 
         return await self.database.write(complete)
 
-    async def release(self, key: str, *, holder: str) -> None:
+    async def release(self, key: str, *, holder: str, undispatched: bool = False) -> None:
         """Drop a ttl claim held by ``holder``; anything else is left alone."""
 
         def release(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "DELETE FROM adk_idempotency WHERE key = ? AND status = 'in_flight' "
-                "AND holder = ? AND expires_at IS NOT NULL",
-                (key, holder),
+                "AND holder = ? AND (expires_at IS NOT NULL OR (? AND tool IS NOT NULL))",
+                (key, holder, int(undispatched)),
             )
 
         await self.database.write(release)

@@ -189,9 +189,11 @@ class FaultyIdempotencyStore:
             raise StoreReplyLostError("the outcome was recorded; its reply was lost (simulated)")
         return rec
 
-    async def release(self, key: str, *, holder: str) -> None:
-        """Delegates."""
-        await self.inner.release(key, holder=holder)
+    async def release(self, key: str, *, holder: str, undispatched: bool = False) -> None:
+        """Delegates (through the hook)."""
+        self._before("release", key)
+        await self.inner.release(key, holder=holder, undispatched=undispatched)
+        self._after("release", key)
 
     async def lookup(self, keys: Sequence[str]) -> dict[str, IdempotencyRecord]:
         """Delegates (through the hook)."""

@@ -286,6 +286,29 @@ class IdempotencyStoreConformance(ClockedConformance):
         await idempotency_store.release("k1", holder="worker-a")
         assert (await idempotency_store.lookup(["k1"]))["k1"] == mine
 
+    async def test_release_undispatched_drops_a_tool_call_claim_of_its_holder(
+        self, idempotency_store: IdempotencyStore
+    ) -> None:
+        await _claim(idempotency_store, "k1", "worker-a")
+        await idempotency_store.release("k1", holder="worker-a", undispatched=True)
+        assert await idempotency_store.lookup(["k1"]) == {}
+        assert (await _claim(idempotency_store, "k1", "worker-b")).holder == "worker-b"
+
+    async def test_release_undispatched_by_another_holder_changes_nothing(
+        self, idempotency_store: IdempotencyStore
+    ) -> None:
+        mine = await _claim(idempotency_store, "k1", "worker-a")
+        await idempotency_store.release("k1", holder="worker-b", undispatched=True)
+        assert (await idempotency_store.lookup(["k1"]))["k1"] == mine
+
+    async def test_release_undispatched_never_drops_a_completed_record(
+        self, idempotency_store: IdempotencyStore
+    ) -> None:
+        await _claim(idempotency_store, "k1", "worker-a")
+        done = await idempotency_store.complete("k1", b"done", holder="worker-a")
+        await idempotency_store.release("k1", holder="worker-a", undispatched=True)
+        assert (await idempotency_store.lookup(["k1"]))["k1"] == done
+
     async def test_release_never_drops_a_completed_record(
         self, idempotency_store: IdempotencyStore
     ) -> None:
