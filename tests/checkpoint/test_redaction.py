@@ -736,3 +736,23 @@ class TestPlantedSecretsOnSqlite(PlantedSecretsSuite):
         path = Path(str(stores.url).removeprefix("sqlite:///").split("?")[0])
         files = [path, path.with_name(path.name + "-wal")]
         return b"".join(f.read_bytes() for f in files if f.exists())
+
+
+@pytest.mark.redis
+class TestPlantedSecretsOnRedis(PlantedSecretsSuite):
+    @pytest.fixture
+    async def planted_stores(self) -> AsyncIterator[Stores]:
+        from adapters.services import redis_stores
+
+        async with redis_stores() as stores:
+            yield stores
+
+
+@pytest.mark.postgres
+class TestPlantedSecretsOnPostgres(PlantedSecretsSuite):
+    @pytest.fixture
+    async def planted_stores(self) -> AsyncIterator[Stores]:
+        from adapters.services import postgres_stores
+
+        async with postgres_stores() as stores:
+            yield stores

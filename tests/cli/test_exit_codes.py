@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -16,6 +15,7 @@ from tesserix_adk import AgentRunner, Checkpointer, ProviderError, ScriptedProvi
 from tesserix_adk.cli import ExitCode, frontier_main, resume_main
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.urls import open_stores
+from tesserix_adk.testing.corruption import resealed
 from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
 
 
@@ -61,11 +61,10 @@ def _mutate(stores: Stores, change: Callable[[dict[str, Any]], None]) -> None:
     async def go() -> None:
         latest = await stores.checkpoints.latest("acme", "r")
         assert latest is not None
-        body = json.loads(latest.payload)
-        change(body)
-        await stores.checkpoints.put(
-            "acme", "r", json.dumps(body).encode(), step=latest.step + 1, fence=latest.fence
-        )
+        # Resealed: a well-formed frontier saying something else, so each case tests the
+        # refusal it names rather than the checksum.
+        changed = resealed(latest.payload, change)
+        await stores.checkpoints.put("acme", "r", changed, step=latest.step + 1, fence=latest.fence)
 
     asyncio.run(go())
 

@@ -45,6 +45,7 @@ from tesserix_adk.testing import (
     LedgerConformance,
 )
 from tesserix_adk.testing.checkpoint_store import MakeCheckpointStore
+from tesserix_adk.testing.corruption import CorruptionConformance
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -229,6 +230,10 @@ class TestLedger(LedgerConformance):
 
 
 class TestApprovalStore(ApprovalStoreConformance):
+    pass
+
+
+class TestCorruption(CorruptionConformance):
     pass
 
 
