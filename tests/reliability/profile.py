@@ -33,7 +33,7 @@ CI = Profile(
     race_rounds=1,
     stop_runs=5,
     restart_runs=3,
-    proxy_runs=4,
+    proxy_runs=6,
     width=5,
 )
 FULL = Profile(
