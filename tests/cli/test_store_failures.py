@@ -232,11 +232,6 @@ def test_a_read_only_sqlite_file_can_be_inspected(readable_dir: Path) -> None:
     assert "completed at step 5" in done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs SqliteDatabase to fall back to a read-only (immutable) open when it cannot "
-    "create the -shm file: src/tesserix_adk/stores/sqlite.py, not a CLI file",
-)
 def test_a_sqlite_store_in_a_read_only_directory_can_be_inspected(readable_dir: Path) -> None:
     path = readable_dir / "adk.sqlite3"
     asyncio.run(_finished_run(f"sqlite:///{path}"))

@@ -36,6 +36,7 @@ from typing import Any, Literal, TypeVar
 
 from tesserix_adk.errors import (
     AdkError,
+    CheckpointCorruptError,
     ConfigurationError,
     HistoryUnavailableError,
     LeaseHeldError,
@@ -532,14 +533,32 @@ class SqliteDatabase:
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             # mode=rw: a missing file is an error, never an empty new database.
-            conn = self._open("rw")
             try:
-                self._check_schema(conn)
-            except BaseException:
-                conn.close()
-                raise
-            self._conn = conn
+                self._conn = self._checked("rw")
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", -1) & 0xFF != sqlite3.SQLITE_READONLY:
+                    raise
+                # A directory this process may not write (WAL needs its -shm file there):
+                # open read-only, so the store can still be inspected; writes are refused.
+                self._conn = self._checked(self._read_only_mode())
         return self._conn
+
+    def _checked(self, open_: Callable[[str], sqlite3.Connection], mode: str) -> sqlite3.Connection:
+        conn = open_(mode)
+        try:
+            self._check_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _read_only_mode(self) -> str:
+        # immutable=1 reads without the -shm file, which is only right while no write-ahead
+        # log holds transactions the main file does not have yet.
+        wal = Path(f"{self.path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            return "ro"
+        return "ro&immutable=1"
 
     def _close_connection(self) -> None:
         if self._conn is not None:
@@ -660,6 +679,15 @@ class SqliteDatabase:
             )
         if code == sqlite3.SQLITE_NOTADB:
             return ConfigurationError(f"{self.path} is not a SQLite database: {exc}")
+        if code == sqlite3.SQLITE_CORRUPT:
+            return CheckpointCorruptError(
+                f"the SQLite store {self.path} is damaged ({exc}); restore it from a backup"
+            )
+        if code == sqlite3.SQLITE_READONLY:
+            return ConfigurationError(
+                f"the SQLite store {self.path} is read-only for this process ({exc}); it can "
+                "be inspected, not written"
+            )
         if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
             return self._missing()
         return StoreUnavailableError(f"the SQLite store {self.path} failed: {exc}")
