@@ -543,8 +543,9 @@ class SqliteDatabase:
                 self._conn = self._checked(self._read_only_mode())
         return self._conn
 
-    def _checked(self, open_: Callable[[str], sqlite3.Connection], mode: str) -> sqlite3.Connection:
-        conn = open_(mode)
+    def _checked(self, mode: str) -> sqlite3.Connection:
+        """A connection opened in ``mode`` whose schema is the one this kit needs."""
+        conn = self._open(mode)
         try:
             self._check_schema(conn)
         except BaseException:
