@@ -28,6 +28,16 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(PY) -m pytest -q
 
+# The full reliability profile (tests/reliability, docs/reliability.md); ends with one line
+# of figures per backend.
+.PHONY: torture
+torture: $(STAMP)
+	@rm -f .torture-figures.json
+	ADK_TORTURE=1 ADK_TORTURE_FIGURES=.torture-figures.json $(PY) -m pytest -q -p no:cacheprovider tests/reliability; \
+	status=$$?; \
+	if [ -f .torture-figures.json ]; then $(PY) tests/reliability/figures.py .torture-figures.json; rm -f .torture-figures.json; fi; \
+	exit $$status
+
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/checkpoint_cost.py
