@@ -11,10 +11,10 @@ import functools
 import hashlib
 import inspect
 import json
-from urllib.parse import quote
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, overload
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 

@@ -7,6 +7,7 @@ mean another worker carries the run now and this one must stop at once.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from tesserix_adk.checkpoint.payload import (
 )
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
+    AdkError,
     CheckpointCorruptError,
     CheckpointError,
     CheckpointTooLargeError,
@@ -114,27 +116,13 @@ class Checkpointer:
 
     async def _write(self, frontier: Checkpoint, cursor: TranscriptCursor) -> None:
         messages = frontier.messages or ()
-        new: list[bytes] = []
-        if self.history is not None:
-            new = [encode_message(m, self.redactor) for m in messages[cursor.persisted :]]
-            for entry in new:
-                if len(entry) > self.max_bytes:
-                    raise CheckpointTooLargeError(
-                        f"a message of {len(entry)} bytes is over max_bytes={self.max_bytes}; "
-                        "it was not written",
-                        retryable=False,
-                    )
-            # The handle is a pure function of the bytes, so the frontier can name it before
-            # anything is written, and everything is sized before anything is stored.
-            handle = _extended(cursor.handle, new, frontier.tenant, frontier.run_id)
-            frontier = dataclasses.replace(frontier, messages=None, history_handle=handle)
-        payload = encode_checkpoint(frontier, self.redactor)
-        if len(payload) > self.max_bytes:
-            raise CheckpointTooLargeError(
-                f"the frontier of run {frontier.run_id!r} at step {frontier.step} is "
-                f"{len(payload)} bytes, over max_bytes={self.max_bytes}; it was not written",
-                retryable=False,
-            )
+        fresh = messages[cursor.persisted :] if self.history is not None else messages
+        if _weight(fresh, frontier) > OFF_LOOP_BYTES:
+            # Redacting and encoding a large payload takes a while even in linear time: in
+            # a worker thread the event loop keeps renewing leases in the meantime.
+            new, frontier, payload = await asyncio.to_thread(self._encoded, frontier, cursor)
+        else:
+            new, frontier, payload = self._encoded(frontier, cursor)
         if self.history is None or frontier.history_handle is None:
             await self.store.put(
                 frontier.tenant, frontier.run_id, payload, step=frontier.step, fence=frontier.fence
@@ -177,6 +165,35 @@ class Checkpointer:
         cursor.handle = expected
         cursor.persisted = len(messages)
 
+    def _encoded(
+        self, frontier: Checkpoint, cursor: TranscriptCursor
+    ) -> tuple[list[bytes], Checkpoint, bytes]:
+        """The new transcript entries, the frontier naming them, and its payload: redacted,
+        encoded and sized, nothing written yet."""
+        messages = frontier.messages or ()
+        new: list[bytes] = []
+        if self.history is not None:
+            new = [encode_message(m, self.redactor) for m in messages[cursor.persisted :]]
+            for entry in new:
+                if len(entry) > self.max_bytes:
+                    raise CheckpointTooLargeError(
+                        f"a message of {len(entry)} bytes is over max_bytes={self.max_bytes}; "
+                        "it was not written",
+                        retryable=False,
+                    )
+            # The handle is a pure function of the bytes, so the frontier can name it before
+            # anything is written, and everything is sized before anything is stored.
+            handle = _extended(cursor.handle, new, frontier.tenant, frontier.run_id)
+            frontier = dataclasses.replace(frontier, messages=None, history_handle=handle)
+        payload = encode_checkpoint(frontier, self.redactor)
+        if len(payload) > self.max_bytes:
+            raise CheckpointTooLargeError(
+                f"the frontier of run {frontier.run_id!r} at step {frontier.step} is "
+                f"{len(payload)} bytes, over max_bytes={self.max_bytes}; it was not written",
+                retryable=False,
+            )
+        return new, frontier, payload
+
     async def _tombstone(self, frontier: Checkpoint, reason: str) -> None:
         payload = tombstone_payload(
             tenant=frontier.tenant,
@@ -198,13 +215,13 @@ class Checkpointer:
             )
 
     def _failed(self, frontier: Checkpoint, exc: Exception) -> None:
-        self.last_error = exc
+        self.last_error = redacted_error(exc, self.redactor)
         _log.warning(
             "checkpoint of run %s (tenant %s) at step %s not written: %s",
             frontier.run_id,
             frontier.tenant,
             frontier.step,
-            exc,
+            self.last_error,
         )
 
     # --- reading -------------------------------------------------------------------------
@@ -311,3 +328,39 @@ def state_from_json(data: Any, schema: type[Any] | None) -> Any:
         return TypeAdapter(schema).validate_python(data)
     except ValidationError as exc:
         raise CheckpointCorruptError(f"the stored run state does not validate: {exc}") from exc
+
+
+# Above this many characters of new content, a frontier is redacted and encoded in a worker
+# thread (a few milliseconds of work at the slowest redaction rate).
+OFF_LOOP_BYTES = 16 * 1024
+
+
+def text_weight(value: Any) -> int:
+    """A cheap estimate of how much text redacting ``value`` goes through (a value too
+    deep to print counts as heavy: the encoder refuses it, in a thread)."""
+    try:
+        return len(str(value))
+    except RecursionError:
+        return OFF_LOOP_BYTES + 1
+
+
+def _weight(messages: Sequence[Message], frontier: Checkpoint) -> int:
+    size = sum(text_weight(m.content) + text_weight(m.tool_calls) for m in messages)
+    size += text_weight(frontier.observation)
+    return size + sum(text_weight(oc.call.arguments) for oc in frontier.outstanding)
+
+
+def redacted_error(exc: Exception, redactor: Redactor) -> Exception:
+    """``exc`` as ``last_error`` keeps it: its text redacted (a validation error quotes the
+    value it refused, which may be a secret), its type and retryability kept."""
+    text = str(exc)
+    masked = redactor.text(text)
+    if masked == text:
+        return exc
+    try:
+        copy = type(exc)(masked)
+    except Exception:
+        return CheckpointError(f"{type(exc).__name__}: {masked}")
+    if isinstance(exc, AdkError) and isinstance(copy, AdkError):
+        copy.retryable = exc.retryable
+    return copy

@@ -16,9 +16,11 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
+from tesserix_adk.checkpoint.checkpointer import OFF_LOOP_BYTES, text_weight
 from tesserix_adk.checkpoint.payload import (
     Grant,
     OutstandingCall,
+    RecordedOutcome,
     decode_outcome,
     recorded_outcome,
 )
@@ -159,7 +161,7 @@ async def call_tool(
             # the claim goes rather than leave every later resume refusing it.
             await _release_unsent(parts, attempt, oc.key)
             raise stop.error from None
-    recorded = recorded_outcome(outcome, parts.redactor)
+    recorded = await _recorded(parts, outcome)
     await _complete(parts, attempt, tool, oc, recorded.payload)
     return recorded.outcome if recorded.replaced else outcome
 
@@ -170,6 +172,14 @@ def _held_elsewhere(rec: IdempotencyRecord, attempt: Attempt) -> bool:
 
 def _safe_to_resend(tool: Tool) -> bool:
     return not tool.side_effects or tool.idempotent
+
+
+async def _recorded(parts: RunParts, outcome: ToolOutcome) -> RecordedOutcome:
+    """The outcome as the record keeps it; a large one is redacted in a worker thread so
+    the event loop keeps renewing leases meanwhile."""
+    if text_weight(outcome.content) > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(recorded_outcome, outcome, parts.redactor)
+    return recorded_outcome(outcome, parts.redactor)
 
 
 def _told(parts: RunParts, outcome: ToolOutcome) -> ToolOutcome:

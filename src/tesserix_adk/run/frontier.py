@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from tesserix_adk.checkpoint.checkpointer import redacted_error
 from tesserix_adk.checkpoint.payload import (
     Boundary,
     CheckpointStatus,
@@ -59,10 +60,8 @@ async def write_frontier(
             output=output,
         )
     except AdkError as exc:
-        checkpoints.last_error = exc
-        _log.warning(
-            "run %s: state not checkpointed: %s", run.run_id, parts.redactor.text(str(exc))
-        )
+        checkpoints.last_error = redacted_error(exc, parts.redactor)
+        _log.warning("run %s: state not checkpointed: %s", run.run_id, checkpoints.last_error)
         return False
     return await checkpoints.write(frontier, cursor=run.cursor)
 
