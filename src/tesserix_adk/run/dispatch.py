@@ -207,8 +207,13 @@ async def _claim(
         )
     except StoreReplyLostError as exc:
         lost: Exception = exc
+    except StoreUnavailableError:
+        # Said not to have taken effect; should a driver have misjudged that, dropping the
+        # claim (a no-op if absent) keeps a call never sent from being called in doubt.
+        await _release_unsent(parts, attempt, oc.key)
+        raise
     except AdkError:
-        raise  # never reached the store, a stale fence, ...: nothing was claimed
+        raise  # a stale fence, ...: nothing was claimed
     except Exception as exc:
         lost = exc  # a driver error the store did not translate: the outcome is unknown
     rec = await _read_back(parts, oc.key)
