@@ -44,6 +44,7 @@ from tesserix_adk import (
     Resumer,
     RunStatus,
     ScriptedProvider,
+    StoreReplyLostError,
     StoreUnavailableError,
     tool,
 )
@@ -762,3 +763,35 @@ async def test_arguments_nested_too_deep_are_refused_not_sent_and_the_run_carrie
     assert answer.is_error and "nest" in answer.text
     cp = await Checkpointer(store).latest("acme", "r")
     assert cp is not None and not cp.is_tombstone
+
+
+async def test_a_resume_claim_whose_reply_was_lost_is_read_back(airline: Airline) -> None:
+    store = FaultyCheckpointStore(MemoryCheckpointStore(), crash_after=_at("after_model_call", 1))
+    idem = MemoryIdempotencyStore()
+
+    class LosesTheRunClaimReply:
+        """The run's resume claim is applied, then its reply is lost (once)."""
+
+        lost = False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(idem, name)
+
+        async def claim(self, key: str, **kwargs: Any) -> Any:
+            record = await idem.claim(key, **kwargs)
+            if kwargs.get("tool") is None and not self.lost:
+                self.lost = True
+                raise StoreReplyLostError("applied; the reply was lost")
+            return record
+
+    def runner(idempotency: Any) -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider(BOOK_TURNS), idempotency=idempotency, checkpoints=Checkpointer(store)
+        )
+
+    with pytest.raises(SimulatedCrash):
+        await runner(idem).run(booking_agent(airline), "book", tenant="acme", run_id="r")
+    store.crash_after = None
+    run = await runner(LosesTheRunClaimReply()).resume(booking_agent(airline), "r", tenant="acme")
+    assert run.status is RunStatus.completed
+    assert airline.bookings == ["LH123"]

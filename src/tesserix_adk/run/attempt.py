@@ -16,9 +16,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tesserix_adk.errors import AdkError, ResumeConflictError, StoreUnavailableError
+from tesserix_adk.errors import (
+    AdkError,
+    ResumeConflictError,
+    StoreReplyLostError,
+    StoreUnavailableError,
+)
 from tesserix_adk.leases import Leaseholder
-from tesserix_adk.stores.protocols import IdempotencyStore, RecordStatus
+from tesserix_adk.stores.protocols import IdempotencyRecord, IdempotencyStore, RecordStatus
 from tesserix_adk.tools import canonical_json
 
 __all__ = ["RESUME_CLAIM_TTL", "AheadCall", "Attempt", "RunClaim", "new_holder", "run_claim_key"]
@@ -73,7 +78,9 @@ class RunClaim:
         self._task: asyncio.Task[None] | None = None
 
     async def take(self) -> None:
-        """Claim the run (``ResumeConflictError`` if another attempt holds it)."""
+        """Claim the run (``ResumeConflictError`` if another attempt holds it). A reply
+        lost on the way back is settled by reading the claim back; failing that, the claim
+        is dropped, so a retry does not wait out the ttl behind a claim of its own."""
         try:
             rec = await self.store.claim(
                 self.key,
@@ -86,14 +93,30 @@ class RunClaim:
                 flags=None,
                 ttl=self.ttl,
             )
+        except StoreReplyLostError as exc:
+            rec = await self._read_back(exc)
         except AdkError:
             raise
         except Exception as exc:
-            raise StoreUnavailableError(f"the idempotency store is unreachable: {exc}") from exc
+            rec = await self._read_back(exc)
         if rec.status is not RecordStatus.in_flight or rec.holder != self.holder:
             raise ResumeConflictError(
                 f"run {self.run_id!r} is being resumed by {rec.holder}", holder=rec.holder
             )
+
+    async def _read_back(self, lost: Exception) -> IdempotencyRecord:
+        try:
+            found = (await self.store.lookup([self.key])).get(self.key)
+        except Exception:
+            found = None
+        if found is None or found.holder != self.holder:
+            with contextlib.suppress(Exception):
+                await self.store.release(self.key, holder=self.holder)
+            if found is None:
+                raise StoreUnavailableError(
+                    f"the resume claim of run {self.run_id!r} lost its reply: {lost}"
+                ) from lost
+        return found
 
     def start_renewing(self) -> None:
         """Renew every third of the ttl until ``release``."""
