@@ -17,6 +17,7 @@ from tesserix_adk.checkpoint.payload import (
     OutstandingCall,
     PendingApproval,
 )
+from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import ConfigurationError, NoCheckpointError
 from tesserix_adk.messages import ToolCall
 from tesserix_adk.run.attempt import Attempt
@@ -58,7 +59,7 @@ async def ask_approval(
         ],
         iteration=run.iteration,
         fence=attempt.fence,
-        id=approval_request_id(run.tenant, run.run_id, run.iteration, asking),
+        id=approval_request_id(run.tenant, run.run_id, run.iteration, asking, redactor),
     )
     if request.status is not ApprovalStatus.pending:
         # Asked before by an attempt that died before its frontier named the request, and
@@ -83,29 +84,40 @@ async def take_decision(
     parts: RunParts,
     run: RunState,
     attempt: Attempt,
-    request_id: str,
+    pending: PendingApproval,
     calls: Sequence[OutstandingCall],
 ) -> Run | None:
     """``None`` once the request is decided (its grants added); else the waiting run."""
     if parts.approvals is None:
         raise ConfigurationError("this run waits on an approval; the runner has no store")
-    request = await parts.approvals.get(run.tenant, request_id)
+    request = await parts.approvals.get(run.tenant, pending.id)
     if request is None:
-        raise NoCheckpointError(f"approval request {request_id!r} is gone")
+        raise NoCheckpointError(f"approval request {pending.id!r} is gone")
     if request.status is ApprovalStatus.pending:
         return run.result(RunStatus.waiting_approval, fence=attempt.fence, pending_approval=request)
-    _grant(parts, run, request, calls)
+    # The frontier names the calls as this run's transcript does; a request found again
+    # after a death may carry the ids an earlier answer of the model gave them.
+    by_id = {oc.call.id: oc.call for oc in calls}
+    named = [by_id[i] for i in pending.calls if i in by_id]
+    _grant(
+        parts, run, request, calls, now_named=named if len(named) == len(request.calls) else None
+    )
     return None
 
 
 def approval_request_id(
-    tenant: str, run_id: str, iteration: int, calls: Sequence[OutstandingCall]
+    tenant: str,
+    run_id: str,
+    iteration: int,
+    calls: Sequence[OutstandingCall],
+    redactor: Redactor,
 ) -> str:
     """The id a turn's approval request is made under: the same for every attempt at that
-    turn, so a request orphaned by a death is found again, never asked twice. It names the
-    calls as their keys do (tool, arguments, occurrence), never by the provider's call ids,
-    which a model asked again makes up anew."""
-    named = [oc.key or canonical_json([oc.call.name, dict(oc.call.arguments)]) for oc in calls]
+    turn, so a request orphaned by a death is found again, never asked twice. It names each
+    call by its key, its tool and its arguments as the operator is shown them (redacted),
+    never by the provider's call id, which a model asked again makes up anew: a decision is
+    only ever found for exactly what the operator saw."""
+    named = [[oc.key, oc.call.name, redactor.value(dict(oc.call.arguments))] for oc in calls]
     body = canonical_json(["approval", tenant, run_id, iteration, named])
     return "req-" + hashlib.sha256(body.encode("utf-8")).hexdigest()[:24]
 

@@ -29,6 +29,7 @@ from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
     IndeterminateToolCallError,
+    StaleFenceError,
     StoreReplyLostError,
     StoreUnavailableError,
 )
@@ -91,9 +92,12 @@ async def dispatch_turn(
         )
     run.messages.extend(results)
     run.observation = observed
-    # Grants of a finished turn are settled; only the run's decisions stay on record.
+    # Grants of a finished turn are settled, every grant of its requests with them (a
+    # request found again may have named calls by ids this turn does not use): a later
+    # call that happens to get such an id is never taken for decided.
     answered = {c.call.id for c in calls}
-    run.grants = [g for g in run.grants if g.call_id not in answered]
+    settled = {g.request for g in run.grants if g.call_id in answered}
+    run.grants = [g for g in run.grants if g.call_id not in answered and g.request not in settled]
 
 
 async def call_tool(
@@ -122,8 +126,10 @@ async def call_tool(
         return _told(parts, outcome)
     rec = await _claim(parts, run, attempt, tool, oc)
     if _held_elsewhere(rec, attempt) and not oc.redacted and _safe_to_resend(tool):
-        # An earlier attempt's claim on a call that may be sent again (no side effects,
-        # or the far side deduplicates by our key): take it over, as a resume would.
+        # Another attempt's claim (an earlier one of this run, or a live run sharing a
+        # business key) on a call that may be sent again (no side effects, or the far side
+        # deduplicates by our key): take it over, as a resume would; the other attempt
+        # then finds its outcome recorded or keeps its own (see ``_complete``).
         attempt.takeover_keys.add(oc.key)
         rec = await _claim(parts, run, attempt, tool, oc)
     if rec.status is RecordStatus.completed and rec.outcome is not None:
@@ -162,7 +168,16 @@ async def call_tool(
             await _release_unsent(parts, attempt, oc.key)
             raise stop.error from None
     recorded = await _recorded(parts, outcome)
-    await _complete(parts, attempt, tool, oc, recorded.payload)
+    try:
+        await _complete(parts, attempt, tool, oc, recorded.payload)
+    except StaleFenceError:
+        if not _safe_to_resend(tool):
+            raise
+        # Taken over meanwhile by an attempt that sent it again (safe for this tool): what
+        # it recorded is the answer, or ours while it has recorded nothing yet.
+        taken = await _read_back(parts, oc.key)
+        if taken is not None and taken.status is RecordStatus.completed and taken.outcome:
+            return decode_outcome(taken.outcome, oc.call.id)
     return recorded.outcome if recorded.replaced else outcome
 
 

@@ -82,7 +82,7 @@ async def carry_on(parts: RunParts, run: RunState, attempt: Attempt, cp: Checkpo
     # The frontier's outstanding calls are this iteration's turn.
     _refuse_divergence(run, attempt, calls)
     if cp.pending_approval is not None:
-        waiting = await take_decision(parts, run, attempt, cp.pending_approval.id, calls)
+        waiting = await take_decision(parts, run, attempt, cp.pending_approval, calls)
         if waiting is not None:
             return waiting
         # Before the decided turn dispatches anything, a frontier without the pending
