@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +55,7 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.checkpoint.payload import encode_outcome
+from tesserix_adk.stores import open_stores
 from tesserix_adk.stores.protocols import RecordStatus
 from tesserix_adk.testing import FakeClock
 from tesserix_adk.testing.faults import (
@@ -204,24 +207,25 @@ turns = st.lists(st.lists(calls, min_size=1, max_size=3), min_size=1, max_size=3
 class RunnerMachine(RuleBasedStateMachine):
     """One run, carried through faults by a sequence of attempts."""
 
+    # How long a dead attempt's resume claim keeps others out (store's clock).
+    claim_ttl = 60.0
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.world = World()
         self.clock = FakeClock()
+        self.bundle: Any = None
+        self.open_stores()
         self.idem = FaultyIdempotencyStore(
-            MemoryIdempotencyStore(clock=self.clock),
+            self.idem_inner,
             hook=lambda phase, op, key: self.world.point(phase, f"idempotency {op}"),
         )
         self.store = FaultyCheckpointStore(
-            MemoryCheckpointStore(),
+            self.store_inner,
             crash_before=lambda body: self.world.point("before", "checkpoint") or False,
             crash_after=lambda body: self.world.point("after", "checkpoint") or False,
         )
-        self.history = MemoryHistoryStore()
-        self.leases = MemoryLeaseStore(clock=self.clock)
-        self.approvals = MemoryApprovalStore(clock=self.clock)
-        self.ledger = MemoryLedger()
         self.script: list[Any] = []
         self.policy = CheckpointPolicy()
         self.runner: AgentRunner | None = None
@@ -230,11 +234,26 @@ class RunnerMachine(RuleBasedStateMachine):
         self.refused: IndeterminateToolCallError | None = None
         self.stuck = False
 
+    def open_stores(self) -> None:
+        """The backend under test (memory here, on the machine's fake clock)."""
+        self.idem_inner: Any = MemoryIdempotencyStore(clock=self.clock)
+        self.store_inner: Any = MemoryCheckpointStore()
+        self.history: Any = MemoryHistoryStore()
+        self.leases: Any = MemoryLeaseStore(clock=self.clock)
+        self.approvals: Any = MemoryApprovalStore(clock=self.clock)
+        self.ledger: Any = MemoryLedger()
+
+    def let_time_pass(self) -> None:
+        """A new process: a dead attempt's claim and lease have lapsed by then."""
+        self.clock.advance(120.0)
+
     def teardown(self) -> None:
         try:
             if not self.stuck:
                 self.loop.run_until_complete(self._drive_to_the_end())
         finally:
+            if self.bundle is not None:
+                self.loop.run_until_complete(self.bundle.aclose())
             self.loop.close()
 
     # --- set-up --------------------------------------------------------------------------
@@ -258,7 +277,7 @@ class RunnerMachine(RuleBasedStateMachine):
             leases=self.leases,
             ledger=self.ledger,
             approvals=self.approvals,
-            resume_claim_ttl=60.0,
+            resume_claim_ttl=self.claim_ttl,
         )
 
     # --- rules ---------------------------------------------------------------------------
@@ -285,8 +304,7 @@ class RunnerMachine(RuleBasedStateMachine):
     @rule(same_runner=st.booleans())
     def carry_on(self, same_runner: bool) -> None:
         if self.runner is None or not same_runner:
-            # A new process: time passes, so a dead attempt's claim and lease have lapsed.
-            self.clock.advance(120.0)
+            self.let_time_pass()
             self.runner = self._new_runner()
         self.loop.run_until_complete(self._attempt(self.runner))
 
@@ -396,7 +414,7 @@ class RunnerMachine(RuleBasedStateMachine):
             request = await self._pending_request()
             if request is not None:
                 await self.approvals.decide(TENANT, request, approved=True, by="ops")
-            self.clock.advance(120.0)
+            self.let_time_pass()
             await self._attempt(self._new_runner())
         assert self._finished, f"the run did not finish: {self.status}, refused {self.refused}"
         assert self.status is RunStatus.completed, self.status
@@ -424,10 +442,41 @@ class RunnerMachine(RuleBasedStateMachine):
         return request.id
 
 
-RunnerMachine.TestCase.settings = settings(
+class SqliteRunnerMachine(RunnerMachine):
+    """The same machine on one SQLite file: real transactions, the database's own clock."""
+
+    claim_ttl = 0.05
+
+    def open_stores(self) -> None:
+        self.folder = tempfile.TemporaryDirectory()
+        self.bundle = open_stores(f"sqlite:///{self.folder.name}/adk.sqlite3")
+        self.loop.run_until_complete(self.bundle.create_schema())
+        self.idem_inner = self.bundle.idempotency
+        self.store_inner = self.bundle.checkpoints
+        self.history = self.bundle.history
+        self.leases = self.bundle.leases
+        self.approvals = self.bundle.approvals
+        self.ledger = self.bundle.ledger
+
+    def let_time_pass(self) -> None:
+        time.sleep(self.claim_ttl * 1.5)
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            self.folder.cleanup()
+
+
+_SETTINGS = settings(
     max_examples=500 if LONG else 60,
     stateful_step_count=40 if LONG else 16,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
+RunnerMachine.TestCase.settings = _SETTINGS
+SqliteRunnerMachine.TestCase.settings = settings(
+    _SETTINGS, max_examples=150 if LONG else 20, stateful_step_count=30 if LONG else 12
+)
 test_the_runner_keeps_its_promises_under_random_faults = RunnerMachine.TestCase
+test_the_runner_keeps_its_promises_under_random_faults_on_sqlite = SqliteRunnerMachine.TestCase
