@@ -40,6 +40,16 @@ class RedisServer:
         self.process.kill()
         self.process.wait(timeout=10)
 
+    def shutdown(self) -> None:
+        """``SHUTDOWN NOSAVE``: an orderly stop that writes nothing; returns once it exited."""
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock,
+        ):
+            sock.sendall(b"SHUTDOWN NOSAVE\r\n")
+            sock.recv(64)
+        self.process.wait(timeout=20)
+
 
 def _answers(port: int) -> bool:
     try:
@@ -51,14 +61,15 @@ def _answers(port: int) -> bool:
 
 
 @contextmanager
-def redis_server(*config: str) -> Iterator[RedisServer]:
-    """A ``redis-server`` on a free loopback port with ``config`` (``"--name", "value"``
-    pairs after the defaults: no persistence, no protected mode); stopped after."""
+def redis_server(*config: str, port: int | None = None) -> Iterator[RedisServer]:
+    """A ``redis-server`` on a free loopback port (or on ``port``, to start one again where
+    an earlier one ran) with ``config`` (``"--name", "value"`` pairs after the defaults: no
+    persistence, no protected mode); stopped after."""
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.skip("redis-server is not installed")
     with tempfile.TemporaryDirectory(prefix="adk-redis-") as directory:
-        port = free_port()
+        port = free_port() if port is None else port
         args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory]
         args += ["--save", "", "--appendonly", "no", "--protected-mode", "no", *config]
         process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
