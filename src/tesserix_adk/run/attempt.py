@@ -95,6 +95,12 @@ class RunClaim:
             )
         except StoreReplyLostError as exc:
             rec = await self._read_back(exc)
+        except StoreUnavailableError:
+            # Said not to have taken effect; should a driver have misjudged that, dropping
+            # the claim (a no-op if absent) spares the retry a wait of the whole ttl.
+            with contextlib.suppress(Exception):
+                await self.store.release(self.key, holder=self.holder)
+            raise
         except AdkError:
             raise
         except Exception as exc:
