@@ -155,6 +155,10 @@ class IdempotencyRecord:
 class IdempotencyStore(Protocol):
     """Records which calls were claimed and what they produced.
 
+    Tenant-scoped: every method takes the tenant, and records are keyed by (tenant, key),
+    so two tenants using the same key (a business key such as ``order-5``) never see,
+    complete, take over or resolve each other's record.
+
     State machine::
 
         absent ──claim──▶ in_flight(holder, fence, since, …)
@@ -192,7 +196,9 @@ class IdempotencyStore(Protocol):
         """
         ...
 
-    async def complete(self, key: str, outcome: bytes, *, holder: str) -> IdempotencyRecord:
+    async def complete(
+        self, key: str, outcome: bytes, *, tenant: str, holder: str
+    ) -> IdempotencyRecord:
         """Record the outcome of a claim held by ``holder``.
 
         Not fenced: a superseded holder may still record what a call it started produced.
@@ -201,14 +207,17 @@ class IdempotencyStore(Protocol):
         """
         ...
 
-    async def release(self, key: str, *, holder: str, undispatched: bool = False) -> None:
+    async def release(
+        self, key: str, *, tenant: str, holder: str, undispatched: bool = False
+    ) -> None:
         """Drop a ttl claim held in flight by ``holder``. Tool-call claims are never
         released, except with ``undispatched=True``: the holder says it claimed the call
         and then did not send it (its lease check stopped it), so nothing is in doubt."""
         ...
 
-    async def lookup(self, keys: Sequence[str]) -> dict[str, IdempotencyRecord]:
-        """The live records of ``keys`` in one round trip; absent keys are left out."""
+    async def lookup(self, keys: Sequence[str], *, tenant: str) -> dict[str, IdempotencyRecord]:
+        """The tenant's live records of ``keys`` in one round trip; absent keys are left
+        out."""
         ...
 
     async def records(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
@@ -216,7 +225,13 @@ class IdempotencyStore(Protocol):
         ...
 
     async def resolve(
-        self, key: str, outcome: bytes | None = None, *, never_ran: bool = False, by: str
+        self,
+        key: str,
+        outcome: bytes | None = None,
+        *,
+        tenant: str,
+        never_ran: bool = False,
+        by: str,
     ) -> IdempotencyRecord:
         """An operator settles an in-flight call: its outcome, or that it never ran.
 
