@@ -78,11 +78,11 @@ async def _take_over_inside_book_seat(world: World, airline: Airline) -> list[An
     airline.hook = hook
     original = world.idempotency.complete
 
-    async def complete_then_take(key: str, outcome: bytes, *, holder: str) -> Any:
+    async def complete_then_take(key: str, outcome: bytes, *, tenant: str, holder: str) -> Any:
         # B takes over (and seals every store) between A's tool returning and its next write.
         if not taken and airline.bookings:
             await take()
-        return await original(key, outcome, holder=holder)
+        return await original(key, outcome, tenant=tenant, holder=holder)
 
     world.idempotency.complete = complete_then_take  # type: ignore[method-assign]
     return taken

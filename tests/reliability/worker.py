@@ -160,12 +160,12 @@ class RecordingIdempotency(_Recording):
             self._faults.at("after_claim")
         return record
 
-    async def complete(self, key: str, outcome: bytes, *, holder: str) -> Any:
+    async def complete(self, key: str, outcome: bytes, *, tenant: str, holder: str) -> Any:
         run = self._faults.run
         self._rec.event("complete_sent", run, key=key, holder=holder)
         sent = now()
         try:
-            record = await self._inner.complete(key, outcome, holder=holder)
+            record = await self._inner.complete(key, outcome, tenant=tenant, holder=holder)
         except BaseException as exc:
             self._rec.event("complete_err", run, key=key, sent=sent, error=_err(exc))
             raise

@@ -318,7 +318,7 @@ async def test_a_turn_asked_again_after_dying_between_its_calls_carries_on(
     # operator checks the airline and records it.
     [rec] = [r for r in await idem.records("acme", "r") if r.tool == "book_seat"]
     booked = encode_outcome(ToolOutcome(call_id="-", content="booked"), Redactor())
-    await idem.resolve(rec.key, booked, by="ops")
+    await idem.resolve(rec.key, booked, tenant="acme", by="ops")
     run = await runner().resume(booking_agent(airline), "r", tenant="acme")
     assert run.status is RunStatus.completed
     assert airline.bookings == ["LH123", "UA456"]
@@ -521,7 +521,9 @@ async def test_a_carrier_holding_the_lease_is_not_stopped_by_a_resumer_that_fail
             )
             assert other.holder == "resumer-2"
             await asyncio.sleep(0.25)  # the carrier's renewal runs now
-            await idem.release(key, holder="resumer-2")  # refused by the lease, it lets go
+            await idem.release(
+                key, tenant="acme", holder="resumer-2"
+            )  # refused by the lease, it lets go
         airline.bookings.append(flight)
         return "booked"
 
@@ -599,9 +601,9 @@ async def _carry_to_the_end(
                 assert call.key is not None
                 if airline.bookings:
                     done = encode_outcome(ToolOutcome(call_id="-", content="booked"), Redactor())
-                    await idem.resolve(call.key, done, by="ops")
+                    await idem.resolve(call.key, done, tenant="acme", by="ops")
                 else:
-                    await idem.resolve(call.key, never_ran=True, by="ops")
+                    await idem.resolve(call.key, tenant="acme", never_ran=True, by="ops")
             continue
         seen.append(run.status.value)
         return seen

@@ -299,22 +299,22 @@ async def test_an_unsent_release_never_drops_a_claim_taken_over_since(
         await idem.claim("k-1", holder="A", **common)
         taken = await idem.claim("k-1", holder="B", takeover=True, **common)
         assert taken.holder == "B"
-        await idem.release("k-1", holder="A", undispatched=True)
-        found = await idem.lookup(["k-1"])
+        await idem.release("k-1", tenant="acme", holder="A", undispatched=True)
+        found = await idem.lookup(["k-1"], tenant="acme")
         assert found["k-1"].status is RecordStatus.in_flight and found["k-1"].holder == "B"
-        await idem.complete("k-1", b"done", holder="B")
-        await idem.release("k-1", holder="B", undispatched=True)
-        found = await idem.lookup(["k-1"])
+        await idem.complete("k-1", b"done", tenant="acme", holder="B")
+        await idem.release("k-1", tenant="acme", holder="B", undispatched=True)
+        found = await idem.lookup(["k-1"], tenant="acme")
         assert found["k-1"].status is RecordStatus.completed
         # Many racing releases by the stale holder against takeovers by fresh ones.
         for n in range(20):
             key = f"k-race-{n}"
             await idem.claim(key, holder="A", **common)
             await asyncio.gather(
-                idem.release(key, holder="A", undispatched=True),
+                idem.release(key, tenant="acme", holder="A", undispatched=True),
                 idem.claim(key, holder="B", takeover=True, **common),
             )
-            rec = (await idem.lookup([key])).get(key)
+            rec = (await idem.lookup([key], tenant="acme")).get(key)
             # Either B took over first (its claim stands) or A's release came first and
             # B's claim made a fresh record: B holds it in both orders.
             assert rec is not None and rec.holder == "B", (n, rec)
@@ -444,7 +444,10 @@ async def test_run_retried_after_a_resume_died_refuses_a_divergent_turn(airline:
     airline.hook = None
     [rec] = [r for r in await idem.records("acme", "r") if r.tool == "book_seat"]
     await idem.resolve(
-        rec.key, encode_outcome(ToolOutcome(call_id="-", content="booked"), Redactor()), by="ops"
+        rec.key,
+        encode_outcome(ToolOutcome(call_id="-", content="booked"), Redactor()),
+        tenant="acme",
+        by="ops",
     )
     store.fail_with = None
     other: list[Any] = [BOOK_TURNS[0], [("book_seat", {"flight": "UA456"})], "Booked UA456."]
@@ -487,7 +490,7 @@ async def test_twins_that_ran_must_both_be_asked_again(airline: Airline) -> None
     for rec in await idem.records("acme", "r"):
         if rec.status is RecordStatus.in_flight and rec.tool == "book_seat":
             done = encode_outcome(ToolOutcome(call_id="-", content="booked"), Redactor())
-            await idem.resolve(rec.key, done, by="ops")
+            await idem.resolve(rec.key, done, tenant="acme", by="ops")
     one: list[Any] = [
         BOOK_TURNS[0],
         [("book_seat", {"flight": "LH123"}), ("book_seat", {"flight": "UA456"})],
@@ -528,7 +531,7 @@ async def test_a_turn_re_asked_with_more_calls_over_two_crashes_sends_each_once(
         for rec in await idem.records("acme", "r"):
             if rec.status is RecordStatus.in_flight and rec.tool == "book_seat":
                 done = encode_outcome(ToolOutcome(call_id="-", content="booked"), Redactor())
-                await idem.resolve(rec.key, done, by="ops")
+                await idem.resolve(rec.key, done, tenant="acme", by="ops")
 
     airline.hook = _die_after_bookings(airline, 1)
     with pytest.raises(SimulatedCrash):

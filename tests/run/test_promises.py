@@ -253,7 +253,7 @@ async def test_twin_calls_run_once_each_across_a_crash(airline: Airline) -> None
     assert len(recs) == 2
     in_flight = [r for r in recs if r.status == "in_flight"]
     assert len(in_flight) == 1
-    await idem.resolve(in_flight[0].key, never_ran=True, by="ops")
+    await idem.resolve(in_flight[0].key, tenant="acme", never_ran=True, by="ops")
     run = await runner().resume(booking_agent(airline), "r", tenant="acme")
     assert run.status is RunStatus.completed
     assert airline.bookings == ["LH123", "LH123"]
@@ -344,7 +344,7 @@ async def test_a_masked_call_resolved_never_ran_is_answered_and_the_run_carries_
             _vault(sent, approval=False), "r", tenant="acme"
         )
     [rec] = [r for r in await idem.records("acme", "r") if r.tool == "store_key"]
-    await idem.resolve(rec.key, never_ran=True, by="ops")
+    await idem.resolve(rec.key, tenant="acme", never_ran=True, by="ops")
     provider = _Recording(ScriptedProvider(VAULT_TURNS))
     run = await runner(provider).resume(_vault(sent, approval=False), "r", tenant="acme")
     assert run.status is RunStatus.completed

@@ -393,9 +393,9 @@ class RunnerMachine(RuleBasedStateMachine):
                 outcome = encode_outcome(
                     ToolOutcome(call_id=call.call_id or "", content="done (ops)"), Redactor()
                 )
-                await self.idem.inner.resolve(call.key, outcome, by="ops")
+                await self.idem.inner.resolve(call.key, outcome, tenant=TENANT, by="ops")
             else:
-                await self.idem.inner.resolve(call.key, never_ran=True, by="ops")
+                await self.idem.inner.resolve(call.key, tenant=TENANT, never_ran=True, by="ops")
         self.refused = None
 
     async def _drive_to_the_end(self) -> None:

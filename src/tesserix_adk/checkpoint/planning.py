@@ -93,7 +93,7 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
     if checkpoint.status.finished or checkpoint.is_tombstone:
         return ResumePlan()
     keys = [oc.key for oc in checkpoint.outstanding if oc.key is not None]
-    found = await idempotency.lookup(keys) if keys else {}
+    found = await idempotency.lookup(keys, tenant=checkpoint.tenant) if keys else {}
     records = await idempotency.records(checkpoint.tenant, checkpoint.run_id)
     completed: list[PlannedCall] = []
     to_dispatch: list[PlannedCall] = []

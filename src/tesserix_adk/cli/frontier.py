@@ -247,11 +247,11 @@ async def _record_resolution(
 ) -> ExitCode:
     call = f"{escaped(record.tool or '')} ({escaped(args.call)})"
     if args.never_ran:
-        await stores.idempotency.resolve(record.key, never_ran=True, by=args.by)
+        await stores.idempotency.resolve(record.key, tenant=args.tenant, never_ran=True, by=args.by)
         out.write(f"recorded: {call} never ran, by {escaped(args.by)}\n")
         return ExitCode.CARRIED_ON
     encoded = encode_outcome(ToolOutcome(call_id=record.call_id or "", content=content), Redactor())
-    await stores.idempotency.resolve(record.key, encoded, by=args.by)
+    await stores.idempotency.resolve(record.key, encoded, tenant=args.tenant, by=args.by)
     out.write(f"recorded: {call} completed with the given outcome, by {escaped(args.by)}\n")
     return ExitCode.CARRIED_ON
 

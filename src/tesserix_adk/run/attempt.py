@@ -99,7 +99,7 @@ class RunClaim:
             # Said not to have taken effect; should a driver have misjudged that, dropping
             # the claim (a no-op if absent) spares the retry a wait of the whole ttl.
             with contextlib.suppress(Exception):
-                await self.store.release(self.key, holder=self.holder)
+                await self.store.release(self.key, tenant=self.tenant, holder=self.holder)
             raise
         except AdkError:
             raise
@@ -112,12 +112,12 @@ class RunClaim:
 
     async def _read_back(self, lost: Exception) -> IdempotencyRecord:
         try:
-            found = (await self.store.lookup([self.key])).get(self.key)
+            found = (await self.store.lookup([self.key], tenant=self.tenant)).get(self.key)
         except Exception:
             found = None
         if found is None or found.holder != self.holder:
             with contextlib.suppress(Exception):
-                await self.store.release(self.key, holder=self.holder)
+                await self.store.release(self.key, tenant=self.tenant, holder=self.holder)
             if found is None:
                 raise StoreUnavailableError(
                     f"the resume claim of run {self.run_id!r} lost its reply: {lost}"
@@ -165,7 +165,9 @@ class RunClaim:
             self._task.cancel()
             self._task = None
         try:
-            await asyncio.wait_for(self.store.release(self.key, holder=self.holder), 5.0)
+            await asyncio.wait_for(
+                self.store.release(self.key, tenant=self.tenant, holder=self.holder), 5.0
+            )
         except Exception as exc:
             _log.warning("releasing the resume claim failed: %r", exc)
 

@@ -165,17 +165,17 @@ async def call_tool(
         except _NotSent as stop:
             # The lease check stopped the call before it started: nothing is in doubt, so
             # the claim goes rather than leave every later resume refusing it.
-            await _release_unsent(parts, attempt, oc.key)
+            await _release_unsent(parts, run, attempt, oc.key)
             raise stop.error from None
     recorded = await _recorded(parts, outcome)
     try:
-        await _complete(parts, attempt, tool, oc, recorded.payload)
+        await _complete(parts, run, attempt, tool, oc, recorded.payload)
     except StaleFenceError:
         if not _safe_to_resend(tool):
             raise
         # Taken over meanwhile by an attempt that sent it again (safe for this tool): what
         # it recorded is the answer, or ours while it has recorded nothing yet.
-        taken = await _read_back(parts, oc.key)
+        taken = await _read_back(parts, run, oc.key)
         if taken is not None and taken.status is RecordStatus.completed and taken.outcome:
             return decode_outcome(taken.outcome, oc.call.id)
     return recorded.outcome if recorded.replaced else outcome
@@ -225,13 +225,13 @@ async def _claim(
     except StoreUnavailableError:
         # Said not to have taken effect; should a driver have misjudged that, dropping the
         # claim (a no-op if absent) keeps a call never sent from being called in doubt.
-        await _release_unsent(parts, attempt, oc.key)
+        await _release_unsent(parts, run, attempt, oc.key)
         raise
     except AdkError:
         raise  # a stale fence, ...: nothing was claimed
     except Exception as exc:
         lost = exc  # a driver error the store did not translate: the outcome is unknown
-    rec = await _read_back(parts, oc.key)
+    rec = await _read_back(parts, run, oc.key)
     if rec is not None and (
         rec.status is RecordStatus.completed
         or (rec.status is RecordStatus.in_flight and rec.holder == attempt.holder)
@@ -239,7 +239,7 @@ async def _claim(
         return rec
     # Perhaps applied, certainly not sent: drop the claim if it is there, so a retry does
     # not find a claim of ours in doubt.
-    await _release_unsent(parts, attempt, oc.key)
+    await _release_unsent(parts, run, attempt, oc.key)
     raise StoreUnavailableError(
         f"the claim of {tool.name} ({oc.call.id}) lost its reply and could not be read back, "
         f"so it was not dispatched: {lost}"
@@ -247,14 +247,21 @@ async def _claim(
 
 
 async def _complete(
-    parts: RunParts, attempt: Attempt, tool: Tool, oc: OutstandingCall, payload: bytes
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    tool: Tool,
+    oc: OutstandingCall,
+    payload: bytes,
 ) -> None:
     """Record the outcome, retrying while this attempt still holds it in memory."""
     assert oc.key is not None
     last: Exception | None = None
     for attempt_no in range(COMPLETE_TRIES):
         try:
-            await parts.idempotency.complete(oc.key, payload, holder=attempt.holder)
+            await parts.idempotency.complete(
+                oc.key, payload, tenant=run.tenant, holder=attempt.holder
+            )
             return
         except StoreReplyLostError as exc:
             last = exc
@@ -266,7 +273,7 @@ async def _complete(
             raise
         except Exception as exc:
             last = exc
-        rec = await _read_back(parts, oc.key)
+        rec = await _read_back(parts, run, oc.key)
         if rec is not None and rec.status is RecordStatus.completed:
             return
         await asyncio.sleep(_BACKOFF[attempt_no])
@@ -277,11 +284,13 @@ async def _complete(
     ) from last
 
 
-async def _release_unsent(parts: RunParts, attempt: Attempt, key: str) -> None:
+async def _release_unsent(parts: RunParts, run: RunState, attempt: Attempt, key: str) -> None:
     """Drop this attempt's claim on a call it did not send (a no-op if there is none)."""
     try:
         await asyncio.shield(
-            parts.idempotency.release(key, holder=attempt.holder, undispatched=True)
+            parts.idempotency.release(
+                key, tenant=run.tenant, holder=attempt.holder, undispatched=True
+            )
         )
     except Exception as exc:  # then it stays in flight, and a resume says so
         _log.warning("dropping the unsent claim %s failed: %r", key, exc)
@@ -295,11 +304,11 @@ class _NotSent(Exception):
         self.error = error
 
 
-async def _read_back(parts: RunParts, key: str) -> IdempotencyRecord | None:
+async def _read_back(parts: RunParts, run: RunState, key: str) -> IdempotencyRecord | None:
     """The record as the store holds it now, or ``None`` if it cannot be read either."""
     for attempt_no in range(COMPLETE_TRIES):
         try:
-            found = await parts.idempotency.lookup([key])
+            found = await parts.idempotency.lookup([key], tenant=run.tenant)
         except Exception as exc:
             _log.warning("reading back %s failed: %r", key, exc)
             await asyncio.sleep(_BACKOFF[attempt_no])

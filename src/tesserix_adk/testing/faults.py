@@ -176,29 +176,33 @@ class FaultyIdempotencyStore:
                 raise StoreReplyLostError("the claim was applied; its reply was lost (simulated)")
         return rec
 
-    async def complete(self, key: str, outcome: bytes, *, holder: str) -> IdempotencyRecord:
+    async def complete(
+        self, key: str, outcome: bytes, *, tenant: str, holder: str
+    ) -> IdempotencyRecord:
         """Complete, unless told to fail (before the store) or to lose the reply (after)."""
         self._before("complete", key)
         if self.fail_completes > 0:
             self.fail_completes -= 1
             raise StoreUnavailableError("complete never reached the store (simulated)")
-        rec = await self.inner.complete(key, outcome, holder=holder)
+        rec = await self.inner.complete(key, outcome, tenant=tenant, holder=holder)
         self._after("complete", key)
         if self.lose_complete_replies > 0:
             self.lose_complete_replies -= 1
             raise StoreReplyLostError("the outcome was recorded; its reply was lost (simulated)")
         return rec
 
-    async def release(self, key: str, *, holder: str, undispatched: bool = False) -> None:
+    async def release(
+        self, key: str, *, tenant: str, holder: str, undispatched: bool = False
+    ) -> None:
         """Delegates (through the hook)."""
         self._before("release", key)
-        await self.inner.release(key, holder=holder, undispatched=undispatched)
+        await self.inner.release(key, tenant=tenant, holder=holder, undispatched=undispatched)
         self._after("release", key)
 
-    async def lookup(self, keys: Sequence[str]) -> dict[str, IdempotencyRecord]:
+    async def lookup(self, keys: Sequence[str], *, tenant: str) -> dict[str, IdempotencyRecord]:
         """Delegates (through the hook)."""
         self._before("lookup", ",".join(keys))
-        found = await self.inner.lookup(keys)
+        found = await self.inner.lookup(keys, tenant=tenant)
         self._after("lookup", ",".join(keys))
         return found
 
@@ -210,10 +214,16 @@ class FaultyIdempotencyStore:
         return found
 
     async def resolve(
-        self, key: str, outcome: bytes | None = None, *, never_ran: bool = False, by: str
+        self,
+        key: str,
+        outcome: bytes | None = None,
+        *,
+        tenant: str,
+        never_ran: bool = False,
+        by: str,
     ) -> IdempotencyRecord:
         """Delegates."""
-        return await self.inner.resolve(key, outcome, never_ran=never_ran, by=by)
+        return await self.inner.resolve(key, outcome, tenant=tenant, never_ran=never_ran, by=by)
 
     async def seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Delegates."""
