@@ -193,7 +193,7 @@ async def test_no_key_that_holds_a_fence_or_a_record_has_a_ttl(
     await _claim(redis_stores, "k-call", "worker-a", fence=fence)
     await _claim(redis_stores, "k-run", "worker-a", ttl=30, tool=None)
     await _claim(redis_stores, "k-done", "worker-a", fence=fence)
-    await redis_stores.idempotency.complete("k-done", b"outcome", holder="worker-a")
+    await redis_stores.idempotency.complete("k-done", b"outcome", tenant=T, holder="worker-a")
     handle = await redis_stores.history.append(T, R, [b"m0"], fence=fence, after=None)
     await redis_stores.history.append(T, R, [b"m1"], fence=fence, after=handle)
     await redis_stores.ledger.charge(T, R, 10, Usage(input_tokens=1), fence=fence)
@@ -215,7 +215,7 @@ async def test_in_flight_records_carry_no_ttl(
     await _claim(redis_stores, "k-run", "worker-a", ttl=30, tool=None)
     for key in await _keys(redis_client, redis_prefix):
         assert await redis_client.ttl(key) == -1, key
-    found = await redis_stores.idempotency.lookup(["k-call", "k-run"])
+    found = await redis_stores.idempotency.lookup(["k-call", "k-run"], tenant=T)
     assert found["k-call"].status is RecordStatus.in_flight
     assert found["k-call"].expires_at is None
     assert found["k-run"].expires_at is not None
@@ -230,10 +230,12 @@ async def test_ttl_claim_expiry_is_decided_by_the_stored_deadline_against_time(
     # Move the stored deadline into the past by the server's clock; the key stays.
     seconds, micros = await redis_client.time()
     await redis_client.hset(record_key, "expires_at", str(seconds * 1_000_000 + micros - 1))
-    assert await redis_stores.idempotency.lookup(["k-run"]) == {}
+    assert await redis_stores.idempotency.lookup(["k-run"], tenant=T) == {}
     assert await redis_stores.idempotency.records(T, R) == []
     await _claim(redis_stores, "k-run", "worker-b", ttl=30, tool=None)
-    assert (await redis_stores.idempotency.lookup(["k-run"]))["k-run"].holder == "worker-b"
+    assert (await redis_stores.idempotency.lookup(["k-run"], tenant=T))[
+        "k-run"
+    ].holder == "worker-b"
 
 
 async def test_lease_expiry_is_decided_by_the_stored_deadline_against_time(
@@ -360,7 +362,7 @@ async def test_volatile_server_is_refused_without_allow_volatile(
     try:
         for attempt in (
             stores.leases.acquire(T, R, "worker-a", 30),
-            stores.idempotency.lookup(["k1"]),
+            stores.idempotency.lookup(["k1"], tenant=T),
             _claim(stores, "k1", "worker-a", fence=1),
             stores.create_schema(),
             stores.verify(),
@@ -410,7 +412,7 @@ NASTY_IDS = (
 )
 _KEY_SHAPE = re.compile(
     r"(\{[A-Za-z0-9._~%-]+:[A-Za-z0-9._~%-]+\}:[a-z:-]+(:[A-Za-z0-9._~%-]+)?"
-    r"|idem-key:\{[A-Za-z0-9._~%-]+\}|approval-id:\{[A-Za-z0-9._~%-]+\})"
+    r"|idem-key:\{[A-Za-z0-9._~%-]+:[A-Za-z0-9._~%-]+\}|approval-id:\{[A-Za-z0-9._~%-]+\})"
 )
 
 
@@ -476,6 +478,58 @@ async def test_every_key_of_a_run_shares_its_hash_tag(
     assert len(run_keys) >= 10
     for key in run_keys:
         assert key.startswith(f"{redis_prefix}{{a%3Ab:c%7Dd}}:"), key
+
+
+async def test_the_key_index_names_the_tenant_and_two_tenants_keep_two_records(
+    redis_stores: Stores, redis_client: Redis, redis_prefix: str
+) -> None:
+    idem = redis_stores.idempotency
+    await _claim(redis_stores, "order-5", "worker-a", tenant="a:b", run_id="c")
+    await _claim(redis_stores, "order-5", "worker-b", tenant="a", run_id="b:c")
+    await idem.complete("order-5", b"A's seat", tenant="a:b", holder="worker-a")
+    assert await redis_client.get(f"{redis_prefix}idem-key:{{a%3Ab:order-5}}") == b"a%3Ab:c"
+    assert await redis_client.get(f"{redis_prefix}idem-key:{{a:order-5}}") == b"a:b%3Ac"
+    b_record = (await idem.lookup(["order-5"], tenant="a"))["order-5"]
+    assert (b_record.status, b_record.holder, b_record.outcome) == (
+        RecordStatus.in_flight,
+        "worker-b",
+        None,
+    )
+    with pytest.raises(StaleFenceError):
+        await idem.complete("order-5", b"B's", tenant="a", holder="worker-a")
+    resolved = await idem.resolve("order-5", never_ran=True, tenant="a", by="ops-b")
+    assert resolved.tenant == "a" and resolved.status is RecordStatus.never_ran
+    a_record = (await idem.lookup(["order-5"], tenant="a:b"))["order-5"]
+    assert (a_record.status, a_record.outcome) == (RecordStatus.completed, b"A's seat")
+    assert await idem.lookup(["order-5"], tenant="other") == {}
+
+
+async def test_a_record_indexed_by_an_older_kit_is_found_by_its_own_tenant_only(
+    redis_stores: Stores, redis_client: Redis, redis_prefix: str
+) -> None:
+    # The layout before records were keyed by (tenant, key): the index named only the key.
+    idem = redis_stores.idempotency
+    await _claim(redis_stores, "k-old", "worker-a", run_id="run-0", fence=1)
+    await idem.complete("k-old", b"booked", tenant=T, holder="worker-a")
+    await redis_client.rename(
+        f"{redis_prefix}idem-key:{{acme:k-old}}", f"{redis_prefix}idem-key:{{k-old}}"
+    )
+    assert (await idem.lookup(["k-old"], tenant=T))["k-old"].outcome == b"booked"
+    # Another run of the tenant reusing the key meets the record, not a fresh claim.
+    await _claim(redis_stores, "k-old", "worker-b", run_id=R, fence=1)
+    [record] = await idem.records(T, "run-0")
+    assert (record.status, record.holder, record.outcome) == (
+        RecordStatus.completed,
+        "worker-a",
+        b"booked",
+    )
+    assert await idem.records(T, R) == []
+    # Another tenant does not see it, and claims a record of its own.
+    assert await idem.lookup(["k-old"], tenant="globex") == {}
+    await _claim(redis_stores, "k-old", "worker-g", tenant="globex", run_id=R, fence=1)
+    mine = (await idem.lookup(["k-old"], tenant="globex"))["k-old"]
+    assert (mine.tenant, mine.status, mine.holder) == ("globex", RecordStatus.in_flight, "worker-g")
+    assert (await idem.lookup(["k-old"], tenant=T))["k-old"].outcome == b"booked"
 
 
 # --- transcripts -------------------------------------------------------------------------

@@ -249,7 +249,7 @@ async def test_a_reply_lost_after_the_server_applied_it_is_outcome_unknown(
             proxy.drop_next_reply(skip=1)
             with pytest.raises(StoreReplyLostError):
                 await _claim(via_proxy, "k1", run_id="run-2")
-            record = (await direct.idempotency.lookup(["k1"]))["k1"]
+            record = (await direct.idempotency.lookup(["k1"], tenant=T))["k1"]
             assert record.status is RecordStatus.in_flight
         finally:
             await via_proxy.aclose()

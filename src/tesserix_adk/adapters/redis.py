@@ -19,7 +19,7 @@ the hash tag ``{<tenant>:<run>}``, so one script can decide over all of them ato
     adk:{acme:run-1}:history:digests  list   chained digest of each prefix
     adk:{acme:run-1}:ledger           hash   micros and tokens
     adk:{acme:run-1}:approval:<id>    hash   one approval request
-    adk:idem-key:{<key>}              string which run holds a record (lookup by key)
+    adk:idem-key:{<tenant>:<key>}     string which run of the tenant holds a record
     adk:approval-id:{<id>}            string which run holds a request (lookup by id)
 
 No key that holds a fence or a record ever has a TTL. Time that decides anything is the
@@ -346,7 +346,12 @@ class _Keys:
     def tagged(self, tag: str, name: str) -> str:
         return f"{self.prefix}{{{tag}}}:{name}"
 
-    def key_index(self, key: str) -> str:
+    def key_index(self, tenant: str, key: str) -> str:
+        return f"{self.prefix}idem-key:{{{_enc(tenant)}:{_enc(key)}}}"
+
+    def legacy_key_index(self, key: str) -> str:
+        # Written by kits before records were keyed by (tenant, key); still read, never
+        # written, so that an upgrade finds every record those kits left.
         return f"{self.prefix}idem-key:{{{_enc(key)}}}"
 
     def approval_index(self, id: str) -> str:
@@ -963,11 +968,18 @@ def _lapsed(fields: Mapping[bytes, bytes], now_micros: int) -> bool:
 class RedisIdempotencyStore(_FencedRedisStore):
     """An ``IdempotencyStore`` on Redis; ttl claims lapse by the server's ``TIME``.
 
-    A record lives with the run that first claimed its key (so one script sees the record,
-    the run's fences and its lease together); ``adk:idem-key:{<key>}`` says which run that
-    is, and is written *before* the record so that no record is ever unreachable by key.
-    (A key that two runs claim — a custom key reused across runs — brings both runs' keys
-    into one script, which a Redis Cluster would refuse; the kit's own keys are per run.)
+    Records are keyed by (tenant, key). A record lives with the run of its tenant that
+    first claimed its key (so one script sees the record, the run's fences and its lease
+    together); ``adk:idem-key:{<tenant>:<key>}`` says which run that is, and is written
+    *before* the record so that no record is ever unreachable by key. (A key that two runs
+    claim — a custom key reused across runs — brings both runs' keys into one script, which
+    a Redis Cluster would refuse; the kit's own keys are per run.)
+
+    Kits before tenant-scoped records indexed by key alone (``adk:idem-key:{<key>}``). That
+    index is still read, and wins when it names a run of the same tenant: it is never
+    written again, so every caller settles on the same run, and a record written before an
+    upgrade is neither lost nor claimed a second time. One naming another tenant's run is
+    ignored.
     """
 
     _store = "idem"
@@ -992,10 +1004,27 @@ class RedisIdempotencyStore(_FencedRedisStore):
     def _record_key(self, tag: str, key: str) -> str:
         return self._keys.tagged(tag, f"idem:rec:{_enc(key)}")
 
-    async def _owner(self, key: str) -> str | None:
-        """The tag of the run whose keys hold ``key``'s record, if it was ever claimed."""
-        raw = await self._client.get(self._keys.key_index(key))
-        return None if raw is None else _text(raw)
+    @staticmethod
+    def _settle(tenant: str, indexed: Any, legacy: Any) -> str | None:
+        """The tag of the run holding a record, from its index and its legacy index."""
+        if legacy is not None:
+            tag = _text(legacy)
+            if tag.partition(":")[0] == _enc(tenant):
+                return tag
+        return None if indexed is None else _text(indexed)
+
+    async def _owners(self, tenant: str, keys: Sequence[str]) -> list[str | None]:
+        """The tag of the run whose keys hold each key's record, if it was ever claimed."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.get(self._keys.key_index(tenant, key))
+                pipe.get(self._keys.legacy_key_index(key))
+            replies = await pipe.execute()
+        return [self._settle(tenant, replies[i], replies[i + 1]) for i in range(0, len(replies), 2)]
+
+    async def _owner(self, tenant: str, key: str) -> str | None:
+        [tag] = await self._owners(tenant, [key])
+        return tag
 
     async def claim(
         self,
@@ -1034,12 +1063,14 @@ class RedisIdempotencyStore(_FencedRedisStore):
         with _driver_errors(f"claiming {key!r}"):
             # The index goes first: a record the index does not name could not be found
             # by key, and its call would look as if it never ran.
-            index = self._keys.key_index(key)
+            index = self._keys.key_index(tenant, key)
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.set(index, mine, nx=True)
                 pipe.get(index)
-                _, owner = await pipe.execute()
-            tag = _text(owner)
+                pipe.get(self._keys.legacy_key_index(key))
+                _, owner, legacy = await pipe.execute()
+            tag = self._settle(tenant, owner, legacy)
+            assert tag is not None  # the index was just set if it was not there
             if tag != mine:
                 # A key another run named first (a custom key reused across runs): the
                 # record lives under that run's tag, so this run's own list names it too,
@@ -1066,11 +1097,13 @@ class RedisIdempotencyStore(_FencedRedisStore):
             raise _stale("claim", run_id, fence, result[1])
         return _record(_pairs(result[1]))
 
-    async def complete(self, key: str, outcome: bytes, *, holder: str) -> IdempotencyRecord:
+    async def complete(
+        self, key: str, outcome: bytes, *, tenant: str, holder: str
+    ) -> IdempotencyRecord:
         """Record the outcome of a claim held by ``holder`` (not fenced)."""
         await self._ready()
         with _driver_errors(f"completing {key!r}"):
-            tag = await self._owner(key)
+            tag = await self._owner(tenant, key)
             if tag is None:
                 raise StaleFenceError(f"{holder!r} holds no claim on {key!r}")
             result = await self._complete(
@@ -1085,11 +1118,13 @@ class RedisIdempotencyStore(_FencedRedisStore):
             )
         return _record(_pairs(result[1]))
 
-    async def release(self, key: str, *, holder: str, undispatched: bool = False) -> None:
+    async def release(
+        self, key: str, *, tenant: str, holder: str, undispatched: bool = False
+    ) -> None:
         """Drop a ttl claim held by ``holder``; anything else is left alone."""
         await self._ready()
         with _driver_errors(f"releasing {key!r}"):
-            tag = await self._owner(key)
+            tag = await self._owner(tenant, key)
             if tag is None:
                 return
             await self._release(
@@ -1109,22 +1144,17 @@ class RedisIdempotencyStore(_FencedRedisStore):
         now = int(seconds) * 1_000_000 + int(micros)
         return [_record(fields) for fields in replies if fields and not _lapsed(fields, now)]
 
-    async def lookup(self, keys: Sequence[str]) -> dict[str, IdempotencyRecord]:
-        """The live records of ``keys`` in two round trips whatever their number."""
+    async def lookup(self, keys: Sequence[str], *, tenant: str) -> dict[str, IdempotencyRecord]:
+        """The tenant's live records of ``keys`` in two round trips whatever their number."""
         wanted = list(dict.fromkeys(keys))
         if not wanted:
             return {}
         await self._ready()
         with _driver_errors(f"looking up {len(wanted)} idempotency key(s)"):
-            async with self._client.pipeline(transaction=False) as pipe:
-                for key in wanted:
-                    pipe.get(self._keys.key_index(key))
-                owners = await pipe.execute()
-            located = [
-                (_text(owner), key) for key, owner in zip(wanted, owners, strict=True) if owner
-            ]
+            owners = await self._owners(tenant, wanted)
+            located = [(owner, key) for key, owner in zip(wanted, owners, strict=True) if owner]
             records = await self._fetch(located)
-        return {record.key: record for record in records}
+        return {record.key: record for record in records if record.tenant == tenant}
 
     async def records(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
         """Every live record of the run, by (iteration, since, key); the run claim first."""
@@ -1137,14 +1167,8 @@ class RedisIdempotencyStore(_FencedRedisStore):
             ]
             # Almost every record lives under its own run's tag; the index says where one
             # claimed under another run's key lives.
-            async with self._client.pipeline(transaction=False) as pipe:
-                for key in members:
-                    pipe.get(self._keys.key_index(key))
-                owners = await pipe.execute()
-            located = [
-                (_text(owner) if owner else tag, key)
-                for key, owner in zip(members, owners, strict=True)
-            ]
+            owners = await self._owners(tenant, members)
+            located = [(owner or tag, key) for key, owner in zip(members, owners, strict=True)]
             found = await self._fetch(located)
         mine = [r for r in found if r.tenant == tenant and r.run_id == run_id]
         return sorted(
@@ -1152,14 +1176,20 @@ class RedisIdempotencyStore(_FencedRedisStore):
         )
 
     async def resolve(
-        self, key: str, outcome: bytes | None = None, *, never_ran: bool = False, by: str
+        self,
+        key: str,
+        outcome: bytes | None = None,
+        *,
+        tenant: str,
+        never_ran: bool = False,
+        by: str,
     ) -> IdempotencyRecord:
         """An operator settles an in-flight call: its outcome, or that it never ran."""
         if never_ran == (outcome is not None):
             raise ValueError("resolve needs exactly one of an outcome or never_ran=True")
         await self._ready()
         with _driver_errors(f"resolving {key!r}"):
-            tag = await self._owner(key)
+            tag = await self._owner(tenant, key)
             if tag is None:
                 raise KeyError(key)
             result = await self._resolve(
