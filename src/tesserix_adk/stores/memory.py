@@ -169,11 +169,12 @@ class MemoryIdempotencyStore:
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
-        self._records: dict[str, IdempotencyRecord] = {}
+        # Keyed by (tenant, key): two tenants' records of one key never meet.
+        self._records: dict[tuple[str, str], IdempotencyRecord] = {}
         self._fences = _Fences()
 
-    def _live(self, key: str, now: float) -> IdempotencyRecord | None:
-        record = self._records.get(key)
+    def _live(self, tenant: str, key: str, now: float) -> IdempotencyRecord | None:
+        record = self._records.get((tenant, key))
         if record is None:
             return None
         if (
@@ -182,7 +183,7 @@ class MemoryIdempotencyStore:
             and now >= record.expires_at
         ):
             # A lapsed ttl claim is absent everywhere; dropping it keeps that true.
-            del self._records[key]
+            del self._records[(tenant, key)]
             return None
         return record
 
@@ -201,7 +202,7 @@ class MemoryIdempotencyStore:
         ttl: float | None = None,
         takeover: bool = False,
     ) -> IdempotencyRecord:
-        """Claim ``key`` and return the record as it stands after the call."""
+        """Claim the tenant's ``key`` and return the record as it stands after the call."""
         if tool is None:
             # A resume claim is taken before any lease exists: never fenced.
             fence = None
@@ -211,7 +212,7 @@ class MemoryIdempotencyStore:
             ttl = _positive_ttl(ttl)
         now = self._clock()
         record, changed = after_claim(
-            self._live(key, now),
+            self._live(tenant, key, now),
             key=key,
             holder=holder,
             tenant=tenant,
@@ -228,36 +229,40 @@ class MemoryIdempotencyStore:
         if tool is not None:
             self._fences.accept(tenant, run_id, fence)
         if changed:
-            self._records[key] = record
+            self._records[(tenant, key)] = record
         return record
 
-    async def complete(self, key: str, outcome: bytes, *, holder: str) -> IdempotencyRecord:
+    async def complete(
+        self, key: str, outcome: bytes, *, tenant: str, holder: str
+    ) -> IdempotencyRecord:
         """Record the outcome of a claim held by ``holder`` (not fenced)."""
         now = self._clock()
         record, changed = after_complete(
-            self._live(key, now), key=key, outcome=outcome, holder=holder, now=now
+            self._live(tenant, key, now), key=key, outcome=outcome, holder=holder, now=now
         )
         if changed:
-            self._records[key] = record
+            self._records[(tenant, key)] = record
         return record
 
-    async def release(self, key: str, *, holder: str, undispatched: bool = False) -> None:
+    async def release(
+        self, key: str, *, tenant: str, holder: str, undispatched: bool = False
+    ) -> None:
         """Drop a ttl claim held by ``holder``; anything else is left alone."""
-        record = self._live(key, self._clock())
+        record = self._live(tenant, key, self._clock())
         if (
             record is not None
             and record.status is RecordStatus.in_flight
             and record.holder == holder
             and (record.expires_at is not None or (undispatched and record.tool is not None))
         ):
-            del self._records[key]
+            del self._records[(tenant, key)]
 
-    async def lookup(self, keys: Sequence[str]) -> dict[str, IdempotencyRecord]:
-        """The live records of ``keys``; absent keys are left out."""
+    async def lookup(self, keys: Sequence[str], *, tenant: str) -> dict[str, IdempotencyRecord]:
+        """The tenant's live records of ``keys``; absent keys are left out."""
         now = self._clock()
         found: dict[str, IdempotencyRecord] = {}
         for key in keys:
-            record = self._live(key, now)
+            record = self._live(tenant, key, now)
             if record is not None:
                 found[key] = record
         return found
@@ -267,9 +272,9 @@ class MemoryIdempotencyStore:
         now = self._clock()
         mine = [
             record
-            for key in list(self._records)
-            if (record := self._live(key, now)) is not None
-            and record.tenant == tenant
+            for owner, key in list(self._records)
+            if owner == tenant
+            and (record := self._live(owner, key, now)) is not None
             and record.run_id == run_id
         ]
         return sorted(
@@ -277,15 +282,27 @@ class MemoryIdempotencyStore:
         )
 
     async def resolve(
-        self, key: str, outcome: bytes | None = None, *, never_ran: bool = False, by: str
+        self,
+        key: str,
+        outcome: bytes | None = None,
+        *,
+        tenant: str,
+        never_ran: bool = False,
+        by: str,
     ) -> IdempotencyRecord:
-        """An operator settles an in-flight call: its outcome, or that it never ran."""
+        """An operator settles the tenant's in-flight call: its outcome, or that it never
+        ran."""
         checked_resolution(outcome, never_ran)
         now = self._clock()
         record = after_resolve(
-            self._live(key, now), key=key, outcome=outcome, never_ran=never_ran, by=by, now=now
+            self._live(tenant, key, now),
+            key=key,
+            outcome=outcome,
+            never_ran=never_ran,
+            by=by,
+            now=now,
         )
-        self._records[key] = record
+        self._records[(tenant, key)] = record
         return record
 
     async def seal(self, tenant: str, run_id: str, fence: int) -> None:
