@@ -25,7 +25,7 @@ from tesserix_adk.errors import (
     StaleFenceError,
     StoreUnavailableError,
 )
-from tesserix_adk.stores.protocols import RunLease, ToolFlags
+from tesserix_adk.stores.protocols import RecordStatus, RunLease, ToolFlags
 from tesserix_adk.stores.sqlite import (
     SQLITE_SCHEMA,
     SQLITE_SCHEMA_VERSION,
@@ -95,7 +95,7 @@ async def test_a_store_used_on_a_file_without_the_schema_names_schema_apply(
         pass  # an empty database file, as another tool might leave it
     async with open_sqlite_stores(path) as stores:
         with pytest.raises(ConfigurationError, match="tesserix schema apply") as refused:
-            await stores.idempotency.lookup(["k1"])
+            await stores.idempotency.lookup(["k1"], tenant="acme")
         assert "\n" not in str(refused.value)
         with pytest.raises(ConfigurationError, match="tesserix schema apply"):
             await stores.verify()
@@ -203,17 +203,109 @@ async def test_a_version_1_file_is_migrated_by_schema_apply_and_keeps_its_record
         _insert_record(conn, "k1")
     async with open_sqlite_stores(path) as stores:
         with pytest.raises(ConfigurationError, match="tesserix schema apply"):
-            await stores.idempotency.lookup(["k1"])
+            await stores.idempotency.lookup(["k1"], tenant="acme")
     async with open_sqlite_stores(path) as stores:
         await stores.create_schema()
         await stores.verify()
-        assert (await stores.idempotency.lookup(["k1"]))["k1"].tool == "book_seat"
+        assert (await stores.idempotency.lookup(["k1"], tenant="acme"))["k1"].tool == "book_seat"
     with raw(path) as conn:
         assert conn.execute("SELECT version FROM adk_schema_version").fetchone() == (
             SQLITE_SCHEMA_VERSION,
         )
         with pytest.raises(sqlite3.IntegrityError, match="NOT NULL"):
             _insert_record(conn, None)
+
+
+def _idempotency_layout(conn: sqlite3.Connection) -> tuple[object, ...]:
+    """The columns (name, type, not null, place in the primary key) and the indexes of
+    ``adk_idempotency``."""
+    columns = [
+        (name, kind, notnull, pk)
+        for _, name, kind, notnull, _, pk in conn.execute("PRAGMA table_info(adk_idempotency)")
+    ]
+    indexes = conn.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'index' "
+        "AND tbl_name = 'adk_idempotency' AND sql IS NOT NULL ORDER BY name"
+    ).fetchall()
+    return tuple(columns), tuple(indexes)
+
+
+async def test_a_version_2_file_is_migrated_to_tenant_scoped_records_and_keeps_them(
+    tmp_path: Path,
+) -> None:
+    from tesserix_adk.stores.sqlite import SQLITE_MIGRATIONS
+
+    path = tmp_path / "adk.sqlite3"
+    with raw(path) as conn:  # a file exactly as version 2 of the kit left it
+        conn.executescript(SQLITE_MIGRATIONS[0] + SQLITE_MIGRATIONS[1])
+        conn.execute("INSERT INTO adk_schema_version (id, version) VALUES (1, 2)")
+        conn.execute(
+            "INSERT INTO adk_idempotency (key, status, holder, tenant, run_id, iteration, "
+            "tool, call_id, side_effects, idempotent, fence, outcome, since, completed_at) "
+            "VALUES ('order-5', 'completed', 'worker-a', 'acme', 'run-1', 3, 'book_seat', "
+            "'c1', 1, 0, 7, X'00FF', 100.5, 101.25)"
+        )
+    async with open_sqlite_stores(path) as stores:
+        with pytest.raises(ConfigurationError, match=r"schema version 2\b.*tesserix schema apply"):
+            await stores.idempotency.lookup(["order-5"], tenant="acme")
+    async with open_sqlite_stores(path) as stores:
+        await stores.create_schema()
+        await stores.verify()
+        kept = (await stores.idempotency.lookup(["order-5"], tenant="acme"))["order-5"]
+        assert (kept.status, kept.holder, kept.tenant, kept.run_id) == (
+            RecordStatus.completed,
+            "worker-a",
+            "acme",
+            "run-1",
+        )
+        assert (kept.iteration, kept.tool, kept.call_id, kept.fence) == (3, "book_seat", "c1", 7)
+        assert kept.flags == ToolFlags(side_effects=True, idempotent=False)
+        assert (kept.outcome, kept.since, kept.completed_at) == (b"\x00\xff", 100.5, 101.25)
+        assert await stores.idempotency.records("acme", "run-1") == [kept]
+        # The same key is now a record of its own under another tenant.
+        assert await stores.idempotency.lookup(["order-5"], tenant="globex") == {}
+        theirs = await stores.idempotency.claim(
+            "order-5",
+            holder="worker-b",
+            tenant="globex",
+            run_id="run-1",
+            iteration=0,
+            tool="book_seat",
+            call_id="c9",
+            flags=ToolFlags(),
+        )
+        assert (theirs.status, theirs.tenant, theirs.holder) == (
+            RecordStatus.in_flight,
+            "globex",
+            "worker-b",
+        )
+        assert (await stores.idempotency.lookup(["order-5"], tenant="acme"))["order-5"] == kept
+    fresh_path = tmp_path / "fresh.sqlite3"
+    async with open_sqlite_stores(fresh_path) as fresh:
+        await fresh.create_schema()
+    with raw(path) as migrated, raw(fresh_path) as created:
+        assert migrated.execute("SELECT version FROM adk_schema_version").fetchone() == (
+            SQLITE_SCHEMA_VERSION,
+        )
+        # Migrated and created files end up alike: (tenant, key) is the primary key and
+        # the run index is kept.
+        assert _idempotency_layout(migrated) == _idempotency_layout(created)
+        primary_key = sorted(
+            (place, name)
+            for _, name, _, _, _, place in migrated.execute("PRAGMA table_info(adk_idempotency)")
+            if place
+        )
+        assert primary_key == [(1, "tenant"), (2, "key")]
+        index_names = [
+            name
+            for name, _ in migrated.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'index' "
+                "AND tbl_name = 'adk_idempotency'"
+            )
+        ]
+        assert "adk_idempotency_run" in index_names
+        with pytest.raises(sqlite3.IntegrityError, match="NOT NULL"):
+            _insert_record(migrated, None)
 
 
 async def test_a_version_1_file_holding_a_null_key_is_refused_not_migrated(
@@ -285,7 +377,7 @@ async def test_a_writer_that_holds_the_file_too_long_is_a_retryable_error(
             assert refused.value.retryable
             other.execute("ROLLBACK")
         # The refused claim left nothing behind, and the store works once the file is free.
-        assert await store.lookup(["k1"]) == {}
+        assert await store.lookup(["k1"], tenant="acme") == {}
     finally:
         await db.aclose()
 

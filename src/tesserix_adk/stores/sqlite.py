@@ -236,7 +236,41 @@ DROP TABLE adk_approvals;
 ALTER TABLE adk_approvals_v2 RENAME TO adk_approvals;
 """
 
-SQLITE_MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+_V3 = """\
+-- Version 3: idempotency records are keyed by (tenant, key). Two tenants may choose the same
+-- key (a business key such as order-5); keyed by key alone, one tenant's claim would find,
+-- complete or take over the other's record. SQLite cannot change a primary key, so the
+-- table is rebuilt, rows and all.
+CREATE TABLE adk_idempotency_v3 (
+    key          TEXT NOT NULL,
+    status       TEXT NOT NULL,
+    holder       TEXT NOT NULL,
+    tenant       TEXT NOT NULL,
+    run_id       TEXT NOT NULL,
+    iteration    INTEGER,
+    tool         TEXT,
+    call_id      TEXT,
+    side_effects INTEGER,
+    idempotent   INTEGER,
+    fence        INTEGER,
+    outcome      BLOB,
+    since        REAL NOT NULL,
+    completed_at REAL,
+    expires_at   REAL,
+    resolved_by  TEXT,
+    PRIMARY KEY (tenant, key)
+);
+INSERT INTO adk_idempotency_v3 (key, status, holder, tenant, run_id, iteration, tool, call_id,
+    side_effects, idempotent, fence, outcome, since, completed_at, expires_at, resolved_by)
+    SELECT key, status, holder, tenant, run_id, iteration, tool, call_id, side_effects,
+        idempotent, fence, outcome, since, completed_at, expires_at,
+        resolved_by FROM adk_idempotency;
+DROP TABLE adk_idempotency;
+ALTER TABLE adk_idempotency_v3 RENAME TO adk_idempotency;
+CREATE INDEX IF NOT EXISTS adk_idempotency_run ON adk_idempotency (tenant, run_id);
+"""
+
+SQLITE_MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 """``SQLITE_MIGRATIONS[i]`` takes a file from schema version ``i`` to ``i + 1``. A new file
 gets ``SQLITE_SCHEMA`` at once; ``create_schema()`` applies the steps an older file lacks."""
 
@@ -281,9 +315,9 @@ CREATE TABLE IF NOT EXISTS adk_checkpoint_steps (
     PRIMARY KEY (tenant, run_id, step)
 );
 
--- Idempotency records; times are SQLite's clock in epoch seconds.
+-- Idempotency records, keyed by (tenant, key); times are SQLite's clock in epoch seconds.
 CREATE TABLE IF NOT EXISTS adk_idempotency (
-    key          TEXT NOT NULL PRIMARY KEY,
+    key          TEXT NOT NULL,
     status       TEXT NOT NULL,
     holder       TEXT NOT NULL,
     tenant       TEXT NOT NULL,
@@ -298,7 +332,8 @@ CREATE TABLE IF NOT EXISTS adk_idempotency (
     since        REAL NOT NULL,
     completed_at REAL,
     expires_at   REAL,
-    resolved_by  TEXT
+    resolved_by  TEXT,
+    PRIMARY KEY (tenant, key)
 );
 CREATE INDEX IF NOT EXISTS adk_idempotency_run ON adk_idempotency (tenant, run_id);
 
@@ -1026,10 +1061,14 @@ def _save_record(conn: sqlite3.Connection, record: IdempotencyRecord) -> None:
     )
 
 
-def _live_record(conn: sqlite3.Connection, key: str, now: float) -> IdempotencyRecord | None:
-    """The record of ``key`` as of ``now``; a lapsed ttl claim is dropped (in a write)."""
+def _live_record(
+    conn: sqlite3.Connection, tenant: str, key: str, now: float
+) -> IdempotencyRecord | None:
+    """The tenant's record of ``key`` as of ``now``; a lapsed ttl claim is dropped (in a
+    write)."""
     row = conn.execute(
-        f"SELECT {_RECORD_COLUMNS} FROM adk_idempotency WHERE key = ?", (key,)
+        f"SELECT {_RECORD_COLUMNS} FROM adk_idempotency WHERE tenant = ? AND key = ?",
+        (tenant, key),
     ).fetchone()
     if row is None:
         return None
@@ -1039,7 +1078,7 @@ def _live_record(conn: sqlite3.Connection, key: str, now: float) -> IdempotencyR
         and record.expires_at is not None
         and now >= record.expires_at
     ):
-        conn.execute("DELETE FROM adk_idempotency WHERE key = ?", (key,))
+        conn.execute("DELETE FROM adk_idempotency WHERE tenant = ? AND key = ?", (tenant, key))
         return None
     return record
 
@@ -1064,7 +1103,7 @@ class SqliteIdempotencyStore(_FencedSqliteStore):
         ttl: float | None = None,
         takeover: bool = False,
     ) -> IdempotencyRecord:
-        """Claim ``key`` and return the record as it stands after the call."""
+        """Claim the tenant's ``key`` and return the record as it stands after the call."""
         if tool is None:
             # A resume claim is taken before any lease exists: never fenced.
             fence = None
@@ -1074,7 +1113,7 @@ class SqliteIdempotencyStore(_FencedSqliteStore):
                 _check_fence(conn, _IDEMPOTENCY, tenant, run_id, fence)
             now = _now(conn)
             record, changed = after_claim(
-                _live_record(conn, key, now),
+                _live_record(conn, tenant, key, now),
                 key=key,
                 holder=holder,
                 tenant=tenant,
@@ -1096,14 +1135,20 @@ class SqliteIdempotencyStore(_FencedSqliteStore):
 
         return await self.database.write(claim)
 
-    async def complete(self, key: str, outcome: bytes, *, holder: str) -> IdempotencyRecord:
+    async def complete(
+        self, key: str, outcome: bytes, *, tenant: str, holder: str
+    ) -> IdempotencyRecord:
         """Record the outcome of a claim held by ``holder`` (not fenced)."""
         data = bytes(outcome)
 
         def complete(conn: sqlite3.Connection) -> IdempotencyRecord:
             now = _now(conn)
             record, changed = after_complete(
-                _live_record(conn, key, now), key=key, outcome=data, holder=holder, now=now
+                _live_record(conn, tenant, key, now),
+                key=key,
+                outcome=data,
+                holder=holder,
+                now=now,
             )
             if changed:
                 _save_record(conn, record)
@@ -1111,20 +1156,24 @@ class SqliteIdempotencyStore(_FencedSqliteStore):
 
         return await self.database.write(complete)
 
-    async def release(self, key: str, *, holder: str, undispatched: bool = False) -> None:
+    async def release(
+        self, key: str, *, tenant: str, holder: str, undispatched: bool = False
+    ) -> None:
         """Drop a ttl claim held by ``holder``; anything else is left alone."""
 
         def release(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "DELETE FROM adk_idempotency WHERE key = ? AND status = 'in_flight' "
-                "AND holder = ? AND (expires_at IS NOT NULL OR (? AND tool IS NOT NULL))",
-                (key, holder, int(undispatched)),
+                "DELETE FROM adk_idempotency WHERE tenant = ? AND key = ? "
+                "AND status = 'in_flight' AND holder = ? "
+                "AND (expires_at IS NOT NULL OR (? AND tool IS NOT NULL))",
+                (tenant, key, holder, int(undispatched)),
             )
 
         await self.database.write(release)
 
-    async def lookup(self, keys: Sequence[str]) -> dict[str, IdempotencyRecord]:
-        """The live records of ``keys`` in one round trip; absent keys are left out."""
+    async def lookup(self, keys: Sequence[str], *, tenant: str) -> dict[str, IdempotencyRecord]:
+        """The tenant's live records of ``keys`` in one round trip; absent keys are left
+        out."""
         wanted = list(dict.fromkeys(keys))
         if not wanted:
             return {}
@@ -1136,8 +1185,8 @@ class SqliteIdempotencyStore(_FencedSqliteStore):
                 marks = ", ".join("?" * len(chunk))
                 for row in conn.execute(
                     f"SELECT {_RECORD_COLUMNS} FROM adk_idempotency "
-                    f"WHERE key IN ({marks}) AND {_LIVE_SQL}",
-                    chunk,
+                    f"WHERE tenant = ? AND key IN ({marks}) AND {_LIVE_SQL}",
+                    [tenant, *chunk],
                 ):
                     record = _record_from_row(row)
                     found[record.key] = record
@@ -1162,16 +1211,23 @@ class SqliteIdempotencyStore(_FencedSqliteStore):
         )
 
     async def resolve(
-        self, key: str, outcome: bytes | None = None, *, never_ran: bool = False, by: str
+        self,
+        key: str,
+        outcome: bytes | None = None,
+        *,
+        tenant: str,
+        never_ran: bool = False,
+        by: str,
     ) -> IdempotencyRecord:
-        """An operator settles an in-flight call: its outcome, or that it never ran."""
+        """An operator settles the tenant's in-flight call: its outcome, or that it never
+        ran."""
         checked_resolution(outcome, never_ran)
         data = None if outcome is None else bytes(outcome)
 
         def resolve(conn: sqlite3.Connection) -> IdempotencyRecord:
             now = _now(conn)
             record = after_resolve(
-                _live_record(conn, key, now),
+                _live_record(conn, tenant, key, now),
                 key=key,
                 outcome=data,
                 never_ran=never_ran,
