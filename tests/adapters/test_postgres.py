@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from adapters import services
 from tesserix_adk.adapters.postgres import (
     EXPECTED_CHECKPOINT_SCHEMA,
+    MIGRATIONS,
     SCHEMA_VERSION,
     PostgresCheckpointStore,
     PostgresDatabase,
@@ -33,7 +34,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.messages import ToolCall, Usage
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.protocols import ToolFlags
+from tesserix_adk.stores.protocols import RecordStatus, ToolFlags
 
 pytestmark = pytest.mark.postgres
 
@@ -253,6 +254,93 @@ async def test_the_published_ddl_applies_as_is(
         await stores.verify()
     finally:
         await stores.aclose()
+
+
+_VERSION_1_RECORDS = """
+INSERT INTO adk_idempotency (key, status, holder, tenant, run_id, iteration, tool, call_id,
+    side_effects, idempotent, fence, outcome, since, completed_at, expires_at, resolved_by)
+VALUES
+    ('order-5', 'completed', 'worker-a', 'acme', 'run-1', 0, 'book_seat', 'call_1', true,
+     false, 3, 'booked', clock_timestamp(), clock_timestamp(), NULL, NULL),
+    ('k-flight', 'in_flight', 'worker-a', 'acme', 'run-1', 1, 'book_seat', 'call_2', true,
+     false, 3, NULL, clock_timestamp(), NULL, NULL, NULL);
+INSERT INTO adk_fences (store, tenant, run_id, fence) VALUES ('idempotency', 'acme', 'run-1', 3)
+"""
+
+
+async def _primary_key(admin: Admin, table: str) -> list[str]:
+    cur = await admin.execute(
+        "SELECT a.attname FROM pg_constraint c, unnest(c.conkey) WITH ORDINALITY AS k(n, i) "
+        "JOIN pg_attribute a ON a.attnum = k.n "
+        "WHERE c.contype = 'p' AND c.conrelid = %s::regclass AND a.attrelid = c.conrelid "
+        "ORDER BY k.i",
+        (table,),
+    )
+    return [row[0] for row in await cur.fetchall()]
+
+
+async def test_a_version_1_database_migrates_to_tenant_keyed_records_and_keeps_them(
+    pg_url: str, pg_admin: Admin
+) -> None:
+    # Version 1 as an older kit left it: records keyed by key alone.
+    await pg_admin.execute(
+        "CREATE TABLE adk_schema_version (id integer PRIMARY KEY, version integer NOT NULL, "
+        "applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+    )
+    await pg_admin.execute(MIGRATIONS[0].encode())
+    await pg_admin.execute("INSERT INTO adk_schema_version (id, version) VALUES (1, 1)")
+    await pg_admin.execute(_VERSION_1_RECORDS.encode())
+    assert await _primary_key(pg_admin, "adk_idempotency") == ["key"]
+    stores = open_postgres_stores(pg_url)
+    try:
+        with pytest.raises(ConfigurationError, match="older"):
+            await stores.verify()
+        await stores.create_schema()
+        await stores.verify()
+        await stores.create_schema()
+        assert await _primary_key(pg_admin, "adk_idempotency") == ["tenant", "key"]
+        idem = stores.idempotency
+        kept = await idem.lookup(["order-5", "k-flight"], tenant=T)
+        assert (kept["order-5"].status, kept["order-5"].outcome) == (
+            RecordStatus.completed,
+            b"booked",
+        )
+        assert (kept["k-flight"].status, kept["k-flight"].holder) == (
+            RecordStatus.in_flight,
+            "worker-a",
+        )
+        # A kept claim is still fenced as before, and completes under its own tenant only.
+        with pytest.raises(StaleFenceError):
+            await _claim(stores, "k-flight", "worker-a", fence=2)
+        with pytest.raises(StaleFenceError):
+            await idem.complete("k-flight", b"x", tenant="globex", holder="worker-a")
+        done = await idem.complete("k-flight", b"paid", tenant=T, holder="worker-a")
+        assert (done.status, done.outcome) == (RecordStatus.completed, b"paid")
+        # The same key is now a record of its own under another tenant.
+        assert await idem.lookup(["order-5"], tenant="globex") == {}
+        await _claim(stores, "order-5", "worker-g", tenant="globex", fence=1)
+        theirs = (await idem.lookup(["order-5"], tenant="globex"))["order-5"]
+        assert (theirs.status, theirs.holder) == (RecordStatus.in_flight, "worker-g")
+        assert [r.key for r in await idem.records(T, R)] == ["order-5", "k-flight"]
+    finally:
+        await stores.aclose()
+
+
+async def test_the_same_key_under_two_tenants_is_two_records(pg_stores: Stores) -> None:
+    idem = pg_stores.idempotency
+    await _claim(pg_stores, "order-5", "worker-a", tenant="a:b", run_id="c", fence=1)
+    await _claim(pg_stores, "order-5", "worker-b", tenant="a", run_id="b:c", fence=1)
+    await idem.complete("order-5", b"A's seat", tenant="a:b", holder="worker-a")
+    with pytest.raises(StaleFenceError):
+        await idem.complete("order-5", b"B's", tenant="a", holder="worker-a")
+    await idem.release("order-5", tenant="a:b", holder="worker-b", undispatched=True)
+    resolved = await idem.resolve("order-5", never_ran=True, tenant="a", by="ops-b")
+    assert (resolved.tenant, resolved.status) == ("a", RecordStatus.never_ran)
+    with pytest.raises(KeyError):
+        await idem.resolve("order-5", never_ran=True, tenant="other", by="ops")
+    a_record = (await idem.lookup(["order-5"], tenant="a:b"))["order-5"]
+    assert (a_record.status, a_record.outcome) == (RecordStatus.completed, b"A's seat")
+    assert [r.run_id for r in await idem.records("a", "b:c")] == ["b:c"]
 
 
 # --- connections -------------------------------------------------------------------------

@@ -139,7 +139,7 @@ async def test_a_connection_lost_mid_statement_is_outcome_unknown(pg_schema: str
             _stores(services.schema_url(pg_schema)) as direct,
         ):
             await direct.create_schema()
-            await via.idempotency.lookup(["warm-up"])
+            await via.idempotency.lookup(["warm-up"], tenant=T)
             proxy.drop_next_reply(then="close")
             with pytest.raises(StoreReplyLostError):
                 await _bounded(
@@ -154,7 +154,7 @@ async def test_a_connection_lost_mid_statement_is_outcome_unknown(pg_schema: str
                         flags=ToolFlags(),
                     )
                 )
-            record = (await direct.idempotency.lookup(["k1"]))["k1"]
+            record = (await direct.idempotency.lookup(["k1"], tenant=T))["k1"]
             assert record.status is RecordStatus.in_flight
 
 

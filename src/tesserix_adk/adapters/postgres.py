@@ -204,7 +204,34 @@ CREATE TABLE IF NOT EXISTS adk_approvals (
 CREATE INDEX IF NOT EXISTS adk_approvals_run ON adk_approvals (tenant, run_id);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1,)
+_V2 = """\
+-- Idempotency records are keyed by (tenant, key): two tenants using the same key (a
+-- business key such as order-5) hold two records. The rows are kept as they are.
+DO $$
+DECLARE
+    pkey name;
+    keyed boolean;
+BEGIN
+    SELECT c.conname, c.conkey = ARRAY[
+          (SELECT attnum FROM pg_attribute
+            WHERE attrelid = 'adk_idempotency'::regclass AND attname = 'tenant'),
+          (SELECT attnum FROM pg_attribute
+            WHERE attrelid = 'adk_idempotency'::regclass AND attname = 'key')
+      ]::int2[]
+    INTO pkey, keyed
+    FROM pg_constraint AS c
+    WHERE c.conrelid = 'adk_idempotency'::regclass AND c.contype = 'p';
+    IF keyed IS NOT TRUE THEN
+        IF pkey IS NOT NULL THEN
+            EXECUTE format('ALTER TABLE adk_idempotency DROP CONSTRAINT %I', pkey);
+        END IF;
+        ALTER TABLE adk_idempotency ADD PRIMARY KEY (tenant, key);
+    END IF;
+END
+$$;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 """``MIGRATIONS[i]`` takes the schema from version ``i`` to ``i + 1``; each is idempotent."""
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -813,7 +840,6 @@ def _claim_sql(*, fenced: bool) -> str:
             *(
                 _on_claim(column)
                 for column in (
-                    "tenant",
                     "run_id",
                     "iteration",
                     "tool",
@@ -840,7 +866,7 @@ claimed AS (
         %(claim_fence)s::bigint, NULL, now_.t, NULL,
         now_.t + make_interval(secs => %(ttl)s::float8), NULL
     FROM now_ WHERE EXISTS (SELECT 1 FROM gate)
-    ON CONFLICT (key) DO UPDATE SET
+    ON CONFLICT (tenant, key) DO UPDATE SET
         {updates}
     RETURNING {_record_columns("r")}
 )
@@ -855,7 +881,8 @@ done AS (
     UPDATE adk_idempotency AS r
     SET status = 'completed', outcome = %(outcome)s, completed_at = now_.t, expires_at = NULL
     FROM now_
-    WHERE r.key = %(key)s AND r.status = 'in_flight' AND r.holder = %(holder)s
+    WHERE r.tenant = %(tenant)s AND r.key = %(key)s AND r.status = 'in_flight'
+      AND r.holder = %(holder)s
       AND NOT {_LAPSED.format(a="r", now="now_.t")}
     RETURNING {_record_columns("r")}
 )
@@ -863,7 +890,7 @@ SELECT true AS changed, false AS lapsed, done.* FROM done
 UNION ALL
 SELECT false, {_LAPSED.format(a="r", now="now_.t")}, {_record_columns("r")}
 FROM adk_idempotency AS r, now_
-WHERE r.key = %(key)s AND NOT EXISTS (SELECT 1 FROM done)"""
+WHERE r.tenant = %(tenant)s AND r.key = %(key)s AND NOT EXISTS (SELECT 1 FROM done)"""
 
 _RESOLVE = f"""WITH now_ AS (SELECT clock_timestamp() AS t),
 settled AS (
@@ -874,7 +901,7 @@ settled AS (
         expires_at = NULL,
         resolved_by = %(by)s
     FROM now_
-    WHERE r.key = %(key)s AND r.status = 'in_flight'
+    WHERE r.tenant = %(tenant)s AND r.key = %(key)s AND r.status = 'in_flight'
       AND NOT {_LAPSED.format(a="r", now="now_.t")}
     RETURNING {_record_columns("r")}
 )
@@ -882,13 +909,13 @@ SELECT true AS changed, false AS lapsed, settled.* FROM settled
 UNION ALL
 SELECT false, {_LAPSED.format(a="r", now="now_.t")}, {_record_columns("r")}
 FROM adk_idempotency AS r, now_
-WHERE r.key = %(key)s AND NOT EXISTS (SELECT 1 FROM settled)"""
+WHERE r.tenant = %(tenant)s AND r.key = %(key)s AND NOT EXISTS (SELECT 1 FROM settled)"""
 
 _LIVE_RECORDS = f"""WITH now_ AS (SELECT clock_timestamp() AS t)
 SELECT {_record_columns("r")} FROM adk_idempotency AS r, now_
 WHERE {{where}} AND NOT {_LAPSED.format(a="r", now="now_.t")}"""
 
-_LOOKUP = _LIVE_RECORDS.format(where="r.key = ANY(%(keys)s::text[])")
+_LOOKUP = _LIVE_RECORDS.format(where="r.tenant = %(tenant)s AND r.key = ANY(%(keys)s::text[])")
 _RECORDS = (
     _LIVE_RECORDS.format(where="r.tenant = %(tenant)s AND r.run_id = %(run_id)s")
     + '\nORDER BY COALESCE(r.iteration, -1), r.since, r.key COLLATE "C"'
@@ -929,8 +956,9 @@ def _positive_ttl(ttl: float) -> float:
 
 
 class PostgresIdempotencyStore(_FencedPostgresStore):
-    """An ``IdempotencyStore`` in ``adk_idempotency``; ttl claims lapse by
-    ``clock_timestamp()``. Each claim, completion and resolution is one statement."""
+    """An ``IdempotencyStore`` in ``adk_idempotency``, keyed by (tenant, key); ttl claims
+    lapse by ``clock_timestamp()``. Each claim, completion and resolution is one
+    statement."""
 
     _store = _IDEMPOTENCY
 
@@ -973,9 +1001,11 @@ class PostgresIdempotencyStore(_FencedPostgresStore):
             raise _stale("claim", run_id, fence, -1)
         return _record(row)
 
-    async def complete(self, key: str, outcome: bytes, *, holder: str) -> IdempotencyRecord:
+    async def complete(
+        self, key: str, outcome: bytes, *, tenant: str, holder: str
+    ) -> IdempotencyRecord:
         """Record the outcome of a claim held by ``holder`` (not fenced)."""
-        params = {"key": key, "holder": holder, "outcome": bytes(outcome)}
+        params = {"tenant": tenant, "key": key, "holder": holder, "outcome": bytes(outcome)}
         for _ in range(_ATTEMPTS):
             row = await self.database.row(f"completing {key!r}", _COMPLETE, params)
             if row is None or row["lapsed"]:
@@ -994,23 +1024,28 @@ class PostgresIdempotencyStore(_FencedPostgresStore):
             )
         raise StoreUnavailableError(f"{key!r} kept changing while {holder!r} completed it")
 
-    async def release(self, key: str, *, holder: str, undispatched: bool = False) -> None:
+    async def release(
+        self, key: str, *, tenant: str, holder: str, undispatched: bool = False
+    ) -> None:
         """Drop a ttl claim held by ``holder``; anything else is left alone."""
         await self.database.rows(
             f"releasing {key!r}",
-            "DELETE FROM adk_idempotency WHERE key = %(key)s AND status = 'in_flight' "
-            "AND holder = %(holder)s "
+            "DELETE FROM adk_idempotency WHERE tenant = %(tenant)s AND key = %(key)s "
+            "AND status = 'in_flight' AND holder = %(holder)s "
             "AND (expires_at IS NOT NULL OR (%(undispatched)s AND tool IS NOT NULL))",
-            {"key": key, "holder": holder, "undispatched": undispatched},
+            {"tenant": tenant, "key": key, "holder": holder, "undispatched": undispatched},
         )
 
-    async def lookup(self, keys: Sequence[str]) -> dict[str, IdempotencyRecord]:
-        """The live records of ``keys`` in one statement; absent keys are left out."""
+    async def lookup(self, keys: Sequence[str], *, tenant: str) -> dict[str, IdempotencyRecord]:
+        """The tenant's live records of ``keys`` in one statement; absent keys are left
+        out."""
         wanted = list(dict.fromkeys(keys))
         if not wanted:
             return {}
         rows = await self.database.rows(
-            f"looking up {len(wanted)} idempotency key(s)", _LOOKUP, {"keys": wanted}
+            f"looking up {len(wanted)} idempotency key(s)",
+            _LOOKUP,
+            {"tenant": tenant, "keys": wanted},
         )
         return {row["key"]: _record(row) for row in rows}
 
@@ -1022,12 +1057,19 @@ class PostgresIdempotencyStore(_FencedPostgresStore):
         return [_record(row) for row in rows]
 
     async def resolve(
-        self, key: str, outcome: bytes | None = None, *, never_ran: bool = False, by: str
+        self,
+        key: str,
+        outcome: bytes | None = None,
+        *,
+        tenant: str,
+        never_ran: bool = False,
+        by: str,
     ) -> IdempotencyRecord:
         """An operator settles an in-flight call: its outcome, or that it never ran."""
         if never_ran == (outcome is not None):
             raise ValueError("resolve needs exactly one of an outcome or never_ran=True")
         params = {
+            "tenant": tenant,
             "key": key,
             "never_ran": never_ran,
             "outcome": None if outcome is None else bytes(outcome),
