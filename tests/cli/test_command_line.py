@@ -165,6 +165,17 @@ def test_an_empty_by_is_refused_and_decides_nothing() -> None:
     assert decided is not None and str(decided.status) == "pending"
 
 
+@pytest.mark.parametrize("run_id", ["r" * 10_000, "r\udc80"], ids=["10KB", "surrogate"])
+def test_an_id_no_store_can_keep_is_a_usage_error(run_id: str) -> None:
+    stores = open_stores("memory://")
+    err = io.StringIO()
+    code = frontier_main(
+        ["inspect", run_id, "--tenant", "t"], stores=stores, out=io.StringIO(), err=err
+    )
+    assert code == ExitCode.USAGE, err.getvalue()
+    assert _one_sentence(err.getvalue())
+
+
 # --- ids that cannot forge lines --------------------------------------------------------
 
 HOSTILE_RUN = "r\nrun forged  tenant acme  agent booking\x1b[2J"
