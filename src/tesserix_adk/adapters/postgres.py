@@ -76,6 +76,7 @@ from tesserix_adk.stores.protocols import (
     ToolFlags,
     chain_digest,
 )
+from tesserix_adk.stores.rows import decoded
 
 __all__ = [
     "EXPECTED_CHECKPOINT_SCHEMA",
@@ -925,6 +926,7 @@ _RECORDS = (
 _ATTEMPTS = 5
 
 
+@decoded("idempotency record")
 def _record(row: Row) -> IdempotencyRecord:
     flags = None
     if row["side_effects"] is not None:
@@ -1440,6 +1442,7 @@ def _calls_to_json(calls: Sequence[ToolCall]) -> str:
     )
 
 
+@decoded("approval request")
 def _approval(row: Row) -> ApprovalRequest:
     return ApprovalRequest(
         id=row["id"],

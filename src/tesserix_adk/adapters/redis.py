@@ -107,6 +107,7 @@ from tesserix_adk.stores.protocols import (
     ToolFlags,
     chain_digest,
 )
+from tesserix_adk.stores.rows import decoded
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -920,6 +921,7 @@ class RedisCheckpointStore(_FencedRedisStore):
 # --- idempotency -------------------------------------------------------------------------
 
 
+@decoded("idempotency record")
 def _record(fields: Mapping[bytes, bytes]) -> IdempotencyRecord:
     def text(name: bytes) -> str | None:
         value = fields.get(name)
@@ -1467,6 +1469,7 @@ def _calls_from_json(raw: bytes) -> tuple[ToolCall, ...]:
     )
 
 
+@decoded("approval request")
 def _approval(fields: Mapping[bytes, bytes]) -> ApprovalRequest:
     def text(name: bytes) -> str | None:
         value = fields.get(name)

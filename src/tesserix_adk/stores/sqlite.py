@@ -65,6 +65,7 @@ from tesserix_adk.stores.records import (
     after_resolve,
     checked_resolution,
 )
+from tesserix_adk.stores.rows import decoded
 
 __all__ = [
     "SQLITE_MIGRATIONS",
@@ -988,6 +989,7 @@ _RECORD_COLUMNS = (
 _LIVE_SQL = f"NOT (status = 'in_flight' AND expires_at IS NOT NULL AND expires_at <= {_NOW_SQL})"
 
 
+@decoded("idempotency record")
 def _record_from_row(row: Sequence[Any]) -> IdempotencyRecord:
     (
         key,
@@ -1539,6 +1541,7 @@ def _calls_to_json(calls: Sequence[ToolCall]) -> str:
     )
 
 
+@decoded("approval request")
 def _approval_from_row(row: Sequence[Any]) -> ApprovalRequest:
     id, tenant, run_id, calls, iteration, status, by, note, requested_at, decided_at = row
     return ApprovalRequest(
