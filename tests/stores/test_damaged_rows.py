@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -60,8 +61,11 @@ async def _redis(tmp_path: Path) -> AsyncIterator[tuple[Stores, Damage]]:
         await _write_rows(stores)
         client = await services.redis_client()
 
+        # Only this test's keys: other tests share the server.
+        prefix = parse_qs(urlsplit(str(stores.url)).query)["prefix"][0]
+
         async def damage() -> None:
-            async for key in client.scan_iter(match="*"):
+            async for key in client.scan_iter(match=f"{prefix}*"):
                 if await client.type(key) != b"hash":
                     continue
                 fields = await client.hgetall(key)
