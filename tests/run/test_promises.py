@@ -8,6 +8,7 @@ Each test names the defect it pins (issue 11); each failed on the runner before 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import threading
@@ -24,6 +25,7 @@ from tesserix_adk import (
     Agent,
     AgentRunner,
     Boundary,
+    CheckpointCorruptError,
     Checkpointer,
     CheckpointPolicy,
     CheckpointStatus,
@@ -795,3 +797,36 @@ async def test_a_resume_claim_whose_reply_was_lost_is_read_back(airline: Airline
     run = await runner(LosesTheRunClaimReply()).resume(booking_agent(airline), "r", tenant="acme")
     assert run.status is RunStatus.completed
     assert airline.bookings == ["LH123"]
+
+
+async def test_an_approval_request_rewritten_in_its_store_is_never_acted_on(
+    airline: Airline,
+) -> None:
+    store, idem, approvals = (
+        MemoryCheckpointStore(),
+        MemoryIdempotencyStore(),
+        MemoryApprovalStore(),
+    )
+
+    def runner() -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider(BOOK_TURNS),
+            idempotency=idem,
+            checkpoints=Checkpointer(store),
+            approvals=approvals,
+        )
+
+    agent = booking_agent(airline, approval=True)
+    waiting = await runner().run(agent, "book", tenant="acme", run_id="r")
+    assert waiting.pending_approval is not None
+    request_id = waiting.pending_approval.id
+    await approvals.decide("acme", request_id, approved=True, by="ops")
+    # Damage or a hand edit: the stored request now shows another flight.
+    stored = approvals._requests[request_id]
+    [call] = stored.calls
+    approvals._requests[request_id] = dataclasses.replace(
+        stored, calls=(dataclasses.replace(call, arguments={"flight": "XX999"}),)
+    )
+    with pytest.raises(CheckpointCorruptError, match="approval request"):
+        await runner().resume(agent, "r", tenant="acme")
+    assert airline.bookings == []

@@ -18,7 +18,7 @@ from tesserix_adk.checkpoint.payload import (
     PendingApproval,
 )
 from tesserix_adk.checkpoint.redaction import Redactor
-from tesserix_adk.errors import ConfigurationError, NoCheckpointError
+from tesserix_adk.errors import CheckpointCorruptError, ConfigurationError, NoCheckpointError
 from tesserix_adk.messages import ToolCall
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.frontier import write_frontier
@@ -61,6 +61,7 @@ async def ask_approval(
         fence=attempt.fence,
         id=approval_request_id(run.tenant, run.run_id, run.iteration, asking, redactor),
     )
+    _same_calls(request, needing, redactor)
     if request.status is not ApprovalStatus.pending:
         # Asked before by an attempt that died before its frontier named the request, and
         # decided since: the decision stands, for the calls of this turn it was made on
@@ -99,10 +100,34 @@ async def take_decision(
     # after a death may carry the ids an earlier answer of the model gave them.
     by_id = {oc.call.id: oc.call for oc in calls}
     named = [by_id[i] for i in pending.calls if i in by_id]
+    _same_calls(request, named, parts.redactor, masked=True)
     _grant(
         parts, run, request, calls, now_named=named if len(named) == len(request.calls) else None
     )
     return None
+
+
+def _same_calls(
+    request: ApprovalRequest,
+    calls: Sequence[ToolCall],
+    redactor: Redactor,
+    *,
+    masked: bool = False,
+) -> None:
+    """The decision is only ever taken for what the operator was shown: the request's calls
+    must be the turn's (tool and redacted arguments, in order). A request that says
+    otherwise was damaged or rewritten in its store; it is refused, never acted on.
+    ``masked``: the turn's arguments come from a frontier, redacted already."""
+    shown = [(c.name, dict(c.arguments)) for c in request.calls]
+    asked = [
+        (c.name, dict(c.arguments) if masked else redactor.value(dict(c.arguments))) for c in calls
+    ]
+    if shown != asked:
+        raise CheckpointCorruptError(
+            f"approval request {request.id!r} does not hold the calls it was asked for "
+            f"(it shows {[n for n, _ in shown]}, the run asked about {[n for n, _ in asked]}); "
+            "it is not acted on"
+        )
 
 
 def approval_request_id(
