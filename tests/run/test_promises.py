@@ -50,6 +50,7 @@ from tesserix_adk import (
     StoreUnavailableError,
     tool,
 )
+from tesserix_adk.run import run_claim_key
 from tesserix_adk.stores import open_stores
 from tesserix_adk.testing.faults import (
     FaultyCheckpointStore,
@@ -830,3 +831,59 @@ async def test_an_approval_request_rewritten_in_its_store_is_never_acted_on(
     with pytest.raises(CheckpointCorruptError, match="approval request"):
         await runner().resume(agent, "r", tenant="acme")
     assert airline.bookings == []
+
+
+async def test_a_renewal_that_cannot_reach_the_store_keeps_the_resume_claim(
+    airline: Airline,
+) -> None:
+    store = FaultyCheckpointStore(MemoryCheckpointStore(), crash_after=_at("after_model_call", 1))
+    idem = MemoryIdempotencyStore()
+    held: list[bool] = []
+
+    class RenewalsFail:
+        """Every resume claim after the first never reaches the store."""
+
+        claims = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(idem, name)
+
+        async def claim(self, key: str, **kwargs: Any) -> Any:
+            if kwargs.get("tool") is None:
+                self.claims += 1
+                if self.claims > 1:
+                    raise StoreUnavailableError("the store is down (simulated)")
+            return await idem.claim(key, **kwargs)
+
+    @tool(side_effects=False)
+    def search_flights(origin: str, dest: str) -> list[str]:
+        """Find flights."""
+        return ["LH123"]
+
+    @tool
+    async def book_seat(flight: str) -> str:
+        """Book one seat (while the claim's renewals fail, within the claim's ttl)."""
+        await asyncio.sleep(1.5)
+        key = run_claim_key("acme", "r")
+        held.append(key in await idem.lookup([key], tenant="acme"))
+        airline.bookings.append(flight)
+        return "booked"
+
+    agent = Agent("booking", "Book.", [search_flights, book_seat])
+
+    def runner(idempotency: Any) -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider(BOOK_TURNS),
+            idempotency=idempotency,
+            checkpoints=Checkpointer(store),
+            resume_claim_ttl=30.0,
+        )
+
+    with pytest.raises(SimulatedCrash):
+        await runner(idem).run(agent, "book", tenant="acme", run_id="r")
+    store.crash_after = None
+    fast = runner(RenewalsFail())
+    fast.resume_claim_ttl = 3.0  # renewals every 1 s, all failing
+    run = await fast.resume(agent, "r", tenant="acme")
+    assert run.status is RunStatus.completed
+    assert held == [True]

@@ -77,10 +77,11 @@ class RunClaim:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    async def take(self) -> None:
+    async def take(self, *, renewing: bool = False) -> None:
         """Claim the run (``ResumeConflictError`` if another attempt holds it). A reply
-        lost on the way back is settled by reading the claim back; failing that, the claim
-        is dropped, so a retry does not wait out the ttl behind a claim of its own."""
+        lost on the way back is settled by reading the claim back; failing that, a first
+        claim is dropped, so a retry does not wait out the ttl behind a claim of its own (a
+        renewal keeps what it holds)."""
         try:
             rec = await self.store.claim(
                 self.key,
@@ -94,34 +95,35 @@ class RunClaim:
                 ttl=self.ttl,
             )
         except StoreReplyLostError as exc:
-            rec = await self._read_back(exc)
+            rec = await self._read_back(exc, renewing=renewing)
         except StoreUnavailableError:
             # Said not to have taken effect; should a driver have misjudged that, dropping
             # the claim (a no-op if absent) spares the retry a wait of the whole ttl.
-            with contextlib.suppress(Exception):
-                await self.store.release(self.key, tenant=self.tenant, holder=self.holder)
+            if not renewing:
+                with contextlib.suppress(Exception):
+                    await self.store.release(self.key, tenant=self.tenant, holder=self.holder)
             raise
         except AdkError:
             raise
         except Exception as exc:
-            rec = await self._read_back(exc)
+            rec = await self._read_back(exc, renewing=renewing)
         if rec.status is not RecordStatus.in_flight or rec.holder != self.holder:
             raise ResumeConflictError(
                 f"run {self.run_id!r} is being resumed by {rec.holder}", holder=rec.holder
             )
 
-    async def _read_back(self, lost: Exception) -> IdempotencyRecord:
+    async def _read_back(self, lost: Exception, *, renewing: bool) -> IdempotencyRecord:
         try:
             found = (await self.store.lookup([self.key], tenant=self.tenant)).get(self.key)
         except Exception:
             found = None
-        if found is None or found.holder != self.holder:
+        if not renewing and (found is None or found.holder != self.holder):
             with contextlib.suppress(Exception):
                 await self.store.release(self.key, tenant=self.tenant, holder=self.holder)
-            if found is None:
-                raise StoreUnavailableError(
-                    f"the resume claim of run {self.run_id!r} lost its reply: {lost}"
-                ) from lost
+        if found is None:
+            raise StoreUnavailableError(
+                f"the resume claim of run {self.run_id!r} lost its reply: {lost}"
+            ) from lost
         return found
 
     def start_renewing(self) -> None:
@@ -142,7 +144,7 @@ class RunClaim:
             if self._stop.is_set():
                 return
             try:
-                await self.take()
+                await self.take(renewing=True)
             except ResumeConflictError as exc:
                 self.taken_by = exc.holder or "another worker"
                 return
