@@ -76,7 +76,7 @@ from tesserix_adk.stores.protocols import (
     ToolFlags,
     chain_digest,
 )
-from tesserix_adk.stores.rows import decoded
+from tesserix_adk.stores.rows import decoded, stored_calls
 
 __all__ = [
     "EXPECTED_CHECKPOINT_SCHEMA",
@@ -1448,10 +1448,7 @@ def _approval(row: Row) -> ApprovalRequest:
         id=row["id"],
         tenant=row["tenant"],
         run_id=row["run_id"],
-        calls=tuple(
-            ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"])
-            for c in json.loads(row["calls"])
-        ),
+        calls=stored_calls(json.loads(row["calls"])),
         iteration=int(row["iteration"]),
         status=ApprovalStatus(row["status"]),
         by=row["decided_by"],

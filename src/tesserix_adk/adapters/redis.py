@@ -84,6 +84,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     ) from exc
 
 from tesserix_adk.errors import (
+    CheckpointCorruptError,
     CheckpointTooLargeError,
     ConfigurationError,
     HistoryUnavailableError,
@@ -107,7 +108,7 @@ from tesserix_adk.stores.protocols import (
     ToolFlags,
     chain_digest,
 )
-from tesserix_adk.stores.rows import decoded
+from tesserix_adk.stores.rows import decoded, stored_calls
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -244,6 +245,11 @@ def _driver_errors(action: str) -> Iterator[None]:
         reply = str(exc)
         if reply.startswith(_PERMISSION_REPLIES):
             raise ConfigurationError(f"Redis refused {action}: {reply}") from exc
+        if "WRONGTYPE" in reply:
+            # A key of the kit's holds another kind of value: damage, not "retry later".
+            raise CheckpointCorruptError(
+                f"Redis holds a damaged key while {action}: {reply}"
+            ) from exc
         raise StoreUnavailableError(
             f"Redis refused {action}: {reply}",
             retryable=reply.startswith(_TRANSIENT_REPLIES),
@@ -462,6 +468,19 @@ local function refusal(seen_key, lease_key, fence)
   if leased and tonumber(leased) > f then return leased end
   return false
 end
+-- A record that is there but cannot be what a kit wrote (not a hash, no known status, an
+-- expiry that is not a number): never taken for absent, never overwritten.
+local function damaged(key)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then return false end
+  if kind ~= 'hash' then return true end
+  local fields = redis.call('HMGET', key, 'status', 'expires_at')
+  local status = fields[1]
+  if status ~= 'in_flight' and status ~= 'completed' and status ~= 'never_ran' then
+    return true
+  end
+  return fields[2] and not tonumber(fields[2])
+end
 local function accept(seen_key, fence)
   if fence == '' then return end
   local seen = redis.call('GET', seen_key)
@@ -585,6 +604,7 @@ if ARGV[5] == '1' then
 else
   fence = ''
 end
+if damaged(KEYS[1]) then return {'damaged'} end
 local now = now_us()
 local expires = ''
 if ttl ~= '' then expires = int(now + tonumber(ttl)) end
@@ -624,6 +644,7 @@ return {'ok', redis.call('HGETALL', KEYS[1])}
 _COMPLETE = (
     _LUA_COMMON
     + r"""
+if damaged(KEYS[1]) then return {'damaged'} end
 local now = now_us()
 local current = redis.call('HMGET', KEYS[1], 'status', 'holder', 'expires_at', 'by')
 local status = current[1]
@@ -659,6 +680,7 @@ return 0
 _RESOLVE = (
     _LUA_COMMON
     + r"""
+if damaged(KEYS[1]) then return {'damaged'} end
 local now = now_us()
 local current = redis.call('HMGET', KEYS[1], 'status', 'expires_at')
 local status = current[1]
@@ -960,6 +982,7 @@ def _record(fields: Mapping[bytes, bytes]) -> IdempotencyRecord:
     )
 
 
+@decoded("idempotency record")
 def _lapsed(fields: Mapping[bytes, bytes], now_micros: int) -> bool:
     expires = fields.get(b"expires_at")
     return (
@@ -1097,6 +1120,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
             )
         if result[0] == b"stale":
             raise _stale("claim", run_id, fence, result[1])
+        _refuse_damaged(result, key)
         return _record(_pairs(result[1]))
 
     async def complete(
@@ -1111,6 +1135,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
             result = await self._complete(
                 keys=[self._record_key(tag, key)], args=[bytes(outcome), holder]
             )
+        _refuse_damaged(result, key)
         if result[0] == b"absent":
             raise StaleFenceError(f"{holder!r} holds no claim on {key!r}")
         if result[0] == b"refused":
@@ -1198,11 +1223,21 @@ class RedisIdempotencyStore(_FencedRedisStore):
                 keys=[self._record_key(tag, key)],
                 args=["1" if never_ran else "0", b"" if outcome is None else bytes(outcome), by],
             )
+        _refuse_damaged(result, key)
         if result[0] == b"absent":
             raise KeyError(key)
         if result[0] == b"settled":
             raise ValueError(f"{key!r} is {_text(result[1])}, not in flight")
         return _record(_pairs(result[1]))
+
+
+def _refuse_damaged(result: Sequence[Any], key: str) -> None:
+    """A script found the record there but not as a kit writes it: it wrote nothing."""
+    if result and result[0] == b"damaged":
+        raise CheckpointCorruptError(
+            f"a stored idempotency record cannot be read ({key!r} is damaged); the store "
+            "holds a damaged row and nothing was written over it"
+        )
 
 
 # --- leases ------------------------------------------------------------------------------
@@ -1464,9 +1499,7 @@ def _calls_to_json(calls: Sequence[ToolCall]) -> str:
 
 
 def _calls_from_json(raw: bytes) -> tuple[ToolCall, ...]:
-    return tuple(
-        ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in json.loads(raw)
-    )
+    return stored_calls(json.loads(raw))
 
 
 @decoded("approval request")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from tesserix_adk.errors import CheckpointCorruptError
+from tesserix_adk.messages import ToolCall
 
-__all__ = ["decoded"]
+__all__ = ["decoded", "stored_calls", "typed"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -34,3 +35,32 @@ def decoded(what: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
         return read
 
     return wrap
+
+
+def stored_calls(raw: Any) -> tuple[ToolCall, ...]:
+    """The calls of an approval request as a store kept them (parsed JSON), checked: a
+    list of objects with a str ``id`` and ``name`` and an object of ``arguments``
+    (``ValueError`` otherwise, which ``decoded`` makes typed)."""
+    if not isinstance(raw, list):
+        raise ValueError(f"calls are {type(raw).__name__}, not a list")
+    calls = []
+    for c in raw:
+        if not (
+            isinstance(c, dict)
+            and isinstance(c.get("id"), str)
+            and isinstance(c.get("name"), str)
+            and isinstance(c.get("arguments"), dict)
+        ):
+            raise ValueError(f"a call is not an object with id, name and arguments: {c!r}")
+        calls.append(ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"]))
+    return tuple(calls)
+
+
+def typed(value: Any, *kinds: type, what: str) -> Any:
+    """``value`` if it is one of ``kinds`` (``None`` passes when ``type(None)`` is given;
+    a ``bool`` never passes for an ``int``), else ``ValueError`` naming ``what``."""
+    if isinstance(value, bool) and bool not in kinds:
+        raise ValueError(f"{what} is {value!r}")
+    if not isinstance(value, kinds):
+        raise ValueError(f"{what} is {type(value).__name__} {value!r}")
+    return value

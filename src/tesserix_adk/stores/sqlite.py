@@ -65,7 +65,7 @@ from tesserix_adk.stores.records import (
     after_resolve,
     checked_resolution,
 )
-from tesserix_adk.stores.rows import decoded
+from tesserix_adk.stores.rows import decoded, stored_calls, typed
 
 __all__ = [
     "SQLITE_MIGRATIONS",
@@ -1014,22 +1014,24 @@ def _record_from_row(row: Sequence[Any]) -> IdempotencyRecord:
         if side_effects is None
         else ToolFlags(side_effects=bool(side_effects), idempotent=bool(idempotent))
     )
+    # SQLite keeps any type in any column: a value of the wrong type is damage.
+    none, number = type(None), (int, float)
     return IdempotencyRecord(
-        key=key,
+        key=typed(key, str, what="key"),
         status=RecordStatus(status),
-        holder=holder,
-        tenant=tenant,
-        run_id=run_id,
-        iteration=iteration,
-        tool=tool,
-        call_id=call_id,
+        holder=typed(holder, str, what="holder"),
+        tenant=typed(tenant, str, what="tenant"),
+        run_id=typed(run_id, str, what="run_id"),
+        iteration=typed(iteration, int, none, what="iteration"),
+        tool=typed(tool, str, none, what="tool"),
+        call_id=typed(call_id, str, none, what="call_id"),
         flags=flags,
-        fence=fence,
+        fence=typed(fence, int, none, what="fence"),
         outcome=None if outcome is None else bytes(outcome),
-        since=float(since),
-        completed_at=completed_at,
-        expires_at=expires_at,
-        by=by,
+        since=float(typed(since, *number, what="since")),
+        completed_at=typed(completed_at, *number, none, what="completed_at"),
+        expires_at=typed(expires_at, *number, none, what="expires_at"),
+        by=typed(by, str, none, what="by"),
     )
 
 
@@ -1548,10 +1550,7 @@ def _approval_from_row(row: Sequence[Any]) -> ApprovalRequest:
         id=id,
         tenant=tenant,
         run_id=run_id,
-        calls=tuple(
-            ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"])
-            for c in json.loads(calls)
-        ),
+        calls=stored_calls(json.loads(calls)),
         iteration=int(iteration),
         status=ApprovalStatus(status),
         by=by,
