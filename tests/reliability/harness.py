@@ -44,6 +44,9 @@ def stopped(pid: int) -> bool:
         return False
 
 
+_STATUS_LOST = 255
+
+
 class Proc:
     """One worker process."""
 
@@ -74,6 +77,8 @@ class Proc:
         """Its exit code; past the deadline, a hang on the record and ``-SIGKILL``."""
         left = max(0.0, self.started + deadline - time.monotonic())
         code = self.wait(left)
+        if code == _STATUS_LOST:
+            return self._recorded_code(code)
         if code is not None:
             return code
         for sig in (signal.SIGCONT, signal.SIGUSR1, signal.SIGUSR2):
@@ -85,6 +90,14 @@ class Proc:
         self.kill()
         self.site.hang(self.run, self.label, self.output())
         return -signal.SIGKILL
+
+    def _recorded_code(self, default: int) -> int:
+        # multiprocessing reports 255 when it could not read a child's exit status from the
+        # fork server (seen under load); the worker's own verdict is on the record.
+        results = [
+            e for e in read_history(self.site.history) if e.ev == "result" and e.proc == self.label
+        ]
+        return int(results[-1]["code"]) if results else default
 
     def output(self) -> str:
         try:
