@@ -30,7 +30,7 @@ from tesserix_adk.cli.failures import ExitCode, UsageError, exit_code_for, expla
 from tesserix_adk.cli.frontier import run_frontier_command
 from tesserix_adk.cli.loading import built_provider, import_ref, load_agent, load_provider
 from tesserix_adk.cli.text import escaped
-from tesserix_adk.run.runner import MAX_ID_BYTES
+from tesserix_adk.run.runner import id_problem
 from tesserix_adk.runner import AgentRunner, RunStatus
 from tesserix_adk.stores.bundle import Stores
 
@@ -87,15 +87,12 @@ def new_parser(prog: str = "tesserix", **kwargs: Any) -> argparse.ArgumentParser
 
 def _named(value: str) -> str:
     """An id or a name on the command line: never empty, and one a store can keep (UTF-8,
-    at most ``MAX_ID_BYTES``), as the runner demands of every id."""
+    at most the runner's ``MAX_ID_BYTES``), as the runner demands of every id."""
     if not value.strip():
         raise argparse.ArgumentTypeError("must not be empty")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError("is not valid UTF-8") from None
-    if size > MAX_ID_BYTES:
-        raise argparse.ArgumentTypeError(f"is {size} bytes long; at most {MAX_ID_BYTES}")
+    problem = id_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 

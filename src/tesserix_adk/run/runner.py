@@ -56,7 +56,7 @@ from tesserix_adk.stores.protocols import (
 if TYPE_CHECKING:
     from tesserix_adk.stores.bundle import Stores
 
-__all__ = ["MAX_ID_BYTES", "AgentRunner", "FrontierObserver", "check_ids"]
+__all__ = ["MAX_ID_BYTES", "AgentRunner", "FrontierObserver", "check_ids", "id_problem"]
 
 FrontierObserver = Callable[[Checkpoint, ResumePlan | None, int | None, str], None]
 
@@ -344,17 +344,21 @@ def check_ids(*, tenant: str, run_id: str) -> None:
     for what, value in (("tenant", tenant), ("run id", run_id)):
         if not isinstance(value, str) or not value:
             raise ConfigurationError(f"the {what} is empty; give every run a non-empty {what}")
-        try:
-            size = len(value.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            raise ConfigurationError(
-                f"the {what} holds a lone surrogate at position {exc.start} and cannot be "
-                "stored as UTF-8"
-            ) from None
-        if size > MAX_ID_BYTES:
-            raise ConfigurationError(
-                f"the {what} is {size} bytes long; ids longer than {MAX_ID_BYTES} bytes are refused"
-            )
+        problem = id_problem(value)
+        if problem is not None:
+            raise ConfigurationError(f"the {what} {problem}")
+
+
+def id_problem(value: str) -> str | None:
+    """Why no store can keep ``value`` as an id (not UTF-8, over ``MAX_ID_BYTES``), as the
+    end of a sentence; ``None`` when it can."""
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return f"holds a lone surrogate at position {exc.start} and cannot be stored as UTF-8"
+    if size > MAX_ID_BYTES:
+        return f"is {size} bytes long; ids longer than {MAX_ID_BYTES} bytes are refused"
+    return None
 
 
 def _as_messages(input: str | Message | Sequence[Message]) -> list[Message]:
