@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 
 from booking import BOOK_TURNS, Airline, booking_agent
+from run.helpers import Recording as _Recording
+from run.helpers import answers as _answers
+from run.helpers import at as _at
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -60,28 +63,6 @@ ONLY_TOOL_RESULTS = CheckpointPolicy(boundaries=frozenset({Boundary.after_tool_r
 
 # A deadline for a hang, never a measure of speed: a run that should take milliseconds.
 HANG = 5.0
-
-
-def _at(boundary: str, iteration: int) -> Any:
-    return lambda body: body.get("boundary") == boundary and body.get("iteration") == iteration
-
-
-class _Recording:
-    """A provider that keeps every request it was sent."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.requests: list[ModelRequest] = []
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.requests.append(request)
-        response: ModelResponse = await self.inner.complete(request)
-        return response
-
-
-def _answers(request: ModelRequest, name: str) -> list[Any]:
-    ids = {c.id for m in request.messages for c in m.tool_calls if c.name == name}
-    return [m for m in request.messages if m.tool_call_id in ids]
 
 
 # --- a sync tool that raises StopIteration ---------------------------------------------

@@ -18,6 +18,9 @@ from typing import Any
 import pytest
 
 from booking import BOOK_TURNS, Airline, booking_agent
+from run.helpers import Recording as _Recording
+from run.helpers import answers as _answers
+from run.helpers import at as _at
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -55,10 +58,6 @@ ONLY_TOOL_RESULTS = CheckpointPolicy(boundaries=frozenset({Boundary.after_tool_r
 HANG = 10.0
 
 
-def _at(boundary: str, iteration: int) -> Any:
-    return lambda body: body.get("boundary") == boundary and body.get("iteration") == iteration
-
-
 @contextlib.asynccontextmanager
 async def _backend(name: str, tmp_path: Path) -> AsyncIterator[Stores]:
     if name == "memory":
@@ -83,22 +82,6 @@ async def _backend(name: str, tmp_path: Path) -> AsyncIterator[Stores]:
 
 
 BACKENDS = ["memory", "sqlite", "redis", "postgres"]
-
-
-class _Recording:
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.requests: list[ModelRequest] = []
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.requests.append(request)
-        response: ModelResponse = await self.inner.complete(request)
-        return response
-
-
-def _answers(request: ModelRequest, name: str) -> list[Any]:
-    ids = {c.id for m in request.messages for c in m.tool_calls if c.name == name}
-    return [m for m in request.messages if m.tool_call_id in ids]
 
 
 class _FreshCallIds:

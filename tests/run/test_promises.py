@@ -21,6 +21,9 @@ import pytest
 
 from adapters import services
 from booking import BOOK_TURNS, Airline, booking_agent
+from run.helpers import Recording as _Recording
+from run.helpers import answers as _answer_to
+from run.helpers import at as _at
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -86,10 +89,6 @@ async def idempotency(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
     await stores.create_schema()
     async with stores:
         yield stores.idempotency
-
-
-def _at(boundary: str, iteration: int) -> Any:
-    return lambda body: body.get("boundary") == boundary and body.get("iteration") == iteration
 
 
 # --- 1. ownership belongs to one attempt -------------------------------------------------
@@ -278,22 +277,6 @@ def _vault(sent: list[str], *, approval: bool) -> Agent:
 
 
 VAULT_TURNS: list[Any] = [[("store_key", {"service": "openai", "api_key": SECRET})], "done"]
-
-
-class _Recording:
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.requests: list[ModelRequest] = []
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.requests.append(request)
-        response: ModelResponse = await self.inner.complete(request)
-        return response
-
-
-def _answer_to(request: ModelRequest, name: str) -> Any:
-    ids = {c.id for m in request.messages for c in m.tool_calls if c.name == name}
-    return [m for m in request.messages if m.tool_call_id in ids]
 
 
 async def test_an_approved_call_whose_arguments_were_masked_is_never_sent() -> None:
