@@ -195,7 +195,22 @@ def _as_reader() -> list[str]:
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         pytest.skip("running as root without setpriv: cannot drop to a user files bind")
-    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    # The dropped user must be able to import the kit at all: a checkout under a 0700
+    # directory (as `mktemp -d` makes) is closed to it, whatever the store's permissions.
+    probe = subprocess.run(
+        [*prefix, sys.executable, "-c", "import tesserix_adk"],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if probe.returncode != 0:
+        pytest.skip(
+            "the unprivileged user cannot import the kit from this checkout (its directory is "
+            f"closed to other users): {probe.stderr.strip()[-200:]}"
+        )
+    return prefix
 
 
 @pytest.fixture
