@@ -26,7 +26,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 try:
     import anthropic
@@ -37,25 +37,18 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
         'pip install "tesserix-adk[anthropic]"'
     ) from exc
 
-from tesserix_adk.errors import ConfigurationError, ProviderError
+from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall, Usage
-from tesserix_adk.providers._common import (
-    MALFORMED_ARGUMENTS,
-    scrub,
-    strip_vendor,
-    translate_sdk_error,
-)
-from tesserix_adk.providers.base import ModelRequest, ModelResponse
-from tesserix_adk.providers.pricing import Price, Prices, cost_micros, price_for
+from tesserix_adk.providers._common import MALFORMED_ARGUMENTS
+from tesserix_adk.providers._sdk import SDKProvider
+from tesserix_adk.providers.base import ModelRequest
+from tesserix_adk.providers.pricing import Price, Prices
 from tesserix_adk.tools import ToolSpec
 
 __all__ = ["AnthropicProvider", "Price"]
 
-# What a malformed message raises while we read it; read as "ask again".
-_MALFORMED = (AttributeError, IndexError, KeyError, TypeError, ValueError)
 
-
-class AnthropicProvider:
+class AnthropicProvider(SDKProvider[anthropic.AsyncAnthropic]):
     """A ``Provider`` over ``anthropic.AsyncAnthropic`` and the Messages API with tools.
 
     ``model`` may carry the vendor prefix (``"anthropic:claude-haiku-4-5"``); the
@@ -65,6 +58,12 @@ class AnthropicProvider:
     micros (see ``tesserix_adk.providers.pricing``); input tokens include cache writes and
     reads, all charged at the input price — an upper bound, which is what a budget wants.
     """
+
+    vendor = "anthropic"
+    title = "Anthropic"
+    reply_noun = "message"
+    sdk: ClassVar[Any] = anthropic
+    sdk_error = anthropic.AnthropicError
 
     def __init__(
         self,
@@ -78,68 +77,19 @@ class AnthropicProvider:
         timeout: float = 60.0,
         max_tokens: int = 1024,
     ) -> None:
-        self.model = strip_vendor(model, "anthropic")
-        self.prices = prices
+        # Checked before the base builds a client, so a refused provider leaves none open.
         if max_tokens < 1:
             raise ConfigurationError(f"max_tokens must be at least 1, got {max_tokens}")
         self.max_tokens = max_tokens
-        if client is not None and (base_url is not None or api_key is not None):
-            raise ConfigurationError("pass either client= or base_url=/api_key=, not both")
-        self._owns_client = client is None
-        if client is None:
-            options: dict[str, Any] = {"max_retries": max_retries, "timeout": timeout}
-            if base_url is not None:
-                options["base_url"] = base_url
-            if api_key is not None:
-                options["api_key"] = api_key
-            try:
-                client = anthropic.AsyncAnthropic(**options)
-            except anthropic.AnthropicError as exc:
-                raise ConfigurationError(
-                    f"cannot build the Anthropic client: {scrub(str(exc), [api_key])}"
-                ) from exc
-        self._client = client
-        client_key = getattr(client, "api_key", None)
-        self._secrets = tuple(
-            s for s in (api_key, client_key if isinstance(client_key, str) else None) if s
+        super().__init__(
+            model,
+            client=client,
+            base_url=base_url,
+            api_key=api_key,
+            prices=prices,
+            max_retries=max_retries,
+            timeout=timeout,
         )
-
-    def __repr__(self) -> str:
-        return f"AnthropicProvider(model={self.model!r})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client, if this provider built it."""
-        if self._owns_client:
-            await self._client.close()
-
-    async def __aenter__(self) -> AnthropicProvider:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        """One Messages call (the SDK retries transient failures), as our message."""
-        body = self.request_body(request)
-        try:
-            wire: object = await self._client.messages.create(**body)
-        except Exception as exc:
-            error = self._translate(exc)
-            if error is None:
-                raise
-            raise error from exc
-        try:
-            if not isinstance(wire, WireMessage):
-                raise TypeError(f"the body is a {type(wire).__name__}, not a message")
-            message, usage = _read_message(wire)
-        except _MALFORMED as exc:
-            raise ProviderError(
-                f"anthropic {self.model}: malformed message: {self._scrub(str(exc))}",
-                retryable=True,
-            ) from exc
-        reported = getattr(wire, "model", None)
-        price = price_for(self.prices, self.model, reported if isinstance(reported, str) else None)
-        return ModelResponse(message=message, usage=usage, cost_micros=cost_micros(usage, price))
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments for ``messages.create`` (the wire body)."""
@@ -155,18 +105,17 @@ class AnthropicProvider:
             body["tools"] = [_wire_tool(spec) for spec in request.tools]
         return body
 
-    def _scrub(self, text: str) -> str:
-        return scrub(text, self._secrets)
+    def _build_client(self, options: dict[str, Any]) -> anthropic.AsyncAnthropic:
+        return anthropic.AsyncAnthropic(**options)
 
-    def _translate(self, exc: Exception) -> ProviderError | None:
-        """The SDK's error as a ``ProviderError``; ``None`` for what is not the SDK's."""
-        return translate_sdk_error(
-            exc,
-            sdk=anthropic,
-            base=anthropic.AnthropicError,
-            where=f"anthropic {self.model}",
-            scrub=self._scrub,
-        )
+    async def _create(self, body: dict[str, Any]) -> object:
+        wire: object = await self._client.messages.create(**body)
+        return wire
+
+    def _read(self, wire: object) -> tuple[Message, Usage]:
+        if not isinstance(wire, WireMessage):
+            raise TypeError(f"the body is a {type(wire).__name__}, not a message")
+        return _read_message(wire)
 
 
 # --- our messages → the wire ----------------------------------------------------------------

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 try:
     import openai
@@ -35,27 +35,18 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
         'tesserix_adk.providers.openai needs the openai package: pip install "tesserix-adk[openai]"'
     ) from exc
 
-from tesserix_adk.errors import ConfigurationError, ProviderError
+from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall, Usage
-from tesserix_adk.providers._common import (
-    arguments_from_text,
-    arguments_to_text,
-    scrub,
-    strip_vendor,
-    translate_sdk_error,
-)
-from tesserix_adk.providers.base import ModelRequest, ModelResponse
-from tesserix_adk.providers.pricing import Price, Prices, cost_micros, price_for
+from tesserix_adk.providers._common import arguments_from_text, arguments_to_text
+from tesserix_adk.providers._sdk import SDKProvider
+from tesserix_adk.providers.base import ModelRequest
+from tesserix_adk.providers.pricing import Price, Prices
 from tesserix_adk.tools import ToolSpec
 
 __all__ = ["OpenAIProvider", "Price"]
 
-# What a malformed completion raises while we read it; read as "ask again", never as a bug
-# in the caller's request.
-_MALFORMED = (AttributeError, IndexError, KeyError, TypeError, ValueError)
 
-
-class OpenAIProvider:
+class OpenAIProvider(SDKProvider[openai.AsyncOpenAI]):
     """A ``Provider`` over ``openai.AsyncOpenAI`` and Chat Completions with tools.
 
     ``model`` may carry the vendor prefix (``"openai:gpt-4o"``); the provider's own model is
@@ -64,6 +55,16 @@ class OpenAIProvider:
     a local server (any non-empty key for one that checks none). ``prices`` turns usage into
     micros (see ``tesserix_adk.providers.pricing``); without it every call costs 0.
     """
+
+    vendor = "openai"
+    title = "OpenAI"
+    reply_noun = "completion"
+    client_hint = (
+        " (set OPENAI_API_KEY or pass api_key=; any non-empty key for a local server "
+        "that checks none)"
+    )
+    sdk: ClassVar[Any] = openai
+    sdk_error = openai.OpenAIError
 
     def __init__(
         self,
@@ -78,69 +79,17 @@ class OpenAIProvider:
         max_tokens: int | None = None,
         parallel_tool_calls: bool | None = None,
     ) -> None:
-        self.model = strip_vendor(model, "openai")
-        self.prices = prices
         self.max_tokens = max_tokens
         self.parallel_tool_calls = parallel_tool_calls
-        if client is not None and (base_url is not None or api_key is not None):
-            raise ConfigurationError("pass either client= or base_url=/api_key=, not both")
-        self._owns_client = client is None
-        if client is None:
-            options: dict[str, Any] = {"max_retries": max_retries, "timeout": timeout}
-            if base_url is not None:
-                options["base_url"] = base_url
-            if api_key is not None:
-                options["api_key"] = api_key
-            try:
-                client = openai.AsyncOpenAI(**options)
-            except openai.OpenAIError as exc:
-                raise ConfigurationError(
-                    f"cannot build the OpenAI client: {scrub(str(exc), [api_key])} (set "
-                    "OPENAI_API_KEY or pass api_key=; any non-empty key for a local server "
-                    "that checks none)"
-                ) from exc
-        self._client = client
-        client_key = getattr(client, "api_key", None)
-        self._secrets = tuple(
-            s for s in (api_key, client_key if isinstance(client_key, str) else None) if s
+        super().__init__(
+            model,
+            client=client,
+            base_url=base_url,
+            api_key=api_key,
+            prices=prices,
+            max_retries=max_retries,
+            timeout=timeout,
         )
-
-    def __repr__(self) -> str:
-        return f"OpenAIProvider(model={self.model!r})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client, if this provider built it."""
-        if self._owns_client:
-            await self._client.close()
-
-    async def __aenter__(self) -> OpenAIProvider:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        """One Chat Completions call (the SDK retries transient failures), as our message."""
-        body = self.request_body(request)
-        try:
-            completion: object = await self._client.chat.completions.create(**body)
-        except Exception as exc:
-            error = self._translate(exc)
-            if error is None:
-                raise
-            raise error from exc
-        try:
-            if not isinstance(completion, ChatCompletion):
-                raise TypeError(f"the body is a {type(completion).__name__}, not a completion")
-            message, usage = _read_completion(completion)
-        except _MALFORMED as exc:
-            raise ProviderError(
-                f"openai {self.model}: malformed completion: {self._scrub(str(exc))}",
-                retryable=True,
-            ) from exc
-        reported = getattr(completion, "model", None)
-        price = price_for(self.prices, self.model, reported if isinstance(reported, str) else None)
-        return ModelResponse(message=message, usage=usage, cost_micros=cost_micros(usage, price))
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments for ``chat.completions.create`` (the wire body)."""
@@ -158,18 +107,17 @@ class OpenAIProvider:
             body["max_tokens"] = self.max_tokens
         return body
 
-    def _scrub(self, text: str) -> str:
-        return scrub(text, self._secrets)
+    def _build_client(self, options: dict[str, Any]) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(**options)
 
-    def _translate(self, exc: Exception) -> ProviderError | None:
-        """The SDK's error as a ``ProviderError``; ``None`` for what is not the SDK's."""
-        return translate_sdk_error(
-            exc,
-            sdk=openai,
-            base=openai.OpenAIError,
-            where=f"openai {self.model}",
-            scrub=self._scrub,
-        )
+    async def _create(self, body: dict[str, Any]) -> object:
+        completion: object = await self._client.chat.completions.create(**body)
+        return completion
+
+    def _read(self, wire: object) -> tuple[Message, Usage]:
+        if not isinstance(wire, ChatCompletion):
+            raise TypeError(f"the body is a {type(wire).__name__}, not a completion")
+        return _read_completion(wire)
 
 
 # --- our messages → the wire ----------------------------------------------------------------

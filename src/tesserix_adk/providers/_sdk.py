@@ -1,0 +1,156 @@
+"""``SDKProvider``: what the OpenAI and Anthropic providers share, written once.
+
+Both wrap a vendor SDK's async client the same way: they own the client only when they
+built it (``aclose`` and ``async with`` close only that one), they collect the API keys that
+must never reach an error text, they translate the SDK's errors into ``ProviderError`` at
+this boundary, and they read a reply that lacks its fields as "ask again". A vendor module
+supplies only the wire: the request body, the call, and reading the reply.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
+
+from tesserix_adk.errors import ConfigurationError, ProviderError
+from tesserix_adk.messages import Message, Usage
+from tesserix_adk.providers._common import scrub, strip_vendor, translate_sdk_error
+from tesserix_adk.providers.base import ModelRequest, ModelResponse
+from tesserix_adk.providers.pricing import Prices, cost_micros, price_for
+
+__all__ = ["SDKClient", "SDKProvider"]
+
+# What a malformed reply raises while we read it; read as "ask again", never as a bug in
+# the caller's request.
+MALFORMED_REPLY = (AttributeError, IndexError, KeyError, TypeError, ValueError)
+
+
+class SDKClient(Protocol):
+    """The part of a vendor's async client the base relies on."""
+
+    async def close(self) -> None:
+        """Close the HTTP connections."""
+        ...
+
+
+ClientT = TypeVar("ClientT", bound=SDKClient)
+
+
+class SDKProvider(Generic[ClientT]):
+    """A ``Provider`` over a vendor SDK's async client; subclass per vendor.
+
+    A subclass names its vendor (``vendor``, the prefix a model name may carry, and
+    ``title``, as a person writes it), the SDK module and its base error class (``sdk``,
+    ``sdk_error``), and what a reply is called (``reply_noun``); it implements
+    ``request_body``, ``_build_client``, ``_create`` (one call) and ``_read`` (the reply as
+    our message, raising one of ``MALFORMED_REPLY`` for a reply that lacks its fields).
+    """
+
+    vendor: ClassVar[str]
+    title: ClassVar[str]
+    reply_noun: ClassVar[str]
+    client_hint: ClassVar[str] = ""  # said after "cannot build the client" (how to fix it)
+    sdk: ClassVar[Any]  # the SDK module, whose error classes translate_sdk_error reads
+    sdk_error: ClassVar[type[Exception]]  # the base class of everything the SDK raises
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: ClientT | None,
+        base_url: str | None,
+        api_key: str | None,
+        prices: Prices,
+        max_retries: int,
+        timeout: float,
+    ) -> None:
+        self.model = strip_vendor(model, self.vendor)
+        self.prices = prices
+        if client is not None and (base_url is not None or api_key is not None):
+            raise ConfigurationError("pass either client= or base_url=/api_key=, not both")
+        self._owns_client = client is None
+        if client is None:
+            options: dict[str, Any] = {"max_retries": max_retries, "timeout": timeout}
+            if base_url is not None:
+                options["base_url"] = base_url
+            if api_key is not None:
+                options["api_key"] = api_key
+            try:
+                client = self._build_client(options)
+            except self.sdk_error as exc:
+                raise ConfigurationError(
+                    f"cannot build the {self.title} client: {scrub(str(exc), [api_key])}"
+                    + self.client_hint
+                ) from exc
+        self._client: ClientT = client
+        client_key = getattr(client, "api_key", None)
+        self._secrets = tuple(
+            s for s in (api_key, client_key if isinstance(client_key, str) else None) if s
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model={self.model!r})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, if this provider built it."""
+        if self._owns_client:
+            await self._client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """One model call (the SDK retries transient failures), as our message."""
+        body = self.request_body(request)
+        try:
+            wire = await self._create(body)
+        except Exception as exc:
+            error = self._translate(exc)
+            if error is None:
+                raise
+            raise error from exc
+        try:
+            message, usage = self._read(wire)
+        except MALFORMED_REPLY as exc:
+            raise ProviderError(
+                f"{self.vendor} {self.model}: malformed {self.reply_noun}: {self._scrub(str(exc))}",
+                retryable=True,
+            ) from exc
+        reported = getattr(wire, "model", None)
+        price = price_for(self.prices, self.model, reported if isinstance(reported, str) else None)
+        return ModelResponse(message=message, usage=usage, cost_micros=cost_micros(usage, price))
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The keyword arguments of the SDK's create call (the wire body)."""
+        raise NotImplementedError
+
+    # --- what a vendor supplies -------------------------------------------------------------
+
+    def _build_client(self, options: dict[str, Any]) -> ClientT:
+        """A client from ``max_retries``, ``timeout`` and maybe ``base_url``/``api_key``."""
+        raise NotImplementedError
+
+    async def _create(self, body: dict[str, Any]) -> object:
+        """One call to the vendor with ``body``; the SDK's errors propagate."""
+        raise NotImplementedError
+
+    def _read(self, wire: object) -> tuple[Message, Usage]:
+        """The reply as our message and its usage."""
+        raise NotImplementedError
+
+    # --- shared ----------------------------------------------------------------------------
+
+    def _scrub(self, text: str) -> str:
+        return scrub(text, self._secrets)
+
+    def _translate(self, exc: Exception) -> ProviderError | None:
+        """The SDK's error as a ``ProviderError``; ``None`` for what is not the SDK's."""
+        return translate_sdk_error(
+            exc,
+            sdk=self.sdk,
+            base=self.sdk_error,
+            where=f"{self.vendor} {self.model}",
+            scrub=self._scrub,
+        )
