@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tesserix_adk.cli.demo_agent import DELAY_ENV, PAUSE_ENV, PROVIDER, agent
@@ -20,8 +22,8 @@ from tesserix_adk.errors import AdkError
 from tesserix_adk.leases import LeasePolicy
 from tesserix_adk.providers.base import ModelRequest, ModelResponse
 from tesserix_adk.runner import AgentRunner
+from tesserix_adk.stores.protocols import CheckpointStore, StoredCheckpoint
 from tesserix_adk.stores.urls import open_stores
-from tesserix_adk.testing.faults import FaultyCheckpointStore
 
 PAUSES = ("none", "booked", "in_flight", "model_call", "stop_before_put")
 
@@ -29,7 +31,7 @@ PAUSES = ("none", "booked", "in_flight", "model_call", "stop_before_put")
 def _pause(where: str) -> bool:
     """Tell the parent where we are, then wait to be killed (or stop until SIGCONT).
 
-    Returns ``False``: the fault hook does not raise, the write goes ahead after SIGCONT.
+    Returns ``False``; after SIGCONT the write goes ahead.
     """
     sys.stdout.write(f"PAUSED {where}\n")
     sys.stdout.flush()
@@ -38,6 +40,86 @@ def _pause(where: str) -> bool:
         return False
     time.sleep(3600)
     return False
+
+
+PayloadHook = Callable[[dict[str, Any]], object]
+
+
+class PausingCheckpointStore:
+    """The demo's one fault point: a checkpoint store that calls a hook around each put.
+
+    ``before`` is called with the decoded payload before it is written, ``after`` once it
+    is; a hook that pauses (``_pause``) holds the process at that write for the parent to
+    kill. Kept here rather than borrowed from ``tesserix_adk.testing``, so the shipped demo
+    needs none of the test helpers. Every other method delegates; the combined
+    frontier+transcript write is left out on purpose, so each frontier passes through ``put``.
+    """
+
+    def __init__(
+        self,
+        inner: CheckpointStore,
+        *,
+        before: PayloadHook | None = None,
+        after: PayloadHook | None = None,
+    ) -> None:
+        self.inner = inner
+        self.before = before
+        self.after = after
+
+    async def put(
+        self, tenant: str, run_id: str, payload: bytes, *, step: int, fence: int | None = None
+    ) -> None:
+        """Put, with the hooks around it."""
+        body = json.loads(payload) if self.before or self.after else {}
+        if self.before is not None:
+            self.before(body)
+        await self.inner.put(tenant, run_id, payload, step=step, fence=fence)
+        if self.after is not None:
+            self.after(body)
+
+    async def latest(self, tenant: str, run_id: str) -> StoredCheckpoint | None:
+        """Delegates."""
+        return await self.inner.latest(tenant, run_id)
+
+    async def at(self, tenant: str, run_id: str, step: int) -> StoredCheckpoint | None:
+        """Delegates."""
+        return await self.inner.at(tenant, run_id, step)
+
+    async def steps(self, tenant: str, run_id: str) -> list[int]:
+        """Delegates."""
+        return await self.inner.steps(tenant, run_id)
+
+    async def runs(self, tenant: str) -> list[str]:
+        """Delegates."""
+        return await self.inner.runs(tenant)
+
+    async def forget(self, tenant: str, run_id: str) -> None:
+        """Delegates."""
+        await self.inner.forget(tenant, run_id)
+
+    async def seal(self, tenant: str, run_id: str, fence: int) -> None:
+        """Delegates."""
+        await self.inner.seal(tenant, run_id, fence)
+
+
+def pausing(inner: CheckpointStore, where: str) -> PausingCheckpointStore:
+    """``inner`` with the pause ``where`` (one of ``PAUSES``) set on its puts.
+
+    Wrapped even with no pause, so every demo run writes its frontiers the same way.
+    """
+    if where == "booked":  # book_seat completed; its after_tool_result not yet written
+        return PausingCheckpointStore(
+            inner, before=lambda b: _at(b, "after_tool_result") and _pause("booked")
+        )
+    if where == "model_call":  # the model asked for book_seat; frontier written
+        return PausingCheckpointStore(
+            inner, after=lambda b: _at(b, "after_model_call") and _pause("model_call")
+        )
+    if where == "stop_before_put":
+        return PausingCheckpointStore(
+            inner, before=lambda b: _at(b, "after_tool_result") and _pause("stop_before_put")
+        )
+    return PausingCheckpointStore(inner)
 
 
 class _Slow:
@@ -63,18 +145,9 @@ async def _main(args: argparse.Namespace) -> int:
     sys.stderr.write("STARTED\n")
     sys.stderr.flush()
     stores = open_stores(args.store)
-    store = FaultyCheckpointStore(stores.checkpoints)
-    if args.pause == "booked":  # book_seat completed; its after_tool_result not yet written
-        store.crash_before = lambda b: _at(b, "after_tool_result") and _pause("booked")
-    elif args.pause == "model_call":  # the model asked for book_seat; frontier written
-        store.crash_after = lambda b: _at(b, "after_model_call") and _pause("model_call")
-    elif args.pause == "stop_before_put":
-        store.crash_before = lambda b: (
-            _at(b, "after_tool_result") and bool(_pause("stop_before_put"))
-        )
-    elif args.pause == "in_flight":
+    if args.pause == "in_flight":
         os.environ[PAUSE_ENV] = "in_flight"
-    stores.checkpoints = store
+    stores.checkpoints = pausing(stores.checkpoints, args.pause)
     ttl = args.lease_ttl
     provider: Any = PROVIDER()
     if args.delay:
