@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tesserix_adk import Boundary, Checkpoint, CheckpointStatus, Message, OutstandingCall, ToolCall
-from tesserix_adk.checkpoint.checkpointer import TranscriptCursor
+from tesserix_adk.checkpoint.checkpointer import Checkpointer, TranscriptCursor
 from tesserix_adk.checkpoint.planning import plan_resume
 from tesserix_adk.resumer import Resumer
 from tesserix_adk.stores.bundle import Stores
@@ -100,7 +100,7 @@ async def bench_kit(url: str, turns: int) -> dict[str, Any]:
     stores = open_stores(url)
     await stores.create_schema()
     counting = _Counting(stores)
-    checkpointer = stores.checkpointer()
+    checkpointer = Checkpointer.from_stores(stores)
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     lease = await stores.leases.acquire("bench", run_id, "bench", 600)
     for s in (stores.checkpoints, stores.history):

@@ -41,7 +41,7 @@ from urllib.parse import quote, urlencode
 from checkpoint_cost import conversation
 
 from tesserix_adk import Boundary, Checkpoint, CheckpointStatus, Message, OutstandingCall
-from tesserix_adk.checkpoint.checkpointer import TranscriptCursor
+from tesserix_adk.checkpoint.checkpointer import Checkpointer, TranscriptCursor
 from tesserix_adk.resumer import Resumer
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.urls import open_stores
@@ -114,7 +114,7 @@ def round_trips(backend: str) -> Iterator[list[int] | None]:
 
 async def checkpoint_run(stores: Stores, run_id: str, turns: int) -> float:
     """Write ``turns`` turns of a fenced run; the median write at the last ten turns."""
-    checkpointer = stores.checkpointer()
+    checkpointer = Checkpointer.from_stores(stores)
     lease = await stores.leases.acquire(TENANT, run_id, "bench", 600)
     for store in (stores.checkpoints, stores.history):
         await store.seal(TENANT, run_id, lease.fence)
@@ -180,7 +180,7 @@ async def resume_figures(
     stores: Stores, backend: str, run_id: str, times: int
 ) -> tuple[float, int, int | None]:
     """Median ``Resumer.resume`` latency, messages carried, round trips of one resume."""
-    checkpointer = stores.checkpointer()
+    checkpointer = Checkpointer.from_stores(stores)
     resumer = Resumer(checkpointer, stores.leases, stores.history, stores.idempotency)
     latencies = []
     carried = None

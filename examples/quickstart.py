@@ -12,7 +12,7 @@ import asyncio
 import sys
 import tempfile
 
-from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ToolContext, tool
+from tesserix_adk import Agent, AgentRunner, Checkpointer, ScriptedProvider, ToolContext, tool
 from tesserix_adk.stores import open_stores
 from tesserix_adk.testing.faults import SimulatedCrash
 
@@ -50,7 +50,7 @@ async def main(url: str) -> int:
             return AgentRunner(
                 ScriptedProvider(TURNS),
                 idempotency=stores.idempotency,
-                checkpoints=stores.checkpointer(),
+                checkpoints=Checkpointer.from_stores(stores),
                 leases=stores.leases,
                 ledger=stores.ledger,
                 approvals=stores.approvals,

@@ -30,14 +30,12 @@ reading the attribute, never by matching on names.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tesserix_adk.checkpoint.planning import PlannedCall
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 __all__ = [
     "AdkError",
+    "CallInDoubt",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointFormatError",
@@ -132,12 +130,52 @@ class ResumeError(AdkError):
     """A run cannot be carried on as asked."""
 
 
+class CallInDoubt(Protocol):
+    """What ``IndeterminateToolCallError.calls`` holds of each call: the kit raises it with
+    ``checkpoint.planning.PlannedCall``; typed by shape, so the error tree depends on no
+    other module of the kit."""
+
+    @property
+    def call_id(self) -> str | None:
+        """The model's id of the call, if the frontier named it."""
+        ...
+
+    @property
+    def tool(self) -> str:
+        """The tool's name."""
+        ...
+
+    @property
+    def key(self) -> str | None:
+        """The idempotency key of the call, if it has a record."""
+        ...
+
+    @property
+    def reason(self) -> str:
+        """Why nobody can decide, in words an operator reads."""
+        ...
+
+    @property
+    def iteration(self) -> int | None:
+        """The loop iteration that asked for the call."""
+        ...
+
+    @property
+    def arguments(self) -> Mapping[str, Any] | None:
+        """The call's (redacted) arguments, where known."""
+        ...
+
+    def describe(self) -> str:
+        """One line: ``<tool> (<call id>): <disposition> - <reason>``."""
+        ...
+
+
 class IndeterminateToolCallError(ResumeError):
     """Nobody can say whether these calls ran; an operator has to decide (never retryable)."""
 
-    def __init__(self, message: str, *, calls: Sequence[PlannedCall] = ()) -> None:
+    def __init__(self, message: str, *, calls: Sequence[CallInDoubt] = ()) -> None:
         super().__init__(message, retryable=False)
-        self.calls: tuple[PlannedCall, ...] = tuple(calls)
+        self.calls: tuple[CallInDoubt, ...] = tuple(calls)
 
 
 class DivergedRunError(ResumeError):

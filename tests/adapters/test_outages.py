@@ -91,7 +91,7 @@ async def run_through_an_outage(
 ) -> tuple[RunStatus, Exception | None]:
     """Run the agent with checkpoints and transcript on ``url``, idempotency in memory."""
     async with open_stores(url) as stores:
-        checkpointer = stores.checkpointer()
+        checkpointer = Checkpointer.from_stores(stores)
         runner = AgentRunner(
             ScriptedProvider(TURNS),
             idempotency=MemoryIdempotencyStore(),
@@ -120,7 +120,7 @@ async def test_redis_stopped_mid_run_the_run_completes_and_nothing_is_half_writt
     # must still be whole, and the server started again where it ran serves new clients.
     with redis_server(port=server.port) as again:
         async with open_stores(url) as stores:
-            await assert_whole(stores.checkpointer(), required=False)
+            await assert_whole(Checkpointer.from_stores(stores), required=False)
         assert again.process.poll() is None
 
 
@@ -169,7 +169,7 @@ async def test_postgres_stopped_mid_run_the_run_completes_and_the_last_frontier_
         # PostgreSQL keeps what it committed: the frontier written just before the outage
         # (the model asking for the tool that stopped the server), whole, with its transcript.
         async with open_stores(cluster.url) as stores:
-            checkpointer = stores.checkpointer()
+            checkpointer = Checkpointer.from_stores(stores)
             await assert_whole(checkpointer, required=True)
             latest = await checkpointer.latest(T, R)
         assert latest is not None

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from processes import AGENT, TENANT, Site
-from tesserix_adk import Checkpoint, CheckpointStatus, PendingApproval, Usage
+from tesserix_adk import Checkpoint, Checkpointer, CheckpointStatus, PendingApproval, Usage
 from tesserix_adk.cli import describe
 from tesserix_adk.stores.urls import open_stores
 
@@ -225,7 +225,7 @@ def test_approval_from_another_process_then_resume_finishes_the_run(
             runner = AgentRunner(
                 refund_agent.PROVIDER,
                 idempotency=stores.idempotency,
-                checkpoints=stores.checkpointer(),
+                checkpoints=Checkpointer.from_stores(stores),
                 leases=stores.leases,
                 ledger=stores.ledger,
                 approvals=stores.approvals,

@@ -16,6 +16,7 @@ from booking import BOOK_TURNS, Airline, booking_agent
 from tesserix_adk import (
     AgentRunner,
     Checkpoint,
+    Checkpointer,
     CheckpointStatus,
     PendingApproval,
     ScriptedProvider,
@@ -187,7 +188,7 @@ def _finished_run(stores: Stores, run_id: str) -> None:
         runner = AgentRunner(
             ScriptedProvider(BOOK_TURNS),
             idempotency=stores.idempotency,
-            checkpoints=stores.checkpointer(),
+            checkpoints=Checkpointer.from_stores(stores),
             ledger=stores.ledger,
         )
         await runner.run(booking_agent(Airline()), "book", tenant="acme", run_id=run_id)

@@ -163,7 +163,7 @@ def _finished(stores: Stores, airline: Airline) -> None:
         runner = AgentRunner(
             ScriptedProvider(BOOK_TURNS),
             idempotency=stores.idempotency,
-            checkpoints=stores.checkpointer(),
+            checkpoints=Checkpointer.from_stores(stores),
             ledger=stores.ledger,
         )
         await runner.run(booking_agent(airline), "book", tenant="acme", run_id="r")

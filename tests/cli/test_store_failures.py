@@ -20,7 +20,7 @@ import pytest
 
 from adapters import services
 from booking import BOOK_TURNS, Airline, booking_agent
-from tesserix_adk import AgentRunner, ScriptedProvider
+from tesserix_adk import AgentRunner, Checkpointer, ScriptedProvider
 from tesserix_adk.cli import ExitCode
 from tesserix_adk.cli.main import main
 from tesserix_adk.stores.urls import open_stores
@@ -43,7 +43,7 @@ async def _finished_run(url: str, *, apply: bool = True) -> None:
         runner = AgentRunner(
             ScriptedProvider(BOOK_TURNS),
             idempotency=stores.idempotency,
-            checkpoints=stores.checkpointer(),
+            checkpoints=Checkpointer.from_stores(stores),
             leases=stores.leases,
             ledger=stores.ledger,
         )

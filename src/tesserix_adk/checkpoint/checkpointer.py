@@ -37,6 +37,7 @@ from tesserix_adk.errors import (
     StaleFenceError,
 )
 from tesserix_adk.messages import Message
+from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import (
     EMPTY_HISTORY_DIGEST,
     CheckpointStore,
@@ -95,6 +96,26 @@ class Checkpointer:
         self.history = history
         self.redactor = Redactor(extra_patterns=tuple(extra_patterns), enabled=redact)
         self.last_error: Exception | None = None
+
+    @classmethod
+    def from_stores(
+        cls,
+        stores: Stores,
+        *,
+        policy: CheckpointPolicy | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        redact: bool = True,
+        extra_patterns: Sequence[str] = (),
+    ) -> Checkpointer:
+        """A ``Checkpointer`` over an ``open_stores`` bundle, its transcript in ``history``."""
+        return cls(
+            stores.checkpoints,
+            policy=policy,
+            max_bytes=max_bytes,
+            redact=redact,
+            extra_patterns=extra_patterns,
+            history=stores.history,
+        )
 
     # --- writing -------------------------------------------------------------------------
 

@@ -104,7 +104,7 @@ class AgentRunner:
         cp_options = {"policy", "max_bytes", "redact", "extra_patterns"}
         cp_kwargs = {k: v for k, v in kwargs.items() if k in cp_options}
         runner_kwargs = {k: v for k, v in kwargs.items() if k not in cp_options}
-        checkpointer = Checkpointer(stores.checkpoints, history=stores.history, **cp_kwargs)
+        checkpointer = Checkpointer.from_stores(stores, **cp_kwargs)
         return cls(
             provider,
             idempotency=stores.idempotency,

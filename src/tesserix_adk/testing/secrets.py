@@ -281,7 +281,7 @@ class PlantedSecretsSuite:
         return b""
 
     async def test_no_planted_secret_reaches_any_store(self, planted_stores: Any) -> None:
-        from tesserix_adk import Agent, AgentRunner, ScriptedProvider, tool
+        from tesserix_adk import Agent, AgentRunner, Checkpointer, ScriptedProvider, tool
 
         cases = planted_cases()
 
@@ -295,7 +295,7 @@ class PlantedSecretsSuite:
         runner = AgentRunner(
             ScriptedProvider([calls, "done: " + "\n".join(texts)]),
             idempotency=planted_stores.idempotency,
-            checkpoints=planted_stores.checkpointer(),
+            checkpoints=Checkpointer.from_stores(planted_stores),
             leases=planted_stores.leases,
         )
         await runner.run(Agent("planted", "Plant."), "\n".join(texts), tenant=_TENANT, run_id="r")
@@ -307,7 +307,7 @@ class PlantedSecretsSuite:
             assert not leaks, f"run {run_id} stored these planted secrets: {leaks}"
 
     async def test_no_planted_secret_reaches_an_approval(self, planted_stores: Any) -> None:
-        from tesserix_adk import Agent, AgentRunner, ScriptedProvider, tool
+        from tesserix_adk import Agent, AgentRunner, Checkpointer, ScriptedProvider, tool
 
         cases = planted_cases()
 
@@ -319,7 +319,7 @@ class PlantedSecretsSuite:
         runner = AgentRunner(
             ScriptedProvider([[("pay", {"case": c.name, "payload": c.planted}) for c in cases]]),
             idempotency=planted_stores.idempotency,
-            checkpoints=planted_stores.checkpointer(),
+            checkpoints=Checkpointer.from_stores(planted_stores),
             approvals=planted_stores.approvals,
             leases=planted_stores.leases,
         )
