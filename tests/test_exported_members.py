@@ -81,6 +81,7 @@ EXPECTED = {
     "StoreReplyLostError",
     "StoreUnavailableError",
     "StoredCheckpoint",
+    "Stores",
     "TextPart",
     "Tool",
     "ToolCall",
@@ -91,6 +92,7 @@ EXPECTED = {
     "ToolSpec",
     "Usage",
     "default_key",
+    "open_stores",
     "plan_resume",
     "refuse_if_undecidable",
     "tool",
@@ -101,6 +103,15 @@ def test_public_api_is_exactly_the_pinned_names() -> None:
     assert set(tesserix_adk.__all__) == EXPECTED
     for name in EXPECTED:
         assert getattr(tesserix_adk, name) is not None
+
+
+def test_the_store_entry_points_are_the_same_at_the_top_and_in_stores() -> None:
+    import tesserix_adk.stores
+
+    assert tesserix_adk.open_stores is tesserix_adk.stores.open_stores
+    assert tesserix_adk.Stores is tesserix_adk.stores.Stores
+    assert set(tesserix_adk.stores.__all__) == {"Stores", "open_stores", "redact_url"}
+    assert isinstance(tesserix_adk.open_stores("memory://"), tesserix_adk.Stores)
 
 
 def test_errors_carry_retryable_as_data() -> None:

@@ -69,6 +69,7 @@ from tesserix_adk.providers.base import ModelRequest, ModelResponse, Provider
 from tesserix_adk.providers.scripted import ScriptedProvider, ScriptedTurn
 from tesserix_adk.resumer import CarriedRun, Resumer
 from tesserix_adk.runner import AgentRunner, Run, RunStatus
+from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import (
     MemoryApprovalStore,
     MemoryCheckpointStore,
@@ -93,6 +94,7 @@ from tesserix_adk.stores.protocols import (
     StoredCheckpoint,
     ToolFlags,
 )
+from tesserix_adk.stores.urls import open_stores
 from tesserix_adk.tools import Tool, ToolContext, ToolSpec, default_key, tool
 
 __all__ = [
@@ -168,6 +170,7 @@ __all__ = [
     "StoreReplyLostError",
     "StoreUnavailableError",
     "StoredCheckpoint",
+    "Stores",
     "TextPart",
     "Tool",
     "ToolCall",
@@ -179,6 +182,7 @@ __all__ = [
     "Usage",
     "continued",
     "default_key",
+    "open_stores",
     "plan_resume",
     "refuse_if_undecidable",
     "tool",
