@@ -29,6 +29,8 @@ class Row:
     kills: int = 0
     workers: int = 0
     scenarios: dict[str, int] = field(default_factory=dict)
+    # Counts worth reading next to the trials (live leases a skewed worker took, ...).
+    notes: dict[str, int] = field(default_factory=dict)
 
 
 class Tally:
@@ -45,6 +47,7 @@ class Tally:
         *,
         kills: int = 0,
         workers: int = 0,
+        notes: dict[str, int] | None = None,
     ) -> None:
         with self._lock:
             row = self.rows.setdefault(backend, Row())
@@ -56,6 +59,8 @@ class Tally:
             row.kills += kills
             row.workers += workers
             row.scenarios[scenario] = row.scenarios.get(scenario, 0) + trials
+            for name, n in (notes or {}).items():
+                row.notes[name] = row.notes.get(name, 0) + n
 
     def as_json(self) -> dict[str, dict[str, object]]:
         return {backend: asdict(row) for backend, row in sorted(self.rows.items())}
@@ -81,7 +86,10 @@ def details(rows: dict[str, dict[str, object]]) -> list[str]:
         scenarios = r["scenarios"]
         assert isinstance(scenarios, dict)
         parts = ", ".join(f"{name} {n}" for name, n in sorted(scenarios.items()))
-        out.append(f"  {backend}: {parts}; {r['kills']} SIGKILLs, {r['workers']} processes")
+        notes = r.get("notes") or {}
+        assert isinstance(notes, dict)
+        extra = "".join(f", {n} {name}" for name, n in sorted(notes.items()))
+        out.append(f"  {backend}: {parts}; {r['kills']} SIGKILLs, {r['workers']} processes{extra}")
     return out
 
 

@@ -14,9 +14,11 @@ import multiprocessing
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,30 +50,63 @@ _STATUS_LOST = 255
 
 
 class Proc:
-    """One worker process."""
+    """One worker process: a fork of the fork server, or (``env`` given) an interpreter of
+    its own started with that environment, which is what ``LD_PRELOAD`` needs."""
 
-    def __init__(self, site: Site, run: str, argv: Sequence[str], label: str) -> None:
+    def __init__(
+        self,
+        site: Site,
+        run: str,
+        argv: Sequence[str],
+        label: str,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.site = site
         self.run = run
         self.label = label
         self.out = site.tmp / f"{label}.out"
-        self.process = _CTX.Process(target=worker.child, args=(list(argv), str(self.out)))
-        self.process.start()
+        self.process: Any = None
+        self.popen: subprocess.Popen[bytes] | None = None
+        if env is None:
+            self.process = _CTX.Process(target=worker.child, args=(list(argv), str(self.out)))
+            self.process.start()
+        else:
+            with open(self.out, "ab") as out:
+                self.popen = subprocess.Popen(
+                    [sys.executable, worker.__file__, *argv],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **env},
+                )
         self.started = time.monotonic()
 
     @property
     def pid(self) -> int:
-        assert self.process.pid is not None
-        return self.process.pid
+        pid = self.popen.pid if self.popen is not None else self.process.pid
+        assert pid is not None
+        return int(pid)
+
+    @property
+    def exitcode(self) -> int | None:
+        """The exit code (``-signal`` if a signal ended it), ``None`` while it runs."""
+        if self.popen is not None:
+            return self.popen.poll()
+        code: int | None = self.process.exitcode
+        return code
 
     def wait(self, timeout: float) -> int | None:
         """The exit code, or ``None`` if it still runs after ``timeout``."""
+        if self.popen is not None:
+            try:
+                return self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return None
         self.process.join(timeout)
-        return self.process.exitcode
+        return self.exitcode
 
     def kill(self) -> None:
         os.kill(self.pid, signal.SIGKILL)
-        self.process.join(10)
+        self.wait(10)
 
     def finish(self, deadline: float = WORKER_DEADLINE) -> int:
         """Its exit code; past the deadline, a hang on the record and ``-SIGKILL``."""
@@ -149,11 +184,20 @@ class Site:
             self.stats.workers += 1
             return f"{run}.w{self._n}"
 
-    def start(self, run: str, *extra: str, label: str | None = None) -> Proc:
+    def start(
+        self,
+        run: str,
+        *extra: str,
+        label: str | None = None,
+        store: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Proc:
+        """A worker on ``run``; ``store`` instead of the site's URL (through a proxy, say),
+        ``env`` to start it as an interpreter of its own with that environment."""
         label = label or self._label(run)
         argv = [
             "--store",
-            self.store,
+            store or self.store,
             "--run",
             run,
             "--history",
@@ -168,7 +212,7 @@ class Site:
             str(self.delay),
             *extra,
         ]
-        return Proc(self, run, argv, label)
+        return Proc(self, run, argv, label, env)
 
     def hang(self, run: str, label: str, detail: str) -> None:
         self.recorder.event("hang", run, worker=label, detail=detail)
@@ -192,18 +236,23 @@ class Site:
         first: Sequence[str] = (),
         kill_within: float | None = None,
         kills: int = 0,
+        store: str | None = None,
+        env_for: Callable[[int], Mapping[str, str] | None] | None = None,
     ) -> None:
         """Start, fault, resume, resolve ... until the run completes.
 
         ``faults[i]`` are the named faults of the i-th worker, ``first`` more arguments of
         the first; the first ``kills`` workers are also SIGKILLed at a random moment within
-        ``kill_within`` seconds.
+        ``kill_within`` seconds. ``store`` replaces the site's URL for these workers;
+        ``env_for(i)``, if given, is the environment the i-th worker starts with (``None``:
+        a fork, as usual).
         """
         for n in range(MAX_WORKERS):
             extra = [f"--fault={f}" for f in (faults[n] if n < len(faults) else ())]
             if n == 0:
                 extra += first
-            proc = self.start(run, *extra)
+            env = env_for(n) if env_for is not None else None
+            proc = self.start(run, *extra, store=store, env=env)
             cut = n < kills and kill_within is not None
             if cut and proc.wait(rng.uniform(0.0, kill_within or 0.0)) is None:
                 proc.kill()
@@ -216,26 +265,27 @@ class Site:
                 return
             if code == worker.EXIT_REFUSED:
                 self.count("refusals")
-                self.resolve_from_the_world(run)
+                self.resolve_from_the_world(run, proc.label)
             elif code not in (worker.EXIT_NOT_NOW, -signal.SIGKILL):
                 return  # on the record as an error; the checker reports it
             time.sleep(0.05)
         self.recorder.event("gave_up", run, workers=MAX_WORKERS)
 
-    def resolve_from_the_world(self, run: str) -> None:
-        """What an on-call engineer does: look each call in doubt up in the outside world
-        (the effects on the record) and record what was found."""
+    def resolve_from_the_world(self, run: str, label: str) -> None:
+        """What an on-call engineer does when worker ``label`` was refused: look each call
+        in doubt up in the outside world (the effects on the record) and record what was
+        found; told to retry later, wait, look again, and retry."""
         events = read_history(self.history)
-        refusal = [e for e in events if e.run == run and e.ev == "result"][-1]
+        refusal = [e for e in events if e.proc == label and e.ev == "result"][-1]
         assert refusal["verdict"] == "refused", refusal
-        effects = {e["key"]: e for e in events if e.run == run and e.ev == "effect"}
         for key in refusal["keys"]:
-            what: list[str]
-            if key in effects:
-                what = ["--outcome", json.dumps({"booked": effects[key]["item"]})]
-            else:
-                what = []
             for _ in range(MAX_WORKERS):
+                # Looked up afresh each time: a slow worker may have made the call since.
+                world = read_history(self.history)
+                effects = {e["key"]: e for e in world if e.run == run and e.ev == "effect"}
+                what: list[str] = []
+                if key in effects:
+                    what = ["--outcome", json.dumps({"booked": effects[key]["item"]})]
                 code = self.start(run, "--resolve", key, *what).finish()
                 if code != worker.EXIT_NOT_NOW:  # 3: someone holds the run right now
                     break

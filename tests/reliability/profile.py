@@ -19,9 +19,17 @@ class Profile:
     random_kill_runs: int
     racers: int
     race_rounds: int
+    race_width: int  # race rounds side by side (each its own run)
     stop_runs: int
     restart_runs: int
     proxy_runs: int
+    # Runs under a wall clock off by +-90 s and +-1 h (faketime), per backend.
+    skew_runs: int
+    # Runs through a proxy that delays replies, and one that goes half-open, per server.
+    delay_runs: int
+    half_open_runs: int
+    # Runs into a Redis at maxmemory, per eviction policy.
+    maxmemory_runs: int
     width: int  # trials side by side
 
 
@@ -29,11 +37,16 @@ CI = Profile(
     name="ci",
     named_kill_rounds=2,
     random_kill_runs=6,
-    racers=8,
-    race_rounds=1,
+    racers=16,
+    race_rounds=20,
+    race_width=4,
     stop_runs=5,
     restart_runs=3,
     proxy_runs=6,
+    skew_runs=10,
+    delay_runs=5,
+    half_open_runs=5,
+    maxmemory_runs=2,
     width=5,
 )
 FULL = Profile(
@@ -41,10 +54,15 @@ FULL = Profile(
     named_kill_rounds=20,
     random_kill_runs=200,
     racers=16,
-    race_rounds=20,
+    race_rounds=200,
+    race_width=4,
     stop_runs=50,
     restart_runs=20,
     proxy_runs=40,
+    skew_runs=100,
+    delay_runs=20,
+    half_open_runs=20,
+    maxmemory_runs=10,
     width=5,
 )
 

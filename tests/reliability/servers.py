@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,18 +146,23 @@ class PostgresCluster:
 
 
 class ProxyThread:
-    """``ReplyDroppingProxy`` in front of ``host:port``, served by a thread's event loop."""
+    """A proxy (``ReplyDroppingProxy`` unless ``proxy`` is given) in front of ``host:port``,
+    served by a thread's event loop."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, proxy: Any = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.proxy = ReplyDroppingProxy(host, port)
+        self.proxy = ReplyDroppingProxy(host, port) if proxy is None else proxy
         asyncio.run_coroutine_threadsafe(self.proxy.__aenter__(), self.loop).result(10)
         self.port = self.proxy.listen_port
 
     def drop(self, skip: int, then: str) -> None:
         self.loop.call_soon_threadsafe(lambda: self.proxy.drop_next_reply(skip=skip, then=then))
+
+    def call(self, fn: Callable[[], object]) -> None:
+        """``fn()`` on the proxy's loop (arming a fault)."""
+        self.loop.call_soon_threadsafe(fn)
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.proxy.__aexit__(None, None, None), self.loop).result(

@@ -30,7 +30,7 @@ def _trial(site: Site, run: str, point: str) -> int:
     first = site.start(run, f"--fault=stop:{point}")
     deadline = time.monotonic() + 30
     while not stopped(first.pid):
-        assert first.process.exitcode is None, first.output()
+        assert first.exitcode is None, first.output()
         assert time.monotonic() < deadline, f"{run} never stopped at {point}"
         time.sleep(0.01)
     time.sleep(site.lease_ttl * 1.5)  # past the ttl by the store's clock and the worker's

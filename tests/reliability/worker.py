@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import faulthandler
 import os
 import signal
+import sqlite3
 import sys
 import time
 import traceback
@@ -351,6 +353,13 @@ def _resolve(args: argparse.Namespace, rec: Recorder) -> int:
     return code
 
 
+def _sqlite_wall() -> float:
+    """SQLite's ``julianday('now')`` as epoch seconds."""
+    with contextlib.closing(sqlite3.connect(":memory:")) as db:
+        (value,) = db.execute("SELECT (julianday('now') - 2440587.5) * 86400.0").fetchone()
+    return float(value)
+
+
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="reliability-worker")
     parser.add_argument("--store", required=True)
@@ -372,7 +381,17 @@ def main(argv: Sequence[str]) -> int:
     faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
     signal.signal(signal.SIGUSR1, _dump_tasks)
     rec = Recorder(args.history, args.worker)
-    rec.event("start", args.run, mode="resolve" if args.resolve else "carry", faults=args.fault)
+    rec.event(
+        "start",
+        args.run,
+        mode="resolve" if args.resolve else "carry",
+        faults=args.fault,
+        # The wall clocks this process sees (Python's, and SQLite's, which decides SQLite's
+        # leases), so a trial can check that a skew it asked for landed.
+        wall=time.time(),
+        db_wall=_sqlite_wall(),
+        faketime=os.environ.get("FAKETIME"),
+    )
     if args.resolve:
         return _resolve(args, rec)
     return asyncio.run(_carry(args, rec))
