@@ -26,12 +26,30 @@ from types import TracebackType
 from tesserix_adk.errors import ConfigurationError, LeaseLostError
 from tesserix_adk.stores.protocols import LeaseStore, RunLease
 
-__all__ = ["LeasePolicy", "Leaseholder"]
+__all__ = ["NEVER_RAN_MARGIN", "LeasePolicy", "Leaseholder", "never_ran_wait"]
 
 _log = logging.getLogger("tesserix_adk.leases")
 
 # Upper bound, in seconds, of each wait in Leaseholder.close() (the renewal loop, the release).
 _CLOSE_TIMEOUT = 5.0
+
+
+NEVER_RAN_MARGIN = 10.0
+"""Seconds past the end of a run's last lease before a call claimed under it may be said
+never to have run. A claimant checks its lease (by its own, earlier deadline) immediately
+before it sends a call, so a call it sent left before its lease ended; the margin covers
+that call still being on its way (a connection being opened, a request in a socket) and
+the small drift between the claimant's clock and the store's. It cannot cover a tool that
+stalls for longer inside itself: only a downstream system that checks the fence does."""
+
+
+def never_ran_wait(ended_ago: float | None, margin: float = NEVER_RAN_MARGIN) -> float:
+    """Seconds still to wait before a claim of the run may be recorded as never run, given
+    ``LeaseStore.ended_ago`` (``None``: no lease ever ended, so no claimant can be
+    sending; a live lease is refused before this is asked)."""
+    if ended_ago is None:
+        return 0.0
+    return max(0.0, margin - ended_ago)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

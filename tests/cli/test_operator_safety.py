@@ -345,3 +345,72 @@ def test_replay_closes_the_provider_it_built_however_it_ends(
     missing = _replay(make_stores, airline, "--from-step", "99")
     assert missing[0] == ExitCode.NOTHING_CHECKPOINTED
     assert closed == ["aclose", "aclose"]
+
+
+# --- never-ran waits a margin past the claimant's lease ------------------------------------
+
+
+def _lapsed_claimant(make_stores: Any) -> None:
+    """The claimant of call_1_0 held the run's lease, which lapsed a moment ago."""
+
+    async def go(stores: Stores) -> None:
+        lease = await stores.leases.acquire("acme", "r", "w-dead", 0.2)
+        await stores.idempotency.claim(
+            "k-1",
+            holder="w-dead",
+            tenant="acme",
+            run_id="r",
+            iteration=1,
+            tool="book_seat",
+            call_id="call_1_0",
+            flags=None,
+            fence=lease.fence,
+        )
+        await asyncio.sleep(0.3)
+
+    _in(make_stores(), go)
+
+
+def _ended_ago(make_stores: Any) -> Any:
+    return _in(make_stores(), lambda s: s.leases.ended_ago("acme", "r"))
+
+
+def test_never_ran_is_refused_within_the_margin_after_the_claimants_lease_ended(
+    make_stores: Any,
+) -> None:
+    """A claimant whose lease just lapsed may have passed its last lease check a moment
+    before the end and be sending the call now: it is not yet known never to have run."""
+    _lapsed_claimant(make_stores)
+    before = _ended_ago(make_stores)
+    code, _, err = _resolve(make_stores, "--never-ran")
+    assert code == ExitCode.HELD, err
+    assert "lease ended" in err and "margin" in err and "never-ran" in err, err
+    assert _record(make_stores).status is RecordStatus.in_flight
+    # Refused without taking the lease, so the refusal does not push the margin back.
+    code, _, err = _resolve(make_stores, "--never-ran")
+    assert code == ExitCode.HELD, err
+    assert _ended_ago(make_stores) >= before
+
+
+def test_never_ran_is_recorded_once_the_margin_has_passed(make_stores: Any) -> None:
+    _lapsed_claimant(make_stores)
+    code, out, err = _resolve(make_stores, "--never-ran", "--margin", "0.1")
+    assert code == ExitCode.CARRIED_ON, err
+    assert "never ran" in out
+    assert _record(make_stores).status is RecordStatus.never_ran
+
+
+def test_an_outcome_needs_no_margin(make_stores: Any) -> None:
+    """Recording what a call did sends nothing, so nothing can land twice."""
+    _lapsed_claimant(make_stores)
+    code, _, err = _resolve(make_stores, "--outcome", '{"booking": "BK-1"}')
+    assert code == ExitCode.CARRIED_ON, err
+    assert _record(make_stores).status is RecordStatus.completed
+
+
+@pytest.mark.parametrize("margin", ["-1", "nan", "inf", "soon"])
+def test_a_margin_that_is_not_a_duration_is_a_usage_error(make_stores: Any, margin: str) -> None:
+    _lapsed_claimant(make_stores)
+    code, _, err = _resolve(make_stores, "--never-ran", "--margin", margin)
+    assert code == ExitCode.USAGE, err
+    assert _record(make_stores).status is RecordStatus.in_flight

@@ -138,8 +138,8 @@ CREATE TABLE IF NOT EXISTS adk_checkpoint_steps (
     PRIMARY KEY (tenant, run_id, step)
 );
 
--- One row per run ever leased: fence counts acquisitions and never goes back; holder and
--- expires_at are NULL once released.
+-- One row per run ever leased: fence counts acquisitions and never goes back; holder is
+-- NULL once released, and expires_at then keeps when the lease ended.
 CREATE TABLE IF NOT EXISTS adk_run_leases (
     tenant     text NOT NULL,
     run_id     text NOT NULL,
@@ -1093,7 +1093,16 @@ class PostgresIdempotencyStore(_FencedPostgresStore):
 
 # The one statement that decides an acquisition: a new run's row, or a lapsed or released
 # lease taken over at the next fence; a live lease leaves the row alone and returns nothing.
-_ACQUIRE = f"""INSERT INTO adk_run_leases AS l (tenant, run_id, fence, holder, expires_at)
+# ``before`` reads, in the statement's snapshot, when the previous lease ended; the upsert
+# overwrites it and RETURNING sees only the new row. (Not FOR UPDATE: that would skip the
+# row this very statement updates.) If the upsert succeeds, any change committed since the
+# snapshot can only have been that lease's release, which moves its end earlier, so the
+# value read is never earlier than the true end.
+_ACQUIRE = f"""WITH before AS (
+    SELECT expires_at FROM adk_run_leases
+    WHERE tenant = %(tenant)s AND run_id = %(run_id)s
+)
+INSERT INTO adk_run_leases AS l (tenant, run_id, fence, holder, expires_at)
 VALUES (%(tenant)s, %(run_id)s, 1, %(holder)s,
         clock_timestamp() + make_interval(secs => %(ttl)s::float8))
 ON CONFLICT (tenant, run_id) DO UPDATE SET
@@ -1101,7 +1110,8 @@ ON CONFLICT (tenant, run_id) DO UPDATE SET
     holder = EXCLUDED.holder,
     expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8)
 WHERE l.holder IS NULL OR l.expires_at <= clock_timestamp()
-RETURNING l.fence, {_epoch("l.expires_at", "expires_at")}"""
+RETURNING l.fence, {_epoch("l.expires_at", "expires_at")},
+    {_epoch("(SELECT expires_at FROM before)", "previous_end")}"""
 
 _LIVE_LEASE = f"""SELECT holder, fence, {_epoch("expires_at", "expires_at")}
 FROM adk_run_leases
@@ -1114,8 +1124,15 @@ WHERE tenant = %(tenant)s AND run_id = %(run_id)s AND holder = %(holder)s
   AND fence = %(fence)s::bigint AND expires_at > clock_timestamp()
 RETURNING {_epoch("expires_at", "expires_at")}"""
 
-# The row stays: its fence is what the next acquisition counts on from.
-_RELEASE_LEASE = """UPDATE adk_run_leases SET holder = NULL, expires_at = NULL
+_LEASE_END = f"""SELECT {_epoch("clock_timestamp() - expires_at", "ago")}
+FROM adk_run_leases
+WHERE tenant = %(tenant)s AND run_id = %(run_id)s
+  AND expires_at IS NOT NULL AND (holder IS NULL OR expires_at <= clock_timestamp())"""
+
+# The row stays: its fence is what the next acquisition counts on from, and expires_at
+# keeps when the lease ended, which that acquisition reports.
+_RELEASE_LEASE = """UPDATE adk_run_leases
+SET holder = NULL, expires_at = LEAST(expires_at, clock_timestamp())
 WHERE tenant = %(tenant)s AND run_id = %(run_id)s AND holder = %(holder)s
   AND fence = %(fence)s::bigint"""
 
@@ -1147,6 +1164,7 @@ class PostgresLeaseStore:
             holder=holder,
             fence=int(row["fence"]),
             expires_at=row["expires_at"],
+            previous_end=row["previous_end"],
         )
 
     async def renew(self, lease: RunLease, ttl: float) -> RunLease:
@@ -1167,6 +1185,7 @@ class PostgresLeaseStore:
             holder=lease.holder,
             fence=lease.fence,
             expires_at=row["expires_at"],
+            previous_end=lease.previous_end,
         )
 
     async def release(self, lease: RunLease) -> None:
@@ -1191,6 +1210,13 @@ class PostgresLeaseStore:
             fence=int(row["fence"]),
             expires_at=row["expires_at"],
         )
+
+    async def ended_ago(self, tenant: str, run_id: str) -> float | None:
+        """Seconds since the run's last lease ended; ``None`` if one is live or none ended."""
+        row = await self.database.row(
+            f"reading when the lease on run {run_id!r} ended", _LEASE_END, _run(tenant, run_id)
+        )
+        return None if row is None else max(0.0, row["ago"])
 
 
 # --- transcripts -------------------------------------------------------------------------

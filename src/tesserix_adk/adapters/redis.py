@@ -539,16 +539,20 @@ _ACQUIRE = (
     _LUA_COMMON
     + r"""
 local now = now_us()
-local current = redis.call('HMGET', KEYS[1], 'holder', 'deadline', 'fence', 'token')
+local current = redis.call('HMGET', KEYS[1], 'holder', 'deadline', 'fence', 'token',
+                            'previous_end')
 if current[1] and now < tonumber(current[2]) then
-  if current[4] == ARGV[3] then return {'ok', current[3], current[2]} end
+  if current[4] == ARGV[3] then return {'ok', current[3], current[2], current[5] or ''} end
   return {'held', current[1]}
 end
 local fence = redis.call('INCR', KEYS[2])
 local deadline = now + tonumber(ARGV[2])
+-- A lapsed lease ended at its deadline, a released one when it was released (its deadline
+-- field then holds that moment); '' when no lease ended before.
+local previous_end = current[2] or ''
 redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'fence', int(fence), 'deadline', int(deadline),
-           'token', ARGV[3])
-return {'ok', int(fence), int(deadline)}
+           'token', ARGV[3], 'previous_end', previous_end)
+return {'ok', int(fence), int(deadline), previous_end}
 """
 )
 
@@ -568,15 +572,36 @@ return {'ok', int(deadline)}
 """
 )
 
-# KEYS: lease. ARGV: holder, fence. The fence counter is another key and stays.
-_RELEASE_LEASE = r"""
-local current = redis.call('HMGET', KEYS[1], 'holder', 'fence')
+# KEYS: lease. ARGV: holder, fence. The fence counter is another key and stays; the hash
+# stays too, holderless, its deadline moved back to the release, which the next acquisition
+# reports as the moment the previous lease ended.
+_RELEASE_LEASE = (
+    _LUA_COMMON
+    + r"""
+local current = redis.call('HMGET', KEYS[1], 'holder', 'fence', 'deadline')
 if current[1] == ARGV[1] and current[2] == ARGV[2] then
-  redis.call('DEL', KEYS[1])
+  local ended = now_us()
+  if current[3] and tonumber(current[3]) < ended then ended = tonumber(current[3]) end
+  redis.call('HDEL', KEYS[1], 'holder', 'token', 'previous_end')
+  redis.call('HSET', KEYS[1], 'deadline', int(ended))
   return 1
 end
 return 0
 """
+)
+
+# KEYS: lease. Microseconds since a lapsed or released lease ended; '' while live or if none.
+_LEASE_END = (
+    _LUA_COMMON
+    + r"""
+local current = redis.call('HMGET', KEYS[1], 'holder', 'deadline')
+local now = now_us()
+if current[2] and ((not current[1]) or now >= tonumber(current[2])) then
+  return int(math.max(0, now - tonumber(current[2])))
+end
+return ''
+"""
+)
 
 # KEYS: lease.
 _CURRENT = (
@@ -1261,6 +1286,7 @@ class RedisLeaseStore:
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE_LEASE)
         self._current = client.register_script(_CURRENT)
+        self._lease_end = client.register_script(_LEASE_END)
 
     @property
     def prefix(self) -> str:
@@ -1292,6 +1318,7 @@ class RedisLeaseStore:
             holder=holder,
             fence=int(result[1]),
             expires_at=_seconds(result[2]),
+            previous_end=_seconds(result[3]) if result[3] else None,
         )
 
     async def renew(self, lease: RunLease, ttl: float) -> RunLease:
@@ -1313,6 +1340,7 @@ class RedisLeaseStore:
             holder=lease.holder,
             fence=lease.fence,
             expires_at=_seconds(result[1]),
+            previous_end=lease.previous_end,
         )
 
     async def release(self, lease: RunLease) -> None:
@@ -1339,6 +1367,13 @@ class RedisLeaseStore:
             fence=int(fence),
             expires_at=_seconds(deadline),
         )
+
+    async def ended_ago(self, tenant: str, run_id: str) -> float | None:
+        """Seconds since the run's last lease ended; ``None`` if one is live or none ended."""
+        await self._durability.ensure()
+        with _driver_errors(f"reading when the lease on run {run_id!r} ended"):
+            ago = await self._lease_end(keys=[self._lease(tenant, run_id)])
+        return _seconds(ago) if ago else None
 
 
 # --- transcripts -------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from tesserix_adk.cli.failures import ExitCode, UsageError, exit_code_for, expla
 from tesserix_adk.cli.frontier import run_frontier_command
 from tesserix_adk.cli.loading import built_provider, import_ref, load_agent, load_provider
 from tesserix_adk.cli.text import escaped
+from tesserix_adk.leases import NEVER_RAN_MARGIN
 from tesserix_adk.run.runner import id_problem
 from tesserix_adk.runner import AgentRunner, RunStatus
 from tesserix_adk.stores.bundle import Stores
@@ -96,6 +97,17 @@ def _named(value: str) -> str:
     return value
 
 
+def _seconds(value: str) -> float:
+    """A duration on the command line: a finite number of seconds, zero or more."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number of seconds >= 0")
+    return seconds
+
+
 def _subcommands(parser: argparse.ArgumentParser) -> Any:
     return parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
@@ -146,6 +158,17 @@ def add_frontier_commands(sub: Any, parents: Parents = ()) -> None:
     what.add_argument("--outcome", help="the call's outcome as JSON (secrets are masked)")
     what.add_argument("--never-ran", action="store_true")
     p.add_argument("--by", required=True, type=_named, help="who checked")
+    p.add_argument(
+        "--margin",
+        type=_seconds,
+        default=NEVER_RAN_MARGIN,
+        metavar="SECONDS",
+        help=(
+            "--never-ran only once the run's last lease ended this long ago by the store's "
+            f"clock (default {NEVER_RAN_MARGIN:g}); lower it only for tools that cannot "
+            "deliver a call later than that after their lease ended"
+        ),
+    )
     p = sub.add_parser("schema", help="show or apply the store's schema", parents=parents)
     p.add_argument("action", choices=["show", "apply"])
 

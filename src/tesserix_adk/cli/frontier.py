@@ -23,6 +23,7 @@ from tesserix_adk.errors import (
     NoCheckpointError,
     ResumeConflictError,
 )
+from tesserix_adk.leases import never_ran_wait
 from tesserix_adk.messages import ToolOutcome
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, RunLease
@@ -195,6 +196,10 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
             content = json.loads(args.outcome)
         except ValueError as exc:
             raise UsageError(f"--outcome is not valid JSON: {exc}") from exc
+    if args.never_ran:
+        # Asked before the lease is taken: a refused try must not itself end a lease and so
+        # push the margin back.
+        _margin_passed(args, record, await stores.leases.ended_ago(args.tenant, args.run))
     # The operator carries the run while recording what happened, so no worker can take it
     # (and run on with, or re-send, the call being decided) in between; the acquisition also
     # raises the run's fence, so a worker whose lease lapsed is fenced out of its writes.
@@ -211,8 +216,11 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
     try:
         # Read again under the lease: what was in flight before may have completed since.
         record = _the_call(await stores.idempotency.records(args.tenant, args.run), args)
-        if record.status is not RecordStatus.in_flight:
-            raise Refused(f"{record.tool} ({args.call}) is not in flight; it is {record.status}")
+        if args.never_ran and lease.previous_end is not None:
+            # Another holder may have come and gone since the first look.
+            store_now = lease.expires_at - RESOLVE_LEASE_TTL
+            _margin_passed(args, record, max(0.0, store_now - lease.previous_end))
+        _in_flight(record, args)
         return await _record_resolution(args, stores, out, record, content)
     finally:
         try:
@@ -222,6 +230,25 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
                 f"the operator's lease on the run could not be released ({escaped(str(exc))}); "
                 f"it lapses within {RESOLVE_LEASE_TTL:g} s\n"
             )
+
+
+def _in_flight(record: IdempotencyRecord, args: argparse.Namespace) -> None:
+    if record.status is not RecordStatus.in_flight:
+        raise Refused(f"{record.tool} ({args.call}) is not in flight; it is {record.status}")
+
+
+def _margin_passed(
+    args: argparse.Namespace, record: IdempotencyRecord, ended_ago: float | None
+) -> None:
+    wait = never_ran_wait(ended_ago, args.margin)
+    if wait > 0:
+        _in_flight(record, args)  # a call already settled is refused as such, not "wait"
+        raise ResumeConflictError(
+            f"the run's last lease ended {ended_ago or 0:.1f} s ago by the store's clock, and "
+            f"its holder may still be sending {record.tool} ({args.call}); --never-ran is "
+            f"taken only after a margin of {args.margin:g} s: look at the outside world "
+            f"again in {wait:.1f} s, then resolve"
+        )
 
 
 def _the_call(records: list[IdempotencyRecord], args: argparse.Namespace) -> IdempotencyRecord:

@@ -318,6 +318,8 @@ class _LeaseSlot:
     lease: RunLease | None = None
     # Counts acquisitions; it never goes back, so a fence is never handed out twice.
     fence: int = 0
+    # When the last lease was released; a lapsed one's end is its own ``expires_at``.
+    ended_at: float | None = None
 
 
 class MemoryLeaseStore:
@@ -336,9 +338,15 @@ class MemoryLeaseStore:
             raise LeaseHeldError(
                 f"run {run_id!r} is leased to {slot.lease.holder!r}", holder=slot.lease.holder
             )
+        previous_end = slot.ended_at if slot.lease is None else slot.lease.expires_at
         slot.fence += 1
         slot.lease = RunLease(
-            tenant=tenant, run_id=run_id, holder=holder, fence=slot.fence, expires_at=now + ttl
+            tenant=tenant,
+            run_id=run_id,
+            holder=holder,
+            fence=slot.fence,
+            expires_at=now + ttl,
+            previous_end=previous_end,
         )
         return slot.lease
 
@@ -370,6 +378,7 @@ class MemoryLeaseStore:
             and slot.lease.fence == lease.fence
             and slot.lease.holder == lease.holder
         ):
+            slot.ended_at = min(slot.lease.expires_at, self._clock())
             slot.lease = None
 
     async def current(self, tenant: str, run_id: str) -> RunLease | None:
@@ -378,6 +387,15 @@ class MemoryLeaseStore:
         if slot is None or slot.lease is None or self._clock() >= slot.lease.expires_at:
             return None
         return slot.lease
+
+    async def ended_ago(self, tenant: str, run_id: str) -> float | None:
+        """Seconds since the run's last lease ended; ``None`` if one is live or none ended."""
+        slot = self._slots.get((tenant, run_id))
+        now = self._clock()
+        if slot is None:
+            return None
+        end = slot.ended_at if slot.lease is None else slot.lease.expires_at
+        return None if end is None or now < end else now - end
 
 
 # --- transcripts -------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
@@ -252,6 +252,12 @@ class RunLease:
     """The right to carry one run, numbered by a fence that rises on every acquisition.
 
     ``expires_at`` is the store's clock in epoch seconds, for display only.
+    ``previous_end`` is set by ``acquire`` only: when the run's lease before this one ended
+    by the store's clock (the last deadline it was renewed to if it lapsed, the moment it
+    was released if it was released), ``None`` when no earlier end is on record. A claimant
+    of that earlier lease may have started a call up to that moment, so whoever says such a
+    call never ran waits a margin past it (``leases.never_ran_wait``). It is not part of the
+    lease's identity.
     """
 
     tenant: str
@@ -259,6 +265,7 @@ class RunLease:
     holder: str
     fence: int
     expires_at: float
+    previous_end: float | None = field(default=None, compare=False)
 
     def superseded_by(self, other: RunLease) -> bool:
         """``other`` is a later acquisition of the same run."""
@@ -285,6 +292,12 @@ class LeaseStore(Protocol):
 
     async def current(self, tenant: str, run_id: str) -> RunLease | None:
         """The lease live by the store's clock, else ``None``."""
+        ...
+
+    async def ended_ago(self, tenant: str, run_id: str) -> float | None:
+        """Seconds, by the store's clock, since the run's last lease ended (the last
+        deadline it was renewed to if it lapsed, the moment of its release if released);
+        ``None`` while a lease is live or when none ever ended. Reads only."""
         ...
 
 

@@ -1284,6 +1284,7 @@ class SqliteLeaseStore:
                 holder=holder,
                 fence=(0 if row is None else int(row[0])) + 1,
                 expires_at=now + ttl,
+                previous_end=None if row is None or row[2] is None else float(row[2]),
             )
             conn.execute(
                 "INSERT INTO adk_run_leases (tenant, run_id, fence, holder, expires_at) "
@@ -1330,10 +1331,14 @@ class SqliteLeaseStore:
         """Free the run, only for the holder at that fence; the fence stays."""
 
         def release(conn: sqlite3.Connection) -> None:
+            # expires_at keeps when the lease ended, which the next acquisition reports.
+            now = _now(conn)
             conn.execute(
-                "UPDATE adk_run_leases SET holder = NULL, expires_at = NULL "
+                "UPDATE adk_run_leases SET holder = NULL, "
+                "expires_at = CASE WHEN expires_at IS NULL OR expires_at > ? THEN ? "
+                "ELSE expires_at END "
                 "WHERE tenant = ? AND run_id = ? AND fence = ? AND holder = ?",
-                (lease.tenant, lease.run_id, lease.fence, lease.holder),
+                (now, now, lease.tenant, lease.run_id, lease.fence, lease.holder),
             )
 
         await self.database.write(release)
@@ -1359,6 +1364,20 @@ class SqliteLeaseStore:
             )
 
         return await self.database.read(current)
+
+    async def ended_ago(self, tenant: str, run_id: str) -> float | None:
+        """Seconds since the run's last lease ended; ``None`` if one is live or none ended."""
+
+        def ended_ago(conn: sqlite3.Connection) -> float | None:
+            now = _now(conn)
+            row = conn.execute(
+                "SELECT expires_at FROM adk_run_leases WHERE tenant = ? AND run_id = ? "
+                "AND expires_at IS NOT NULL AND (holder IS NULL OR expires_at <= ?)",
+                (tenant, run_id, now),
+            ).fetchone()
+            return None if row is None else max(0.0, now - float(row[0]))
+
+        return await self.database.read(ended_ago)
 
 
 # --- transcripts -------------------------------------------------------------------------

@@ -86,6 +86,71 @@ class LeaseStoreConformance(ClockedConformance):
         assert first.superseded_by(second)
         assert not second.superseded_by(first)
 
+    async def test_the_first_acquisition_follows_no_lease(self, lease_store: LeaseStore) -> None:
+        lease = await lease_store.acquire(T, R, "worker-a", LONG)
+        assert lease.previous_end is None
+
+    async def test_an_acquisition_tells_when_the_lapsed_lease_before_it_ended(
+        self, lease_store: LeaseStore, clock: FakeClock | None
+    ) -> None:
+        # The last renewal's deadline, not the first grant's: a holder that renewed could
+        # dispatch until then.
+        first = await lease_store.acquire(T, R, "worker-a", self.short_ttl)
+        renewed = await lease_store.renew(first, self.short_ttl)
+        await self.let_pass(clock, self.past_short_ttl)
+        second = await lease_store.acquire(T, R, "worker-b", LONG)
+        assert second.previous_end == pytest.approx(renewed.expires_at, abs=1e-3)
+        assert second.previous_end is not None
+        assert second.previous_end <= second.expires_at - LONG + 1e-3
+
+    async def test_an_acquisition_after_a_release_tells_when_it_was_released(
+        self, lease_store: LeaseStore, clock: FakeClock | None
+    ) -> None:
+        first = await lease_store.acquire(T, R, "worker-a", LONG)
+        await self.let_pass(clock, 0.2 * self.short_ttl)
+        await lease_store.release(first)
+        second = await lease_store.acquire(T, R, "worker-b", LONG)
+        assert second.previous_end is not None
+        # Released, not lapsed: it ended at the release, long before its deadline.
+        assert first.expires_at - LONG - 1e-3 <= second.previous_end < first.expires_at - 1
+        assert second.previous_end <= second.expires_at - LONG + 1e-3
+        if clock is not None and self.moves_clock(clock):
+            assert second.previous_end == pytest.approx(
+                first.expires_at - LONG + 0.2 * self.short_ttl
+            )
+
+    async def test_the_end_of_the_previous_lease_is_not_part_of_a_lease_identity(
+        self, lease_store: LeaseStore, clock: FakeClock | None
+    ) -> None:
+        first = await lease_store.acquire(T, R, "worker-a", self.short_ttl)
+        await self.let_pass(clock, self.past_short_ttl)
+        second = await lease_store.acquire(T, R, "worker-b", LONG)
+        assert second.previous_end is not None
+        assert await lease_store.current(T, R) == second
+        assert await lease_store.renew(second, LONG) != first
+
+    async def test_ended_ago_tells_how_long_ago_the_last_lease_ended_and_changes_nothing(
+        self, lease_store: LeaseStore, clock: FakeClock | None
+    ) -> None:
+        assert await lease_store.ended_ago(T, R) is None
+        await lease_store.acquire(T, R, "worker-a", self.short_ttl)
+        assert await lease_store.ended_ago(T, R) is None  # live: it has not ended
+        await self.let_pass(clock, self.past_short_ttl)
+        lapsed = await lease_store.ended_ago(T, R)
+        assert lapsed is not None
+        assert 0 < lapsed <= self.past_short_ttl
+        later = await lease_store.ended_ago(T, R)
+        assert later is not None and later >= lapsed  # a read moves nothing
+        second = await lease_store.acquire(T, R, "worker-b", LONG)
+        assert second.previous_end is not None
+        assert await lease_store.ended_ago(T, R) is None
+        await self.let_pass(clock, 0.2 * self.short_ttl)
+        await lease_store.release(second)
+        released = await lease_store.ended_ago(T, R)
+        # Released, not lapsed: it ended just now, long before its deadline.
+        assert released is not None and 0 <= released < 1
+        assert await lease_store.current(T, R) is None
+
     async def test_fence_rises_after_expiry_and_after_release(
         self, lease_store: LeaseStore, clock: FakeClock | None
     ) -> None:
