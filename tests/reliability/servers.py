@@ -39,10 +39,10 @@ def _answers(port: int) -> bool:
 
 
 class RedisAof:
-    """A ``redis-server`` persisting by AOF (``appendfsync always``), stopped and started
-    again on the same port and directory."""
+    """A ``redis-server`` persisting by AOF (``appendfsync always``), with ``config`` (more
+    ``"--name", "value"`` pairs), stopped and started again on the same port and directory."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *config: str) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.skip("redis-server is not installed")
@@ -50,13 +50,14 @@ class RedisAof:
         self.directory = directory
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.config = config  # more "--name", "value" pairs
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
 
     def start(self) -> None:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
         args += ["--dir", str(self.directory), "--save", "", "--protected-mode", "no"]
-        args += ["--appendonly", "yes", "--appendfsync", "always"]
+        args += ["--appendonly", "yes", "--appendfsync", "always", *self.config]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while not _answers(self.port):
