@@ -164,6 +164,7 @@ class Site:
         backend: str = "?",
         lease_ttl: float = 0.6,
         delay: float = 0.01,
+        margin: float = 1.0,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -171,6 +172,9 @@ class Site:
         self.history = tmp / "history.jsonl"
         self.lease_ttl = lease_ttl
         self.delay = delay
+        # resolve --never-ran's margin past the run's last lease: above the lease ttl, which
+        # bounds how long after its lease ended a worker of the suite can still dispatch.
+        self.margin = margin
         self.recorder = Recorder(self.history, "harness")
         self.stats = Stats()
         self._n = 0
@@ -274,22 +278,27 @@ class Site:
     def resolve_from_the_world(self, run: str, label: str) -> None:
         """What an on-call engineer does when worker ``label`` was refused: look each call
         in doubt up in the outside world (the effects on the record) and record what was
-        found; told to retry later, wait, look again, and retry."""
+        found; told to retry later (exit 3: someone holds the run, or ``--never-ran`` is
+        inside its margin past the run's last lease), wait, look again, and retry."""
         events = read_history(self.history)
         refusal = [e for e in events if e.proc == label and e.ev == "result"][-1]
         assert refusal["verdict"] == "refused", refusal
         for key in refusal["keys"]:
-            for _ in range(MAX_WORKERS):
+            # Past this, leave it to the next worker: on SQLite a lease ended by a process
+            # whose clock is ahead ends, by the operator's clock, in the future.
+            deadline = time.monotonic() + max(5.0, 3 * self.margin)
+            while time.monotonic() < deadline:
                 # Looked up afresh each time: a slow worker may have made the call since.
                 world = read_history(self.history)
                 effects = {e["key"]: e for e in world if e.run == run and e.ev == "effect"}
-                what: list[str] = []
+                what = ["--margin", str(self.margin)]
                 if key in effects:
                     what = ["--outcome", json.dumps({"booked": effects[key]["item"]})]
                 code = self.start(run, "--resolve", key, *what).finish()
-                if code != worker.EXIT_NOT_NOW:  # 3: someone holds the run right now
+                if code != worker.EXIT_NOT_NOW:
                     break
-                time.sleep(0.1)
+                self.note("resolve told to retry later")
+                time.sleep(0.2)
             self.count("resolutions")
 
     # --- verdict -----------------------------------------------------------------------

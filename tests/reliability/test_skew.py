@@ -90,7 +90,7 @@ def test_workers_with_a_skewed_wall_clock_make_no_call_twice(site: Site, so: Pat
         len(trials),
         verdict,
         workers=site.stats.workers,
-        notes={"live leases taken by a skewed clock": len(taken)},
+        notes={"live leases taken by a skewed clock": len(taken), **site.stats.notes},
     )
     assert verdict.ok, verdict.explain()
     if site.backend != "sqlite":

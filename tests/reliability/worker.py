@@ -346,7 +346,9 @@ async def _carry(args: argparse.Namespace, rec: Recorder) -> int:
 def _resolve(args: argparse.Namespace, rec: Recorder) -> int:
     faults = Faults((), rec, args.run)
     stores = recording(open_stores(args.store), rec, faults)
-    what = ["--never-ran"] if args.outcome is None else ["--outcome", args.outcome]
+    what = ["--outcome", args.outcome]
+    if args.outcome is None:
+        what = ["--never-ran", "--margin", str(args.margin)]
     argv = ["resolve", args.run, "--tenant", TENANT, "--call", args.resolve, *what]
     code = frontier_main([*argv, "--by", "oncall"], stores=stores)
     rec.event("resolve_result", args.run, key=args.resolve, code=code)
@@ -373,6 +375,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--release", metavar="FILE", help="ends a hold once it exists")
     parser.add_argument("--resolve", metavar="KEY")
     parser.add_argument("--outcome", metavar="JSON")
+    parser.add_argument("--margin", type=float, default=1.0, help="of resolve --never-ran")
     return parser.parse_args(list(argv))
 
 
