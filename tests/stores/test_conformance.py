@@ -1,22 +1,27 @@
 """Every conformance suite against every backend, through one parametrised fixture.
 
 A backend joins by adding an entry to ``BACKENDS``: a function that opens its whole set of
-stores (and closes them afterwards) and whether they run on the test's ``FakeClock``.
+stores (and closes them afterwards), whether they run on the test's ``FakeClock``, and how
+to count the requests its driver sends (``round_trips``; ``None`` where nothing is sent).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from adapters.services import postgres_stores, redis_stores
+from tesserix_adk.checkpoint.payload import Checkpoint
+from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import (
     MemoryApprovalStore,
@@ -27,12 +32,16 @@ from tesserix_adk.stores.memory import (
     MemoryLedger,
 )
 from tesserix_adk.stores.protocols import (
+    EMPTY_HISTORY_DIGEST,
     ApprovalStore,
     CheckpointStore,
+    HistoryHandle,
     HistoryStore,
     IdempotencyStore,
     LeaseStore,
     Ledger,
+    StoredCheckpoint,
+    chain_digest,
 )
 from tesserix_adk.stores.sqlite import open_sqlite_stores
 from tesserix_adk.testing import (
@@ -46,6 +55,13 @@ from tesserix_adk.testing import (
 )
 from tesserix_adk.testing.checkpoint_store import MakeCheckpointStore
 from tesserix_adk.testing.corruption import CorruptionConformance
+from tesserix_adk.testing.costs import (
+    check_fetch_is_constant,
+    check_lookup_is_batched,
+    check_plan_calls,
+    check_reads_are_constant,
+)
+from tesserix_adk.testing.counting import RoundTrips
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +77,7 @@ class StoreSet:
 
 
 OpenStores = Callable[[FakeClock | None, int | None, Path], AbstractAsyncContextManager[StoreSet]]
+CountRoundTrips = Callable[[StoreSet, RoundTrips], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +87,8 @@ class Backend:
     open: OpenStores
     # False for stores that read a database or server clock: time then passes for real.
     runs_on_fake_clock: bool
+    # Wires a counter to the driver of an opened set; None: nothing is sent anywhere.
+    count_round_trips: CountRoundTrips | None = None
 
 
 @asynccontextmanager
@@ -137,11 +156,127 @@ def _store_set(opened: Stores) -> StoreSet:
     )
 
 
+# --- counting what each driver sends ------------------------------------------------------
+
+
+def _distinct(stores: StoreSet, attribute: str) -> list[Any]:
+    """The driver objects (by identity) the counted stores hold under ``attribute``."""
+    found = {
+        id(held): held
+        for store in (stores.checkpoints, stores.idempotency, stores.history)
+        if (held := getattr(store, attribute, None)) is not None
+    }
+    assert found, f"no store of this set has {attribute!r}: the counter would count nothing"
+    return list(found.values())
+
+
+async def count_sqlite(stores: StoreSet, trips: RoundTrips) -> None:
+    # Every statement the connection runs, as SQLite's trace callback reports it (set in
+    # the database's own thread, the only one that touches its connection).
+    def trace(sql: str) -> None:
+        if not sql.startswith("--"):  # a trigger's sub-program, part of its statement
+            trips.sent()
+
+    for database in _distinct(stores, "database"):
+        await database.read(lambda conn: conn.set_trace_callback(trace))
+
+
+async def count_redis(stores: StoreSet, trips: RoundTrips) -> None:
+    # Each command the client sends (scripts too: EVALSHA, and SCRIPT LOAD on NOSCRIPT) and
+    # each pipeline, which goes out as one write and one read.
+    for client in _distinct(stores, "_client"):
+        _count_client(client, trips)
+
+
+def _count_client(client: Any, trips: RoundTrips) -> None:
+    send = client.execute_command
+    make_pipeline = client.pipeline
+
+    async def execute_command(*args: Any, **options: Any) -> Any:
+        trips.sent()
+        return await send(*args, **options)
+
+    def pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = make_pipeline(*args, **kwargs)
+        run = pipe.execute
+
+        async def execute(*a: Any, **kw: Any) -> Any:
+            trips.sent()
+            return await run(*a, **kw)
+
+        pipe.execute = execute
+        return pipe
+
+    client.execute_command = execute_command
+    client.pipeline = pipeline
+
+
+async def count_postgres(stores: StoreSet, trips: RoundTrips) -> None:
+    # Each statement executed on a pooled connection (the stores reach the server only
+    # through the pool); connection set-up is not counted.
+    for database in _distinct(stores, "database"):
+        _count_pool(database.pool, trips)
+
+
+def _count_pool(pool: Any, trips: RoundTrips) -> None:
+    connection = pool.connection
+
+    @asynccontextmanager
+    async def counted_connection(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async with connection(*args, **kwargs) as conn:
+            yield _CountingConnection(conn, trips)
+
+    pool.connection = counted_connection
+
+
+class _CountingConnection:
+    def __init__(self, conn: Any, trips: RoundTrips) -> None:
+        self._conn = conn
+        self._trips = trips
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self._trips.sent()
+        return await self._conn.execute(*args, **kwargs)
+
+    def cursor(self, *args: Any, **kwargs: Any) -> _CountingCursor:
+        return _CountingCursor(self._conn.cursor(*args, **kwargs), self._trips)
+
+
+class _CountingCursor:
+    def __init__(self, cursor: Any, trips: RoundTrips) -> None:
+        self._cursor = cursor
+        self._trips = trips
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    async def __aenter__(self) -> _CountingCursor:
+        await self._cursor.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self._cursor.__aexit__(*exc_info)
+
+    async def execute(self, *args: Any, **kwargs: Any) -> _CountingCursor:
+        self._trips.sent()
+        await self._cursor.execute(*args, **kwargs)
+        return self
+
+    async def executemany(self, *args: Any, **kwargs: Any) -> None:
+        self._trips.sent()
+        await self._cursor.executemany(*args, **kwargs)
+
+
 BACKENDS: dict[str, Backend] = {
     "memory": Backend(open=open_memory, runs_on_fake_clock=True),
-    "sqlite": Backend(open=open_sqlite, runs_on_fake_clock=False),
-    "redis": Backend(open=open_redis, runs_on_fake_clock=False),
-    "postgres": Backend(open=open_postgres, runs_on_fake_clock=False),
+    "sqlite": Backend(open=open_sqlite, runs_on_fake_clock=False, count_round_trips=count_sqlite),
+    "redis": Backend(open=open_redis, runs_on_fake_clock=False, count_round_trips=count_redis),
+    "postgres": Backend(
+        open=open_postgres, runs_on_fake_clock=False, count_round_trips=count_postgres
+    ),
 }
 
 
@@ -161,6 +296,15 @@ async def stores(
 ) -> AsyncIterator[StoreSet]:
     async with backend.open(clock, None, tmp_path) as opened:
         yield opened
+
+
+@pytest.fixture
+def round_trips(backend: Backend, stores: StoreSet) -> RoundTrips | None:
+    """Requests the backend's driver sends (wired when a test awaits ``wired()``); ``None``
+    for memory, which sends none. Synchronous: the suites ask for it from a running test."""
+    if backend.count_round_trips is None:
+        return None
+    return RoundTrips(functools.partial(backend.count_round_trips, stores))
 
 
 @pytest.fixture
@@ -235,6 +379,114 @@ class TestApprovalStore(ApprovalStoreConformance):
 
 class TestCorruption(CorruptionConformance):
     pass
+
+
+class _PerKeyLookup:
+    """An idempotency store that looks keys up one at a time: the shape the batched look-up
+    and plan checks exist to refuse. Everything else is the store under test."""
+
+    def __init__(self, inner: IdempotencyStore) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def lookup(self, keys: Any, *, tenant: str) -> Any:
+        found = {}
+        for key in keys:
+            found.update(await self.inner.lookup([key], tenant=tenant))
+        return found
+
+
+async def test_the_batched_look_up_check_refuses_a_look_up_per_key(
+    idempotency_store: IdempotencyStore, round_trips: RoundTrips | None
+) -> None:
+    if round_trips is None:
+        pytest.skip("the memory store sends no requests that can be counted")
+    with pytest.raises(AssertionError, match="not one batched call"):
+        await check_lookup_is_batched(
+            _PerKeyLookup(idempotency_store),  # type: ignore[arg-type]
+            await round_trips.wired(),
+        )
+
+
+class _LatestByScan:
+    """A checkpoint store whose ``latest`` reads every step to find the last one: reads
+    that grow with the run, which the constant-reads check exists to refuse."""
+
+    def __init__(self, inner: CheckpointStore) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def latest(self, tenant: str, run_id: str) -> StoredCheckpoint | None:
+        found = None
+        for step in await self.inner.steps(tenant, run_id):
+            found = await self.inner.at(tenant, run_id, step)
+        return found
+
+
+class _FetchCheckingEveryPrefix:
+    """A history store whose ``fetch`` then checks each shorter prefix on its own: one
+    request per message, which the constant-fetch check exists to refuse."""
+
+    def __init__(self, inner: HistoryStore) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def fetch(self, handle: HistoryHandle) -> list[bytes]:
+        items = await self.inner.fetch(handle)
+        digest = EMPTY_HISTORY_DIGEST
+        for count, item in enumerate(items[:-1], start=1):
+            digest = chain_digest(digest, item)
+            prefix = HistoryHandle(
+                tenant=handle.tenant, run_id=handle.run_id, count=count, digest=digest
+            )
+            await self.inner.fetch(prefix)
+        return items
+
+
+async def test_the_constant_reads_check_refuses_a_latest_that_scans_every_step(
+    checkpoint_store: CheckpointStore, round_trips: RoundTrips | None
+) -> None:
+    if round_trips is None:
+        pytest.skip("the memory store sends no requests that can be counted")
+    with pytest.raises(AssertionError, match="after 12 steps"):
+        await check_reads_are_constant(
+            _LatestByScan(checkpoint_store),  # type: ignore[arg-type]
+            await round_trips.wired(),
+        )
+
+
+async def test_the_constant_fetch_check_refuses_a_request_per_message(
+    history_store: HistoryStore, round_trips: RoundTrips | None
+) -> None:
+    if round_trips is None:
+        pytest.skip("the memory store sends no requests that can be counted")
+    with pytest.raises(AssertionError, match="fetching 40 messages"):
+        await check_fetch_is_constant(
+            _FetchCheckingEveryPrefix(history_store),  # type: ignore[arg-type]
+            await round_trips.wired(),
+        )
+
+
+async def _plan_per_call(frontier: Checkpoint, idempotency: IdempotencyStore) -> ResumePlan:
+    """The kit's planner, after first looking each outstanding call up on its own."""
+    for oc in frontier.outstanding:
+        if oc.key is not None:
+            await idempotency.lookup([oc.key], tenant=frontier.tenant)
+    return await plan_resume(frontier, idempotency)
+
+
+async def test_the_plan_check_refuses_a_planner_that_looks_up_per_call(
+    idempotency_store: IdempotencyStore,
+) -> None:
+    await check_plan_calls(idempotency_store)  # the kit's planner passes on this store
+    with pytest.raises(AssertionError, match="store calls, at most 2"):
+        await check_plan_calls(idempotency_store, _plan_per_call)
 
 
 def test_importing_the_testing_package_needs_no_pytest() -> None:

@@ -9,6 +9,8 @@ import pytest
 from tesserix_adk.errors import StaleFenceError
 from tesserix_adk.stores.protocols import CheckpointStore, FencedStore, StoredCheckpoint
 from tesserix_adk.testing._support import JOIN_ALIKE_IDS, ODD_IDS
+from tesserix_adk.testing.costs import check_reads_are_constant
+from tesserix_adk.testing.counting import round_trips_of
 
 __all__ = ["CheckpointStoreConformance", "MakeCheckpointStore"]
 
@@ -28,7 +30,9 @@ class CheckpointStoreConformance:
     - ``make_checkpoint_store``: an async callable ``make(keep_last)`` building a fresh,
       empty store that keeps the ``keep_last`` highest steps.
 
-    Tear down whatever they build in the fixtures themselves.
+    Tear down whatever they build in the fixtures themselves. Optionally ``round_trips``:
+    a ``testing.counting.RoundTrips`` wired to the store's driver, or ``None``; without one
+    the tests of requests sent skip, saying why.
     """
 
     async def test_store_satisfies_the_protocol(self, checkpoint_store: CheckpointStore) -> None:
@@ -316,3 +320,8 @@ class CheckpointStoreConformance:
             latest = await checkpoint_store.latest(tenant, run_id)
             assert latest is not None and latest.payload == f"{tenant}|{run_id}".encode()
             assert await checkpoint_store.steps(tenant, run_id) == [1]
+
+    async def test_reads_send_as_many_requests_however_many_steps_are_kept(
+        self, checkpoint_store: CheckpointStore, request: pytest.FixtureRequest
+    ) -> None:
+        await check_reads_are_constant(checkpoint_store, await round_trips_of(request))

@@ -15,6 +15,8 @@ from tesserix_adk.stores.protocols import (
     chain_digest,
 )
 from tesserix_adk.testing._support import JOIN_ALIKE_IDS, ODD_IDS
+from tesserix_adk.testing.costs import check_fetch_is_constant
+from tesserix_adk.testing.counting import round_trips_of
 
 __all__ = ["HistoryStoreConformance"]
 
@@ -38,7 +40,10 @@ class HistoryStoreConformance:
 
     Provide one fixture (in the subclass, a conftest or the module):
 
-    - ``history_store``: a fresh, empty store.
+    - ``history_store``: a fresh, empty store;
+
+    and, optionally, ``round_trips``: a ``testing.counting.RoundTrips`` wired to the store's
+    driver, or ``None``; without one the tests of requests sent skip, saying why.
     """
 
     async def test_store_satisfies_the_protocol(self, history_store: HistoryStore) -> None:
@@ -270,3 +275,8 @@ class HistoryStoreConformance:
         ]
         for (t, r), handle in zip(JOIN_ALIKE_IDS, handles, strict=True):
             assert await history_store.fetch(handle) == [f"{t}|{r}".encode()]
+
+    async def test_fetch_sends_as_many_requests_however_long_the_transcript(
+        self, history_store: HistoryStore, request: pytest.FixtureRequest
+    ) -> None:
+        await check_fetch_is_constant(history_store, await round_trips_of(request))

@@ -16,6 +16,8 @@ from tesserix_adk.stores.protocols import (
 )
 from tesserix_adk.testing._support import JOIN_ALIKE_IDS, ODD_IDS, ClockedConformance
 from tesserix_adk.testing.clock import FakeClock
+from tesserix_adk.testing.costs import check_lookup_is_batched, check_plan_calls
+from tesserix_adk.testing.counting import round_trips_of
 
 __all__ = ["IdempotencyStoreConformance"]
 
@@ -89,6 +91,9 @@ class IdempotencyStoreConformance(ClockedConformance):
     - ``clock``: the ``FakeClock`` injected into that store, or ``None`` when the store
       reads its own clock (a database or server clock); ttl tests then wait for real, for
       ``past_short_ttl`` seconds at a time. ``controls_clock = False`` forces real waits.
+
+    and, optionally, ``round_trips``: a ``testing.counting.RoundTrips`` wired to the
+    store's driver, or ``None``; without one the tests of requests sent skip, saying why.
     """
 
     async def test_store_satisfies_the_protocol(self, idempotency_store: IdempotencyStore) -> None:
@@ -428,6 +433,16 @@ class IdempotencyStoreConformance(ClockedConformance):
         assert claimed.status is RecordStatus.in_flight
 
     async def test_lookup_is_one_batched_call(
+        self, idempotency_store: IdempotencyStore, request: pytest.FixtureRequest
+    ) -> None:
+        await check_lookup_is_batched(idempotency_store, await round_trips_of(request))
+
+    async def test_a_resume_plan_takes_at_most_two_store_calls(
+        self, idempotency_store: IdempotencyStore
+    ) -> None:
+        await check_plan_calls(idempotency_store)
+
+    async def test_lookup_returns_the_live_records_of_the_keys_asked(
         self, idempotency_store: IdempotencyStore, clock: FakeClock | None
     ) -> None:
         await _claim(idempotency_store, "in-flight", "worker-a")
