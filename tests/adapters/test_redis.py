@@ -177,7 +177,9 @@ async def test_fence_counter_survives_lease_expiry_and_release(
     assert await redis_client.get(counter) == b"1"
     second = await redis_stores.leases.acquire(T, R, "worker-b", 30)
     await redis_stores.leases.release(second)
-    assert await redis_client.exists(lease_key) == 0
+    # The hash stays, holderless, so that the next acquisition can tell when this lease ended.
+    assert await redis_client.hget(lease_key, "holder") is None
+    assert await redis_client.ttl(lease_key) == -1
     assert await redis_client.get(counter) == b"2"
     assert await redis_client.ttl(counter) == -1
     third = await redis_stores.leases.acquire(T, R, "worker-c", 30)
