@@ -325,6 +325,74 @@ async def test_a_version_1_file_holding_a_null_key_is_refused_not_migrated(
         assert conn.execute("SELECT version FROM adk_schema_version").fetchone() == (1,)
 
 
+def _layout(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
+    """Every object of the file's schema as ``sqlite_master`` holds it (its page aside)."""
+    return conn.execute(
+        "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+    ).fetchall()
+
+
+async def test_a_file_built_from_the_migrations_matches_a_created_one(tmp_path: Path) -> None:
+    from tesserix_adk.stores.sqlite import SQLITE_MIGRATIONS
+
+    assert len(SQLITE_MIGRATIONS) == SQLITE_SCHEMA_VERSION
+    built = tmp_path / "built.sqlite3"
+    with raw(built) as conn:  # the migrations alone, one after another, as a reader would
+        for migration in SQLITE_MIGRATIONS:
+            conn.executescript(migration)
+    created = tmp_path / "created.sqlite3"
+    async with open_sqlite_stores(created) as stores:
+        await stores.create_schema()
+    upgraded = tmp_path / "upgraded.sqlite3"
+    with raw(upgraded) as conn:  # a version-1 file, brought up by schema apply
+        conn.executescript(SQLITE_MIGRATIONS[0])
+        conn.execute("INSERT INTO adk_schema_version (id, version) VALUES (1, 1)")
+    async with open_sqlite_stores(upgraded) as stores:
+        await stores.create_schema()
+    with raw(built) as b, raw(created) as c, raw(upgraded) as u:
+        assert _layout(c) == _layout(b)
+        assert _layout(u) == _layout(b)
+        assert len(_layout(c)) > 9
+
+
+async def test_schema_apply_on_a_current_file_puts_back_a_table_dropped_by_hand(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "adk.sqlite3"
+    fresh = tmp_path / "fresh.sqlite3"
+    async with open_sqlite_stores(path) as stores, open_sqlite_stores(fresh) as other:
+        await stores.create_schema()
+        await other.create_schema()
+        await stores.idempotency.claim(
+            "k1",
+            holder="w",
+            tenant="acme",
+            run_id="run-1",
+            iteration=0,
+            tool="book_seat",
+            call_id="c1",
+            flags=ToolFlags(),
+        )
+    with raw(path) as conn:
+        conn.execute("DROP TABLE adk_approvals")
+        conn.execute("DROP INDEX adk_idempotency_run")
+    async with open_sqlite_stores(path) as stores:
+        await stores.create_schema()
+        assert (await stores.idempotency.lookup(["k1"], tenant="acme"))["k1"].holder == "w"
+    with raw(path) as conn, raw(fresh) as created:
+        assert _layout(conn) == _layout(created)
+
+
+def test_the_written_out_schema_applies_to_an_empty_file_and_again(tmp_path: Path) -> None:
+    with raw(tmp_path / "adk.sqlite3") as conn:
+        conn.executescript(SQLITE_SCHEMA)
+        conn.executescript(SQLITE_SCHEMA)
+        assert conn.execute("SELECT id, version FROM adk_schema_version").fetchall() == [
+            (1, SQLITE_SCHEMA_VERSION)
+        ]
+    assert f"version {SQLITE_SCHEMA_VERSION}" in SQLITE_SCHEMA.splitlines()[0]
+
+
 @pytest.mark.parametrize(("synchronous", "pragma"), [("full", 2), ("normal", 1)])
 async def test_synchronous_setting_is_honoured(
     tmp_path: Path, synchronous: str, pragma: int

@@ -1,0 +1,358 @@
+"""The SQLite file the stores share: its one connection, the thread that uses it, the
+schema check and upgrade, and the translation of driver errors into the kit's.
+
+One connection, used from one worker thread of its own, so the event loop never waits on
+SQLite. Every decision (a fence, a claim, a lease) is read, decided and written inside
+``BEGIN IMMEDIATE``, which takes the file's write lock first, so several processes on one
+file see each decision as atomic; ``busy_timeout`` (5 s) is how long one waits for
+another's write.
+
+Durability: ``synchronous="full"`` (the default) syncs the WAL on every commit, so a
+committed claim or frontier survives a power loss, not only a process death.
+``synchronous="normal"`` syncs only at WAL checkpoints: faster, and still safe when the
+*process* dies, but a power loss or OS crash may lose the last commits — a claim among them,
+which could let a call run twice. Choose it only where that is acceptable.
+
+Nothing here creates a file, a directory or a table, except ``create_schema()`` (what
+``tesserix schema apply`` runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import sqlite3
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from tesserix_adk.errors import (
+    AdkError,
+    CheckpointCorruptError,
+    ConfigurationError,
+    StoreReplyLostError,
+    StoreUnavailableError,
+)
+from tesserix_adk.stores.sqlite.schema import SqliteSchema, statements
+
+__all__ = ["SqliteDatabase"]
+
+_SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
+
+T = TypeVar("T")
+
+
+class _CommitInDoubt(Exception):
+    """COMMIT failed after SQLite ended the transaction: committed or not, unknown."""
+
+    def __init__(self, error: sqlite3.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _sqlite_url(path: str) -> str:
+    # SQLAlchemy style: three slashes, then the path (absolute paths add their own slash).
+    return "sqlite:///" + path
+
+
+class SqliteDatabase:
+    """One SQLite file shared by the six stores: its connection, thread and schema.
+
+    Nothing touches the file until the first store call; that call opens it read-write
+    (never creating it) and checks the schema version, so a missing file or schema is a
+    ``ConfigurationError`` naming ``tesserix schema apply``. ``create_schema()`` is the one
+    call that creates the file (and its directory). Close with ``aclose()``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Literal["full", "normal"] | str = "full",
+        busy_timeout: float = 5.0,
+    ) -> None:
+        mode = str(synchronous).lower()
+        if mode not in _SYNCHRONOUS:
+            raise ConfigurationError(f"synchronous must be 'full' or 'normal', got {synchronous!r}")
+        if not busy_timeout >= 0:
+            raise ConfigurationError(f"busy_timeout must be >= 0 seconds, got {busy_timeout!r}")
+        # Resolved now, so a relative path means the directory the stores were opened in.
+        self.path = os.path.abspath(os.fspath(path))
+        self.synchronous = mode
+        self.busy_timeout = float(busy_timeout)
+        self._executor: ThreadPoolExecutor | None = None
+        # Only ever touched from the executor's one thread.
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+        # Read from the package's migration files now, so the first call cannot fail on it.
+        self.schema = SqliteSchema.load()
+
+    def __repr__(self) -> str:
+        return f"SqliteDatabase({self.path!r}, synchronous={self.synchronous!r})"
+
+    @property
+    def url(self) -> str:
+        """The ``open_stores`` URL of this file."""
+        return _sqlite_url(self.path)
+
+    # --- running SQL ---------------------------------------------------------------------
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` in ``BEGIN IMMEDIATE``, in the worker thread; commit
+        if it returns, roll back if it raises."""
+        return await self._submit(functools.partial(self._transaction, fn, "BEGIN IMMEDIATE"))
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` in a read transaction (one snapshot), in the worker thread."""
+        return await self._submit(functools.partial(self._transaction, fn, "BEGIN"))
+
+    async def create_schema(self) -> None:
+        """Create the file, its directory and the tables (idempotent); set WAL mode.
+
+        Refuses (``ConfigurationError``) a file whose schema is newer than this kit's.
+        """
+        await self._submit(self._create_schema)
+
+    async def verify(self) -> None:
+        """Check the file exists with this kit's schema version (``ConfigurationError``)."""
+        await self._submit(lambda: self._check_schema(self._connection()))
+
+    async def aclose(self) -> None:
+        """Close the connection and stop the worker thread; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        executor = self._executor
+        if executor is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(executor, self._close_connection)
+        finally:
+            executor.shutdown(wait=False)
+
+    async def _submit(self, call: Callable[[], T]) -> T:
+        if self._closed:
+            raise ConfigurationError(f"the SQLite store {self.path} was closed")
+        if self._executor is None:
+            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tesserix-sqlite")
+            # A database dropped without aclose() still lets its thread go.
+            weakref.finalize(self, executor.shutdown, wait=False)
+            self._executor = executor
+        loop = asyncio.get_running_loop()
+        # A cancelled caller stops waiting: its call either never starts or runs to its
+        # commit or rollback in the thread, so the connection is never left inside one.
+        return await loop.run_in_executor(self._executor, self._translating, call)
+
+    def _translating(self, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except _CommitInDoubt as doubt:
+            raise StoreReplyLostError(
+                f"the SQLite store {self.path} failed while committing, after SQLite began "
+                f"writing the transaction out; it may have been committed: {doubt.error}"
+            ) from doubt.error
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+
+    def _transaction(self, fn: Callable[[sqlite3.Connection], T], begin: str) -> T:
+        conn = self._connection()
+        try:
+            conn.execute(begin)
+            result = fn(conn)
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                # Still in the transaction (SQLITE_BUSY, a deferred constraint): nothing was
+                # committed, and the rollback below makes sure. Otherwise SQLite ended it
+                # while writing it out (an I/O error, a full disk), and from here it cannot
+                # be told whether the commit record reached the file.
+                if conn.in_transaction:
+                    raise
+                raise _CommitInDoubt(exc) from exc
+            return result
+        finally:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+
+    def _open(self, mode: str) -> sqlite3.Connection:
+        uri = Path(self.path).as_uri() + f"?mode={mode}"
+        conn = sqlite3.connect(
+            uri, uri=True, timeout=self.busy_timeout, isolation_level=None, cached_statements=256
+        )
+        try:
+            # PRAGMAs take no bound parameters; both values come from closed sets.
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            conn.execute(f"PRAGMA synchronous = {_SYNCHRONOUS[self.synchronous]}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            # mode=rw: a missing file is an error, never an empty new database.
+            try:
+                self._conn = self._checked("rw")
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", -1) & 0xFF != sqlite3.SQLITE_READONLY:
+                    raise
+                # A directory this process may not write (WAL needs its -shm file there):
+                # open read-only, so the store can still be inspected; writes are refused.
+                self._conn = self._checked(self._read_only_mode())
+        return self._conn
+
+    def _checked(self, mode: str) -> sqlite3.Connection:
+        """A connection opened in ``mode`` whose schema is the one this kit needs."""
+        conn = self._open(mode)
+        try:
+            self._check_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _read_only_mode(self) -> str:
+        # immutable=1 reads without the -shm file, which is only right while no write-ahead
+        # log holds transactions the main file does not have yet.
+        wal = Path(f"{self.path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            return "ro"
+        return "ro&immutable=1"
+
+    def _close_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        try:
+            row = conn.execute("SELECT version FROM adk_schema_version WHERE id = 1").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise
+            row = None
+        if row is None:
+            raise self._missing()
+        if row[0] != self.schema.version:
+            raise self._wrong_version(row[0])
+
+    def _create_schema(self) -> None:
+        directory = os.path.dirname(self.path)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot create the directory of the SQLite store {self.path}: {exc}"
+            ) from exc
+        conn = self._open("rwc")
+        try:
+            # WAL is a property of the file; it cannot change inside a transaction.
+            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            if str(mode).lower() != "wal":
+                raise ConfigurationError(
+                    f"the SQLite store {self.path} cannot use WAL mode (it stays {mode!r}); "
+                    f"put it on a local file system"
+                )
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                exists = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                    ("adk_schema_version",),
+                ).fetchone()
+                version = self.schema.version
+                if exists is not None:
+                    row = conn.execute(
+                        "SELECT version FROM adk_schema_version WHERE id = 1"
+                    ).fetchone()
+                    if row is not None:
+                        version = row[0]
+                if not isinstance(version, int) or not 1 <= version <= self.schema.version:
+                    raise self._wrong_version(version)
+                if version < 2:
+                    self._refuse_null_keys(conn)
+                for migration in self.schema.migrations[version:]:
+                    for statement in statements(migration):
+                        conn.execute(statement)
+                # Idempotent: on a file at this version it puts back a table dropped by hand.
+                for statement in statements(self.schema.ddl):
+                    conn.execute(statement)
+                conn.execute(
+                    "UPDATE adk_schema_version SET version = ? WHERE id = 1",
+                    (self.schema.version,),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        finally:
+            conn.close()
+
+    def _refuse_null_keys(self, conn: sqlite3.Connection) -> None:
+        # Version 2 makes these NOT NULL. Such a row can never be found by its key, so it
+        # is not silently dropped: an operator decides what it was.
+        (records,) = conn.execute(
+            "SELECT count(*) FROM adk_idempotency WHERE key IS NULL"
+        ).fetchone()
+        (approvals,) = conn.execute(
+            "SELECT count(*) FROM adk_approvals WHERE id IS NULL"
+        ).fetchone()
+        if records or approvals:
+            raise ConfigurationError(
+                f"the SQLite store {self.path} holds {records} idempotency record(s) with no "
+                f"key and {approvals} approval(s) with no id; version {self.schema.version} "
+                f"of the schema refuses them. Inspect and delete them (e.g. DELETE FROM "
+                f"adk_idempotency WHERE key IS NULL), then run `tesserix schema apply` again"
+            )
+
+    def _missing(self) -> ConfigurationError:
+        return ConfigurationError(
+            f"the SQLite store {self.path} has no tesserix schema (or does not exist); "
+            f"create it with `tesserix schema apply --store {self.url}`"
+        )
+
+    def _wrong_version(self, found: object) -> ConfigurationError:
+        # Version 1 is the first: anything lower was not written by a release of the kit.
+        if isinstance(found, int) and found > self.schema.version:
+            hint = "upgrade tesserix-adk to use it"
+        elif isinstance(found, int) and found >= 1:
+            hint = f"migrate it, keeping its data, with `tesserix schema apply --store {self.url}`"
+        else:
+            hint = "it was not created by `tesserix schema apply`"
+        return ConfigurationError(
+            f"the SQLite store {self.path} has schema version {found!r}, this kit needs "
+            f"{self.schema.version}; {hint}"
+        )
+
+    def _translate(self, exc: sqlite3.Error) -> AdkError:
+        code = getattr(exc, "sqlite_errorcode", -1) & 0xFF
+        if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            return StoreUnavailableError(
+                f"the SQLite store {self.path} is locked by another writer "
+                f"(waited up to {self.busy_timeout:g} s): {exc}"
+            )
+        if code == sqlite3.SQLITE_CANTOPEN:
+            return ConfigurationError(
+                f"the SQLite store {self.path} does not exist or cannot be opened; "
+                f"create it with `tesserix schema apply --store {self.url}`"
+            )
+        if code == sqlite3.SQLITE_NOTADB:
+            return ConfigurationError(f"{self.path} is not a SQLite database: {exc}")
+        if code == sqlite3.SQLITE_CORRUPT:
+            return CheckpointCorruptError(
+                f"the SQLite store {self.path} is damaged ({exc}); restore it from a backup"
+            )
+        if code == sqlite3.SQLITE_READONLY:
+            return ConfigurationError(
+                f"the SQLite store {self.path} is read-only for this process ({exc}); it can "
+                "be inspected, not written"
+            )
+        if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
+            return self._missing()
+        return StoreUnavailableError(f"the SQLite store {self.path} failed: {exc}")
