@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from tesserix_adk.errors import ConfigurationError
@@ -77,26 +78,68 @@ def redact_url(url: str) -> str:
 # --- backends ----------------------------------------------------------------------------
 
 
-def _options(url: str, query: str, allowed: tuple[str, ...]) -> dict[str, str]:
+# Every option the kit itself reads from a store URL, by backend. An adapter hands the rest
+# of the query to its driver, but never another backend's option: that is a mistake in the
+# URL, not a driver setting.
+KIT_OPTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "memory": ("keep_last",),
+        "SQLite": ("keep_last", "synchronous"),
+        "Redis": ("prefix", "allow_volatile", "keep_last"),
+        "PostgreSQL": ("keep_last", "pool_min", "pool_max", "timeout"),
+    }
+)
+
+
+def store_options(
+    url: str, query: str, backend: str, *, driver: bool
+) -> tuple[dict[str, str], str]:
+    """The kit's options of ``backend`` (a key of ``KIT_OPTIONS``) out of ``query``, decoded,
+    and the rest of the query for its driver, segment for segment as written.
+
+    Without a ``driver`` every other option is unknown (and the query is read strictly);
+    with one, only another backend's option is refused. An option set twice is refused.
+    """
     shown = redact_url(url)
-    try:
-        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True) if query else []
-    except ValueError as exc:
-        raise ConfigurationError(f"cannot read the options of {shown!r}: {exc}") from exc
+    own = KIT_OPTIONS[backend]
+    others = {name for names in KIT_OPTIONS.values() for name in names} - set(own)
     options: dict[str, str] = {}
-    for name, value in pairs:
-        if name not in allowed:
-            known = ", ".join(allowed) if allowed else "none"
+    rest: list[str] = []
+    for segment in query.split("&") if query else ():
+        try:
+            name, value = _pair(segment, strict=not driver)
+        except ValueError as exc:
+            raise ConfigurationError(f"cannot read the options of {shown!r}: {exc}") from exc
+        if name in own:
+            if name in options:
+                raise ConfigurationError(f"the store URL {shown!r} sets {name!r} twice")
+            options[name] = value
+        elif not driver:
+            known = ", ".join(own) if own else "none"
             raise ConfigurationError(
                 f"the store URL {shown!r} has an unknown option {name!r} (known: {known})"
             )
-        if name in options:
-            raise ConfigurationError(f"the store URL {shown!r} sets {name!r} twice")
-        options[name] = value
-    return options
+        elif name in others:
+            raise ConfigurationError(
+                f"{name!r} is not an option of {backend} stores (theirs: {', '.join(own)})"
+            )
+        else:
+            rest.append(segment)
+    return options, "&".join(rest)
 
 
-def _keep_last(url: str, options: Mapping[str, str]) -> int | None:
+def _pair(segment: str, *, strict: bool) -> tuple[str, str]:
+    # One segment as parse_qsl reads it; an empty one is a field without a name.
+    if not segment:
+        if strict:
+            raise ValueError("bad query field: ''")
+        return "", ""
+    [(name, value)] = parse_qsl(segment, keep_blank_values=True, strict_parsing=strict)
+    return name, value
+
+
+def keep_last_option(url: str, options: Mapping[str, str]) -> int | None:
+    """The ``keep_last`` option as a whole number of at least 1, ``None`` when absent."""
     raw = options.get("keep_last")
     if raw is None:
         return None
@@ -133,9 +176,9 @@ def _open_memory(url: str, netloc: str, path: str, query: str) -> Stores:
         raise ConfigurationError(
             f"a memory store URL takes no host or path: use 'memory://', not {url!r}"
         )
-    options = _options(url, query, ("keep_last",))
+    options, _ = store_options(url, query, "memory", driver=False)
     return Stores(
-        checkpoints=MemoryCheckpointStore(keep_last=_keep_last(url, options)),
+        checkpoints=MemoryCheckpointStore(keep_last=keep_last_option(url, options)),
         idempotency=MemoryIdempotencyStore(),
         leases=MemoryLeaseStore(),
         history=MemoryHistoryStore(),
@@ -161,12 +204,12 @@ def _open_sqlite(url: str, netloc: str, path: str, query: str) -> Stores:
             f"the SQLite store URL {url!r} names no file; use sqlite:///relative/path or "
             f"sqlite:////absolute/path"
         )
-    options = _options(url, query, ("keep_last", "synchronous"))
+    options, _ = store_options(url, query, "SQLite", driver=False)
     synchronous = options.get("synchronous", "full").lower()
     if synchronous not in ("full", "normal"):
         raise ConfigurationError(
             f"synchronous in {url!r} must be 'full' or 'normal', got {options['synchronous']!r}"
         )
     return open_sqlite_stores(
-        file, keep_last=_keep_last(url, options), synchronous=synchronous, url=url
+        file, keep_last=keep_last_option(url, options), synchronous=synchronous, url=url
     )
