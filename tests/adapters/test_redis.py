@@ -4,12 +4,14 @@ in ``tests/stores/test_conformance.py``)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+import tesserix_adk.adapters.redis as redis_adapter
 from adapters import services
 from tesserix_adk.adapters.redis import (
     RedisCheckpointStore,
@@ -159,6 +162,50 @@ async def test_payload_at_the_cap_is_written(redis_client: Redis, redis_prefix: 
     await store.put(T, R, b"x" * 10, step=1, fence=1)
     latest = await store.latest(T, R)
     assert latest is not None and latest.payload == b"x" * 10
+
+
+# --- scripts -----------------------------------------------------------------------------
+
+_PACKAGE = Path(redis_adapter.__file__).parent
+_SCRIPTS = _PACKAGE / "scripts"
+
+
+def _header(text: str) -> list[str]:
+    return list(itertools.takewhile(lambda line: line.startswith("--"), text.splitlines()))
+
+
+def test_every_lua_file_opens_with_a_header_naming_its_keys_and_argv() -> None:
+    files = sorted(_SCRIPTS.glob("*.lua"))
+    assert len(files) > 1
+    for file in files:
+        header = _header(file.read_text(encoding="utf-8"))
+        assert any(line.startswith("-- KEYS:") for line in header), file.name
+        assert any(line.startswith("-- ARGV:") for line in header), file.name
+
+
+async def test_every_script_the_stores_register_is_a_file_after_the_common_prelude(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    registered: list[str] = []
+    register = Redis.register_script
+
+    def recording(self: Redis, script: str) -> Any:
+        registered.append(script)
+        return register(self, script)
+
+    monkeypatch.setattr(Redis, "register_script", recording)
+    stores = open_redis_stores(DEAD_URL)
+    await stores.aclose()
+    common = (_SCRIPTS / "common.lua").read_text(encoding="utf-8")
+    files = {
+        file.stem: common + file.read_text(encoding="utf-8")
+        for file in _SCRIPTS.glob("*.lua")
+        if file.stem != "common"
+    }
+    assert set(registered) == set(files.values())
+    # And no Lua is left in a Python string.
+    for module in _PACKAGE.glob("*.py"):
+        assert "redis.call" not in module.read_text(encoding="utf-8"), module.name
 
 
 # --- fences ------------------------------------------------------------------------------

@@ -182,7 +182,7 @@ async def test_a_read_only_replica_is_a_retryable_refusal() -> None:
 )
 def test_server_replies_meaning_not_now_are_retryable(error: Exception) -> None:
     # Exactly what redis-py raises for these replies (it strips the code from the message).
-    from tesserix_adk.adapters.redis import _driver_errors
+    from tesserix_adk.adapters.redis.connection import _driver_errors
 
     with pytest.raises(StoreUnavailableError) as refused, _driver_errors("testing"):
         raise error

@@ -1,0 +1,104 @@
+"""``RedisHistoryStore``: a run's transcript, with a chained digest of each prefix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tesserix_adk.adapters.redis.base import _fence_arg, _FencedRedisStore, _stale
+from tesserix_adk.adapters.redis.connection import Client, _driver_errors
+from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX
+from tesserix_adk.adapters.redis.lua import register
+from tesserix_adk.errors import HistoryUnavailableError
+from tesserix_adk.stores.protocols import EMPTY_HISTORY_DIGEST, HistoryHandle, chain_digest
+
+__all__ = ["RedisHistoryStore"]
+
+
+class RedisHistoryStore(_FencedRedisStore):
+    """A ``HistoryStore`` on Redis: per run, a list of items and a list of chained digests.
+
+    An append pushes only the new items; the tail a dead writer left beyond ``after`` is
+    trimmed in the same script that checks the fence and the prefix.
+    """
+
+    _store = "history"
+
+    def __init__(self, client: Client, *, prefix: str = DEFAULT_PREFIX) -> None:
+        super().__init__(client, prefix=prefix)
+        self._append, self._fetch = register(client, "append", "fetch")
+
+    def _lists(self, tenant: str, run_id: str) -> list[str]:
+        return [
+            self._keys.run(tenant, run_id, "history:items"),
+            self._keys.run(tenant, run_id, "history:digests"),
+        ]
+
+    async def append(
+        self,
+        tenant: str,
+        run_id: str,
+        encoded: Sequence[bytes],
+        *,
+        fence: int | None = None,
+        after: HistoryHandle | None,
+    ) -> HistoryHandle:
+        """Append after the prefix ``after`` names (``None``: the empty prefix), dropping
+        any tail beyond it; ``HistoryUnavailableError`` if that prefix does not resolve."""
+        if after is not None and (after.tenant, after.run_id) != (tenant, run_id):
+            raise ValueError(
+                f"handle names run {after.run_id!r} of {after.tenant!r}, "
+                f"not run {run_id!r} of {tenant!r}"
+            )
+        count, digest = (0, EMPTY_HISTORY_DIGEST) if after is None else (after.count, after.digest)
+        items = [bytes(item) for item in encoded]
+        digests: list[str] = []
+        last = digest
+        for item in items:
+            last = chain_digest(last, item)
+            digests.append(last)
+        with _driver_errors(f"appending to the transcript of run {run_id!r}"):
+            result = await self._append(
+                keys=[
+                    *self._lists(tenant, run_id),
+                    self._seen(tenant, run_id),
+                    self._lease_fence(tenant, run_id),
+                ],
+                args=[
+                    _fence_arg(fence),
+                    str(count),
+                    digest,
+                    EMPTY_HISTORY_DIGEST,
+                    str(len(items)),
+                    *items,
+                    *digests,
+                ],
+            )
+        if result[0] == b"stale":
+            raise _stale("append", run_id, fence, result[1])
+        if result[0] == b"unavailable":
+            raise HistoryUnavailableError(
+                f"the transcript of run {run_id!r} no longer has the prefix of {count} "
+                f"messages this append follows"
+            )
+        return HistoryHandle(tenant=tenant, run_id=run_id, count=count + len(items), digest=last)
+
+    async def fetch(self, handle: HistoryHandle) -> list[bytes]:
+        """The bytes of the prefix; ``HistoryUnavailableError`` if it does not resolve."""
+        if handle.count < 0:
+            raise HistoryUnavailableError(f"a transcript prefix of {handle.count} messages")
+        with _driver_errors(f"reading the transcript of run {handle.run_id!r}"):
+            result = await self._fetch(
+                keys=self._lists(handle.tenant, handle.run_id),
+                args=[str(handle.count), handle.digest, EMPTY_HISTORY_DIGEST],
+            )
+        if result[0] != b"ok":
+            raise HistoryUnavailableError(
+                f"the transcript of run {handle.run_id!r} no longer has the prefix of "
+                f"{handle.count} messages the handle names"
+            )
+        return [bytes(item) for item in result[1]]
+
+    async def forget(self, tenant: str, run_id: str) -> None:
+        """Remove the run's transcript; its fence stays."""
+        with _driver_errors(f"forgetting the transcript of run {run_id!r}"):
+            await self._client.delete(*self._lists(tenant, run_id))

@@ -1,0 +1,322 @@
+"""``RedisIdempotencyStore``: idempotency records, each with the run that first claimed it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import unquote
+
+from tesserix_adk.adapters.redis.base import (
+    _FencedRedisStore,
+    _pairs,
+    _seconds,
+    _stale,
+    _text,
+    _ttl_micros,
+)
+from tesserix_adk.adapters.redis.connection import Client, _driver_errors
+from tesserix_adk.adapters.redis.durability import _Durability
+from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX, _enc, _Keys
+from tesserix_adk.adapters.redis.lua import register
+from tesserix_adk.errors import CheckpointCorruptError, StaleFenceError
+from tesserix_adk.stores._common import no_claim
+from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
+from tesserix_adk.stores.records import checked_resolution
+from tesserix_adk.stores.rows import decoded
+
+__all__ = ["RedisIdempotencyStore"]
+
+
+@decoded("idempotency record")
+def _record(fields: Mapping[bytes, bytes]) -> IdempotencyRecord:
+    def text(name: bytes) -> str | None:
+        value = fields.get(name)
+        return None if value is None else value.decode()
+
+    def number(name: bytes) -> int | None:
+        value = fields.get(name)
+        return None if value is None else int(value)
+
+    def when(name: bytes) -> float | None:
+        value = fields.get(name)
+        return None if value is None else _seconds(value)
+
+    flags = None
+    if b"side_effects" in fields:
+        flags = ToolFlags(
+            side_effects=fields[b"side_effects"] == b"1",
+            idempotent=fields.get(b"idempotent") == b"1",
+        )
+    return IdempotencyRecord(
+        key=fields[b"key"].decode(),
+        status=RecordStatus(fields[b"status"].decode()),
+        holder=fields[b"holder"].decode(),
+        tenant=fields[b"tenant"].decode(),
+        run_id=fields[b"run_id"].decode(),
+        iteration=number(b"iteration"),
+        tool=text(b"tool"),
+        call_id=text(b"call_id"),
+        flags=flags,
+        fence=number(b"fence"),
+        outcome=fields.get(b"outcome"),
+        since=_seconds(fields[b"since"]),
+        completed_at=when(b"completed_at"),
+        expires_at=when(b"expires_at"),
+        by=text(b"by"),
+    )
+
+
+@decoded("idempotency record")
+def _lapsed(fields: Mapping[bytes, bytes], now_micros: int) -> bool:
+    expires = fields.get(b"expires_at")
+    return (
+        fields.get(b"status") == b"in_flight" and expires is not None and now_micros >= int(expires)
+    )
+
+
+class RedisIdempotencyStore(_FencedRedisStore):
+    """An ``IdempotencyStore`` on Redis; ttl claims lapse by the server's ``TIME``.
+
+    Records are keyed by (tenant, key). A record lives with the run of its tenant that
+    first claimed its key (so one script sees the record, the run's fences and its lease
+    together); ``adk:idem-key:{<tenant>:<key>}`` says which run that is, and is written
+    *before* the record so that no record is ever unreachable by key. (A key that two runs
+    claim — a custom key reused across runs — brings both runs' keys into one script, which
+    a Redis Cluster would refuse; the kit's own keys are per run.)
+
+    Kits before tenant-scoped records indexed by key alone (``adk:idem-key:{<key>}``). That
+    index is still read, and wins when it names a run of the same tenant: it is never
+    written again, so every caller settles on the same run, and a record written before an
+    upgrade is neither lost nor claimed a second time. One naming another tenant's run is
+    ignored.
+    """
+
+    _store = "idem"
+
+    def __init__(
+        self, client: Client, *, prefix: str = DEFAULT_PREFIX, allow_volatile: bool = False
+    ) -> None:
+        super().__init__(client, prefix=prefix)
+        self._durability = _Durability(client, allow_volatile=allow_volatile)
+        self._claim, self._complete, self._release, self._resolve = register(
+            client, "claim", "complete", "release_claim", "resolve"
+        )
+
+    async def check_persistence(self) -> None:
+        """Refuse a volatile server now (``ConfigurationError``) unless it was allowed."""
+        await self._durability.check()
+
+    async def _ready(self) -> None:
+        await self._durability.ensure()
+
+    def _record_key(self, tag: str, key: str) -> str:
+        return self._keys.tagged(tag, f"idem:rec:{_enc(key)}")
+
+    @staticmethod
+    def _settle(tenant: str, indexed: Any, legacy: Any) -> str | None:
+        """The tag of the run holding a record, from its index and its legacy index."""
+        if legacy is not None:
+            tag = _text(legacy)
+            if tag.partition(":")[0] == _enc(tenant):
+                return tag
+        return None if indexed is None else _text(indexed)
+
+    async def _owners(self, tenant: str, keys: Sequence[str]) -> list[str | None]:
+        """The tag of the run whose keys hold each key's record, if it was ever claimed."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.get(self._keys.key_index(tenant, key))
+                pipe.get(self._keys.legacy_key_index(key))
+            replies = await pipe.execute()
+        return [self._settle(tenant, replies[i], replies[i + 1]) for i in range(0, len(replies), 2)]
+
+    async def _owner(self, tenant: str, key: str) -> str | None:
+        [tag] = await self._owners(tenant, [key])
+        return tag
+
+    async def claim(
+        self,
+        key: str,
+        *,
+        holder: str,
+        tenant: str,
+        run_id: str,
+        iteration: int | None,
+        tool: str | None,
+        call_id: str | None,
+        flags: ToolFlags | None,
+        fence: int | None = None,
+        ttl: float | None = None,
+        takeover: bool = False,
+    ) -> IdempotencyRecord:
+        """Claim ``key`` and return the record as it stands after the call."""
+        ttl_micros = None if ttl is None else _ttl_micros(ttl)
+        fenced = tool is not None
+        fresh: list[str | bytes] = ["key", key, "tenant", tenant, "run_id", run_id]
+        if iteration is not None:
+            fresh += ["iteration", str(int(iteration))]
+        if tool is not None:
+            fresh += ["tool", tool]
+        if call_id is not None:
+            fresh += ["call_id", call_id]
+        if flags is not None:
+            fresh += [
+                "side_effects",
+                "1" if flags.side_effects else "0",
+                "idempotent",
+                "1" if flags.idempotent else "0",
+            ]
+        await self._ready()
+        mine = _Keys.tag(tenant, run_id)
+        with _driver_errors(f"claiming {key!r}"):
+            # The index goes first: a record the index does not name could not be found
+            # by key, and its call would look as if it never ran.
+            index = self._keys.key_index(tenant, key)
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.set(index, mine, nx=True)
+                pipe.get(index)
+                pipe.get(self._keys.legacy_key_index(key))
+                _, owner, legacy = await pipe.execute()
+            tag = self._settle(tenant, owner, legacy)
+            assert tag is not None  # the index was just set if it was not there
+            if tag != mine:
+                # A key another run named first (a custom key reused across runs): the
+                # record lives under that run's tag, so this run's own list names it too,
+                # before the claim, or records() of this run could never find it.
+                await self._client.sadd(self._keys.tagged(mine, "idem:keys"), _enc(key))
+            result = await self._claim(
+                keys=[
+                    self._record_key(tag, key),
+                    self._keys.tagged(tag, "idem:keys"),
+                    self._seen(tenant, run_id),
+                    self._lease_fence(tenant, run_id),
+                ],
+                args=[
+                    holder,
+                    "" if fence is None else str(int(fence)),
+                    "" if ttl_micros is None else str(ttl_micros),
+                    "1" if takeover else "0",
+                    "1" if fenced else "0",
+                    _enc(key),
+                    *fresh,
+                ],
+            )
+        if result[0] == b"stale":
+            raise _stale("claim", run_id, fence, result[1])
+        _refuse_damaged(result, key)
+        return _record(_pairs(result[1]))
+
+    async def complete(
+        self, key: str, outcome: bytes, *, tenant: str, holder: str
+    ) -> IdempotencyRecord:
+        """Record the outcome of a claim held by ``holder`` (not fenced)."""
+        await self._ready()
+        with _driver_errors(f"completing {key!r}"):
+            tag = await self._owner(tenant, key)
+            if tag is None:
+                raise no_claim(holder, key)
+            result = await self._complete(
+                keys=[self._record_key(tag, key)], args=[bytes(outcome), holder]
+            )
+        _refuse_damaged(result, key)
+        if result[0] == b"absent":
+            raise no_claim(holder, key)
+        if result[0] == b"refused":
+            raise StaleFenceError(
+                f"{holder!r} does not hold {key!r} in flight "
+                f"({_text(result[1])} under {_text(result[2])!r})"
+            )
+        return _record(_pairs(result[1]))
+
+    async def release(
+        self, key: str, *, tenant: str, holder: str, undispatched: bool = False
+    ) -> None:
+        """Drop a ttl claim held by ``holder``; anything else is left alone."""
+        await self._ready()
+        with _driver_errors(f"releasing {key!r}"):
+            tag = await self._owner(tenant, key)
+            if tag is None:
+                return
+            await self._release(
+                keys=[self._record_key(tag, key), self._keys.tagged(tag, "idem:keys")],
+                args=[holder, _enc(key), "1" if undispatched else "0"],
+            )
+
+    async def _fetch(self, located: Sequence[tuple[str, str]]) -> list[IdempotencyRecord]:
+        """The live records at (tag, key) in one round trip, in the order given."""
+        if not located:
+            return []
+        async with self._client.pipeline(transaction=False) as pipe:
+            for tag, key in located:
+                pipe.hgetall(self._record_key(tag, key))
+            pipe.time()
+            *replies, (seconds, micros) = await pipe.execute()
+        now = int(seconds) * 1_000_000 + int(micros)
+        return [_record(fields) for fields in replies if fields and not _lapsed(fields, now)]
+
+    async def lookup(self, keys: Sequence[str], *, tenant: str) -> dict[str, IdempotencyRecord]:
+        """The tenant's live records of ``keys`` in two round trips whatever their number."""
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+        await self._ready()
+        with _driver_errors(f"looking up {len(wanted)} idempotency key(s)"):
+            owners = await self._owners(tenant, wanted)
+            located = [(owner, key) for key, owner in zip(wanted, owners, strict=True) if owner]
+            records = await self._fetch(located)
+        return {record.key: record for record in records if record.tenant == tenant}
+
+    async def records(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
+        """Every live record of the run, by (iteration, since, key); the run claim first."""
+        await self._ready()
+        tag = _Keys.tag(tenant, run_id)
+        with _driver_errors(f"listing the records of run {run_id!r}"):
+            members = [
+                unquote(_text(m))
+                for m in await self._client.smembers(self._keys.tagged(tag, "idem:keys"))
+            ]
+            # Almost every record lives under its own run's tag; the index says where one
+            # claimed under another run's key lives.
+            owners = await self._owners(tenant, members)
+            located = [(owner or tag, key) for key, owner in zip(members, owners, strict=True)]
+            found = await self._fetch(located)
+        mine = [r for r in found if r.tenant == tenant and r.run_id == run_id]
+        return sorted(
+            mine, key=lambda r: (-1 if r.iteration is None else r.iteration, r.since, r.key)
+        )
+
+    async def resolve(
+        self,
+        key: str,
+        outcome: bytes | None = None,
+        *,
+        tenant: str,
+        never_ran: bool = False,
+        by: str,
+    ) -> IdempotencyRecord:
+        """An operator settles an in-flight call: its outcome, or that it never ran."""
+        checked_resolution(outcome, never_ran)
+        await self._ready()
+        with _driver_errors(f"resolving {key!r}"):
+            tag = await self._owner(tenant, key)
+            if tag is None:
+                raise KeyError(key)
+            result = await self._resolve(
+                keys=[self._record_key(tag, key)],
+                args=["1" if never_ran else "0", b"" if outcome is None else bytes(outcome), by],
+            )
+        _refuse_damaged(result, key)
+        if result[0] == b"absent":
+            raise KeyError(key)
+        if result[0] == b"settled":
+            raise ValueError(f"{key!r} is {_text(result[1])}, not in flight")
+        return _record(_pairs(result[1]))
+
+
+def _refuse_damaged(result: Sequence[Any], key: str) -> None:
+    """A script found the record there but not as a kit writes it: it wrote nothing."""
+    if result and result[0] == b"damaged":
+        raise CheckpointCorruptError(
+            f"a stored idempotency record cannot be read ({key!r} is damaged); the store "
+            "holds a damaged row and nothing was written over it"
+        )

@@ -1,0 +1,86 @@
+"""The key layout of the Redis stores, and the one class that names its keys.
+
+Every key starts with the prefix (default ``adk:``); every id is percent-encoded
+(everything outside ``A-Z a-z 0-9 . _ ~ -``) before it enters a key, so ids that contain
+``:``, ``{`` or ``*`` can neither collide nor change a key's meaning. All keys of a run share
+the hash tag ``{<tenant>:<run>}``, so one script can decide over all of them atomically::
+
+    adk:{acme:run-1}:cp:frontier      hash   the frontier (one key per run)
+    adk:{acme:run-1}:cp:steps         hash   step -> payload    (step history, with
+    adk:{acme:run-1}:cp:step-fences   hash   step -> fence       retention keep_last)
+    adk:{acme:run-1}:cp:step-index    zset   the steps kept, by number
+    adk:{acme:run-1}:lease            hash   holder, fence, deadline (server microseconds)
+    adk:{acme:run-1}:lease:fence      string the acquisition counter; never expires, never
+                                             goes back, survives release and expiry
+    adk:{acme:run-1}:<store>:fence    string the highest fence each store has seen
+    adk:{acme:run-1}:idem:rec:<key>   hash   one idempotency record
+    adk:{acme:run-1}:idem:keys        set    the records of the run
+    adk:{acme:run-1}:history:items    list   the transcript (appends push only new items)
+    adk:{acme:run-1}:history:digests  list   chained digest of each prefix
+    adk:{acme:run-1}:ledger           hash   micros and tokens
+    adk:{acme:run-1}:approval:<id>    hash   one approval request
+    adk:idem-key:{<tenant>:<key>}     string which run of the tenant holds a record
+    adk:approval-id:{<id>}            string which run holds a request (lookup by id)
+
+No key that holds a fence or a record ever has a TTL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from tesserix_adk.errors import ConfigurationError
+
+__all__ = ["DEFAULT_PREFIX"]
+
+DEFAULT_PREFIX = "adk:"
+
+
+def _enc(value: str) -> str:
+    """``value`` as it enters a key."""
+    # quote() keeps exactly A-Z a-z 0-9 and "_.-~" with safe="", and encodes UTF-8.
+    return quote(value, safe="")
+
+
+def _glob_escape(value: str) -> str:
+    """``value`` matched literally in a ``SCAN`` pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in value)
+
+
+def _check_prefix(prefix: str) -> str:
+    if "{" in prefix or "}" in prefix:
+        # A brace in the prefix would become the hash tag and split a run across slots.
+        raise ConfigurationError(f"a Redis key prefix may not contain braces, got {prefix!r}")
+    return prefix
+
+
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    """Names every key of the layout drawn in the module docstring."""
+
+    prefix: str
+
+    def __post_init__(self) -> None:
+        _check_prefix(self.prefix)
+
+    @staticmethod
+    def tag(tenant: str, run_id: str) -> str:
+        return f"{_enc(tenant)}:{_enc(run_id)}"
+
+    def run(self, tenant: str, run_id: str, name: str) -> str:
+        return self.tagged(self.tag(tenant, run_id), name)
+
+    def tagged(self, tag: str, name: str) -> str:
+        return f"{self.prefix}{{{tag}}}:{name}"
+
+    def key_index(self, tenant: str, key: str) -> str:
+        return f"{self.prefix}idem-key:{{{_enc(tenant)}:{_enc(key)}}}"
+
+    def legacy_key_index(self, key: str) -> str:
+        # Written by kits before records were keyed by (tenant, key); still read, never
+        # written, so that an upgrade finds every record those kits left.
+        return f"{self.prefix}idem-key:{{{_enc(key)}}}"
+
+    def approval_index(self, id: str) -> str:
+        return f"{self.prefix}approval-id:{{{_enc(id)}}}"
