@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from tesserix_adk.adapters.redis.base import (
+    _fence_arg,
     _FencedRedisStore,
     _pairs,
     _seconds,
@@ -193,7 +194,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
                 ],
                 args=[
                     holder,
-                    "" if fence is None else str(int(fence)),
+                    _fence_arg(fence),
                     "" if ttl_micros is None else str(ttl_micros),
                     "1" if takeover else "0",
                     "1" if fenced else "0",
