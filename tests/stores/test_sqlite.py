@@ -34,6 +34,7 @@ from tesserix_adk.stores.sqlite import (
     SqliteHistoryStore,
     SqliteIdempotencyStore,
     SqliteLeaseStore,
+    SqliteSchema,
     open_sqlite_stores,
 )
 
@@ -381,6 +382,31 @@ async def test_schema_apply_on_a_current_file_puts_back_a_table_dropped_by_hand(
         assert (await stores.idempotency.lookup(["k1"], tenant="acme"))["k1"].holder == "w"
     with raw(path) as conn, raw(fresh) as created:
         assert _layout(conn) == _layout(created)
+
+
+def test_migrations_are_read_in_their_numbered_order(tmp_path: Path) -> None:
+    (tmp_path / "0002_second.sql").write_text("CREATE TABLE IF NOT EXISTS b (x);\n")
+    (tmp_path / "0001_first.sql").write_text("CREATE TABLE IF NOT EXISTS a (x);\n")
+    (tmp_path / "README.md").write_text("not a migration")
+    schema = SqliteSchema.read(tmp_path)
+    assert schema.migrations == (
+        "CREATE TABLE IF NOT EXISTS a (x);\n",
+        "CREATE TABLE IF NOT EXISTS b (x);\n",
+    )
+    assert schema.version == 2
+    assert "CREATE TABLE IF NOT EXISTS a (x);" in schema.ddl
+
+
+@pytest.mark.parametrize(
+    "names", [["0001_a.sql", "0003_c.sql"], ["0002_b.sql"], [], ["0001_a.sql", "0001_b.sql"]]
+)
+def test_migrations_with_a_gap_or_a_repeated_number_are_refused(
+    tmp_path: Path, names: list[str]
+) -> None:
+    for name in names:
+        (tmp_path / name).write_text("CREATE TABLE IF NOT EXISTS t (x);\n")
+    with pytest.raises(ConfigurationError, match=r"without a gap|two SQLite migrations"):
+        SqliteSchema.read(tmp_path)
 
 
 def test_the_written_out_schema_applies_to_an_empty_file_and_again(tmp_path: Path) -> None:

@@ -40,8 +40,9 @@ __all__ = [
 ]
 
 SQLITE_MIGRATIONS: tuple[str, ...]
-"""``SQLITE_MIGRATIONS[i]`` takes a file from schema version ``i`` to ``i + 1``
-(``migrations/000{i+1}_….sql``); ``create_schema()`` applies the steps an older file lacks."""
+"""``SQLITE_MIGRATIONS[i]`` takes a file from schema version ``i`` to ``i + 1`` (the file of
+``migrations/`` numbered ``i + 1``); ``create_schema()`` applies the steps an older file
+lacks."""
 
 SQLITE_SCHEMA_VERSION: int
 """The schema version this kit reads and writes: the number of migrations."""

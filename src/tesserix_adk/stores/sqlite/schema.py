@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from importlib.resources import files
+from importlib.resources.abc import Traversable
 
 from tesserix_adk.errors import ConfigurationError
 
@@ -46,7 +47,13 @@ class SqliteSchema:
     @classmethod
     def load(cls) -> SqliteSchema:
         """Read the migration files shipped with the package and write the DDL out."""
-        migrations = _read_migrations()
+        return cls.read(files("tesserix_adk.stores.sqlite").joinpath("migrations"))
+
+    @classmethod
+    def read(cls, folder: Traversable) -> SqliteSchema:
+        """Read the ``NNNN_name.sql`` files of ``folder`` (numbered from 0001 without a
+        gap; other files are ignored) and write the DDL out."""
+        migrations = _read_migrations(folder)
         return cls(migrations=migrations, ddl=_written_out(migrations))
 
 
@@ -65,8 +72,7 @@ def statements(script: str) -> Iterator[str]:
         raise ConfigurationError(f"the SQLite schema ends in an incomplete statement: {leftover}")
 
 
-def _read_migrations() -> tuple[str, ...]:
-    folder = files("tesserix_adk.stores.sqlite").joinpath("migrations")
+def _read_migrations(folder: Traversable) -> tuple[str, ...]:
     numbered: dict[int, str] = {}
     for entry in folder.iterdir():
         match = _MIGRATION_FILE.match(entry.name)
@@ -77,7 +83,7 @@ def _read_migrations() -> tuple[str, ...]:
             raise ConfigurationError(f"two SQLite migrations are numbered {number:04d}")
         numbered[number] = entry.read_text(encoding="utf-8")
     # The index is the version a migration starts from: a gap would skip a step.
-    if sorted(numbered) != list(range(1, len(numbered) + 1)):
+    if not numbered or sorted(numbered) != list(range(1, len(numbered) + 1)):
         raise ConfigurationError(
             f"the SQLite migrations must be numbered 0001 up without a gap, found "
             f"{', '.join(f'{n:04d}' for n in sorted(numbered)) or 'none'}"
