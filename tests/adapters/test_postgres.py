@@ -4,10 +4,13 @@ run in ``tests/stores/test_conformance.py``)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import re
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
+from importlib import resources
 from typing import Any
 
 import psycopg
@@ -143,6 +146,104 @@ async def test_an_unreachable_server_is_a_retryable_store_error() -> None:
         assert failed.value.retryable
     finally:
         await database.aclose()
+
+
+# --- the shipped SQL ---------------------------------------------------------------------
+
+
+def _shipped_statements() -> dict[str, str]:
+    """Every ``sql/<store>/<name>.sql`` of the package, by ``<store>/<name>``."""
+    root = resources.files("tesserix_adk.adapters.postgres").joinpath("sql")
+    return {
+        f"{folder.name}/{entry.name.removesuffix('.sql')}": entry.read_text(encoding="utf-8")
+        for folder in root.iterdir()
+        if folder.is_dir()
+        for entry in folder.iterdir()
+        if entry.name.endswith(".sql")
+    }
+
+
+async def test_every_statement_file_is_one_a_store_reads_when_it_is_built() -> None:
+    stores = open_postgres_stores("postgresql://nobody@127.0.0.1:1/none")
+    try:
+        read = {
+            f"{folder}/{name}": text
+            for folder, store in (
+                ("checkpoints", stores.checkpoints),
+                ("idempotency", stores.idempotency),
+                ("leases", stores.leases),
+                ("history", stores.history),
+                ("ledger", stores.ledger),
+                ("approvals", stores.approvals),
+            )
+            for name, text in asdict(store._sql).items()  # type: ignore[attr-defined]
+        }
+    finally:
+        await stores.aclose()
+    assert read == _shipped_statements()
+
+
+def test_every_statement_names_its_parameters_in_its_header() -> None:
+    for name, text in _shipped_statements().items():
+        header = list(itertools.takewhile(lambda line: line.startswith("--"), text.splitlines()))
+        assert header and header[0].startswith(f"-- {name}: "), name
+        joined = " ".join(line.removeprefix("--").strip() for line in header)
+        listed = re.search(r"Parameters: (.*?)\. Returns: ", joined)
+        assert listed is not None, f"{name} has no Parameters line"
+        named = {re.sub(r" \(.*?\)", "", part).strip() for part in listed.group(1).split(",")}
+        used = set(re.findall(r"%\((\w+)\)s", text))
+        assert named == used, f"{name}: header names {sorted(named)}, statement uses {sorted(used)}"
+        # psycopg reads every other % as a placeholder, in comments too.
+        assert "%" not in re.sub(r"%\(\w+\)s", "", text), name
+
+
+def test_every_fenced_write_passes_the_same_gate_and_reports_the_same_verdict() -> None:
+    # The gate is written out in every fenced statement: the copies must not drift apart.
+    gate = re.compile(r"lease AS \(.*?\ngate AS \(.*?RETURNING 1\n\)", re.DOTALL)
+    verdict = re.compile(r"EXISTS \(SELECT 1 FROM gate\) AS accepted,.*? AS leased", re.DOTALL)
+    shipped = _shipped_statements()
+    model = shipped["checkpoints/seal"]
+
+    def part(pattern: re.Pattern[str], text: str, store: str) -> str:
+        found = pattern.search(text)
+        assert found is not None
+        assert found.group(0).count(f"'{store}'") == 1
+        return found.group(0).replace(f"'{store}'", "'<store>'")
+
+    fenced = {name for name, text in shipped.items() if "adk_fences" in text}
+    for name in fenced:
+        store, text = name.split("/")[0], shipped[name]
+        # Only an append adds a condition of its own: the prefix it follows must resolve.
+        own = text.replace("          AND (SELECT resolves FROM prefix)\n", "")
+        assert part(gate, own, store) == part(gate, model, "checkpoints"), name
+        if name != "idempotency/claim_fenced":  # a claim returns the record instead
+            assert part(verdict, text, store) == part(verdict, model, "checkpoints"), name
+    stores = ("checkpoints", "idempotency", "history", "ledger", "approvals")
+    assert fenced == {f"{store}/seal" for store in stores} | {
+        "checkpoints/put",
+        "checkpoints/put_keeping",
+        "idempotency/claim_fenced",
+        "history/append",
+        "ledger/charge",
+        "approvals/request",
+    }
+
+
+def test_importing_the_package_reads_no_file_and_opening_does() -> None:
+    code = (
+        "import importlib.resources as resources\n"
+        "real = resources.files\n"
+        "def refuse(*args, **kwargs):\n"
+        "    raise SystemExit('read at import')\n"
+        "resources.files = refuse\n"
+        "import tesserix_adk.adapters.postgres as pg\n"
+        "resources.files = real\n"
+        "stores = pg.open_postgres_stores('postgresql://nobody@127.0.0.1:1/none')\n"
+        "assert stores.schema == pg.EXPECTED_CHECKPOINT_SCHEMA\n"
+        "assert len(pg.MIGRATIONS) == pg.SCHEMA_VERSION\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr + done.stdout
 
 
 # --- schema ------------------------------------------------------------------------------
@@ -505,7 +606,7 @@ async def test_client_clock_an_hour_off_can_neither_take_a_live_lease_nor_keep_a
 
 
 def test_the_url_reaches_psycopg_byte_for_byte_but_for_the_kits_options() -> None:
-    from tesserix_adk.adapters.postgres import _split_url
+    from tesserix_adk.adapters.postgres.opening import _split_url
 
     socket = "postgresql:///test?host=/var/run/postgresql&application_name=team+a"
     assert _split_url(socket + "&keep_last=3") == (socket, {"keep_last": "3"})

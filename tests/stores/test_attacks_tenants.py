@@ -286,14 +286,15 @@ async def test_sqlite_migration_keeps_the_record_and_then_keys_by_tenant(tmp_pat
 async def test_postgres_migration_keeps_the_record_and_then_keys_by_tenant() -> None:
     import psycopg
 
-    from tesserix_adk.adapters.postgres import _VERSION_TABLE, MIGRATIONS, open_postgres_stores
+    from tesserix_adk.adapters.postgres import MIGRATIONS, open_postgres_stores
+    from tesserix_adk.adapters.postgres.schema import Schema
 
     async with services.postgres_schema() as schema:
         url = services.schema_url(schema)
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             await conn.execute(MIGRATIONS[0])
             # A database left at version 1, as that release applied it.
-            await conn.execute(_VERSION_TABLE)
+            await conn.execute(Schema.load().version_table)
             await conn.execute("INSERT INTO adk_schema_version (id, version) VALUES (1, 1)")
             await conn.execute(
                 "INSERT INTO adk_idempotency (key, status, holder, tenant, run_id, tool, "

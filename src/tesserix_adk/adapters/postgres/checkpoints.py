@@ -1,0 +1,91 @@
+"""Frontiers and step snapshots in PostgreSQL: ``adk_checkpoints`` and ``adk_checkpoint_steps``.
+
+A put writes the frontier (one row per run, what resume reads) and the step's snapshot in one
+fenced statement (``sql/checkpoints/put.sql``); with ``keep_last=N`` the same statement also
+prunes the steps to the N highest (``put_keeping.sql``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tesserix_adk.adapters.postgres.connection import PostgresDatabase
+from tesserix_adk.adapters.postgres.fenced import FencedStore, refusal, run_params, stale
+from tesserix_adk.adapters.postgres.statements import Statements
+from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.stores.protocols import StoredCheckpoint
+
+__all__ = ["PostgresCheckpointStore"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _SQL(Statements):
+    seal: str
+    put: str
+    put_keeping: str
+    latest: str
+    at: str
+    steps: str
+    runs: str
+    forget: str
+
+
+class PostgresCheckpointStore(FencedStore):
+    """A ``CheckpointStore`` in ``adk_checkpoints`` (the frontier, one row per run) and
+    ``adk_checkpoint_steps``; ``keep_last=N`` keeps the N highest steps."""
+
+    def __init__(self, database: PostgresDatabase, *, keep_last: int | None = None) -> None:
+        if keep_last is not None and keep_last < 1:
+            raise ConfigurationError(f"keep_last must be at least 1, got {keep_last}")
+        self._sql = _SQL.load("checkpoints")
+        super().__init__(database, seal=self._sql.seal)
+        self.keep_last = keep_last
+
+    async def put(
+        self, tenant: str, run_id: str, payload: bytes, *, step: int, fence: int | None = None
+    ) -> None:
+        """Write a frontier; it becomes ``latest`` and step ``step`` (last write wins)."""
+        sql = self._sql.put if self.keep_last is None else self._sql.put_keeping
+        params = run_params(
+            tenant, run_id, fence, step=int(step), payload=bytes(payload), keep_last=self.keep_last
+        )
+        row = await self.database.row(f"writing a frontier of run {run_id!r}", sql, params)
+        refused_by = refusal(row, fence)
+        if refused_by is not None:
+            raise stale("write", run_id, fence, refused_by)
+
+    async def latest(self, tenant: str, run_id: str) -> StoredCheckpoint | None:
+        """The last accepted put, or ``None``."""
+        row = await self.database.row(
+            f"reading the frontier of run {run_id!r}", self._sql.latest, run_params(tenant, run_id)
+        )
+        return None if row is None else StoredCheckpoint(**row)
+
+    async def at(self, tenant: str, run_id: str, step: int) -> StoredCheckpoint | None:
+        """The snapshot written under ``step``, or ``None`` (never a default)."""
+        row = await self.database.row(
+            f"reading step {step} of run {run_id!r}",
+            self._sql.at,
+            run_params(tenant, run_id, step=int(step)),
+        )
+        return None if row is None else StoredCheckpoint(**row)
+
+    async def steps(self, tenant: str, run_id: str) -> list[int]:
+        """The steps still kept for the run, ascending."""
+        rows = await self.database.rows(
+            f"listing the steps of run {run_id!r}", self._sql.steps, run_params(tenant, run_id)
+        )
+        return [int(row["step"]) for row in rows]
+
+    async def runs(self, tenant: str) -> list[str]:
+        """The run ids with a frontier for the tenant, sorted (by code point)."""
+        rows = await self.database.rows(
+            f"listing the runs of tenant {tenant!r}", self._sql.runs, {"tenant": tenant}
+        )
+        return [str(row["run_id"]) for row in rows]
+
+    async def forget(self, tenant: str, run_id: str) -> None:
+        """Remove the run's frontier and steps; its fence stays."""
+        await self.database.rows(
+            f"forgetting run {run_id!r}", self._sql.forget, run_params(tenant, run_id)
+        )

@@ -1,0 +1,128 @@
+"""``open_postgres_stores(url)``: the six PostgreSQL stores on one pool, named by a URL.
+
+The kit's own options (``keep_last``, ``pool_min``, ``pool_max``, ``timeout``) are taken out
+of the URL's query; everything else is handed to psycopg byte for byte.
+"""
+
+from __future__ import annotations
+
+import math
+from urllib.parse import unquote
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from tesserix_adk.adapters.postgres.approvals import PostgresApprovalStore
+from tesserix_adk.adapters.postgres.checkpoints import PostgresCheckpointStore
+from tesserix_adk.adapters.postgres.connection import DEFAULT_TIMEOUT, PostgresDatabase
+from tesserix_adk.adapters.postgres.history import PostgresHistoryStore
+from tesserix_adk.adapters.postgres.idempotency import PostgresIdempotencyStore
+from tesserix_adk.adapters.postgres.leases import PostgresLeaseStore
+from tesserix_adk.adapters.postgres.ledger import PostgresLedger
+from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.stores.bundle import Stores
+
+__all__ = ["open_postgres_stores"]
+
+# The kit's own URL options; everything else in the URL goes to psycopg.
+_KIT_OPTIONS = ("keep_last", "pool_min", "pool_max", "timeout")
+# Options of the kit's other backends: refused here rather than handed to the driver.
+_OTHER_KIT_OPTIONS = frozenset(
+    {"prefix", "allow_volatile", "keep_last", "pool_min", "pool_max", "synchronous"}
+) - set(_KIT_OPTIONS)
+
+
+def _positive_seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigurationError(
+            f"{name} in the PostgreSQL store URL must be a positive number of seconds, got {raw!r}"
+        )
+    return value
+
+
+def _whole(url: str, name: str, raw: str, *, least: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise ConfigurationError(
+            f"{name} in the PostgreSQL store URL must be a whole number of at least {least}, "
+            f"got {raw!r}"
+        )
+    return value
+
+
+def _split_url(url: str) -> tuple[str, dict[str, str]]:
+    """The URL for psycopg and the kit's own options, taken out of its query.
+
+    Everything but the kit's options is handed on byte for byte: no re-encoding (libpq reads
+    ``+`` literally) and no rebuilding (``postgresql:///db?host=/socket`` has no host part).
+    """
+    base, _, rest = url.partition("?")
+    query, hash_, fragment = rest.partition("#")
+    kept: list[str] = []
+    options: dict[str, str] = {}
+    for segment in query.split("&") if query else ():
+        raw_name, _, raw_value = segment.partition("=")
+        name, value = unquote(raw_name), unquote(raw_value)
+        if name in _OTHER_KIT_OPTIONS:
+            raise ConfigurationError(
+                f"{name!r} is not an option of PostgreSQL stores "
+                f"(theirs: {', '.join(_KIT_OPTIONS)})"
+            )
+        if name in _KIT_OPTIONS:
+            if name in options:
+                raise ConfigurationError(f"the PostgreSQL store URL sets {name!r} twice")
+            options[name] = value
+        else:
+            kept.append(segment)
+    out = base + ("?" + "&".join(kept) if kept else "") + (hash_ + fragment if fragment else "")
+    try:
+        conninfo_to_dict(out)  # parses only: a typo'd option is a usage mistake, not an outage
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"the PostgreSQL store URL is not usable: {exc}") from exc
+    return out, options
+
+
+def open_postgres_stores(url: str) -> Stores:
+    """The six PostgreSQL stores on one pool, as a ``Stores`` bundle; no I/O until first use.
+
+    Options in the query: ``keep_last``, ``pool_min`` (default 1), ``pool_max`` (default
+    4) and ``timeout`` (seconds, default 5: the client-side deadline of every call, kept
+    below the lease ttl; the server's statement and lock timeouts are set below it);
+    everything else goes to psycopg (e.g. ``options=-csearch_path%3Dmy_schema``).
+    ``create_schema()`` applies ``EXPECTED_CHECKPOINT_SCHEMA``; ``verify()`` checks it;
+    ``aclose()`` closes the pool.
+    """
+    conninfo, options = _split_url(url)
+    keep_last = (
+        _whole(url, "keep_last", options["keep_last"], least=1) if "keep_last" in options else None
+    )
+    pool_min = _whole(url, "pool_min", options.get("pool_min", "1"), least=0)
+    pool_max = _whole(url, "pool_max", options.get("pool_max", "4"), least=1)
+    timeout = (
+        _positive_seconds("timeout", options["timeout"])
+        if "timeout" in options
+        else DEFAULT_TIMEOUT
+    )
+    database = PostgresDatabase.from_url(
+        conninfo, pool_min=pool_min, pool_max=pool_max, timeout=timeout
+    )
+    return Stores(
+        checkpoints=PostgresCheckpointStore(database, keep_last=keep_last),
+        idempotency=PostgresIdempotencyStore(database),
+        leases=PostgresLeaseStore(database),
+        history=PostgresHistoryStore(database),
+        ledger=PostgresLedger(database),
+        approvals=PostgresApprovalStore(database),
+        url=url,
+        on_create_schema=database.create_schema,
+        on_verify=database.verify,
+        on_close=(database.aclose,),
+        schema=database.schema.ddl,
+    )
