@@ -1,13 +1,13 @@
 """``open_postgres_stores(url)``: the six PostgreSQL stores on one pool, named by a URL.
 
 The kit's own options (``keep_last``, ``pool_min``, ``pool_max``, ``timeout``) are taken out
-of the URL's query; everything else is handed to psycopg byte for byte.
+of the URL's query by ``stores.urls.store_options`` (another backend's option is refused);
+everything else is handed to psycopg byte for byte.
 """
 
 from __future__ import annotations
 
 import math
-from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -21,15 +21,9 @@ from tesserix_adk.adapters.postgres.leases import PostgresLeaseStore
 from tesserix_adk.adapters.postgres.ledger import PostgresLedger
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.urls import keep_last_option, store_options
 
 __all__ = ["open_postgres_stores"]
-
-# The kit's own URL options; everything else in the URL goes to psycopg.
-_KIT_OPTIONS = ("keep_last", "pool_min", "pool_max", "timeout")
-# Options of the kit's other backends: refused here rather than handed to the driver.
-_OTHER_KIT_OPTIONS = frozenset(
-    {"prefix", "allow_volatile", "keep_last", "pool_min", "pool_max", "synchronous"}
-) - set(_KIT_OPTIONS)
 
 
 def _positive_seconds(name: str, raw: str) -> float:
@@ -44,7 +38,7 @@ def _positive_seconds(name: str, raw: str) -> float:
     return value
 
 
-def _whole(url: str, name: str, raw: str, *, least: int) -> int:
+def _whole(name: str, raw: str, *, least: int) -> int:
     try:
         value = int(raw)
     except ValueError:
@@ -65,23 +59,8 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
     """
     base, _, rest = url.partition("?")
     query, hash_, fragment = rest.partition("#")
-    kept: list[str] = []
-    options: dict[str, str] = {}
-    for segment in query.split("&") if query else ():
-        raw_name, _, raw_value = segment.partition("=")
-        name, value = unquote(raw_name), unquote(raw_value)
-        if name in _OTHER_KIT_OPTIONS:
-            raise ConfigurationError(
-                f"{name!r} is not an option of PostgreSQL stores "
-                f"(theirs: {', '.join(_KIT_OPTIONS)})"
-            )
-        if name in _KIT_OPTIONS:
-            if name in options:
-                raise ConfigurationError(f"the PostgreSQL store URL sets {name!r} twice")
-            options[name] = value
-        else:
-            kept.append(segment)
-    out = base + ("?" + "&".join(kept) if kept else "") + (hash_ + fragment if fragment else "")
+    options, kept = store_options(url, query, "PostgreSQL", driver=True)
+    out = base + ("?" + kept if kept else "") + (hash_ + fragment if fragment else "")
     try:
         conninfo_to_dict(out)  # parses only: a typo'd option is a usage mistake, not an outage
     except psycopg.ProgrammingError as exc:
@@ -100,11 +79,9 @@ def open_postgres_stores(url: str) -> Stores:
     ``aclose()`` closes the pool.
     """
     conninfo, options = _split_url(url)
-    keep_last = (
-        _whole(url, "keep_last", options["keep_last"], least=1) if "keep_last" in options else None
-    )
-    pool_min = _whole(url, "pool_min", options.get("pool_min", "1"), least=0)
-    pool_max = _whole(url, "pool_max", options.get("pool_max", "4"), least=1)
+    keep_last = keep_last_option(url, options)
+    pool_min = _whole("pool_min", options.get("pool_min", "1"), least=0)
+    pool_max = _whole("pool_max", options.get("pool_max", "4"), least=1)
     timeout = (
         _positive_seconds("timeout", options["timeout"])
         if "timeout" in options
