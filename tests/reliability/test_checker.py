@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from reliability.checker import Verdict, check
-from reliability.history import Recorder, read_history
+from reliability.history import Event, Recorder, read_history
+from reliability.skew import live_takeovers
 
 ITEMS = ("a",)
 
@@ -95,3 +96,24 @@ def test_a_run_that_never_completes_or_hangs_fails(tmp_path: Path) -> None:
 def test_a_completed_run_whose_call_never_took_effect_fails(tmp_path: Path) -> None:
     verdict = _history(tmp_path, [e for e in CLEAN if e[1] != "effect"])
     assert verdict.lost_effects == 1 and not verdict.ok
+
+
+def _ev(seq: int, ev: str, proc: str, t: float, **fields: Any) -> Event:
+    return Event(seq=seq, ev=ev, run="r", proc=proc, t=int(t * 1e9), fields=fields)
+
+
+def test_a_lease_taken_while_another_was_live_is_found_and_a_lapsed_one_is_not() -> None:
+    # w1 renewed at 1.0 s (ttl 0.6, so live until at least 1.6 s) and ended superseded.
+    base = [
+        _ev(0, "start", "w1", 0.0, mode="carry"),
+        _ev(1, "acquire_ok", "w1", 0.1, fence=1, sent=int(0.05e9)),
+        _ev(2, "renew_ok", "w1", 1.01, fence=1, sent=int(1.0e9)),
+        _ev(3, "result", "w1", 3.0, verdict="superseded"),
+    ]
+    early = _ev(4, "acquire_ok", "w2", 1.3, fence=2, sent=int(1.2e9))
+    late = _ev(4, "acquire_ok", "w2", 1.8, fence=2, sent=int(1.7e9))
+    assert live_takeovers([*base, early], 0.6) == ["r: w2 took fence 2 from w1"]
+    assert live_takeovers([*base, late], 0.6) == []
+    # A holder that completed may have released its lease: taking it early is no sign.
+    done = [*base[:3], _ev(3, "result", "w1", 1.2, verdict="completed")]
+    assert live_takeovers([*done, early], 0.6) == []
