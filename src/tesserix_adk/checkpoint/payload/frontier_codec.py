@@ -1,0 +1,290 @@
+"""The codec of frontiers, step snapshots and tombstones (the same bytes): encoded with
+user data redacted and checksummed, decoded checksum first, then format, then every field's
+type."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tesserix_adk.checkpoint.payload.envelope import (
+    CHECKPOINT_FORMAT,
+    _bounded,
+    _sealed_within,
+    seal,
+    unseal,
+)
+from tesserix_adk.checkpoint.payload.fields import (
+    _bool,
+    _fields,
+    _int,
+    _list,
+    _obj,
+    _opt_int,
+    _opt_str,
+    _str,
+)
+from tesserix_adk.checkpoint.payload.frontier import (
+    Boundary,
+    Checkpoint,
+    CheckpointStatus,
+    Grant,
+    OutstandingCall,
+    PendingApproval,
+)
+from tesserix_adk.checkpoint.payload.redacting import _redacted_message, _redacted_observation
+from tesserix_adk.checkpoint.payload.transcript import _message
+from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
+from tesserix_adk.messages import ToolCall, Usage
+from tesserix_adk.stores.protocols import HistoryHandle
+
+__all__ = ["decode_checkpoint", "encode_checkpoint", "tombstone_payload"]
+
+
+def encode_checkpoint(cp: Checkpoint, redactor: Redactor) -> bytes:
+    """The payload of a frontier, with user data redacted, checksummed.
+
+    ``CheckpointTooLargeError(retryable=False)`` if it would nest deeper than
+    ``MAX_NESTING`` (nothing is truncated); the size cap is the ``Checkpointer``'s.
+    """
+    outstanding = []
+    for oc in cp.outstanding:
+        arguments = _bounded(
+            dict(oc.call.arguments), f"the arguments of {oc.call.name} ({oc.call.id})"
+        )
+        outstanding.append(
+            {
+                "id": oc.call.id,
+                "name": oc.call.name,
+                "arguments": redactor.value(arguments),
+                "key": oc.key,
+                "side_effects": oc.side_effects,
+                "idempotent": oc.idempotent,
+                "redacted": oc.redacted or redactor.changed(arguments),
+            }
+        )
+    body: dict[str, Any] = {
+        "format": CHECKPOINT_FORMAT,
+        "tenant": cp.tenant,
+        "run_id": cp.run_id,
+        "agent": {"name": cp.agent_name, "revision": cp.agent_revision},
+        "step": cp.step,
+        "boundary": None if cp.boundary is None else str(cp.boundary),
+        "status": str(cp.status),
+        "iteration": cp.iteration,
+        "fence": cp.fence,
+        "history": None,
+        "outstanding": outstanding,
+        "pending_approval": None
+        if cp.pending_approval is None
+        else {"id": cp.pending_approval.id, "calls": list(cp.pending_approval.calls)},
+        "grants": [
+            {
+                "request": g.request,
+                "call_id": g.call_id,
+                "key": g.key,
+                "approved": g.approved,
+                "by": g.by,
+                "note": None if g.note is None else redactor.text(g.note),
+            }
+            for g in cp.grants
+        ],
+        "usage": {
+            "input_tokens": cp.usage.input_tokens,
+            "output_tokens": cp.usage.output_tokens,
+            "micros": cp.micros,
+        },
+        "state": redactor.value(_bounded(cp.state, "the run state")),
+        "steps_used": cp.steps_used,
+        "replay_of": cp.replay_of,
+        "output": None if cp.output is None else redactor.text(cp.output),
+        "written_at": cp.written_at,
+        "observation": _redacted_observation(cp.observation, redactor),
+    }
+    if cp.history_handle is not None:
+        body["history"] = {"count": cp.history_handle.count, "digest": cp.history_handle.digest}
+    if cp.messages is not None:
+        body["messages"] = [_redacted_message(m, redactor) for m in cp.messages]
+    return _sealed_within(body, f"the frontier of run {cp.run_id!r} at step {cp.step}")
+
+
+def tombstone_payload(
+    *, tenant: str, run_id: str, agent_name: str, step: int, reason: str, fence: int | None
+) -> bytes:
+    """The small record written in place of a refused frontier (checksummed too)."""
+    return seal(
+        {
+            "format": CHECKPOINT_FORMAT,
+            "tenant": tenant,
+            "run_id": run_id,
+            "agent": {"name": agent_name},
+            "step": step,
+            "status": "tombstone",
+            "reason": reason,
+            "fence": fence,
+        }
+    )
+
+
+def decode_checkpoint(payload: bytes, *, tenant: str, run_id: str) -> Checkpoint:
+    """Read a frontier, step snapshot or tombstone: the checksum is verified first, then
+    the format, then every field's type. ``CheckpointFormatError`` for a newer format,
+    ``CheckpointCorruptError`` for anything else that cannot be read as written."""
+    what = f"the checkpoint of run {run_id!r}"
+    raw, sealed = unseal(payload, what=what)
+    fmt = raw.get("format")
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
+        raise CheckpointCorruptError(f"{what} has no valid format")
+    if fmt > CHECKPOINT_FORMAT:
+        raise CheckpointFormatError(
+            f"{what} has format {fmt}, newer than the {CHECKPOINT_FORMAT} this kit reads; "
+            "resume it with a newer tesserix-adk"
+        )
+    if sealed and fmt < 2:
+        raise CheckpointCorruptError(f"{what} has a checksum but claims format {fmt}")
+    if not sealed and (fmt >= 2 or "checksum" in raw):
+        raise CheckpointCorruptError(f"{what} has no checksum that verifies (format {fmt})")
+    try:
+        cp = _from_json(raw, fmt)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointCorruptError(f"{what} cannot be decoded: {exc!r}") from exc
+    if cp.tenant != tenant or cp.run_id != run_id:
+        raise CheckpointCorruptError(
+            f"the checkpoint stored under run {run_id!r} belongs to another run"
+        )
+    return cp
+
+
+_TOMBSTONE_KEYS = frozenset({"format", "tenant", "run_id", "agent", "step", "status", "reason"})
+_FRONTIER_KEYS = frozenset(
+    {
+        "format",
+        "tenant",
+        "run_id",
+        "agent",
+        "step",
+        "boundary",
+        "status",
+        "iteration",
+        "fence",
+        "history",
+        "outstanding",
+        "pending_approval",
+        "grants",
+        "usage",
+        "state",
+        "steps_used",
+        "replay_of",
+    }
+)
+# Format 1 grew these without a new number; format 2 writes every one of them.
+_LATER_FRONTIER_KEYS = frozenset({"output", "written_at", "observation"})
+
+
+def _from_json(raw: Mapping[str, Any], fmt: int) -> Checkpoint:
+    status = CheckpointStatus(_str(raw.get("status")))
+    if status is CheckpointStatus.tombstone:
+        required = _TOMBSTONE_KEYS | ({"fence"} if fmt >= 2 else set())
+        _fields(raw, required, required | {"fence"}, "a tombstone")
+        agent = _fields(raw["agent"], {"name"}, where="the agent")
+        return Checkpoint(
+            format=fmt,
+            tenant=_str(raw["tenant"]),
+            run_id=_str(raw["run_id"]),
+            agent_name=_str(agent["name"]),
+            step=_int(raw["step"]),
+            status=status,
+            fence=_opt_int(raw.get("fence")),
+            reason=_str(raw["reason"]),
+        )
+    required = _FRONTIER_KEYS | (_LATER_FRONTIER_KEYS if fmt >= 2 else set())
+    _fields(raw, required, _FRONTIER_KEYS | _LATER_FRONTIER_KEYS | {"messages"}, "a frontier")
+    agent = _fields(raw["agent"], {"name", "revision"}, where="the agent")
+    history = raw["history"]
+    handle = (
+        None
+        if history is None
+        else HistoryHandle(
+            tenant=_str(raw["tenant"]),
+            run_id=_str(raw["run_id"]),
+            count=_int(_fields(history, {"count", "digest"}, where="the history")["count"]),
+            digest=_str(history["digest"]),
+        )
+    )
+    messages = raw.get("messages")
+    if handle is None and messages is None:
+        raise ValueError("the frontier has neither a transcript nor a history handle")
+    pending = raw["pending_approval"]
+    usage = _fields(raw["usage"], {"input_tokens", "output_tokens", "micros"}, where="usage")
+    boundary = raw["boundary"]
+    if boundary is None and not status.finished:
+        raise ValueError(f"a {status} frontier names no boundary")
+    written_at = raw.get("written_at")
+    if written_at is not None and (
+        not isinstance(written_at, int | float) or isinstance(written_at, bool)
+    ):
+        raise TypeError(f"written_at is a {type(written_at).__name__}, not a number")
+    return Checkpoint(
+        format=fmt,
+        tenant=_str(raw["tenant"]),
+        run_id=_str(raw["run_id"]),
+        agent_name=_str(agent["name"]),
+        agent_revision=_opt_str(agent["revision"]),
+        step=_int(raw["step"]),
+        boundary=None if boundary is None else Boundary(_str(boundary)),
+        status=status,
+        iteration=_int(raw["iteration"]),
+        fence=_opt_int(raw["fence"]),
+        messages=None if messages is None else tuple(_message(m) for m in _list(messages)),
+        history_handle=handle,
+        outstanding=tuple(_outstanding(o, fmt) for o in _list(raw["outstanding"])),
+        pending_approval=None
+        if pending is None
+        else PendingApproval(
+            id=_str(_fields(pending, {"id", "calls"}, where="the approval")["id"]),
+            calls=tuple(_str(c) for c in _list(pending["calls"])),
+        ),
+        grants=tuple(_grant(g, fmt) for g in _list(raw["grants"])),
+        usage=Usage(
+            input_tokens=_int(usage["input_tokens"]), output_tokens=_int(usage["output_tokens"])
+        ),
+        micros=_int(usage["micros"]),
+        state=raw["state"],
+        steps_used=_int(raw["steps_used"]),
+        replay_of=_opt_str(raw["replay_of"]),
+        output=_opt_str(raw.get("output")),
+        written_at=written_at,
+        observation=raw.get("observation"),
+    )
+
+
+_CALL_KEYS = frozenset({"id", "name", "arguments", "key", "side_effects", "idempotent"})
+
+
+def _outstanding(raw: Any, fmt: int) -> OutstandingCall:
+    required = _CALL_KEYS | ({"redacted"} if fmt >= 2 else set())
+    o = _fields(raw, required, _CALL_KEYS | {"redacted"}, "an outstanding call")
+    return OutstandingCall(
+        call=ToolCall(id=_str(o["id"]), name=_str(o["name"]), arguments=_obj(o["arguments"])),
+        key=_opt_str(o["key"]),
+        side_effects=_bool(o["side_effects"]),
+        idempotent=_bool(o["idempotent"]),
+        redacted=_bool(o.get("redacted", False)),
+    )
+
+
+_GRANT_KEYS = frozenset({"request", "call_id", "key", "approved", "by"})
+
+
+def _grant(raw: Any, fmt: int) -> Grant:
+    required = _GRANT_KEYS | ({"note"} if fmt >= 2 else set())
+    g = _fields(raw, required, _GRANT_KEYS | {"note"}, "a grant")
+    return Grant(
+        request=_str(g["request"]),
+        call_id=_str(g["call_id"]),
+        key=_opt_str(g["key"]),
+        approved=_bool(g["approved"]),
+        by=_opt_str(g["by"]),
+        note=_opt_str(g.get("note")),
+    )

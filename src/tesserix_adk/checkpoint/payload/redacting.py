@@ -1,0 +1,74 @@
+"""Redaction of the user data a payload carries: one path for a tool's result.
+
+``redact_outcome_content`` is used for the recorded outcome, the transcript entry and the
+frontier's ``observation`` alike, so all three mask alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from tesserix_adk.checkpoint.payload.envelope import _bounded
+from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.messages import Message
+from tesserix_adk.messages import message_to_json as _message_to_json
+
+__all__ = ["redact_outcome_content"]
+
+
+def redact_outcome_content(content: Any, redactor: Redactor) -> Any:
+    """A tool result's content, redacted: the one path for the recorded outcome, the
+    transcript entry and the frontier's observation, so all three mask alike.
+
+    Text that is a JSON object or array is redacted as data (values under keys like
+    ``password`` are masked) and written back as JSON text; other text by pattern; any
+    other value as data.
+    """
+    if isinstance(content, str):
+        return _redacted_text(content, redactor)
+    # As JSON data first, the way the transcript entry writes it (``default=str``): a
+    # result the codec cannot write would leave a completed call's claim in flight.
+    data = json.loads(json.dumps(_bounded(content, "a tool result"), default=str))
+    return redactor.value(data)
+
+
+def _redacted_text(text: str, redactor: Redactor) -> str:
+    # Redactor.text masks JSON text in place (every duplicate of a key included, which a
+    # json.loads round trip would drop) and anything else as free text.
+    return redactor.text(text)
+
+
+def _redacted_message(message: Message, redactor: Redactor) -> dict[str, Any]:
+    for call in message.tool_calls:
+        _bounded(call.arguments, f"the arguments of {call.name} ({call.id})")
+    data = _message_to_json(message)
+    if isinstance(data["content"], str):
+        if data["role"] == "tool":
+            data["content"] = redact_outcome_content(data["content"], redactor)
+        else:
+            data["content"] = redactor.text(data["content"])
+    else:
+        data["content"] = [
+            {**p, "text": redactor.text(p["text"])} if p["type"] == "text" else p
+            for p in data["content"]
+        ]
+    for call in data.get("tool_calls", ()):
+        call["arguments"] = redactor.value(call["arguments"])
+    return data
+
+
+def _redacted_observation(observation: Any, redactor: Redactor) -> Any:
+    """The last turn's tool results: each entry's ``content`` through the outcome path."""
+    _bounded(observation, "the observation")
+    if not isinstance(observation, list | tuple):
+        return redactor.value(observation)
+    out: list[Any] = []
+    for entry in observation:
+        if isinstance(entry, Mapping) and "content" in entry:
+            rest = redactor.value({k: v for k, v in entry.items() if k != "content"})
+            out.append({**rest, "content": redact_outcome_content(entry["content"], redactor)})
+        else:
+            out.append(redactor.value(entry))
+    return out

@@ -1,0 +1,78 @@
+"""Transcript entries: one ``Message`` as a ``HistoryStore`` keeps it (or as a frontier
+with an inline transcript lists it)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from tesserix_adk.checkpoint.payload.envelope import CHECKPOINT_FORMAT, _sealed_within, _versioned
+from tesserix_adk.checkpoint.payload.fields import _bool, _fields, _list, _obj, _opt_str, _str
+from tesserix_adk.checkpoint.payload.redacting import _redacted_message
+from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.errors import CheckpointCorruptError
+from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall
+
+__all__ = ["decode_message", "encode_message"]
+
+
+def encode_message(message: Message, redactor: Redactor) -> bytes:
+    """One transcript entry as checksummed bytes, redacted (text, tool results and tool
+    arguments; never binary). ``CheckpointTooLargeError`` if it nests too deep."""
+    body = {"format": CHECKPOINT_FORMAT, **_redacted_message(message, redactor)}
+    return _sealed_within(body, "a transcript entry")
+
+
+def decode_message(data: bytes) -> Message:
+    """Read one transcript entry; ``CheckpointCorruptError`` if it cannot be read or does
+    not verify (an entry from before checksums is read in its exact old shape only)."""
+    raw, _ = _versioned(data, "a transcript entry")
+    try:
+        return _message(raw)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointCorruptError(f"a transcript entry cannot be decoded: {exc}") from exc
+
+
+_MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "is_error"})
+
+
+def _message(raw: Any) -> Message:
+    data = _fields(raw, {"role", "content"}, _MESSAGE_KEYS, "a message")
+    content_raw = data["content"]
+    content: str | list[Part]
+    if isinstance(content_raw, str):
+        content = content_raw
+    elif isinstance(content_raw, list):
+        content = [_part(p) for p in content_raw]
+    else:
+        raise TypeError("message content is neither text nor a list of parts")
+    calls = [
+        ToolCall(id=_str(c["id"]), name=_str(c["name"]), arguments=_obj(c["arguments"]))
+        for c in (
+            _fields(c, {"id", "name", "arguments"}, where="a tool call")
+            for c in _list(data.get("tool_calls", []))
+        )
+    ]
+    is_error = _bool(data.get("is_error", False))
+    return Message(
+        Role(_str(data["role"])),
+        content,
+        calls,
+        tool_call_id=_opt_str(data.get("tool_call_id")),
+        is_error=is_error,
+    )
+
+
+def _part(raw: Any) -> Part:
+    kind = _str(_obj(raw).get("type"))
+    if kind == "text":
+        return TextPart(text=_str(_fields(raw, {"type", "text"}, where="a text part")["text"]))
+    if kind == "binary":
+        part = _fields(raw, {"type", "media_type", "data"}, where="a binary part")
+        try:
+            data = base64.b64decode(_str(part["data"]), validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"a binary part is not base64: {exc}") from exc
+        return BinaryPart(data=data, media_type=_str(part["media_type"]))
+    raise ValueError(f"unknown part type {kind!r}")
