@@ -1,0 +1,162 @@
+"""Secrets that only their context gives away in free text: ``key: value`` pairs and pydantic
+validation messages.
+
+A credential-named key masks its value in free text too (``password=…``, ``"token": "…"``,
+``Authorization: Basic …`` keeps the scheme). A pydantic ``input_value=…`` is masked whole
+when its field is named like a secret or anything in it is a secret (pydantic cuts long
+values short, so a partial mask would leave the tail). Both scans are linear: they anchor on
+a word and read the key backwards from it.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+
+from tesserix_adk.checkpoint.redaction.keys import _MAX_KEY, _key_kind
+from tesserix_adk.checkpoint.redaction.patterns import _PLACEHOLDER, _PLACEHOLDER_TEXT
+
+# The last word of a credential-like key right before ``:`` or ``=``; the whole key is then
+# read backwards from it and checked with ``_key_kind``. Anchoring on the word (not on the key's
+# first character) keeps the scan linear whatever runs of identifier characters come before.
+# It runs on the ASCII-lowered text (same length, same positions): a case-insensitive
+# alternation is several times slower to search.
+_KEY_WORD = re.compile(
+    r"(?P<word>pass(?:word|wd|phrase)|secret|token|api[_-]?key"
+    r"|(?:secret|private|access)[_-]?key|authorization|cookie|credentials?)"
+    r"(?P<close>\\?[\"'])?[ \t]{0,16}+(?P<sep>[:=])(?![:=])[ \t]{0,16}+"
+)
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+_KEY_HINTS = ("pass", "secret", "token", "key", "auth", "cookie", "credential")
+_KEY_CHAR_SET = frozenset(string.ascii_letters + string.digits + "_.-")
+_KEY_CHARS = re.compile(rf"[A-Za-z0-9_.\-]{{0,{_MAX_KEY}}}")
+_DOUBLE_QUOTED = re.compile(r'[^"\\\n]*+(?:\\.[^"\\\n]*+)*+')
+_SINGLE_QUOTED = re.compile(r"[^'\\\n]*+(?:\\.[^'\\\n]*+)*+")
+_ESCAPED_QUOTED = re.compile(r'[^"\\\n]*+(?:\\[^"\n][^"\\\n]*+)*+')
+_UNQUOTED = re.compile(r"[^\s,;&\"'()\[\]{}<>]*+")
+_TO_LINE_END = re.compile(r"[^\r\n]*+")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,20}+ ++(?=\S)")
+_JSON_LITERAL = re.compile(r"(?:-?[0-9][0-9.eE+-]*+|true|false|null)(?![A-Za-z0-9_])")
+
+
+def _mask_key_values(text: str) -> str:
+    """``key: value`` and ``key=value`` pairs whose key is named like a credential."""
+    out: list[str] = []
+    done = 0
+    for m in _KEY_WORD.finditer(text.translate(_ASCII_LOWER)):
+        if m.start() < done:
+            continue
+        # The key's other words, read backwards from the one the pattern found.
+        floor = max(done, m.start() - _MAX_KEY)
+        head = text[floor : m.start()][::-1]
+        key_start = m.start() - _KEY_CHARS.match(head).end()  # type: ignore[union-attr]
+        if key_start == floor > done and text[floor - 1] in _KEY_CHAR_SET:
+            continue  # longer than any credential name
+        kind = _key_kind(text[key_start : m.end("word")])
+        if kind is None:
+            continue
+        span = _value_span(
+            text,
+            m.end(),
+            kind,
+            json_like=m.group("close") == '"',
+            header=m.group("sep") == ":",
+        )
+        if span is None:
+            continue
+        start, end = span
+        out.append(text[done:start])
+        out.append(f"[redacted:{kind}]")
+        done = end
+    if not out:
+        return text
+    out.append(text[done:])
+    return "".join(out)
+
+
+def _value_span(
+    text: str, pos: int, kind: str, *, json_like: bool, header: bool
+) -> tuple[int, int] | None:
+    """Where the value after a credential key starts and ends; ``None`` if there is none."""
+    if text.startswith(_PLACEHOLDER_TEXT, pos):
+        return None
+    if text.startswith('\\"', pos):
+        end = _ESCAPED_QUOTED.match(text, pos + 2).end()  # type: ignore[union-attr]
+        return (pos + 2, end) if end > pos + 2 else None
+    quote = text[pos : pos + 1]
+    if quote in ('"', "'"):
+        body = _DOUBLE_QUOTED if quote == '"' else _SINGLE_QUOTED
+        end = body.match(text, pos + 1).end()  # type: ignore[union-attr]
+        if end == pos + 1 or text.startswith(_PLACEHOLDER_TEXT, pos + 1):
+            return None
+        return pos + 1, end
+    if json_like and _JSON_LITERAL.match(text, pos):
+        # A number, boolean or null under a quoted key stays, as it does in data.
+        return None
+    if header and kind in ("authorization", "cookie"):
+        # A header value: the scheme (``Basic``, ``Digest``) stays, the rest of the line goes.
+        scheme = _SCHEME.match(text, pos) if kind == "authorization" else None
+        start = scheme.end() if scheme is not None else pos
+        if text.startswith(_PLACEHOLDER_TEXT, start):
+            return None
+        end = _TO_LINE_END.match(text, start).end()  # type: ignore[union-attr]
+        while end > start and text[end - 1] in " \t":
+            end -= 1
+        return (start, end) if end > start else None
+    end = _UNQUOTED.match(text, pos).end()  # type: ignore[union-attr]
+    return (pos, end) if end > pos else None
+
+
+# --- pydantic validation messages -------------------------------------------------------
+
+# ``input_value=<repr>, input_type=…``: the repr runs to ``, input_type=``, never past the
+# line or the next ``input_value=`` (so each occurrence is scanned once).
+_INPUT_VALUE = r"(?:[^\n,i]|i(?!nput_value=)|,(?! input_type=))*+(?=, input_type=)"
+_VALIDATION_FIELD = re.compile(
+    r"(?m)^(?P<loc>[^\s][^\n]{0,255}+)(?P<mid>\n  [^\n\[]{0,500}+\[type=[A-Za-z0-9_.]{1,64}+"
+    r", input_value=)(?P<value>" + _INPUT_VALUE + ")"
+)
+_VALIDATION_INPUT = re.compile(r"(?P<mid>input_value=)(?P<value>" + _INPUT_VALUE + ")")
+_SECRET_STARTS = (
+    "sk-",
+    "ghp_",
+    "gho_",
+    "ghs_",
+    "ghu_",
+    "ghr_",
+    "github_pat_",
+    "xox",
+    "eyJ",
+    "AKIA",
+    "ASIA",
+    "-----BEGIN",
+    "Bearer ",
+    "Basic ",
+)
+
+
+def _placeholder_kind(value: str) -> str | None:
+    found = _PLACEHOLDER.search(value)
+    return None if found is None else found.group(1)[len(_PLACEHOLDER_TEXT) : -1]
+
+
+def _mask_validation_inputs(text: str) -> str:
+    """Mask pydantic's quoted inputs whole: by field name, or when they hold a secret."""
+
+    def by_field(m: re.Match[str]) -> str:
+        field_name = m.group("loc").rstrip().rsplit(".", 1)[-1]
+        kind = _key_kind(field_name)
+        if kind is None:
+            return m.group(0)
+        return f"{m.group('loc')}{m.group('mid')}'[redacted:{kind}]'"
+
+    def by_content(m: re.Match[str]) -> str:
+        value = m.group("value")
+        kind = _placeholder_kind(value)
+        if kind is None and value.lstrip("'\"").startswith(_SECRET_STARTS):
+            kind = "secret"
+        if kind is None:
+            return m.group(0)
+        return f"{m.group('mid')}'[redacted:{kind}]'"
+
+    return _VALIDATION_INPUT.sub(by_content, _VALIDATION_FIELD.sub(by_field, text))

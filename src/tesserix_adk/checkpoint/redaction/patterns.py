@@ -1,0 +1,215 @@
+"""The built-in patterns that find secrets inside strings, and the placeholders they write.
+
+API keys (OpenAI ``sk-``/``sk-proj-``, Anthropic ``sk-ant-``), ``Bearer`` tokens, ``Basic``
+credentials, AWS access key ids and secret keys, GitHub and Slack tokens, JWTs, PEM
+private-key blocks and passwords in URLs (the user stays). A token wrapped across lines (a
+line break, or a JSON-escaped ``\\n``, right after it and a next line that is all token
+characters) is masked with its continuation lines. Each match becomes ``[redacted:<kind>]``.
+
+Every built-in pattern is linear-time (bounded quantifiers, possessive runs, anchors that
+cannot restart inside a run), and none is compiled at import.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+
+# Every placeholder the redactor writes; custom patterns never see these.
+_PLACEHOLDER = re.compile(r"(\[redacted:[a-z0-9_]+\])")
+_PLACEHOLDER_TEXT = "[redacted:"
+
+# The shortest string any built-in rule can match (``s://:p@``, ``token=x``).
+_SHORTEST_SECRET = 7
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """One built-in pattern: what it masks, and the cheap checks that let it be skipped."""
+
+    kind: str
+    pattern: re.Pattern[str]
+    # Lower-case substrings one of which must occur for the pattern to be tried at all.
+    hints: tuple[str, ...] = ()
+    min_length: int = _SHORTEST_SECRET
+    # A match this refuses is left as it is (e.g. ``Basic`` + a word that is not base64).
+    accept: Callable[[re.Match[str]], bool] | None = None
+    replacement: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # A ``keep`` group is context that stays (``Bearer ``, ``://user:``); the rest goes.
+        keep = "\\g<keep>" if "keep" in self.pattern.groupindex else ""
+        object.__setattr__(self, "replacement", f"{keep}[redacted:{self.kind}]")
+
+    def apply(self, value: str, lowered: str) -> str:
+        if len(value) < self.min_length:
+            return value
+        if self.hints and not any(h in lowered for h in self.hints):
+            return value
+        if self.accept is None:
+            return self.pattern.sub(self.replacement, value)
+        accept = self.accept
+        return self.pattern.sub(
+            lambda m: m.expand(self.replacement) if accept(m) else m.group(0), value
+        )
+
+
+def _wrapped(body: str, body_without_digits: str) -> str:
+    """Continuation lines of a token wrapped across lines, for a token made of ``body``.
+
+    A continuation starts right after the token with a line break (or a JSON-escaped one) and
+    is a whole line of token characters with a digit in it or at least 16 long, so a word on
+    the next line ("Thanks") is never taken for the end of a key.
+    """
+    return (
+        r"(?:(?:\r?\n|\\r\\n|\\n)[ \t]{0,16}+"
+        rf"(?={body_without_digits}*+[0-9]|{body}{{16}}){body}++"
+        r"(?=[ \t]*+(?:[\r\n\"',;)\]}]|\\[rn\"]|\Z)))"
+    )
+
+
+def _prefixed_token(prefix: str, body: str, body_without_digits: str, least: int) -> str:
+    """``prefix`` then at least ``least`` body characters, or a shorter head wrapped."""
+    cont = _wrapped(body, body_without_digits)
+    return rf"{prefix}(?:{body}{{{least},}}+{cont}*|{body}{{0,{least - 1}}}+{cont}+)"
+
+
+def _is_basic_credential(match: re.Match[str]) -> bool:
+    # ``Basic`` + base64 of ``user:password``; "Basic authentication" is prose.
+    token = match.group("token")
+    try:
+        raw = base64.b64decode(token + "=" * (-len(token) % 4), validate=True)
+        decoded = raw.decode("utf-8")
+    except (binascii.Error, ValueError):
+        return False
+    return ":" in decoded and decoded.isprintable()
+
+
+@cache
+def _builtin_rules() -> tuple[_Rule, ...]:
+    """The built-in patterns, compiled on first use (nothing is compiled at import).
+
+    Order matters only for the label: the most specific kinds run first, so
+    ``Bearer eyJ…`` reads ``Bearer [redacted:jwt]``.
+    """
+    b64 = r"[A-Za-z0-9/+]"
+    key_body, key_letters = r"[A-Za-z0-9_-]", r"[A-Za-z_-]"
+    return (
+        _Rule(
+            "private_key",
+            # Through the matching END line; a block cut short is masked to the end. The
+            # label is bounded so comparing it at every END line stays cheap.
+            re.compile(
+                r"-----BEGIN (?P<label>[A-Z0-9 ]{0,40}?)PRIVATE KEY-----"
+                r"(?:.*?-----END (?P=label)PRIVATE KEY-----|.*\Z)",
+                re.DOTALL,
+            ),
+            ("-----begin",),
+        ),
+        _Rule(
+            "anthropic_key",
+            re.compile(
+                _prefixed_token("sk-ant-(?<![A-Za-z0-9_-]sk-ant-)", key_body, key_letters, 20)
+            ),
+            ("sk-ant-",),
+        ),
+        _Rule(
+            "openai_key",
+            # ``sk-…`` and ``sk-proj-…``; 20 characters at least, so ``sk-learn`` stays.
+            re.compile(_prefixed_token("sk-(?<![A-Za-z0-9_-]sk-)", key_body, key_letters, 20)),
+            ("sk-",),
+        ),
+        _Rule(
+            "github_token",
+            re.compile(
+                r"g(?<![A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,}+|ithub_pat_[A-Za-z0-9_]{22,}+)"
+                r"(?![A-Za-z0-9_])" + _wrapped(r"[A-Za-z0-9_]", r"[A-Za-z_]") + "*"
+            ),
+            ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
+        ),
+        _Rule(
+            "slack_token",
+            re.compile(
+                r"xox(?<![A-Za-z0-9]xox)[abprs]-[A-Za-z0-9-]{10,}+"
+                + _wrapped(r"[A-Za-z0-9-]", r"[A-Za-z-]")
+                + "*"
+            ),
+            ("xox",),
+        ),
+        _Rule(
+            "aws_access_key_id",
+            re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+            ("akia", "asia"),
+        ),
+        _Rule(
+            "jwt",
+            re.compile(
+                r"eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]*+"
+                + _wrapped(key_body, key_letters)
+                + "*"
+            ),
+            ("eyj",),
+        ),
+        _Rule(
+            "basic_auth",
+            re.compile(
+                r"(?P<keep>(?<![A-Za-z0-9_])(?i:basic)[ \t]{1,16}+)"
+                r"(?P<token>[A-Za-z0-9+/]{4,}+={0,2}+)(?![A-Za-z0-9+/=])"
+            ),
+            ("basic",),
+            accept=_is_basic_credential,
+        ),
+        _Rule(
+            "bearer",
+            # RFC 6750 b64token. A word of prose after "bearer" is not a token: one with no
+            # digit has to be 20 characters long to count.
+            re.compile(
+                r"(?P<keep>(?<![A-Za-z0-9_])(?i:bearer)[ \t]{1,16}+)"
+                r"(?:(?=[A-Za-z\-._~+/]*+[0-9])[A-Za-z0-9\-._~+/]{8,}+|[A-Za-z0-9\-._~+/]{20,}+)"
+                r"=*+" + _wrapped(r"[A-Za-z0-9\-._~+/=]", r"[A-Za-z\-._~+/=]") + "*"
+            ),
+            ("bearer",),
+        ),
+        _Rule(
+            "url_password",
+            # scheme://user:PASSWORD@host; the user may be empty (redis://:pw@host). The
+            # password runs to the last ``@`` before the path, so ``p@ss`` goes whole.
+            # Anchored on ``://`` (after a scheme character) rather than on the scheme, so a
+            # long scheme-like run never restarts the match at each of its characters.
+            # (Here and above, a look-behind placed after a literal prefix lets the engine
+            # search for the literal instead of trying every position.)
+            re.compile(
+                r"(?P<keep>://(?<=[A-Za-z0-9+.-]://)[^\s/?#@:\[\]]*+:)"
+                r"(?!\[redacted:url_password\]@)[^\s/?#]+(?=@)"
+            ),
+            ("://",),
+        ),
+        _Rule(
+            "aws_secret_key",
+            # Next to a hint: any 40 base64 characters.
+            re.compile(
+                r"(?P<keep>(?i:(?<![A-Za-z0-9])(?:aws_)?secret_(?:access_)?key"
+                r"|(?<![A-Za-z0-9])secretaccesskey)"
+                r"[\"']?[ \t]{0,16}+[:=][ \t]{0,16}+[\"']?)" + b64 + r"{40}(?![A-Za-z0-9/+=])"
+            ),
+            ("secret",),
+            min_length=40,
+        ),
+        _Rule(
+            "aws_secret_key",
+            # Standalone: exactly 40 base64 characters with a ``/`` or ``+`` and both cases,
+            # so a hex digest (sha1, a git sha) never matches.
+            re.compile(
+                r"(?<![A-Za-z0-9/+=])"
+                r"(?=[A-Za-z0-9]{0,39}[/+])(?=[A-Z0-9/+]{0,39}[a-z])(?=[a-z0-9/+]{0,39}[A-Z])"
+                + b64
+                + r"{40}(?![A-Za-z0-9/+=])"
+            ),
+            ("/", "+"),
+            min_length=40,
+        ),
+    )

@@ -1,0 +1,237 @@
+"""The ``Redactor``: the walker over data and the text scanner that apply every rule.
+
+Under a sensitive key, every non-empty **string** becomes ``[redacted:<kind>]``, however deep
+in the value; numbers, booleans and ``None`` stay as they are and containers keep their shape.
+So a typed state with ``token: int`` or ``password: str | None`` still validates after
+redaction and a run stays resumable; a numeric credential is not masked (keep credentials in
+strings). A string that is JSON text stays JSON text: it is masked token by token in place
+(duplicate keys included), never re-serialised.
+
+``extra_patterns`` add regexes whose matches become ``[redacted:custom]``; they run on
+Python's backtracking engine as written, on the text between placeholders.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tesserix_adk.checkpoint.redaction.free_text import (
+    _KEY_HINTS,
+    _mask_key_values,
+    _mask_validation_inputs,
+)
+from tesserix_adk.checkpoint.redaction.keys import _key_kind
+from tesserix_adk.checkpoint.redaction.patterns import (
+    _PLACEHOLDER,
+    _SHORTEST_SECRET,
+    _builtin_rules,
+    _Rule,
+)
+from tesserix_adk.errors import ConfigurationError
+
+__all__ = ["Redactor", "default_redactor"]
+
+
+_CUSTOM = "[redacted:custom]"
+
+# A pass over a string is repeated until nothing changes (a mask can move a boundary that
+# a pattern's look-around depends on); this bounds the repeats.
+_MAX_PASSES = 4
+
+# JSON text nested in a string nested in JSON text …: deeper levels are masked as free text.
+_MAX_JSON_DEPTH = 8
+
+# Every hint of every rule (patterns, key words, validation messages), for one quick look at
+# a string no rule can touch.
+_ANY_HINT = re.compile(
+    r"-----begin|sk-|gh[pousr]_|github_pat_|xox|akia|asia|eyj|basic|bearer|://|secret|[/+]"
+    r"|pass|token|key|auth|cookie|credential|input_value="
+)
+
+# --- JSON text --------------------------------------------------------------------------
+
+_JSON_START = re.compile(r"[ \t\r\n]*+[{\[]")
+_JSON_TOKEN = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[{}\[\]]')
+_JSON_COLON = re.compile(r"[ \t\r\n]*+:")
+
+
+def _mask_custom(match: re.Match[str]) -> str:
+    return _CUSTOM if match.group(0) else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Redactor:
+    """Masks secrets in user data before it is stored, logged or shown.
+
+    ``text(s)`` masks a string (free text, a log line, an error message, JSON text);
+    ``value(v)`` masks JSON-like data. Both are linear in the size of their input.
+    ``extra_patterns`` are regular expressions (strings) whose matches become
+    ``[redacted:custom]``; they run after the built-in patterns, on the text between
+    placeholders. ``enabled=False`` turns every method into the identity.
+    """
+
+    extra_patterns: tuple[str, ...] = ()
+    enabled: bool = True
+    _rules: tuple[_Rule, ...] = field(init=False, repr=False, compare=False)
+    _extra: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.extra_patterns, str):
+            raise ConfigurationError(
+                "extra_patterns takes a tuple of regular expressions, not one string"
+            )
+        patterns = tuple(self.extra_patterns)
+        compiled: list[re.Pattern[str]] = []
+        for i, source in enumerate(patterns):
+            try:
+                compiled.append(re.compile(source))
+            except re.error as exc:
+                raise ConfigurationError(
+                    f"extra_patterns[{i}] is not a valid regular expression: {source!r} ({exc})"
+                ) from exc
+        object.__setattr__(self, "extra_patterns", patterns)
+        object.__setattr__(self, "_rules", _builtin_rules())
+        object.__setattr__(self, "_extra", tuple(compiled))
+
+    def text(self, value: str) -> str:
+        """``value`` with every secret in it masked; JSON text stays JSON text."""
+        if not self.enabled:
+            return value
+        return self._text(value, 0)
+
+    def value(self, data: Any) -> Any:
+        """A redacted copy of JSON-like ``data``; the input is never mutated.
+
+        Mappings become new dicts and lists and tuples become new lists (the output is bound
+        for JSON); strings are masked with ``text``, and so are string keys. Under a sensitive
+        key every non-empty string, however deep, becomes ``[redacted:<kind>]``; numbers,
+        booleans and ``None`` stay. ``bytes`` and any other object are returned as they are:
+        give this the JSON form of the data, not objects that hide strings.
+        """
+        if not self.enabled:
+            return data
+        return self._walk(data, None)[0]
+
+    def changed(self, data: Any) -> bool:
+        """Whether redaction masks anything in ``data`` (a tuple becoming a list is no change)."""
+        if not self.enabled:
+            return False
+        return self._walk(data, None)[1]
+
+    def _text(self, value: str, depth: int) -> str:
+        if len(value) < _SHORTEST_SECRET:
+            return value
+        if depth < _MAX_JSON_DEPTH and _JSON_START.match(value):
+            masked = self._json_text(value, depth)
+            if masked is not None:
+                return masked
+        for _ in range(_MAX_PASSES):
+            masked = self._builtin(value)
+            if self._extra:
+                masked = self._custom(masked)
+            if masked == value:
+                break
+            value = masked
+        return value
+
+    def _builtin(self, value: str) -> str:
+        if len(value) < _SHORTEST_SECRET:
+            return value
+        lowered = value.lower()
+        if _ANY_HINT.search(lowered) is None:
+            return value
+        for rule in self._rules:
+            value = rule.apply(value, lowered)
+        if any(h in lowered for h in _KEY_HINTS):
+            value = _mask_key_values(value)
+        if "input_value=" in value:
+            value = _mask_validation_inputs(value)
+        return value
+
+    def _custom(self, value: str) -> str:
+        # Placeholders (the built-ins' and earlier patterns') are split out first, so a custom
+        # pattern never eats into one or grows it on every pass; a pattern that matches the
+        # empty string masks nothing.
+        for pattern in self._extra:
+            parts = _PLACEHOLDER.split(value)
+            parts[::2] = [pattern.sub(_mask_custom, part) for part in parts[::2]]
+            value = "".join(parts)
+        return value
+
+    def _json_text(self, text: str, depth: int) -> str | None:
+        """JSON text masked in place, string by string; ``None`` if ``text`` is not JSON.
+
+        Walking the tokens (not ``json.loads`` and back) keeps the text as it was, and masks
+        every duplicate of a key, not only the one a parser would keep.
+        """
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError):
+            return None
+        out: list[str] = []
+        done = 0
+        # Per open container: whether it is an object, and the kind its strings inherit.
+        stack: list[tuple[bool, str | None]] = []
+        value_kind: str | None = None  # the kind of the key whose value comes next
+        for m in _JSON_TOKEN.finditer(text):
+            token = m.group(0)
+            in_object, inherited = stack[-1] if stack else (False, None)
+            if token in ("{", "["):
+                stack.append((token == "{", value_kind if in_object else inherited))
+                continue
+            if token in ("}", "]"):
+                stack.pop()
+                continue
+            decoded = json.loads(token) if "\\" in token else token[1:-1]
+            if in_object and _JSON_COLON.match(text, m.end()):
+                value_kind = _key_kind(decoded) or inherited
+                masked = self._text(decoded, depth + 1)
+            else:
+                kind = value_kind if in_object else inherited
+                masked = self._mask_under(kind, decoded, depth + 1)
+            if masked != decoded:
+                out.append(text[done : m.start()])
+                out.append(json.dumps(masked, ensure_ascii=False))
+                done = m.end()
+        if not out:
+            return text
+        out.append(text[done:])
+        return "".join(out)
+
+    def _mask_under(self, kind: str | None, value: str, depth: int) -> str:
+        if kind is None:
+            return self._text(value, depth)
+        if not value or _PLACEHOLDER.fullmatch(value):
+            return value
+        return f"[redacted:{kind}]"
+
+    def _walk(self, data: Any, kind: str | None) -> tuple[Any, bool]:
+        if isinstance(data, str):
+            masked = self._mask_under(kind, data, 0)
+            return masked, masked != data
+        if isinstance(data, Mapping):
+            out: dict[Any, Any] = {}
+            changed = False
+            for key, item in data.items():
+                new_key = key
+                item_kind = kind
+                if isinstance(key, str):
+                    new_key = self._text(key, 0)
+                    changed = changed or new_key != key
+                    item_kind = _key_kind(key) or kind
+                out[new_key], item_changed = self._walk(item, item_kind)
+                changed = changed or item_changed
+            return out, changed
+        if isinstance(data, list | tuple):
+            items = [self._walk(item, kind) for item in data]
+            return [item for item, _ in items], any(c for _, c in items)
+        return data, False
+
+
+def default_redactor() -> Redactor:
+    """A redactor with the built-in patterns only."""
+    return Redactor()
