@@ -3,15 +3,17 @@
 Each trial's first worker reaches the server through a proxy of its own, which holds some
 replies back (longer than the lease's renewal interval, on some longer than its ttl) or goes
 half-open (forwards nothing either way, keeps the sockets open: the client learns only by its
-own timeouts). A second worker, connected directly, starts at a random moment, so a slow old
-worker meets a new one (issue 20, defect 1 "also under network delay"); then the run is
-carried to its end directly. Every worker must end on its own (completed, superseded,
-unavailable, or refused naming exactly the calls in doubt) before its deadline.
+own timeouts). A second worker, connected directly, starts at a random moment once the
+fault is at work, so a slow old worker meets a new one (issue 20, defect 1 "also under
+network delay"); then the run is carried to its end directly. Every worker must end on its
+own (completed, superseded, unavailable, or refused naming exactly the calls in doubt)
+before its deadline.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,7 +69,13 @@ def _trial(site: Site, run: str, kind: str) -> tuple[int, int]:
             proxy.call(lambda: faulty.half_open(skip=skip, forward=forward, dark_for=3.0))
         through = site.store.replace(f"{host}:{port}", f"127.0.0.1:{proxy.port}")
         old = site.start(run, store=through)
-        old.wait(rng.uniform(0.3, 1.5))
+        # The new worker comes once the fault is at work (or the old worker is done), and
+        # a random while later: a machine under load must not let it finish the run first.
+        deadline = time.monotonic() + 30
+        while not (faulty.delayed or faulty.darkened) and old.wait(0.02) is None:
+            if time.monotonic() > deadline:
+                break
+        old.wait(rng.uniform(0.0, 1.0))
         new = site.start(run)
         new.finish()
         old.finish()
