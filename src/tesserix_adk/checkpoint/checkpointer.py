@@ -38,11 +38,14 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.messages import Message
 from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.capabilities import step_history
 from tesserix_adk.stores.protocols import (
     EMPTY_HISTORY_DIGEST,
     CheckpointStore,
+    FrontierWithHistory,
     HistoryHandle,
     HistoryStore,
+    StepHistory,
     chain_digest,
 )
 
@@ -152,10 +155,9 @@ class Checkpointer:
         expected = frontier.history_handle
         stored: HistoryHandle | None = None
         if new or cursor.handle is None:
-            combined = getattr(self.store, "put_with_history", None)
-            if combined is not None:
+            if isinstance(self.store, FrontierWithHistory):
                 # One transaction for both where the backend can (one commit, one sync).
-                stored = await combined(
+                stored = await self.store.put_with_history(
                     self.history,
                     frontier.tenant,
                     frontier.run_id,
@@ -256,14 +258,17 @@ class Checkpointer:
 
     async def at(self, tenant: str, run_id: str, step: int) -> Checkpoint | None:
         """The snapshot of ``step``, or ``None``; a corrupt one raises."""
-        stored = await self.store.at(tenant, run_id, step)
+        stored = await self._step_history().at(tenant, run_id, step)
         if stored is None:
             return None
         return decode_checkpoint(stored.payload, tenant=tenant, run_id=run_id)
 
     async def steps(self, tenant: str, run_id: str) -> list[int]:
         """The steps kept for the run, ascending."""
-        return await self.store.steps(tenant, run_id)
+        return await self._step_history().steps(tenant, run_id)
+
+    def _step_history(self) -> StepHistory:
+        return step_history(self.store)
 
     async def messages(self, checkpoint: Checkpoint) -> list[Message]:
         """The transcript a frontier names, verified.

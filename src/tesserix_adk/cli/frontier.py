@@ -26,7 +26,12 @@ from tesserix_adk.errors import (
 from tesserix_adk.leases import never_ran_wait
 from tesserix_adk.messages import ToolOutcome
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, RunLease
+from tesserix_adk.stores.capabilities import run_listing, step_history
+from tesserix_adk.stores.protocols import (
+    IdempotencyRecord,
+    RecordStatus,
+    RunLease,
+)
 
 __all__ = ["RESOLVE_LEASE_TTL", "run_frontier_command"]
 
@@ -108,7 +113,7 @@ def _as_json(cp: Checkpoint, plan: ResumePlan, spent: int, lease: Any) -> dict[s
 
 async def _runs(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
     checkpointer = stores.checkpointer()
-    for run_id in await stores.checkpoints.runs(args.tenant):
+    for run_id in await run_listing(stores.checkpoints).runs(args.tenant):
         shown = escaped(run_id)
         try:
             cp = await checkpointer.latest(args.tenant, run_id)
@@ -132,7 +137,7 @@ async def _runs(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCo
 
 
 async def _steps(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
-    steps = await stores.checkpoints.steps(args.tenant, args.run)
+    steps = await step_history(stores.checkpoints).steps(args.tenant, args.run)
     if not steps:
         raise NoCheckpointError(
             f"nothing is checkpointed under run {args.run!r} for tenant {args.tenant!r}"
@@ -140,7 +145,7 @@ async def _steps(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitC
     checkpointer = stores.checkpointer()
     out.write("step  boundary           iteration  status            written              bytes\n")
     for step in steps:
-        stored = await stores.checkpoints.at(args.tenant, args.run, step)
+        stored = await step_history(stores.checkpoints).at(args.tenant, args.run, step)
         if stored is None:
             continue
         try:

@@ -22,6 +22,7 @@ from tesserix_adk.errors import AdkError
 from tesserix_adk.leases import LeasePolicy
 from tesserix_adk.providers.base import ModelRequest, ModelResponse
 from tesserix_adk.runner import AgentRunner
+from tesserix_adk.stores.capabilities import run_listing, step_history
 from tesserix_adk.stores.protocols import CheckpointStore, StoredCheckpoint
 from tesserix_adk.stores.urls import open_stores
 
@@ -83,15 +84,15 @@ class PausingCheckpointStore:
 
     async def at(self, tenant: str, run_id: str, step: int) -> StoredCheckpoint | None:
         """Delegates."""
-        return await self.inner.at(tenant, run_id, step)
+        return await step_history(self.inner).at(tenant, run_id, step)
 
     async def steps(self, tenant: str, run_id: str) -> list[int]:
         """Delegates."""
-        return await self.inner.steps(tenant, run_id)
+        return await step_history(self.inner).steps(tenant, run_id)
 
     async def runs(self, tenant: str) -> list[str]:
         """Delegates."""
-        return await self.inner.runs(tenant)
+        return await run_listing(self.inner).runs(tenant)
 
     async def forget(self, tenant: str, run_id: str) -> None:
         """Delegates."""

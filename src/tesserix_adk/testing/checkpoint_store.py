@@ -7,7 +7,14 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from tesserix_adk.errors import StaleFenceError
-from tesserix_adk.stores.protocols import CheckpointStore, FencedStore, StoredCheckpoint
+from tesserix_adk.stores.capabilities import run_listing, step_history
+from tesserix_adk.stores.protocols import (
+    CheckpointStore,
+    FencedStore,
+    RunListing,
+    StepHistory,
+    StoredCheckpoint,
+)
 from tesserix_adk.testing._support import JOIN_ALIKE_IDS, ODD_IDS
 from tesserix_adk.testing.costs import check_reads_are_constant
 from tesserix_adk.testing.counting import round_trips_of
@@ -19,6 +26,23 @@ MakeCheckpointStore = Callable[[int], Awaitable[CheckpointStore]]
 
 T = "acme"
 R = "run-1"
+
+
+def _skip_without(store: object, capability: type) -> None:
+    if not isinstance(store, capability):
+        pytest.skip(f"{type(store).__name__} does not offer {capability.__name__}")
+
+
+def steps_of(store: CheckpointStore) -> StepHistory:
+    """The store's step snapshots (the test skips without them)."""
+    _skip_without(store, StepHistory)
+    return step_history(store)
+
+
+def runs_of(store: CheckpointStore) -> RunListing:
+    """The store's run listing (the test skips without it)."""
+    _skip_without(store, RunListing)
+    return run_listing(store)
 
 
 class CheckpointStoreConformance:
@@ -74,19 +98,19 @@ class CheckpointStoreConformance:
     async def test_missing_step_is_none(self, checkpoint_store: CheckpointStore) -> None:
         await checkpoint_store.put(T, R, b"one", step=1)
         await checkpoint_store.put(T, R, b"three", step=3)
-        assert await checkpoint_store.at(T, R, 2) is None
-        assert await checkpoint_store.at(T, R, 4) is None
-        assert await checkpoint_store.at(T, "nobody", 1) is None
+        assert await steps_of(checkpoint_store).at(T, R, 2) is None
+        assert await steps_of(checkpoint_store).at(T, R, 4) is None
+        assert await steps_of(checkpoint_store).at(T, "nobody", 1) is None
 
     async def test_at_returns_the_snapshot_of_that_step(
         self, checkpoint_store: CheckpointStore
     ) -> None:
         await checkpoint_store.put(T, R, b"one", step=1, fence=1)
         await checkpoint_store.put(T, R, b"two", step=2, fence=1)
-        assert await checkpoint_store.at(T, R, 1) == StoredCheckpoint(
+        assert await steps_of(checkpoint_store).at(T, R, 1) == StoredCheckpoint(
             payload=b"one", step=1, fence=1
         )
-        assert await checkpoint_store.at(T, R, 2) == StoredCheckpoint(
+        assert await steps_of(checkpoint_store).at(T, R, 2) == StoredCheckpoint(
             payload=b"two", step=2, fence=1
         )
 
@@ -104,34 +128,34 @@ class CheckpointStoreConformance:
     ) -> None:
         await checkpoint_store.put(T, R, b"first", step=2, fence=1)
         await checkpoint_store.put(T, R, b"second", step=2, fence=2)
-        at = await checkpoint_store.at(T, R, 2)
+        at = await steps_of(checkpoint_store).at(T, R, 2)
         assert at == StoredCheckpoint(payload=b"second", step=2, fence=2)
-        assert await checkpoint_store.steps(T, R) == [2]
+        assert await steps_of(checkpoint_store).steps(T, R) == [2]
 
     async def test_steps_are_ascending(self, checkpoint_store: CheckpointStore) -> None:
         for step in (3, 1, 10, 2):
             await checkpoint_store.put(T, R, b"x", step=step)
-        assert await checkpoint_store.steps(T, R) == [1, 2, 3, 10]
+        assert await steps_of(checkpoint_store).steps(T, R) == [1, 2, 3, 10]
 
     async def test_steps_of_an_unknown_run_are_empty(
         self, checkpoint_store: CheckpointStore
     ) -> None:
-        assert await checkpoint_store.steps(T, "nobody") == []
+        assert await steps_of(checkpoint_store).steps(T, "nobody") == []
 
     async def test_store_without_retention_keeps_every_step(
         self, checkpoint_store: CheckpointStore
     ) -> None:
         for step in range(30):
             await checkpoint_store.put(T, R, b"x", step=step)
-        assert await checkpoint_store.steps(T, R) == list(range(30))
+        assert await steps_of(checkpoint_store).steps(T, R) == list(range(30))
 
     async def test_runs_lists_runs_with_a_frontier_sorted(
         self, checkpoint_store: CheckpointStore
     ) -> None:
         for run_id in ("run-b", "run-c", "run-a"):
             await checkpoint_store.put(T, run_id, b"x", step=0)
-        assert await checkpoint_store.runs(T) == ["run-a", "run-b", "run-c"]
-        assert await checkpoint_store.runs("other") == []
+        assert await runs_of(checkpoint_store).runs(T) == ["run-a", "run-b", "run-c"]
+        assert await runs_of(checkpoint_store).runs("other") == []
 
     async def test_forget_removes_the_frontier_and_the_steps(
         self, checkpoint_store: CheckpointStore
@@ -141,15 +165,15 @@ class CheckpointStoreConformance:
         await checkpoint_store.put(T, "kept", b"kept", step=1)
         await checkpoint_store.forget(T, R)
         assert await checkpoint_store.latest(T, R) is None
-        assert await checkpoint_store.at(T, R, 1) is None
-        assert await checkpoint_store.steps(T, R) == []
-        assert await checkpoint_store.runs(T) == ["kept"]
+        assert await steps_of(checkpoint_store).at(T, R, 1) is None
+        assert await steps_of(checkpoint_store).steps(T, R) == []
+        assert await runs_of(checkpoint_store).runs(T) == ["kept"]
 
     async def test_forget_of_an_unknown_run_is_a_no_op(
         self, checkpoint_store: CheckpointStore
     ) -> None:
         await checkpoint_store.forget(T, "nobody")
-        assert await checkpoint_store.runs(T) == []
+        assert await runs_of(checkpoint_store).runs(T) == []
 
     async def test_forget_keeps_the_fence(self, checkpoint_store: CheckpointStore) -> None:
         await checkpoint_store.put(T, R, b"x", step=1, fence=5)
@@ -175,7 +199,7 @@ class CheckpointStoreConformance:
         assert await checkpoint_store.latest(T, R) == StoredCheckpoint(
             payload=b"new holder", step=2, fence=7
         )
-        assert await checkpoint_store.steps(T, R) == [2]
+        assert await steps_of(checkpoint_store).steps(T, R) == [2]
 
     async def test_same_and_higher_fences_are_accepted(
         self, checkpoint_store: CheckpointStore
@@ -194,7 +218,7 @@ class CheckpointStoreConformance:
         await checkpoint_store.put(T, R, b"a", step=1)
         await checkpoint_store.put(T, R, b"b", step=2)
         await checkpoint_store.put(T, R, b"c", step=3, fence=1)
-        assert await checkpoint_store.steps(T, R) == [1, 2, 3]
+        assert await steps_of(checkpoint_store).steps(T, R) == [1, 2, 3]
 
     async def test_unfenced_put_is_refused_once_a_fence_was_seen(
         self, checkpoint_store: CheckpointStore
@@ -209,7 +233,7 @@ class CheckpointStoreConformance:
         await checkpoint_store.put(T, "run-a", b"a", step=1, fence=9)
         await checkpoint_store.put(T, "run-b", b"b", step=1, fence=1)
         await checkpoint_store.put(T, "run-c", b"c", step=1)
-        assert await checkpoint_store.runs(T) == ["run-a", "run-b", "run-c"]
+        assert await runs_of(checkpoint_store).runs(T) == ["run-a", "run-b", "run-c"]
 
     async def test_seal_refuses_writes_below_it_before_any_write(
         self, checkpoint_store: CheckpointStore
@@ -226,8 +250,8 @@ class CheckpointStoreConformance:
     async def test_seal_writes_no_data(self, checkpoint_store: CheckpointStore) -> None:
         await checkpoint_store.seal(T, R, 4)
         assert await checkpoint_store.latest(T, R) is None
-        assert await checkpoint_store.steps(T, R) == []
-        assert await checkpoint_store.runs(T) == []
+        assert await steps_of(checkpoint_store).steps(T, R) == []
+        assert await runs_of(checkpoint_store).runs(T) == []
 
     async def test_seal_is_idempotent(self, checkpoint_store: CheckpointStore) -> None:
         await checkpoint_store.seal(T, R, 4)
@@ -251,9 +275,9 @@ class CheckpointStoreConformance:
         store = await make_checkpoint_store(3)
         for step in range(1, 8):
             await store.put(T, R, f"step {step}".encode(), step=step, fence=1)
-        assert await store.steps(T, R) == [5, 6, 7]
-        assert await store.at(T, R, 4) is None
-        at = await store.at(T, R, 5)
+        assert await steps_of(store).steps(T, R) == [5, 6, 7]
+        assert await steps_of(store).at(T, R, 4) is None
+        at = await steps_of(store).at(T, R, 5)
         assert at is not None and at.payload == b"step 5"
 
     async def test_keep_last_keeps_the_highest_steps_not_the_latest_writes(
@@ -262,7 +286,7 @@ class CheckpointStoreConformance:
         store = await make_checkpoint_store(2)
         for step in (9, 8, 1, 7):
             await store.put(T, R, b"x", step=step)
-        assert await store.steps(T, R) == [8, 9]
+        assert await steps_of(store).steps(T, R) == [8, 9]
 
     async def test_keep_last_keeps_the_frontier_even_when_its_step_is_pruned(
         self, make_checkpoint_store: MakeCheckpointStore
@@ -272,29 +296,29 @@ class CheckpointStoreConformance:
             await store.put(T, R, b"ahead", step=step, fence=1)
         await store.put(T, R, b"rewound", step=1, fence=1)
         assert await store.latest(T, R) == StoredCheckpoint(payload=b"rewound", step=1, fence=1)
-        assert await store.steps(T, R) == [6, 7]
-        assert await store.at(T, R, 1) is None
+        assert await steps_of(store).steps(T, R) == [6, 7]
+        assert await steps_of(store).at(T, R, 1) is None
 
     async def test_keep_last_is_per_run(self, make_checkpoint_store: MakeCheckpointStore) -> None:
         store = await make_checkpoint_store(2)
         for step in range(5):
             await store.put(T, "run-a", b"a", step=step)
         await store.put(T, "run-b", b"b", step=0)
-        assert await store.steps(T, "run-a") == [3, 4]
-        assert await store.steps(T, "run-b") == [0]
+        assert await steps_of(store).steps(T, "run-a") == [3, 4]
+        assert await steps_of(store).steps(T, "run-b") == [0]
 
     async def test_tenants_do_not_see_each_other(self, checkpoint_store: CheckpointStore) -> None:
         await checkpoint_store.put("acme", R, b"acme's", step=1, fence=9)
         assert await checkpoint_store.latest("globex", R) is None
-        assert await checkpoint_store.at("globex", R, 1) is None
-        assert await checkpoint_store.steps("globex", R) == []
-        assert await checkpoint_store.runs("globex") == []
+        assert await steps_of(checkpoint_store).at("globex", R, 1) is None
+        assert await steps_of(checkpoint_store).steps("globex", R) == []
+        assert await runs_of(checkpoint_store).runs("globex") == []
         # Fences too: another tenant's run of the same id starts unfenced.
         await checkpoint_store.put("globex", R, b"globex's", step=2, fence=1)
         await checkpoint_store.forget("globex", R)
         latest = await checkpoint_store.latest("acme", R)
         assert latest is not None and latest.payload == b"acme's"
-        assert await checkpoint_store.runs("acme") == [R]
+        assert await runs_of(checkpoint_store).runs("acme") == [R]
 
     async def test_ids_with_odd_characters_are_kept_verbatim(
         self, checkpoint_store: CheckpointStore
@@ -304,12 +328,12 @@ class CheckpointStoreConformance:
                 payload = f"{tenant}|{run_id}".encode()
                 await checkpoint_store.put(tenant, run_id, payload, step=1, fence=1)
         for tenant in ODD_IDS:
-            assert await checkpoint_store.runs(tenant) == sorted(ODD_IDS)
+            assert await runs_of(checkpoint_store).runs(tenant) == sorted(ODD_IDS)
             for run_id in ODD_IDS:
                 latest = await checkpoint_store.latest(tenant, run_id)
                 assert latest is not None
                 assert latest.payload == f"{tenant}|{run_id}".encode()
-        assert await checkpoint_store.runs("a") == []
+        assert await runs_of(checkpoint_store).runs("a") == []
 
     async def test_ids_that_join_alike_do_not_collide(
         self, checkpoint_store: CheckpointStore
@@ -319,7 +343,7 @@ class CheckpointStoreConformance:
         for tenant, run_id in JOIN_ALIKE_IDS:
             latest = await checkpoint_store.latest(tenant, run_id)
             assert latest is not None and latest.payload == f"{tenant}|{run_id}".encode()
-            assert await checkpoint_store.steps(tenant, run_id) == [1]
+            assert await steps_of(checkpoint_store).steps(tenant, run_id) == [1]
 
     async def test_reads_send_as_many_requests_however_many_steps_are_kept(
         self, checkpoint_store: CheckpointStore, request: pytest.FixtureRequest

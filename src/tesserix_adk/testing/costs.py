@@ -17,6 +17,7 @@ from tesserix_adk.checkpoint.payload import (
 )
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
 from tesserix_adk.messages import ToolCall
+from tesserix_adk.stores.capabilities import step_history
 from tesserix_adk.stores.protocols import (
     CheckpointStore,
     HistoryStore,
@@ -142,7 +143,9 @@ async def _read_costs(store: CheckpointStore, trips: RoundTrips) -> dict[str, in
     assert await store.latest(T, R) is not None
     costs["latest"] = trips.count - before
     before = trips.count
-    assert await store.at(T, R, 1) == StoredCheckpoint(payload=b"step-1", step=1, fence=1)
+    assert await step_history(store).at(T, R, 1) == StoredCheckpoint(
+        payload=b"step-1", step=1, fence=1
+    )
     costs["at"] = trips.count - before
     return costs
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tesserix_adk.errors import StoreReplyLostError, StoreUnavailableError
+from tesserix_adk.stores.capabilities import run_listing, step_history
 from tesserix_adk.stores.protocols import (
     CheckpointStore,
     IdempotencyRecord,
@@ -77,15 +78,15 @@ class FaultyCheckpointStore:
     async def at(self, tenant: str, run_id: str, step: int) -> StoredCheckpoint | None:
         """Delegates (counted)."""
         self.reads += 1
-        return await self.inner.at(tenant, run_id, step)
+        return await step_history(self.inner).at(tenant, run_id, step)
 
     async def steps(self, tenant: str, run_id: str) -> list[int]:
         """Delegates."""
-        return await self.inner.steps(tenant, run_id)
+        return await step_history(self.inner).steps(tenant, run_id)
 
     async def runs(self, tenant: str) -> list[str]:
         """Delegates."""
-        return await self.inner.runs(tenant)
+        return await run_listing(self.inner).runs(tenant)
 
     async def forget(self, tenant: str, run_id: str) -> None:
         """Delegates."""
