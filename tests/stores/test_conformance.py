@@ -30,6 +30,7 @@ from tesserix_adk.stores.memory import (
     MemoryIdempotencyStore,
     MemoryLeaseStore,
     MemoryLedger,
+    MemoryWorkIndex,
 )
 from tesserix_adk.stores.protocols import (
     EMPTY_HISTORY_DIGEST,
@@ -41,6 +42,7 @@ from tesserix_adk.stores.protocols import (
     LeaseStore,
     Ledger,
     StoredCheckpoint,
+    WorkIndex,
     chain_digest,
 )
 from tesserix_adk.stores.sqlite import open_sqlite_stores
@@ -52,6 +54,7 @@ from tesserix_adk.testing import (
     IdempotencyStoreConformance,
     LeaseStoreConformance,
     LedgerConformance,
+    WorkIndexConformance,
 )
 from tesserix_adk.testing.checkpoint_store import MakeCheckpointStore
 from tesserix_adk.testing.corruption import CorruptionConformance
@@ -74,6 +77,7 @@ class StoreSet:
     history: HistoryStore
     ledger: Ledger
     approvals: ApprovalStore
+    work: WorkIndex | None = None
 
 
 OpenStores = Callable[[FakeClock | None, int | None, Path], AbstractAsyncContextManager[StoreSet]]
@@ -96,13 +100,15 @@ async def open_memory(
     clock: FakeClock | None, keep_last: int | None, tmp_path: Path
 ) -> AsyncIterator[StoreSet]:
     assert clock is not None
+    leases = MemoryLeaseStore(clock=clock)
     yield StoreSet(
         checkpoints=MemoryCheckpointStore(keep_last=keep_last),
         idempotency=MemoryIdempotencyStore(clock=clock),
-        leases=MemoryLeaseStore(clock=clock),
+        leases=leases,
         history=MemoryHistoryStore(),
         ledger=MemoryLedger(),
         approvals=MemoryApprovalStore(clock=clock),
+        work=MemoryWorkIndex(leases, clock=clock),
     )
 
 
@@ -121,6 +127,7 @@ async def open_sqlite(
             history=opened.history,
             ledger=opened.ledger,
             approvals=opened.approvals,
+            work=opened.work,
         )
 
 
@@ -153,6 +160,7 @@ def _store_set(opened: Stores) -> StoreSet:
         history=opened.history,
         ledger=opened.ledger,
         approvals=opened.approvals,
+        work=opened.work,
     )
 
 
@@ -353,7 +361,23 @@ def approval_store(stores: StoreSet) -> ApprovalStore:
     return stores.approvals
 
 
+@pytest.fixture
+def work_index(stores: StoreSet, backend: Backend) -> WorkIndex:
+    if stores.work is None:
+        pytest.skip("this backend keeps no work index (WorkIndex) yet")
+    return stores.work
+
+
+@pytest.fixture
+def work_leases(stores: StoreSet) -> LeaseStore:
+    return stores.leases
+
+
 class TestCheckpointStore(CheckpointStoreConformance):
+    pass
+
+
+class TestWorkIndex(WorkIndexConformance):
     pass
 
 

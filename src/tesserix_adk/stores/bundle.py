@@ -19,6 +19,7 @@ from tesserix_adk.stores.protocols import (
     IdempotencyStore,
     LeaseStore,
     Ledger,
+    WorkIndex,
 )
 
 __all__ = ["Stores"]
@@ -38,6 +39,8 @@ class Stores:
     history: HistoryStore
     ledger: Ledger
     approvals: ApprovalStore
+    # The runs that want a worker (``tesserix worker``); ``None`` on a backend without one.
+    work: WorkIndex | None = None
     url: str = ""
     on_create_schema: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
     on_verify: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tesserix_adk.testing.lease_store import LeaseStoreConformance
     from tesserix_adk.testing.ledger import LedgerConformance
     from tesserix_adk.testing.secrets import PlantedSecretsSuite
+    from tesserix_adk.testing.work_index import WorkIndexConformance
 
 __all__ = [
     "ApprovalStoreConformance",
@@ -32,6 +33,7 @@ __all__ = [
     "LeaseStoreConformance",
     "LedgerConformance",
     "PlantedSecretsSuite",
+    "WorkIndexConformance",
 ]
 
 _SUITES = {
@@ -43,6 +45,7 @@ _SUITES = {
     "LeaseStoreConformance": "lease_store",
     "LedgerConformance": "ledger",
     "PlantedSecretsSuite": "secrets",
+    "WorkIndexConformance": "work_index",
 }
 
 

@@ -15,6 +15,7 @@ from tesserix_adk.stores.memory.history import MemoryHistoryStore
 from tesserix_adk.stores.memory.idempotency import MemoryIdempotencyStore
 from tesserix_adk.stores.memory.leases import MemoryLeaseStore
 from tesserix_adk.stores.memory.ledger import MemoryLedger
+from tesserix_adk.stores.memory.work import MemoryWorkIndex
 
 __all__ = [
     "MemoryApprovalStore",
@@ -23,4 +24,5 @@ __all__ = [
     "MemoryIdempotencyStore",
     "MemoryLeaseStore",
     "MemoryLedger",
+    "MemoryWorkIndex",
 ]
