@@ -8,6 +8,17 @@ import sys
 import tesserix_adk
 
 EXPECTED = {
+    "Backoff",
+    "Carried",
+    "MemoryWorkIndex",
+    "Reconciled",
+    "ReconciledAs",
+    "RunStoppedError",
+    "Worker",
+    "WorkIndex",
+    "WorkItem",
+    "WorkState",
+    "NEVER_RAN_MARGIN",
     "AdkError",
     "Agent",
     "AgentRunner",

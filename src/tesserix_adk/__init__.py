@@ -51,11 +51,12 @@ from tesserix_adk.errors import (
     ResumeError,
     RevisionMismatchError,
     RunFailedError,
+    RunStoppedError,
     StaleFenceError,
     StoreReplyLostError,
     StoreUnavailableError,
 )
-from tesserix_adk.leases import Leaseholder, LeasePolicy
+from tesserix_adk.leases import NEVER_RAN_MARGIN, Leaseholder, LeasePolicy
 from tesserix_adk.messages import (
     BinaryPart,
     Message,
@@ -67,6 +68,7 @@ from tesserix_adk.messages import (
 )
 from tesserix_adk.providers.base import ModelRequest, ModelResponse, Provider
 from tesserix_adk.providers.scripted import ScriptedProvider, ScriptedTurn
+from tesserix_adk.reconcile import Reconciled, ReconciledAs
 from tesserix_adk.resumer import CarriedRun, Resumer
 from tesserix_adk.runner import AgentRunner, Run, RunStatus
 from tesserix_adk.stores.bundle import Stores
@@ -77,6 +79,7 @@ from tesserix_adk.stores.memory import (
     MemoryIdempotencyStore,
     MemoryLeaseStore,
     MemoryLedger,
+    MemoryWorkIndex,
 )
 from tesserix_adk.stores.protocols import (
     ApprovalRequest,
@@ -93,22 +96,29 @@ from tesserix_adk.stores.protocols import (
     RunLease,
     StoredCheckpoint,
     ToolFlags,
+    WorkIndex,
+    WorkItem,
+    WorkState,
 )
 from tesserix_adk.stores.urls import open_stores
 from tesserix_adk.tools import Tool, ToolContext, ToolSpec, default_key, tool
+from tesserix_adk.worker import Backoff, Carried, Worker
 
 __all__ = [
     "CHECKPOINT_FORMAT",
     "DEFAULT_CONTINUATION",
     "DEFAULT_MAX_BYTES",
+    "NEVER_RAN_MARGIN",
     "AdkError",
     "Agent",
     "AgentRunner",
     "ApprovalRequest",
     "ApprovalStatus",
     "ApprovalStore",
+    "Backoff",
     "BinaryPart",
     "Boundary",
+    "Carried",
     "CarriedRun",
     "Checkpoint",
     "CheckpointCorruptError",
@@ -143,6 +153,7 @@ __all__ = [
     "MemoryIdempotencyStore",
     "MemoryLeaseStore",
     "MemoryLedger",
+    "MemoryWorkIndex",
     "Message",
     "ModelRequest",
     "ModelResponse",
@@ -152,6 +163,8 @@ __all__ = [
     "PlannedCall",
     "Provider",
     "ProviderError",
+    "Reconciled",
+    "ReconciledAs",
     "RecordStatus",
     "Redactor",
     "ResumeConflictError",
@@ -164,6 +177,7 @@ __all__ = [
     "RunFailedError",
     "RunLease",
     "RunStatus",
+    "RunStoppedError",
     "ScriptedProvider",
     "ScriptedTurn",
     "StaleFenceError",
@@ -180,6 +194,10 @@ __all__ = [
     "ToolOutcome",
     "ToolSpec",
     "Usage",
+    "WorkIndex",
+    "WorkItem",
+    "WorkState",
+    "Worker",
     "continued",
     "default_key",
     "open_stores",

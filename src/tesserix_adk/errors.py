@@ -22,7 +22,8 @@ reading the attribute, never by matching on names.
     │   ├── RevisionMismatchError       the agent changed since the frontier was written
     │   ├── HistoryUnavailableError     the transcript no longer resolves
     │   ├── NoCheckpointError           nothing checkpointed under that id
-    │   └── RunFailedError              the run ended ``failed``; it is not carried on
+    │   ├── RunFailedError              the run ended ``failed``; it is not carried on
+    │   └── RunStoppedError             stopped at a boundary on request (retryable)
     └── LeaseError
         ├── LeaseHeldError            another holder has the lease (.holder)
         └── LeaseLostError            this holder's lease lapsed or was taken
@@ -53,6 +54,7 @@ __all__ = [
     "ResumeError",
     "RevisionMismatchError",
     "RunFailedError",
+    "RunStoppedError",
     "StaleFenceError",
     "StoreReplyLostError",
     "StoreUnavailableError",
@@ -206,6 +208,13 @@ class NoCheckpointError(ResumeError):
 
 class RunFailedError(ResumeError):
     """The run ended ``failed``; it is not carried on."""
+
+
+class RunStoppedError(ResumeError):
+    """The run stopped at a boundary because its worker was asked to (draining); nothing
+    is half-done, and any worker carries it on from its frontier."""
+
+    retryable = True
 
 
 class LeaseError(AdkError):

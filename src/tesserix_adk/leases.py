@@ -103,6 +103,9 @@ class Leaseholder:
         )
         self._monotonic = monotonic
         self._sent_at = monotonic() if sent_at is None else sent_at
+        # When the grant's reply came back: later than the store's moment of granting, so
+        # store time elapsed since then is never overstated from it.
+        self._granted_at = monotonic()
         self._lost: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -135,6 +138,16 @@ class Leaseholder:
         """Monotonic time after which this holder no longer trusts its lease."""
         return self._sent_at + self.policy.ttl
 
+    def since_previous_end(self) -> float | None:
+        """Seconds of store time, at least, since the run's lease before this one ended
+        (``None``: none ended before it). What ``never_ran_wait`` is given before a call
+        claimed under that lease is said never to have run."""
+        previous = self.lease.previous_end
+        if previous is None:
+            return None
+        granted = self.lease.expires_at - self.policy.ttl
+        return max(0.0, granted - previous) + max(0.0, self._monotonic() - self._granted_at)
+
     def check(self) -> None:
         """Raise ``LeaseLostError`` if the lease may have lapsed or was taken."""
         if self._lost is not None:
@@ -156,6 +169,7 @@ class Leaseholder:
             self._lost = exc
             raise
         self._sent_at = sent_at
+        self._granted_at = self._monotonic()
         self.renewals += 1
 
     async def _renew_loop(self) -> None:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import ToolCall
+from tesserix_adk.reconcile import Reconciler
 
 __all__ = [
     "KeyFunction",
@@ -110,6 +111,7 @@ class Tool:
         "key",
         "name",
         "parameters",
+        "reconcile",
         "requires_approval",
         "side_effects",
     )
@@ -125,6 +127,7 @@ class Tool:
         requires_approval: bool = False,
         key: KeyFunction | None = default_key,
         inline: bool = False,
+        reconcile: Reconciler | None = None,
     ) -> None:
         self.fn = fn
         self.name = name or fn.__name__
@@ -136,6 +139,13 @@ class Tool:
         # A sync tool runs in a worker thread so it never stalls lease renewals; ``inline``
         # is for the rare one that must run on the event loop's thread.
         self.inline = inline
+        # Asked, on resume, whether a call of this tool left in doubt happened (reconcile.py).
+        self.reconcile = reconcile
+        if reconcile is not None and key is None:
+            raise ConfigurationError(
+                f"tool {self.name!r} has a reconciler but no idempotency key: a reconciler "
+                "looks a call up by its key"
+            )
         self._key_takes_occurrence = key is not None and _takes(key, "occurrence")
         self._args_model, self._accepts_ctx = _arguments_model(fn, self.name)
         self.parameters: Mapping[str, Any] = self._args_model.model_json_schema()
@@ -305,6 +315,7 @@ def tool(
     requires_approval: bool = False,
     key: KeyFunction | None = default_key,
     inline: bool = False,
+    reconcile: Reconciler | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -319,6 +330,7 @@ def tool(
     requires_approval: bool = False,
     key: KeyFunction | None = default_key,
     inline: bool = False,
+    reconcile: Reconciler | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a function a ``Tool``; usable bare (``@tool``) or with keywords."""
 
@@ -332,6 +344,7 @@ def tool(
             requires_approval=requires_approval,
             key=key,
             inline=inline,
+            reconcile=reconcile,
         )
 
     if fn is not None:

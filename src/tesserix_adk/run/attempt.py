@@ -19,6 +19,7 @@ from typing import Any
 from tesserix_adk.errors import (
     AdkError,
     ResumeConflictError,
+    RunStoppedError,
     StoreReplyLostError,
     StoreUnavailableError,
 )
@@ -187,6 +188,9 @@ class Attempt:
     # Completed side-effecting records the run left ahead of its frontier, by iteration.
     ahead: dict[int, dict[str, AheadCall]] = field(default_factory=dict)
     stubs: Mapping[str, Callable[..., Any]] | None = None
+    # Asked at each boundary between turns: a reason to stop there (a draining worker), or
+    # None to go on.
+    stop: Callable[[], str | None] | None = None
 
     @property
     def fence(self) -> int | None:
@@ -202,3 +206,10 @@ class Attempt:
             # With a lease store the lease decides who carries the run; the claim only
             # saves work, and losing it to a resumer the lease refused stops nothing.
             self.run_claim.check()
+
+    def stop_if_asked(self, run_id: str) -> None:
+        """``RunStoppedError`` at a boundary if the attempt was asked to stop: nothing is
+        half-done there, and the frontier already written is where the run goes on."""
+        reason = None if self.stop is None else self.stop()
+        if reason is not None:
+            raise RunStoppedError(f"run {run_id!r} stopped at a boundary: {reason}")

@@ -52,6 +52,7 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
     or a call needs an approval."""
     agent = run.agent
     while True:
+        attempt.stop_if_asked(run.run_id)
         if agent.budget_micros is not None and run.spent >= agent.budget_micros:
             return await _finish(parts, run, attempt, RunStatus.budget_exhausted)
         if run.iteration >= agent.max_iterations:
@@ -75,6 +76,7 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
 
 async def carry_on(parts: RunParts, run: RunState, attempt: Attempt, cp: Checkpoint) -> Run:
     """Pick up at the frontier's boundary, then go on with the loop."""
+    attempt.stop_if_asked(run.run_id)
     if cp.boundary is Boundary.after_tool_result:
         run.iteration = cp.iteration + 1
         return await run_loop(parts, run, attempt)

@@ -11,7 +11,13 @@ from tesserix_adk.run.attempt import AheadCall, Attempt
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import Ledger
 
-__all__ = ["note_ahead", "nothing_ran_since_approval_asked", "refuse_unresumable", "restore"]
+__all__ = [
+    "note_ahead",
+    "nothing_ran_since_approval_asked",
+    "refuse_unresumable",
+    "restore",
+    "resumable",
+]
 
 
 async def restore(
@@ -63,6 +69,15 @@ def refuse_unresumable(cp: Checkpoint, agent: Agent) -> None:
         )
     if cp.status is CheckpointStatus.failed:
         raise RunFailedError(f"run {cp.run_id!r} ended failed at step {cp.step}")
+
+
+def resumable(cp: Checkpoint, agent: Agent) -> bool:
+    """Whether ``refuse_unresumable`` lets the run be carried on by ``agent``."""
+    return (
+        not cp.is_tombstone
+        and cp.agent_revision == agent.revision
+        and cp.status is not CheckpointStatus.failed
+    )
 
 
 def nothing_ran_since_approval_asked(cp: Checkpoint, plan: ResumePlan) -> bool:

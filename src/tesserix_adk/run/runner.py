@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
+from tesserix_adk.checkpoint.payload.submission import encode_submission
 from tesserix_adk.checkpoint.planning import (
     ResumePlan,
     plan_resume,
@@ -30,12 +31,13 @@ from tesserix_adk.errors import (
     NoCheckpointError,
     ResumeConflictError,
 )
-from tesserix_adk.leases import Leaseholder, LeasePolicy
+from tesserix_adk.leases import NEVER_RAN_MARGIN, Leaseholder, LeasePolicy
 from tesserix_adk.messages import Message
 from tesserix_adk.providers.base import Provider
 from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_holder
 from tesserix_adk.run.loop import carry_on, run_loop
 from tesserix_adk.run.parts import RunParts
+from tesserix_adk.run.reconciling import reconcile_in_doubt
 from tesserix_adk.run.replay import check_stubs, replay_state, replayed_frontier, usable_step
 from tesserix_adk.run.result import Run, finished_run
 from tesserix_adk.run.resume import (
@@ -43,6 +45,7 @@ from tesserix_adk.run.resume import (
     nothing_ran_since_approval_asked,
     refuse_unresumable,
     restore,
+    resumable,
 )
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import (
@@ -51,14 +54,24 @@ from tesserix_adk.stores.protocols import (
     IdempotencyStore,
     LeaseStore,
     Ledger,
+    WorkIndex,
 )
 
 if TYPE_CHECKING:
     from tesserix_adk.stores.bundle import Stores
 
-__all__ = ["MAX_ID_BYTES", "AgentRunner", "FrontierObserver", "check_ids", "id_problem"]
+__all__ = [
+    "MAX_ID_BYTES",
+    "AgentRunner",
+    "FrontierObserver",
+    "StopSignal",
+    "check_ids",
+    "id_problem",
+]
 
 FrontierObserver = Callable[[Checkpoint, ResumePlan | None, int | None, str], None]
+StopSignal = Callable[[], str | None]
+"""Asked at each boundary between turns: why to stop there, or ``None`` to go on."""
 
 
 class AgentRunner:
@@ -77,6 +90,8 @@ class AgentRunner:
         lease_policy: LeasePolicy | None = None,
         worker: str | None = None,
         resume_claim_ttl: float = RESUME_CLAIM_TTL,
+        work: WorkIndex | None = None,
+        never_ran_margin: float = NEVER_RAN_MARGIN,
     ) -> None:
         if history is not None and (checkpoints is None or checkpoints.history is not history):
             raise ConfigurationError(
@@ -94,6 +109,10 @@ class AgentRunner:
         self.worker = worker or "worker"
         # How long a resumer that died keeps others from resuming (store's clock).
         self.resume_claim_ttl = resume_claim_ttl
+        # Runs that want a worker: kept up to date as runs start, wait and finish.
+        self.work = work
+        # How long past the previous lease a reconciler is asked whether a call never ran.
+        self.never_ran_margin = never_ran_margin
 
     @classmethod
     def from_stores(cls, provider: Provider, stores: Stores, **kwargs: Any) -> AgentRunner:
@@ -112,6 +131,7 @@ class AgentRunner:
             leases=stores.leases,
             ledger=stores.ledger,
             approvals=stores.approvals,
+            work=stores.work,
             **runner_kwargs,
         )
 
@@ -135,6 +155,31 @@ class AgentRunner:
 
     # --- public verbs --------------------------------------------------------------------
 
+    async def submit(
+        self,
+        agent: Agent,
+        input: str | Message | Sequence[Message],
+        *,
+        tenant: str,
+        run_id: str | None = None,
+        state: Any = None,
+    ) -> str:
+        """Record a run durably as submitted, for a worker to start; its id.
+
+        Submitting an id the run already has (submitted, started or finished) is a no-op
+        that returns it, so a client that retries its request makes one run. The input is
+        stored redacted, like everything the kit stores.
+        """
+        self._check_agent(agent)
+        work = self._require_work()
+        run_id = f"run_{secrets.token_hex(8)}" if run_id is None else run_id
+        check_ids(tenant=tenant, run_id=run_id)
+        if self.checkpoints is not None and await self.checkpoints.store.latest(tenant, run_id):
+            return run_id
+        data = encode_submission(_as_messages(input), state, self.redactor)
+        await work.submit(tenant, run_id, agent=agent.name, input=data)
+        return run_id
+
     async def run(
         self,
         agent: Agent,
@@ -143,14 +188,19 @@ class AgentRunner:
         tenant: str,
         run_id: str | None = None,
         state: Any = None,
+        stop: StopSignal | None = None,
     ) -> Run:
-        """Start a new run and carry it until it finishes or waits on a person."""
+        """Start a new run and carry it until it finishes or waits on a person.
+
+        ``stop()`` is asked at each boundary between turns; a reason it returns stops the
+        run there with ``RunStoppedError`` (a draining worker), to be carried on later.
+        """
         self._check_agent(agent)
         run_id = f"run_{secrets.token_hex(8)}" if run_id is None else run_id
         check_ids(tenant=tenant, run_id=run_id)
         run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=_as_messages(input))
         run.state = state
-        attempt = Attempt(holder=new_holder(self.worker))
+        attempt = Attempt(holder=new_holder(self.worker), stop=stop)
         async with self._holding(attempt, tenant, run_id):
             if self.checkpoints is not None:
                 existing = await self.checkpoints.store.latest(tenant, run_id)
@@ -163,11 +213,14 @@ class AgentRunner:
             # the earlier attempt left: they are ahead of an empty frontier, planned as a
             # resume would (never sent again, in doubt refused, divergence refused).
             plan = await plan_without_frontier(tenant, run_id, self.idempotency)
+            if await self._reconcile(agent, plan, attempt, tenant, run_id):
+                plan = await plan_without_frontier(tenant, run_id, self.idempotency)
             refuse_if_undecidable(plan)
             note_ahead(attempt, plan)
             if self.ledger is not None:
                 run.spent = await self.ledger.spent(tenant, run_id)
-            return await run_loop(self._parts, run, attempt)
+            await self._wanted(tenant, run_id, agent)
+            return await self._settled(await run_loop(self._parts, run, attempt))
 
     async def resume(
         self,
@@ -176,17 +229,19 @@ class AgentRunner:
         *,
         tenant: str,
         on_frontier: FrontierObserver | None = None,
+        stop: StopSignal | None = None,
     ) -> Run:
         """Carry a run on from its frontier, never making a side-effecting call twice.
 
         ``on_frontier(checkpoint, plan, fence, holder)`` is called once the frontier is read
         (and planned, unless it is finished or refused), before anything is carried on: the
-        CLI prints its summary there. ``holder`` is this attempt's holder id.
+        CLI prints its summary there. ``holder`` is this attempt's holder id. Calls in doubt
+        whose tool has a reconciler are settled by it first. ``stop`` as for ``run``.
         """
         self._check_agent(agent)
         check_ids(tenant=tenant, run_id=run_id)
         checkpoints = self._require_checkpoints()
-        attempt = Attempt(holder=new_holder(self.worker))
+        attempt = Attempt(holder=new_holder(self.worker), stop=stop)
         claim = RunClaim(
             self.idempotency,
             tenant=tenant,
@@ -230,16 +285,21 @@ class AgentRunner:
             plan = None
             if not cp.is_tombstone and not cp.status.finished:
                 plan = await plan_resume(cp, self.idempotency)
+                if resumable(cp, agent) and await self._reconcile(
+                    agent, plan, attempt, tenant, run_id
+                ):
+                    plan = await plan_resume(cp, self.idempotency)
             if on_frontier is not None:
                 on_frontier(cp, plan, attempt.fence, attempt.holder)
             refuse_unresumable(cp, agent)
             if plan is None:
-                return finished_run(cp)
+                return await self._settled(finished_run(cp))
             if not nothing_ran_since_approval_asked(cp, plan):
                 refuse_if_undecidable(plan)
             run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=[])
             await restore(checkpoints, self.ledger, run, attempt, cp, plan)
-            return await carry_on(self._parts, run, attempt, cp)
+            await self._wanted(tenant, run_id, agent)
+            return await self._settled(await carry_on(self._parts, run, attempt, cp))
 
     async def replay(
         self,
@@ -284,6 +344,42 @@ class AgentRunner:
             if cp.status.finished:
                 return finished_run(replayed)
             return await carry_on(self._parts, run, attempt, replayed)
+
+    # --- the work index and reconcilers ------------------------------------------------
+
+    async def _reconcile(
+        self, agent: Agent, plan: ResumePlan, attempt: Attempt, tenant: str, run_id: str
+    ) -> bool:
+        if not plan.indeterminate:
+            return False
+        return await reconcile_in_doubt(
+            self._parts,
+            agent,
+            plan,
+            attempt,
+            tenant=tenant,
+            run_id=run_id,
+            margin=self.never_ran_margin,
+        )
+
+    async def _wanted(self, tenant: str, run_id: str, agent: Agent) -> None:
+        """The run is being carried: if its carrier dies, a worker carries it on."""
+        if self.work is not None:
+            await self.work.want(tenant, run_id, agent=agent.name)
+
+    async def _settled(self, result: Run) -> Run:
+        """A finished run, or one waiting on a person, wants no worker now."""
+        if self.work is not None:
+            await self.work.done(result.tenant, result.run_id)
+        return result
+
+    def _require_work(self) -> WorkIndex:
+        if self.work is None:
+            raise ConfigurationError(
+                "submitting needs a work index (work=..., or AgentRunner.from_stores on a "
+                "backend that keeps one)"
+            )
+        return self.work
 
     # --- set-up --------------------------------------------------------------------------
 

@@ -1,0 +1,294 @@
+"""``Worker``: one process that carries many runs, recovering the ones whose holder died.
+
+It asks the work index for runs that want a worker — decided approvals first, then runs
+whose lease lapsed before they finished, then submitted runs — and takes each through the
+runner's own path (resume claim, lease, seal, plan), so two workers never carry one run and
+an entry that went stale costs a look, never a duplicate. What must not carry on (a call in
+doubt no reconciler settled, a diverged or changed run, an unreadable frontier) is parked
+once with its reason and left for an operator; what failed for a passing reason is tried
+again later, backing off with jitter. ``drain()`` (SIGTERM) takes nothing new and stops
+every run at its next boundary, releasing its lease and resume claim, so another worker
+takes it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.payload.submission import decode_submission
+from tesserix_adk.errors import (
+    AdkError,
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    CheckpointTooLargeError,
+    ConfigurationError,
+    DivergedRunError,
+    HistoryUnavailableError,
+    IndeterminateToolCallError,
+    LeaseError,
+    NoCheckpointError,
+    ResumeConflictError,
+    RevisionMismatchError,
+    RunFailedError,
+    RunStoppedError,
+    StaleFenceError,
+)
+from tesserix_adk.run.result import Run, RunStatus
+from tesserix_adk.run.runner import AgentRunner
+from tesserix_adk.stores.protocols import WorkIndex, WorkItem, WorkState
+
+__all__ = ["Backoff", "Carried", "Worker"]
+
+_log = logging.getLogger("tesserix_adk.worker")
+
+# Errors after which carrying the run on again would only fail the same way, or guess.
+_PARK = (
+    IndeterminateToolCallError,
+    DivergedRunError,
+    RevisionMismatchError,
+    HistoryUnavailableError,
+    CheckpointFormatError,
+    CheckpointCorruptError,
+    CheckpointTooLargeError,
+    RunFailedError,
+    ConfigurationError,
+)
+# Someone else carries the run now, or will: nothing to record.
+_ELSEWHERE = (ResumeConflictError, LeaseError, StaleFenceError)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Backoff:
+    """Delays between tries of a run that failed for a passing reason: doubling from
+    ``base`` up to ``cap`` seconds, half of it random, so workers do not retry in step."""
+
+    base: float = 1.0
+    cap: float = 60.0
+
+    def delay(self, attempts: int, rng: random.Random) -> float:
+        """Seconds before try number ``attempts + 1``."""
+        full = min(self.cap, self.base * 2.0 ** max(0, attempts))
+        return full / 2 + rng.uniform(0.0, full / 2)
+
+
+class Carried(StrEnum):
+    """How one take of a run ended, for the worker's log and its tests."""
+
+    finished = "finished"
+    waiting = "waiting"  # on a person's decision
+    parked = "parked"
+    retry = "retry"
+    elsewhere = "elsewhere"  # another worker has it
+    stopped = "stopped"  # drained at a boundary
+
+
+class Worker:
+    """Carries the runs a work index says want a worker, ``concurrency`` at a time."""
+
+    def __init__(
+        self,
+        runner: AgentRunner,
+        agents: Sequence[Agent] | Mapping[str, Agent],
+        *,
+        concurrency: int = 8,
+        poll_interval: float = 0.5,
+        backoff: Backoff | None = None,
+        max_attempts: int = 20,
+        exit_when_idle: bool = False,
+        drain_timeout: float = 30.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if runner.work is None:
+            raise ConfigurationError(
+                "a worker needs a work index: build the runner with work=... (from_stores "
+                "does, on every backend that keeps one)"
+            )
+        if runner.checkpoints is None:
+            raise ConfigurationError("a worker needs a Checkpointer (checkpoints=...)")
+        if concurrency < 1:
+            raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
+        self.runner = runner
+        self.work: WorkIndex = runner.work
+        named = agents if isinstance(agents, Mapping) else {a.name: a for a in agents}
+        if not named:
+            raise ConfigurationError("a worker needs at least one agent to carry runs of")
+        self.agents: dict[str, Agent] = dict(named)
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.backoff = backoff or Backoff()
+        self.max_attempts = max_attempts
+        self.exit_when_idle = exit_when_idle
+        self.drain_timeout = drain_timeout
+        self._rng = rng or random.Random()
+        self._draining = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._running: dict[tuple[str, str], asyncio.Task[Carried]] = {}
+        self.carried: list[tuple[WorkItem, Carried]] = []
+
+    # --- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Carry runs until ``drain()`` (or, with ``exit_when_idle``, until nothing is due
+        and nothing runs); then stop every run at its next boundary and return."""
+        try:
+            while not self._draining.is_set():
+                started = await self.poll()
+                if self.exit_when_idle and not started and not self._running:
+                    return
+                if started == 0 or len(self._running) >= self.concurrency:
+                    await self._nap()
+        finally:
+            await self._drain_running()
+
+    async def poll(self) -> int:
+        """Take what is due now, up to the free slots; how many runs were started."""
+        free = self.concurrency - len(self._running)
+        if free <= 0 or self._draining.is_set():
+            return 0
+        # Ask for a few more than the free slots: some may be runs this worker carries.
+        items = await self.work.due(limit=free + len(self._running), agents=list(self.agents))
+        started = 0
+        for item in items:
+            key = (item.tenant, item.run_id)
+            if key in self._running or started >= free:
+                continue
+            task = asyncio.create_task(self._carry(item), name=f"carry:{item.run_id}")
+            self._running[key] = task
+            task.add_done_callback(functools.partial(self._finished, key))
+            started += 1
+        return started
+
+    def drain(self) -> None:
+        """Take no new run; every run stops at its next boundary (SIGTERM, SIGINT)."""
+        self._draining.set()
+        self._wake.set()
+
+    @property
+    def draining(self) -> bool:
+        """Whether ``drain()`` was asked for."""
+        return self._draining.is_set()
+
+    def _finished(self, key: tuple[str, str], _task: asyncio.Task[Carried]) -> None:
+        self._running.pop(key, None)
+        self._wake.set()
+
+    async def _nap(self) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    async def _drain_running(self) -> None:
+        self._draining.set()
+        tasks = list(self._running.values())
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=self.drain_timeout)
+        for task in late:
+            # Past the deadline: cancelled where it stands. Its lease is released on the
+            # way out; a call it had sent is left in doubt, for a reconciler or a person.
+            _log.warning("run %s did not reach a boundary in time; cancelling it", task.get_name())
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
+
+    # --- one run -------------------------------------------------------------------------
+
+    def _stop(self) -> str | None:
+        return "its worker is draining" if self._draining.is_set() else None
+
+    async def _carry(self, item: WorkItem) -> Carried:
+        try:
+            how = await self._take(item)
+        except Exception as exc:  # a worker outlives any one run
+            how = await self._after_error(item, exc)
+        self.carried.append((item, how))
+        return how
+
+    async def _take(self, item: WorkItem) -> Carried:
+        agent = self.agents[item.agent]
+        assert self.runner.checkpoints is not None
+        existing = await self.runner.checkpoints.store.latest(item.tenant, item.run_id)
+        if existing is None:
+            started = await self._start(item, agent)
+            if started is not None:
+                return self._ended(item, started, "started")
+        _log.info("run %s/%s: carrying it on", item.tenant, item.run_id)
+        result = await self.runner.resume(agent, item.run_id, tenant=item.tenant, stop=self._stop)
+        return self._ended(item, result, "carried on")
+
+    async def _start(self, item: WorkItem, agent: Agent) -> Run | None:
+        """Start a submitted run; ``None`` when it turns out to have a frontier already."""
+        data = await self.work.input(item.tenant, item.run_id)
+        if data is None:
+            raise NoCheckpointError(
+                f"run {item.run_id!r} has no frontier and no submission to start it from"
+            )
+        submission = decode_submission(data)
+        _log.info("run %s/%s: starting it", item.tenant, item.run_id)
+        try:
+            return await self.runner.run(
+                agent,
+                list(submission.messages),
+                tenant=item.tenant,
+                run_id=item.run_id,
+                state=submission.state,
+                stop=self._stop,
+            )
+        except ConfigurationError:
+            assert self.runner.checkpoints is not None
+            if await self.runner.checkpoints.store.latest(item.tenant, item.run_id) is None:
+                raise
+            return None  # another worker started it in between: resume it instead
+
+    def _ended(self, item: WorkItem, result: Run, verb: str) -> Carried:
+        if result.status is RunStatus.waiting_approval:
+            _log.info("run %s/%s: %s; waiting on an approval", item.tenant, item.run_id, verb)
+            return Carried.waiting
+        _log.info("run %s/%s: %s; finished %s", item.tenant, item.run_id, verb, result.status)
+        return Carried.finished
+
+    async def _after_error(self, item: WorkItem, exc: Exception) -> Carried:
+        where = f"{item.tenant}/{item.run_id}"
+        if isinstance(exc, RunStoppedError):
+            _log.info("run %s: stopped at a boundary (draining)", where)
+            return Carried.stopped
+        if isinstance(exc, _ELSEWHERE):
+            _log.info("run %s: another worker has it (%s)", where, exc)
+            return Carried.elsewhere
+        retryable = isinstance(exc, AdkError) and exc.retryable
+        if isinstance(exc, (*_PARK, NoCheckpointError)) and not retryable:
+            return await self._park(item, f"{type(exc).__name__}: {exc}")
+        if item.attempts + 1 >= self.max_attempts:
+            return await self._park(
+                item, f"failed {item.attempts + 1} times, last {type(exc).__name__}: {exc}"
+            )
+        delay = self.backoff.delay(item.attempts, self._rng)
+        reason = self.runner.redactor.text(f"{type(exc).__name__}: {exc}")
+        _log.warning("run %s: %s; trying again in %.1f s", where, reason, delay)
+        with contextlib.suppress(Exception):
+            await self.work.want(
+                item.tenant,
+                item.run_id,
+                agent=item.agent,
+                state=WorkState.wanted if item.state is not WorkState.submitted else item.state,
+                delay=delay,
+                reason=reason,
+            )
+        return Carried.retry
+
+    async def _park(self, item: WorkItem, reason: str) -> Carried:
+        reason = self.runner.redactor.text(reason)
+        _log.warning("run %s/%s: parked: %s", item.tenant, item.run_id, reason)
+        try:
+            await self.work.park(item.tenant, item.run_id, agent=item.agent, reason=reason)
+        except Exception as exc:  # it is still due: parked next time round
+            _log.warning("run %s/%s: could not be parked: %r", item.tenant, item.run_id, exc)
+        return Carried.parked

@@ -1,0 +1,356 @@
+"""The worker in one process, on memory stores: it starts submitted runs, carries on runs
+whose holder died, settles calls in doubt with reconcilers, parks what must not go on,
+backs off from passing failures, picks up decided approvals and drains at a boundary.
+The same promises across real processes and every backend are in tests/test_worker_chaos.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from booking import BOOK_TURNS, Airline
+from tesserix_adk import (
+    Agent,
+    AgentRunner,
+    Carried,
+    LeasePolicy,
+    ProviderError,
+    Reconciled,
+    RunStatus,
+    ScriptedProvider,
+    Worker,
+    WorkState,
+    open_stores,
+    tool,
+)
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.memory import MemoryWorkIndex
+from tesserix_adk.stores.protocols import RecordStatus
+from tesserix_adk.testing.faults import SimulatedCrash
+
+T = "acme"
+MARGIN = 0.05
+
+
+def _stores() -> Stores:
+    stores = open_stores("memory://")
+    stores.work = MemoryWorkIndex(stores.leases)
+    return stores
+
+
+def _runner(stores: Stores, turns: list[Any] | None = None, **kwargs: Any) -> AgentRunner:
+    return AgentRunner.from_stores(
+        ScriptedProvider(list(turns or BOOK_TURNS)),
+        stores,
+        lease_policy=LeasePolicy(ttl=2.0, renew_within=1.0),
+        never_ran_margin=MARGIN,
+        **kwargs,
+    )
+
+
+def _agent(
+    airline: Airline,
+    *,
+    reconcile: Callable[..., Any] | None = None,
+    approval: bool = False,
+) -> Agent:
+    @tool
+    def search_flights(origin: str, dest: str) -> list[str]:
+        """Find flights."""
+        return ["LH123"]
+
+    @tool(reconcile=reconcile, requires_approval=approval)
+    def book_seat(flight: str, ctx: Any) -> dict[str, str]:
+        """Book a seat."""
+        if airline.hook is not None:
+            airline.hook("before")
+        airline.bookings.append(f"{flight}:{ctx.idempotency_key}")
+        if airline.hook is not None:
+            airline.hook("after")
+        return {"booking": f"B{len(airline.bookings)}"}
+
+    return Agent("booking", "Book.", [search_flights, book_seat])
+
+
+def _by_key(airline: Airline, call: Any, ctx: Any) -> Reconciled:
+    """The airline's own answer: is there a booking under this key?"""
+    for booking in airline.bookings:
+        if booking.endswith(f":{ctx.idempotency_key}"):
+            return Reconciled.completed({"booking": "found", "flight": call.arguments["flight"]})
+    return Reconciled.never_ran()
+
+
+async def _work_until_idle(stores: Stores, agent: Agent, **kwargs: Any) -> Worker:
+    worker = Worker(_runner(stores), [agent], exit_when_idle=True, poll_interval=0.01, **kwargs)
+    await asyncio.wait_for(worker.run(), 30)
+    return worker
+
+
+def _die_inside_book_seat(airline: Airline, stage: str) -> None:
+    def hook(at: str) -> None:
+        if at == stage:
+            airline.hook = None
+            raise SimulatedCrash(f"died {stage} booking")
+
+    airline.hook = hook
+
+
+async def test_submit_twice_makes_one_run_which_a_worker_finishes() -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)
+    runner = _runner(stores)
+    first = await runner.submit(agent, "book", tenant=T, run_id="r1")
+    again = await runner.submit(agent, "book again", tenant=T, run_id="r1")
+    assert first == again == "r1"
+    worker = await _work_until_idle(stores, agent)
+    assert [how for _, how in worker.carried] == [Carried.finished]
+    assert len(airline.bookings) == 1
+    # Retried after it finished: still the one run.
+    assert await runner.submit(agent, "book", tenant=T, run_id="r1") == "r1"
+    await _work_until_idle(stores, agent)
+    assert len(airline.bookings) == 1
+
+
+async def test_submit_without_an_id_makes_one_and_keeps_no_secret() -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)
+    run_id = await _runner(stores).submit(
+        agent, "book; my password: hunter2-correct-horse", tenant=T
+    )
+    assert run_id.startswith("run_")
+    assert stores.work is not None
+    stored = await stores.work.input(T, run_id)
+    assert stored is not None and b"hunter2-correct-horse" not in stored
+
+
+async def test_a_run_whose_holder_died_is_carried_on_by_a_worker() -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline, reconcile=lambda call, ctx: _by_key(airline, call, ctx))
+    _die_inside_book_seat(airline, "after")
+    with pytest.raises(SimulatedCrash):
+        await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    assert stores.work is not None
+    (wanted,) = await stores.work.items(T)
+    assert wanted.state is WorkState.wanted
+    await _work_until_idle(stores, agent)
+    assert len(airline.bookings) == 1, airline.bookings
+    (record,) = [r for r in await stores.idempotency.records(T, "r1") if r.tool == "book_seat"]
+    assert record.status is RecordStatus.completed and record.by == "reconciler:book_seat"
+    assert await stores.work.items(T) == []
+
+
+async def test_a_call_that_never_happened_is_sent_once_the_reconciler_says_so() -> None:
+    stores, airline = _stores(), Airline()
+    asked: list[str] = []
+
+    def reconcile(call: Any, ctx: Any) -> Reconciled:
+        asked.append(ctx.idempotency_key)
+        return _by_key(airline, call, ctx)
+
+    agent = _agent(airline, reconcile=reconcile)
+    _die_inside_book_seat(airline, "before")
+    with pytest.raises(SimulatedCrash):
+        await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    await _work_until_idle(stores, agent)
+    assert len(asked) == 1
+    assert len(airline.bookings) == 1
+    (record,) = [r for r in await stores.idempotency.records(T, "r1") if r.tool == "book_seat"]
+    assert record.status is RecordStatus.completed and record.by is None
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda call, ctx: Reconciled.unknown(),
+        lambda call, ctx: 1 / 0,
+        lambda call, ctx: "yes, it ran",
+    ],
+    ids=["unknown", "raises", "not-a-Reconciled"],
+)
+async def test_a_call_no_reconciler_can_settle_parks_the_run_naming_it(answer: Any) -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline, reconcile=answer)
+    _die_inside_book_seat(airline, "before")
+    with pytest.raises(SimulatedCrash):
+        await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    worker = await _work_until_idle(stores, agent)
+    assert [how for _, how in worker.carried] == [Carried.parked]
+    assert stores.work is not None
+    (parked,) = await stores.work.items(T, state=WorkState.parked)
+    assert parked.reason is not None and "book_seat" in parked.reason
+    # Parked means left alone: another round takes nothing.
+    again = await _work_until_idle(stores, agent)
+    assert again.carried == []
+    assert airline.bookings == []
+
+
+async def test_a_parked_run_goes_on_once_an_operator_resolved_its_call() -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)  # no reconciler
+    _die_inside_book_seat(airline, "before")
+    with pytest.raises(SimulatedCrash):
+        await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    await _work_until_idle(stores, agent)
+    assert stores.work is not None
+    assert len(await stores.work.items(T, state=WorkState.parked)) == 1
+    (record,) = [r for r in await stores.idempotency.records(T, "r1") if r.tool == "book_seat"]
+    await stores.idempotency.resolve(record.key, tenant=T, never_ran=True, by="on-call")
+    await stores.work.want(T, "r1", agent="booking")
+    worker = await _work_until_idle(stores, agent)
+    assert [how for _, how in worker.carried] == [Carried.finished]
+    assert len(airline.bookings) == 1
+
+
+class _FlakyProvider:
+    """Fails with a retryable error ``failures`` times, then answers as scripted."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.inner = ScriptedProvider(list(BOOK_TURNS))
+
+    async def complete(self, request: Any) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise ProviderError("rate limited", retryable=True, status_code=429)
+        return await self.inner.complete(request)
+
+
+async def test_a_passing_failure_is_retried_later_not_in_a_loop() -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)
+    runner = AgentRunner.from_stores(_FlakyProvider(failures=1), stores)
+    await runner.submit(agent, "book", tenant=T, run_id="r1")
+    worker = Worker(runner, [agent], exit_when_idle=True, poll_interval=0.01)
+    await asyncio.wait_for(worker.run(), 30)
+    assert [how for _, how in worker.carried] == [Carried.retry]
+    assert stores.work is not None
+    (waiting,) = await stores.work.items(T)
+    assert waiting.attempts == 1 and waiting.not_before is not None
+    assert waiting.reason is not None and "rate limited" in waiting.reason
+    assert await stores.work.due(limit=10) == []  # backing off: not due yet
+    await stores.work.want(T, "r1", agent="booking")  # time passes (the delay is >= 0.5 s)
+    again = Worker(runner, [agent], exit_when_idle=True, poll_interval=0.01)
+    await asyncio.wait_for(again.run(), 30)
+    assert [how for _, how in again.carried] == [Carried.finished]
+    assert len(airline.bookings) == 1
+
+
+async def test_a_decided_approval_is_picked_up_without_anyone_resuming() -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline, approval=True)
+    runner = _runner(stores)
+    result = await runner.run(agent, "book", tenant=T, run_id="r1")
+    assert result.status is RunStatus.waiting_approval
+    assert stores.work is not None
+    assert await stores.work.due(limit=10) == []  # waiting on a person: nothing to do
+    assert result.pending_approval is not None
+    await stores.approvals.decide(T, result.pending_approval.id, approved=True, by="alice")
+    await stores.work.want(T, "r1", agent="booking", state=WorkState.decided)
+    worker = await _work_until_idle(stores, agent)
+    assert [how for _, how in worker.carried] == [Carried.finished]
+    assert len(airline.bookings) == 1
+
+
+async def test_drain_stops_a_run_at_its_next_boundary_and_lets_another_worker_take_it() -> None:
+    stores, airline = _stores(), Airline()
+    booked = asyncio.Event()
+    gate = asyncio.Event()
+
+    @tool
+    async def search_flights(origin: str, dest: str) -> list[str]:
+        """Find flights."""
+        booked.set()
+        await gate.wait()
+        return ["LH123"]
+
+    @tool
+    def book_seat(flight: str) -> dict[str, str]:
+        """Book."""
+        airline.bookings.append(flight)
+        return {"booking": "B1"}
+
+    agent = Agent("booking", "Book.", [search_flights, book_seat])
+    runner = _runner(stores)
+    await runner.submit(agent, "book", tenant=T, run_id="r1")
+    worker = Worker(runner, [agent], poll_interval=0.01)
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait_for(booked.wait(), 10)
+    worker.drain()
+    gate.set()  # the search finishes; the run stops at the boundary after it
+    await asyncio.wait_for(running, 10)
+    assert [how for _, how in worker.carried] == [Carried.stopped]
+    assert airline.bookings == []
+    assert await stores.leases.current(T, "r1") is None  # released, not left to lapse
+    assert stores.work is not None
+    assert [i.run_id for i in await stores.work.due(limit=10)] == ["r1"]
+    other = await _work_until_idle(stores, agent)
+    assert [how for _, how in other.carried] == [Carried.finished]
+    assert airline.bookings == ["LH123"]
+
+
+async def test_two_workers_never_carry_one_run() -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)
+    runner = _runner(stores)
+    for n in range(6):
+        await runner.submit(agent, "book", tenant=T, run_id=f"r{n}")
+    workers = [
+        Worker(_runner(stores), [agent], exit_when_idle=True, poll_interval=0.01) for _ in range(3)
+    ]
+    await asyncio.wait_for(asyncio.gather(*(w.run() for w in workers)), 60)
+    finished = [i.run_id for w in workers for i, how in w.carried if how is Carried.finished]
+    assert sorted(finished) == [f"r{n}" for n in range(6)]
+    assert len(airline.bookings) == 6
+    assert len(set(airline.bookings)) == 6
+
+
+def test_a_worker_needs_a_work_index() -> None:
+    stores = open_stores("memory://")
+    stores.work = None
+    runner = AgentRunner.from_stores(ScriptedProvider(list(BOOK_TURNS)), stores)
+    with pytest.raises(Exception, match="work index"):
+        Worker(runner, [_agent(Airline())])
+
+
+def test_a_reconciler_needs_a_key() -> None:
+    with pytest.raises(Exception, match="no idempotency key"):
+
+        @tool(key=None, reconcile=lambda call, ctx: Reconciled.unknown())
+        def book(flight: str) -> str:
+            """Book."""
+            return flight
+
+
+def test_a_worker_needs_a_checkpointer() -> None:
+    stores = _stores()
+    runner = AgentRunner(ScriptedProvider([]), idempotency=stores.idempotency, work=stores.work)
+    with pytest.raises(Exception, match="Checkpointer"):
+        Worker(runner, [_agent(Airline())])
+
+
+async def test_a_reconciler_is_asked_only_a_margin_past_the_previous_lease() -> None:
+    """A claimant whose lease just ended may have sent the call a moment before: the
+    airline is asked once that call could have landed."""
+    stores, airline = _stores(), Airline()
+    asked_at: list[float] = []
+
+    def reconcile(call: Any, ctx: Any) -> Reconciled:
+        asked_at.append(time.time())
+        return _by_key(airline, call, ctx)
+
+    agent = _agent(airline, reconcile=reconcile)
+    _die_inside_book_seat(airline, "before")
+    with pytest.raises(SimulatedCrash):
+        await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    ended = time.time()  # the dead attempt's lease was released on its way out
+    runner = _runner(stores)
+    runner.never_ran_margin = 0.5
+    worker = Worker(runner, [agent], exit_when_idle=True, poll_interval=0.01)
+    await asyncio.wait_for(worker.run(), 30)
+    assert len(asked_at) == 1 and asked_at[0] - ended >= 0.5
+    assert len(airline.bookings) == 1
