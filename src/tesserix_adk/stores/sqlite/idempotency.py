@@ -1,7 +1,7 @@
 """SQLite idempotency records, keyed by (tenant, key); ttl claims lapse by SQLite's clock.
 
-Each call reads the live record, decides with ``stores.records`` and saves what comes
-back, all in one ``BEGIN IMMEDIATE`` transaction.
+A claim, completion or resolution reads the live record, decides with ``stores.records``
+and saves what comes back, all in one ``BEGIN IMMEDIATE`` transaction.
 """
 
 from __future__ import annotations
