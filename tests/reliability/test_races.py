@@ -49,14 +49,21 @@ def _round(site: Site, run: str) -> list[str]:
         time.sleep(0.05)
     release.touch()
     ended = {r.label: r.finish() for r in racers}
-    carriers = sorted(
-        {e.proc for e in read_history(site.history) if e.run == run and e.ev == "acquire_ok"}
-        & set(ended)
-    )
-    assert sorted(holding) == carriers, (holding, carriers)
+    events = [e for e in read_history(site.history) if e.run == run and e.proc in ended]
+    acquirers = {e.proc for e in events if e.ev == "acquire_ok"}
+    carriers = sorted(holding)
+    assert set(carriers) <= acquirers, (carriers, acquirers)
     assert [ended[c] for c in carriers] == [EXIT_COMPLETED] * len(carriers), ended
     losers = {label: code for label, code in ended.items() if label not in carriers}
     assert set(losers.values()) <= {EXIT_NOT_NOW}, ended
+    # A racer may win the lease and lose it before its first tool call only if it could not
+    # renew in time (a starved machine: its renewal reached the store after the ttl); it
+    # must then have claimed and done nothing, and ended superseded.
+    for lost in acquirers - set(carriers):
+        mine = [e.ev for e in events if e.proc == lost and e.ev in ("claim_ok", "effect")]
+        verdict = [e["verdict"] for e in events if e.proc == lost and e.ev == "result"]
+        assert not mine and verdict == ["superseded"], (lost, mine, verdict)
+        site.note("race winners that lost the lease before the tool")
     return carriers
 
 
@@ -76,6 +83,7 @@ def test_processes_racing_to_resume_one_run_have_exactly_one_carrier(site: Site)
         verdict,
         kills=len(rounds),
         workers=site.stats.workers,
+        notes=dict(site.stats.notes),
     )
     assert verdict.ok, verdict.explain()
     assert [len(c) for c in rounds] == [1] * len(rounds), rounds

@@ -61,7 +61,8 @@ def _trial(site: Site, run: str, offset: str, first: str, so: Path) -> None:
     site.carry(run, random.Random(run), env_for=lambda n: env if n % 2 == 0 else None)
     if stopped(a.pid):
         os.kill(a.pid, signal.SIGCONT)
-    a.finish()
+    if a.finish() == -signal.SIGKILL:
+        site.count("kills")
 
 
 def test_workers_with_a_skewed_wall_clock_make_no_call_twice(site: Site, so: Path) -> None:
@@ -89,6 +90,7 @@ def test_workers_with_a_skewed_wall_clock_make_no_call_twice(site: Site, so: Pat
         "clock skew",
         len(trials),
         verdict,
+        kills=site.stats.kills,
         workers=site.stats.workers,
         notes={"live leases taken by a skewed clock": len(taken), **site.stats.notes},
     )
