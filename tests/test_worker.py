@@ -18,6 +18,7 @@ from tesserix_adk import (
     Agent,
     AgentRunner,
     Carried,
+    Checkpointer,
     LeasePolicy,
     ProviderError,
     Reconciled,
@@ -354,3 +355,72 @@ async def test_a_reconciler_is_asked_only_a_margin_past_the_previous_lease() -> 
     await asyncio.wait_for(worker.run(), 30)
     assert len(asked_at) == 1 and asked_at[0] - ended >= 0.5
     assert len(airline.bookings) == 1
+
+
+# --- cancel ---------------------------------------------------------------------------------
+
+
+async def test_cancel_stops_a_live_run_at_its_next_boundary_and_sends_nothing_more() -> None:
+    stores, airline = _stores(), Airline()
+    searching = asyncio.Event()
+    gate = asyncio.Event()
+
+    @tool
+    async def search_flights(origin: str, dest: str) -> list[str]:
+        """Find flights."""
+        searching.set()
+        await gate.wait()
+        return ["LH123"]
+
+    @tool
+    def book_seat(flight: str) -> dict[str, str]:
+        """Book."""
+        airline.bookings.append(flight)
+        return {"booking": "B1"}
+
+    agent = Agent("booking", "Book.", [search_flights, book_seat])
+    runner = _runner(stores)
+    await runner.submit(agent, "book", tenant=T, run_id="r1")
+    worker = Worker(runner, [agent], exit_when_idle=True, poll_interval=0.01)
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait_for(searching.wait(), 10)
+    other = _runner(stores)
+    assert await other.cancel("r1", tenant=T, by="alice", reason="customer called") is None
+    gate.set()
+    await asyncio.wait_for(running, 10)
+    assert airline.bookings == []
+    assert stores.checkpoints is not None
+    cp = await Checkpointer.from_stores(stores).latest(T, "r1")
+    assert cp is not None and cp.status.value == "cancelled"
+    assert cp.output == "cancelled by alice: customer called"
+    again = await _work_until_idle(stores, agent)
+    assert again.carried == []
+
+
+async def test_cancel_ends_a_run_nobody_holds_and_no_worker_takes_it() -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)
+    _die_inside_book_seat(airline, "before")
+    with pytest.raises(SimulatedCrash):
+        await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    run = await _runner(stores).cancel(
+        "r1", tenant=T, by="bob", reason="token sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcd"
+    )
+    assert run is not None and run.status is RunStatus.cancelled
+    assert run.output is not None and "sk-proj" not in run.output
+    assert (await _work_until_idle(stores, agent)).carried == []
+    resumed = await _runner(stores).resume(agent, "r1", tenant=T)
+    assert resumed.status is RunStatus.cancelled
+    assert airline.bookings == []
+
+
+async def test_a_submitted_run_cancelled_before_it_started_never_starts() -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)
+    runner = _runner(stores)
+    await runner.submit(agent, "book", tenant=T, run_id="r1")
+    assert await runner.cancel("r1", tenant=T, by="carol") is None
+    assert (await _work_until_idle(stores, agent)).carried == []
+    assert airline.bookings == []
+    assert await runner.submit(agent, "book", tenant=T, run_id="r1") == "r1"
+    assert (await _work_until_idle(stores, agent)).carried == []

@@ -30,6 +30,7 @@ from tesserix_adk.cli.failures import ExitCode, UsageError, exit_code_for, expla
 from tesserix_adk.cli.frontier import run_frontier_command
 from tesserix_adk.cli.loading import built_provider, import_ref, load_agent, load_provider
 from tesserix_adk.cli.text import escaped
+from tesserix_adk.cli.work import WORK_COMMANDS, add_work_commands, run_work_command
 from tesserix_adk.leases import NEVER_RAN_MARGIN
 from tesserix_adk.run.runner import id_problem
 from tesserix_adk.runner import AgentRunner, RunStatus
@@ -38,6 +39,7 @@ from tesserix_adk.stores.bundle import Stores
 __all__ = [
     "FRONTIER_COMMANDS",
     "RESUME_COMMANDS",
+    "add_worker_commands",
     "ExitCode",
     "HelpShown",
     "UsageError",
@@ -136,7 +138,11 @@ def add_frontier_commands(sub: Any, parents: Parents = ()) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("runs", help="list a tenant's runs", parents=parents)
     p.add_argument("--tenant", required=True, type=_named)
-    p.add_argument("--stuck", action="store_true", help="only runs in flight, lease lapsed")
+    p.add_argument(
+        "--stuck",
+        action="store_true",
+        help="only parked runs, and runs with calls in flight and no live lease",
+    )
     p = sub.add_parser("steps", help="list a run's step snapshots", parents=parents)
     p.add_argument("run", metavar="RUN", type=_named)
     p.add_argument("--tenant", required=True, type=_named)
@@ -188,6 +194,11 @@ def resume_main(
     parser = new_parser(description="Carry checkpointed runs on.")
     add_resume_commands(_subcommands(parser))
     return _main(parser, argv, stores=stores, agents=agents, out=out, err=err)
+
+
+def add_worker_commands(sub: Any, parents: Parents = ()) -> None:
+    """Add ``submit`` and ``worker`` to ``sub`` (an ``add_subparsers()`` result)."""
+    add_work_commands(sub, parents, named=_named, seconds=_seconds)
 
 
 def add_resume_commands(sub: Any, parents: Parents = ()) -> None:
@@ -325,6 +336,8 @@ def _main(
             args = parser.parse_args(list(argv))
         if args.command in RESUME_COMMANDS:
             return _resume(args, stores, agents, out)
+        if args.command in WORK_COMMANDS:
+            return run_work_command(args, stores, agents, out)
         return run_frontier_command(args, stores, out)
 
     return _run(body, stores, err, out)

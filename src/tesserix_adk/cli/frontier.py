@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import secrets
 import time
 from typing import Any, TextIO
 
+from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint, encode_outcome
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
 from tesserix_adk.checkpoint.redaction import Redactor
@@ -31,6 +33,7 @@ from tesserix_adk.stores.protocols import (
     IdempotencyRecord,
     RecordStatus,
     RunLease,
+    WorkState,
 )
 
 __all__ = ["RESOLVE_LEASE_TTL", "run_frontier_command"]
@@ -61,7 +64,7 @@ def _held_by(lease: RunLease) -> str:
 
 
 async def _inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
-    checkpointer = stores.checkpointer()
+    checkpointer = Checkpointer.from_stores(stores)
     cp = await checkpointer.latest(args.tenant, args.run)
     if cp is None:
         raise NoCheckpointError(
@@ -112,7 +115,10 @@ def _as_json(cp: Checkpoint, plan: ResumePlan, spent: int, lease: Any) -> dict[s
 
 
 async def _runs(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
-    checkpointer = stores.checkpointer()
+    checkpointer = Checkpointer.from_stores(stores)
+    parked = {}
+    if stores.work is not None:
+        parked = {i.run_id: i for i in await stores.work.items(args.tenant, state=WorkState.parked)}
     for run_id in await run_listing(stores.checkpoints).runs(args.tenant):
         shown = escaped(run_id)
         try:
@@ -127,12 +133,15 @@ async def _runs(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCo
         in_flight = [
             r for r in records if r.tool is not None and r.status is RecordStatus.in_flight
         ]
-        if args.stuck and (cp.status.finished or lease is not None or not in_flight):
+        park = parked.get(run_id)
+        lapsed = not cp.status.finished and lease is None and bool(in_flight)
+        if args.stuck and park is None and not lapsed:
             continue
         held = f"  {_held_by(lease)}" if lease else ""
         flight = f"  {len(in_flight)} call(s) in flight" if in_flight else ""
         where = f"{cp.status} at step {cp.step}"
-        out.write(f"{shown}  {escaped(cp.agent_name)}  {where}{flight}{held}\n")
+        why = f"  parked: {escaped(park.reason or '')}" if park is not None else ""
+        out.write(f"{shown}  {escaped(cp.agent_name)}  {where}{flight}{held}{why}\n")
     return ExitCode.CARRIED_ON
 
 
@@ -142,7 +151,7 @@ async def _steps(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitC
         raise NoCheckpointError(
             f"nothing is checkpointed under run {args.run!r} for tenant {args.tenant!r}"
         )
-    checkpointer = stores.checkpointer()
+    checkpointer = Checkpointer.from_stores(stores)
     out.write("step  boundary           iteration  status            written              bytes\n")
     for step in steps:
         stored = await step_history(stores.checkpoints).at(args.tenant, args.run, step)
@@ -185,12 +194,38 @@ async def _approve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
             f"approval request {args.request!r} was already decided the other way: {exc}"
         ) from exc
     run = escaped(decided.run_id)
+    woken = await _wake(stores, args.tenant, decided.run_id, WorkState.decided)
+    then = (
+        "a worker carries it on"
+        if woken
+        else f"carry it on with `tesserix run --resume {run} --tenant {escaped(args.tenant)} "
+        "--agent module:attr`"
+    )
     out.write(
         f"approval {escaped(decided.id)} {decided.status} by {escaped(decided.by or args.by)} "
-        f"for run {run}; carry it on with "
-        f"`tesserix run --resume {run} --tenant {escaped(args.tenant)}`\n"
+        f"for run {run}; {then}\n"
     )
     return ExitCode.CARRIED_ON
+
+
+async def _wake(stores: Stores, tenant: str, run_id: str, state: WorkState) -> bool:
+    """Tell the work index the run wants a worker again (an operator acted on it): whether
+    a worker will find it. A parked run is unparked."""
+    if stores.work is None:
+        return False
+    stored = await stores.checkpoints.latest(tenant, run_id)
+    agent: str | None = None
+    if stored is not None:
+        with contextlib.suppress(CheckpointCorruptError, CheckpointFormatError):
+            cp = await Checkpointer.from_stores(stores).latest(tenant, run_id)
+            agent = None if cp is None else cp.agent_name
+    if agent is None:
+        known = [i for i in await stores.work.items(tenant) if i.run_id == run_id]
+        agent = known[0].agent if known else None
+    if agent is None:
+        return False
+    await stores.work.want(tenant, run_id, agent=agent, state=state)
+    return True
 
 
 async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
@@ -281,10 +316,13 @@ async def _record_resolution(
     if args.never_ran:
         await stores.idempotency.resolve(record.key, tenant=args.tenant, never_ran=True, by=args.by)
         out.write(f"recorded: {call} never ran, by {escaped(args.by)}\n")
-        return ExitCode.CARRIED_ON
-    encoded = encode_outcome(ToolOutcome(call_id=record.call_id or "", content=content), Redactor())
-    await stores.idempotency.resolve(record.key, encoded, tenant=args.tenant, by=args.by)
-    out.write(f"recorded: {call} completed with the given outcome, by {escaped(args.by)}\n")
+    else:
+        outcome = ToolOutcome(call_id=record.call_id or "", content=content)
+        encoded = encode_outcome(outcome, Redactor())
+        await stores.idempotency.resolve(record.key, encoded, tenant=args.tenant, by=args.by)
+        out.write(f"recorded: {call} completed with the given outcome, by {escaped(args.by)}\n")
+    if await _wake(stores, args.tenant, args.run, WorkState.wanted):
+        out.write("a worker carries the run on\n")
     return ExitCode.CARRIED_ON
 
 

@@ -24,6 +24,7 @@ from tesserix_adk.cli.commands import (
     HelpShown,
     add_frontier_commands,
     add_resume_commands,
+    add_worker_commands,
     new_parser,
     run_command,
 )
@@ -89,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_frontier_commands(sub, parents=[store_after])
     add_resume_commands(sub, parents=[store_after])
+    add_worker_commands(sub, parents=[store_after])
     demo = sub.add_parser(
         "demo",
         help="a run dies with SIGKILL and carries on with one booking (offline, temporary files)",

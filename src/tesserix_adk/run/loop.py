@@ -35,6 +35,7 @@ from tesserix_adk.messages import Message, ToolCall
 from tesserix_adk.providers.base import ModelRequest, ModelResponse
 from tesserix_adk.run.approvals import ask_approval, take_decision
 from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.dispatch import REFUSED_ARGUMENTS, dispatch_turn
 from tesserix_adk.run.frontier import write_frontier, write_frontier_naming_unkeyed
 from tesserix_adk.run.parts import RunParts
@@ -52,6 +53,11 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
     or a call needs an approval."""
     agent = run.agent
     while True:
+        cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
+        if cancelled is not None:
+            return await _finish(
+                parts, run, attempt, RunStatus.cancelled, output=cancelled.describe()
+            )
         attempt.stop_if_asked(run.run_id)
         if agent.budget_micros is not None and run.spent >= agent.budget_micros:
             return await _finish(parts, run, attempt, RunStatus.budget_exhausted)
@@ -76,6 +82,9 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
 
 async def carry_on(parts: RunParts, run: RunState, attempt: Attempt, cp: Checkpoint) -> Run:
     """Pick up at the frontier's boundary, then go on with the loop."""
+    cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
+    if cancelled is not None:
+        return await _finish(parts, run, attempt, RunStatus.cancelled, output=cancelled.describe())
     attempt.stop_if_asked(run.run_id)
     if cp.boundary is Boundary.after_tool_result:
         run.iteration = cp.iteration + 1
@@ -183,8 +192,9 @@ async def _finish(
     *,
     output: str | None = None,
 ) -> Run:
-    # However the run ends, it must not end having skipped a call that already ran.
-    if attempt.ahead:
+    # However the run ends, it must not end having skipped a call that already ran (a
+    # cancelled run ends where it stands, and says so).
+    if attempt.ahead and status is not RunStatus.cancelled:
         skipped = [a.describe() for calls in attempt.ahead.values() for a in calls.values()]
         raise DivergedRunError(
             f"run {run.run_id!r} diverged: it would finish without asking again for "

@@ -20,6 +20,7 @@ class RunStatus(StrEnum):
     budget_exhausted = "budget_exhausted"
     max_iterations = "max_iterations"
     failed = "failed"
+    cancelled = "cancelled"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -35,6 +35,7 @@ from tesserix_adk.leases import NEVER_RAN_MARGIN, Leaseholder, LeasePolicy
 from tesserix_adk.messages import Message
 from tesserix_adk.providers.base import Provider
 from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_holder
+from tesserix_adk.run.cancelling import cancelled_frontier, request_cancel
 from tesserix_adk.run.loop import carry_on, run_loop
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.reconciling import reconcile_in_doubt
@@ -344,6 +345,31 @@ class AgentRunner:
             if cp.status.finished:
                 return finished_run(replayed)
             return await carry_on(self._parts, run, attempt, replayed)
+
+    async def cancel(
+        self, run_id: str, *, tenant: str, by: str, reason: str | None = None
+    ) -> Run | None:
+        """Cancel a run, audited: the request is recorded (who, when, why); the run's
+        holder ends it at its next boundary with a final ``cancelled`` frontier and sends
+        nothing more. A run nobody holds is ended here (its ``Run``); ``None`` when a live
+        holder will end it, or it never started."""
+        check_ids(tenant=tenant, run_id=run_id)
+        checkpoints = self._require_checkpoints()
+        request = await request_cancel(
+            self.idempotency, tenant, run_id, by=by, reason=reason, redactor=self.redactor
+        )
+        attempt = Attempt(holder=new_holder(self.worker))
+        try:
+            async with self._holding(attempt, tenant, run_id):
+                cp = await checkpoints.latest(tenant, run_id)
+                if cp is not None and not cp.status.finished and not cp.is_tombstone:
+                    await cancelled_frontier(checkpoints, cp, fence=attempt.fence, request=request)
+                    cp = await checkpoints.latest(tenant, run_id)
+        except LeaseHeldError:
+            return None  # the holder finds the request at its next boundary
+        if self.work is not None:
+            await self.work.done(tenant, run_id)
+        return None if cp is None else finished_run(cp)
 
     # --- the work index and reconcilers ------------------------------------------------
 

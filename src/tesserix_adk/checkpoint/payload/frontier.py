@@ -38,6 +38,7 @@ class CheckpointStatus(StrEnum):
     budget_exhausted = "budget_exhausted"
     max_iterations = "max_iterations"
     failed = "failed"
+    cancelled = "cancelled"
     tombstone = "tombstone"
 
     @property
@@ -52,6 +53,7 @@ _FINISHED = frozenset(
         CheckpointStatus.budget_exhausted,
         CheckpointStatus.max_iterations,
         CheckpointStatus.failed,
+        CheckpointStatus.cancelled,
     }
 )
 

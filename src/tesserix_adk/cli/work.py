@@ -1,0 +1,226 @@
+"""``tesserix submit`` and ``tesserix worker``: runs that carry on by themselves.
+
+``submit`` records a run for a worker to start and prints its id (the same id twice makes
+one run). ``worker`` carries every run its agents can carry: decided approvals, runs whose
+holder died, submitted runs; it prints one line per run started, carried on, parked and
+finished, and on SIGTERM or SIGINT it drains (takes nothing new, stops each run at its
+next boundary, releases its leases) and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from tesserix_adk.agent import Agent
+from tesserix_adk.cli.failures import ExitCode, UsageError
+from tesserix_adk.cli.loading import built_provider, load_agent
+from tesserix_adk.cli.text import escaped
+from tesserix_adk.errors import NoCheckpointError
+from tesserix_adk.leases import LeasePolicy
+from tesserix_adk.run.runner import AgentRunner
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.worker import Worker
+
+__all__ = ["WORK_COMMANDS", "add_work_commands", "run_work_command"]
+
+WORK_COMMANDS = frozenset({"submit", "worker", "cancel"})
+
+
+def add_work_commands(sub: Any, parents: Any = (), *, named: Any, seconds: Any) -> None:
+    """Add ``submit`` and ``worker`` to ``sub``; ``named``/``seconds`` read ids and
+    durations as the other commands do."""
+    p = sub.add_parser(
+        "submit", help="record a run for a worker to start; prints its id", parents=parents
+    )
+    p.add_argument("--agent", required=True, type=named, help="module:attr of the agent")
+    p.add_argument("--tenant", required=True, type=named)
+    p.add_argument("--input", required=True, help="the user's message (stored redacted)")
+    p.add_argument("--run-id", type=named, help="the run's id (default: a new one)")
+    p = sub.add_parser(
+        "worker",
+        help="carry runs on by themselves: decided, lapsed, submitted (SIGTERM drains)",
+        parents=parents,
+    )
+    p.add_argument(
+        "--agent",
+        required=True,
+        action="append",
+        type=named,
+        help="module:attr of an agent whose runs this worker carries (repeatable)",
+    )
+    p.add_argument(
+        "--provider", type=named, help="module:attr of the model provider (all its runs)"
+    )
+    p.add_argument("--concurrency", type=_positive_int, default=8, metavar="N")
+    p.add_argument("--worker", type=named, help="a name for this worker (a suffix is added)")
+    p.add_argument("--lease-ttl", type=seconds, default=30.0, metavar="SECONDS")
+    p.add_argument(
+        "--exit-when-idle", action="store_true", help="exit once nothing is due or running"
+    )
+    p.add_argument("--poll", type=seconds, default=0.5, metavar="SECONDS", help=argparse.SUPPRESS)
+    p = sub.add_parser(
+        "cancel",
+        help="cancel a run: its holder stops it at the next boundary (audited)",
+        parents=parents,
+    )
+    p.add_argument("run", metavar="RUN", type=named)
+    p.add_argument("--tenant", required=True, type=named)
+    p.add_argument("--by", required=True, type=named, help="who cancels")
+    p.add_argument("--reason", help="why (secrets in it are masked before it is stored)")
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not at least 1")
+    return n
+
+
+async def run_work_command(
+    args: argparse.Namespace, stores: Stores, agents: Mapping[str, Agent], out: TextIO
+) -> ExitCode:
+    """Run a parsed ``submit`` or ``worker``."""
+    if args.command == "submit":
+        return await _submit(args, stores, agents, out)
+    if args.command == "cancel":
+        return await _cancel(args, stores, out)
+    return await _work(args, stores, agents, out)
+
+
+async def _cancel(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
+    runner = AgentRunner.from_stores(_NoModel(), stores, worker="tesserix-cancel")
+    assert runner.checkpoints is not None
+    known = await runner.checkpoints.store.latest(args.tenant, args.run)
+    if known is None and (
+        stores.work is None or await stores.work.input(args.tenant, args.run) is None
+    ):
+        raise NoCheckpointError(
+            f"nothing is checkpointed or submitted under run {args.run!r} for tenant "
+            f"{args.tenant!r}"
+        )
+    run = await runner.cancel(args.run, tenant=args.tenant, by=args.by, reason=args.reason)
+    shown = escaped(args.run)
+    if run is None and known is not None:
+        out.write(
+            f"cancel of run {shown} recorded, by {escaped(args.by)}; the worker holding it "
+            "stops it at its next boundary\n"
+        )
+    elif run is None:
+        out.write(f"run {shown} cancelled before it started, by {escaped(args.by)}\n")
+    elif run.status.value == "cancelled":
+        out.write(f"run {shown} cancelled, by {escaped(args.by)}: {escaped(run.output or '')}\n")
+    else:
+        out.write(f"run {shown} had already ended {run.status}; nothing to cancel\n")
+    return ExitCode.CARRIED_ON
+
+
+async def _submit(
+    args: argparse.Namespace, stores: Stores, agents: Mapping[str, Agent], out: TextIO
+) -> ExitCode:
+    agent = load_agent(args.agent, agents)
+    # Submitting calls no model: no provider is built.
+    runner = AgentRunner.from_stores(_NoModel(), stores)
+    run_id = await runner.submit(agent, args.input, tenant=args.tenant, run_id=args.run_id)
+    out.write(f"{escaped(run_id)}\n")
+    return ExitCode.CARRIED_ON
+
+
+class _NoModel:
+    async def complete(self, request: Any) -> Any:
+        raise AssertionError("submit never calls the model")
+
+
+async def _work(
+    args: argparse.Namespace, stores: Stores, agents: Mapping[str, Agent], out: TextIO
+) -> ExitCode:
+    loaded = [load_agent(ref, agents) for ref in args.agent]
+    names = [a.name for a in loaded]
+    if len(set(names)) != len(names):
+        raise UsageError(f"two --agent options name agents of the same name: {names}")
+    if stores.work is None:
+        raise UsageError("this store keeps no work index, so no worker can find runs in it")
+    ttl = args.lease_ttl
+    if ttl <= 0:
+        raise UsageError("--lease-ttl must be more than 0 seconds")
+    async with built_provider(args.provider, loaded[0], args.agent[0]) as provider:
+        runner = AgentRunner.from_stores(
+            provider,
+            stores,
+            worker=args.worker,
+            lease_policy=LeasePolicy(ttl=ttl, renew_within=ttl / 3),
+            # A worker killed with SIGKILL strands its runs for a lease ttl, no longer.
+            resume_claim_ttl=ttl,
+        )
+        worker = Worker(
+            runner,
+            loaded,
+            concurrency=args.concurrency,
+            exit_when_idle=args.exit_when_idle,
+            poll_interval=args.poll,
+        )
+        name = escaped(runner.worker)
+        with _printing(out, name), _draining_on_signals(worker, out, name):
+            out.write(
+                f"worker {name}: carrying runs of {', '.join(escaped(n) for n in names)}, "
+                f"{args.concurrency} at a time, lease ttl {ttl:g} s\n"
+            )
+            out.flush()
+            await worker.run()
+        out.write(f"worker {name}: stopped; {len(worker.carried)} run(s) taken\n")
+    return ExitCode.CARRIED_ON
+
+
+@contextlib.contextmanager
+def _printing(out: TextIO, name: str) -> Any:
+    """The worker's own log lines on ``out``, one per run event."""
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter(f"worker {name}: %(message)s"))
+    handler.setLevel(logging.INFO)
+    log = logging.getLogger("tesserix_adk.worker")
+    before = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(before[0])
+        log.propagate = before[1]
+
+
+@contextlib.contextmanager
+def _draining_on_signals(worker: Worker, out: TextIO, name: str) -> Any:
+    loop = asyncio.get_running_loop()
+
+    def drain(signum: int) -> None:
+        if not worker.draining:
+            out.write(
+                f"worker {name}: {signal.Signals(signum).name}: draining (runs stop at their "
+                "next boundary)\n"
+            )
+            out.flush()
+        worker.drain()
+
+    installed = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, drain, signum)
+            installed.append(signum)
+    try:
+        yield
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()

@@ -1,0 +1,135 @@
+"""Cancelling a run: an audited request any holder sees at its next boundary.
+
+The request is a record in the idempotency store under the run's cancel key (a record with
+no tool, as a resume claim is), so it is durable on every backend and needs no schema of
+its own; its outcome says who asked, when and why. The holder carrying the run finds it at
+the next boundary between turns and ends the run there with a final ``cancelled``
+frontier, dispatching nothing more; a run nobody holds is ended by whoever asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from dataclasses import dataclass
+
+from tesserix_adk.checkpoint.checkpointer import Checkpointer, TranscriptCursor
+from tesserix_adk.checkpoint.payload import (
+    Checkpoint,
+    CheckpointStatus,
+    decode_outcome,
+    encode_outcome,
+)
+from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.errors import CheckpointCorruptError, StoreUnavailableError
+from tesserix_adk.messages import ToolOutcome
+from tesserix_adk.stores.protocols import IdempotencyStore, RecordStatus
+from tesserix_adk.tools import canonical_json
+
+__all__ = [
+    "CancelRequest",
+    "cancel_key",
+    "cancel_requested",
+    "cancelled_frontier",
+    "request_cancel",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelRequest:
+    """Who asked for the run to be cancelled, when (epoch seconds) and why."""
+
+    by: str
+    at: float
+    reason: str | None = None
+
+    def describe(self) -> str:
+        """``cancelled by <by>[: <reason>]``."""
+        return f"cancelled by {self.by}" + (f": {self.reason}" if self.reason else "")
+
+
+def cancel_key(tenant: str, run_id: str) -> str:
+    """The idempotency key of a run's cancel request."""
+    body = canonical_json(["cancel", tenant, run_id])
+    return "cancel1:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+async def request_cancel(
+    idempotency: IdempotencyStore,
+    tenant: str,
+    run_id: str,
+    *,
+    by: str,
+    reason: str | None,
+    redactor: Redactor,
+) -> CancelRequest:
+    """Record the request (the first one stands: asking again returns it)."""
+    key = cancel_key(tenant, run_id)
+    holder = f"cancel:{by}"
+    rec = await idempotency.claim(
+        key,
+        holder=holder,
+        tenant=tenant,
+        run_id=run_id,
+        iteration=None,
+        tool=None,
+        call_id=None,
+        flags=None,
+    )
+    if rec.status is RecordStatus.completed or rec.holder != holder:
+        found = await cancel_requested(idempotency, tenant, run_id)
+        if found is not None:
+            return found
+    request = CancelRequest(
+        by=by, at=time.time(), reason=None if reason is None else redactor.text(reason)
+    )
+    content = {"by": request.by, "at": request.at, "reason": request.reason}
+    encoded = encode_outcome(ToolOutcome(call_id="cancel", content=content), redactor)
+    await idempotency.complete(key, encoded, tenant=tenant, holder=holder)
+    return request
+
+
+async def cancel_requested(
+    idempotency: IdempotencyStore, tenant: str, run_id: str
+) -> CancelRequest | None:
+    """The run's recorded cancel request, or ``None``."""
+    key = cancel_key(tenant, run_id)
+    rec = (await idempotency.lookup([key], tenant=tenant)).get(key)
+    if rec is None or rec.status is not RecordStatus.completed or rec.outcome is None:
+        return None
+    content = decode_outcome(bytes(rec.outcome), "cancel").content
+    if not isinstance(content, dict) or not isinstance(content.get("by"), str):
+        raise CheckpointCorruptError(f"the cancel request of run {run_id!r} cannot be read")
+    at = content.get("at")
+    reason = content.get("reason")
+    return CancelRequest(
+        by=content["by"],
+        at=float(at) if isinstance(at, (int, float)) else 0.0,
+        reason=reason if isinstance(reason, str) else None,
+    )
+
+
+async def cancelled_frontier(
+    checkpointer: Checkpointer, cp: Checkpoint, *, fence: int | None, request: CancelRequest
+) -> None:
+    """Write the final ``cancelled`` frontier after ``cp``, by a holder of the run's lease
+    that has no agent at hand (the run is ended where it stands: nothing more is sent)."""
+    messages = await checkpointer.messages(cp)
+    frontier = dataclasses.replace(
+        cp,
+        step=cp.step + 1,
+        status=CheckpointStatus.cancelled,
+        fence=fence,
+        messages=tuple(messages),
+        outstanding=(),
+        pending_approval=None,
+        grants=(),
+        output=request.describe(),
+        written_at=time.time(),
+    )
+    cursor = TranscriptCursor(handle=cp.history_handle, persisted=len(messages))
+    if not await checkpointer.write(frontier, cursor=cursor):
+        raise checkpointer.last_error or StoreUnavailableError(
+            f"the cancelled frontier of run {cp.run_id!r} was not written"
+        )
