@@ -141,8 +141,15 @@ async def test_a_client_that_decodes_responses_is_refused() -> None:
 
 
 async def test_bad_kit_options_are_configuration_errors() -> None:
-    for query in ("allow_volatile=maybe", "keep_last=0", "prefix=%7Bx%7D", "synchronous=normal"):
-        with pytest.raises(ConfigurationError):
+    for query, says in (
+        ("allow_volatile=maybe", "allow_volatile"),
+        ("keep_last=0", "keep_last"),
+        ("prefix=%7Bx%7D", "braces"),
+        ("synchronous=normal", "not an option of Redis stores"),
+        ("pool_max=2", "not an option of Redis stores"),
+        ("prefix=a&prefix=b", "twice"),
+    ):
+        with pytest.raises(ConfigurationError, match=says):
             open_redis_stores(f"{DEAD_URL}?{query}")
 
 
