@@ -7,6 +7,7 @@ The same promises across real processes and every backend are in tests/test_work
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,7 @@ from tesserix_adk import (
     open_stores,
     tool,
 )
+from tesserix_adk.cli import frontier_main
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import MemoryWorkIndex
 from tesserix_adk.stores.protocols import RecordStatus
@@ -424,3 +426,22 @@ async def test_a_submitted_run_cancelled_before_it_started_never_starts() -> Non
     assert airline.bookings == []
     assert await runner.submit(agent, "book", tenant=T, run_id="r1") == "r1"
     assert (await _work_until_idle(stores, agent)).carried == []
+
+
+async def test_an_operator_sees_why_a_run_is_parked() -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)
+    _die_inside_book_seat(airline, "before")
+    with pytest.raises(SimulatedCrash):
+        await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    await _work_until_idle(stores, agent)
+    outputs = []
+    for argv in (["inspect", "r1", "--tenant", T], ["runs", "--tenant", T, "--stuck"]):
+        out = io.StringIO()
+        code = await asyncio.to_thread(
+            frontier_main, argv, stores=stores, out=out, err=io.StringIO()
+        )
+        assert code == 0
+        outputs.append(out.getvalue())
+    assert "parked: IndeterminateToolCallError" in outputs[0] and "book_seat" in outputs[0]
+    assert outputs[1].startswith("r1 ") and "parked:" in outputs[1]

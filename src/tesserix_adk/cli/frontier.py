@@ -73,12 +73,29 @@ async def _inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
     plan = await plan_resume(cp, stores.idempotency)
     spent = await stores.ledger.spent(args.tenant, args.run)
     lease = await stores.leases.current(args.tenant, args.run)
+    parked = None
+    if stores.work is not None:
+        parked = next(
+            (
+                i
+                for i in await stores.work.items(args.tenant, state=WorkState.parked)
+                if i.run_id == args.run
+            ),
+            None,
+        )
     if args.json:
-        out.write(json.dumps(_as_json(cp, plan, spent, lease), indent=2, default=str) + "\n")
+        shown = _as_json(cp, plan, spent, lease)
+        shown["parked"] = None if parked is None else parked.reason
+        out.write(json.dumps(shown, indent=2, default=str) + "\n")
         return ExitCode.CARRIED_ON
     out.write(describe(cp, plan=plan, spent=spent) + "\n")
     if lease is not None:
         out.write(_held_by(lease) + "\n")
+    if parked is not None:
+        out.write(
+            f"parked: {escaped(parked.reason or '')}; a worker takes it again once you resolve, "
+            "approve or cancel\n"
+        )
     return ExitCode.CARRIED_ON
 
 
