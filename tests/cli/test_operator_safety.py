@@ -333,7 +333,7 @@ def test_replay_closes_the_provider_it_built_however_it_ends(
         runner = AgentRunner(
             ScriptedProvider(BOOK_TURNS),
             idempotency=stores.idempotency,
-            checkpoints=stores.checkpointer(),
+            checkpoints=Checkpointer.from_stores(stores),
             ledger=stores.ledger,
         )
         await runner.run(booking_agent(airline), "book", tenant="acme", run_id="r")
