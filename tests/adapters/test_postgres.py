@@ -175,6 +175,7 @@ async def test_every_statement_file_is_one_a_store_reads_when_it_is_built() -> N
                 ("history", stores.history),
                 ("ledger", stores.ledger),
                 ("approvals", stores.approvals),
+                ("work", stores.work),
             )
             for name, text in asdict(store._sql).items()  # type: ignore[attr-defined]
         }

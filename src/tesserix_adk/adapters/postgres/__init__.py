@@ -12,6 +12,7 @@ package, one concept a module:
 - ``fenced.py``: the gate every fenced write passes, and ``seal``;
 - ``checkpoints.py``, ``idempotency.py``, ``leases.py``, ``history.py``, ``ledger.py``,
   ``approvals.py``: the six stores;
+- ``work.py``: the work index (``WorkIndex``), the runs that want a worker;
 - ``opening.py``: ``open_postgres_stores`` and the kit's URL options.
 
 ``MIGRATIONS``, ``SCHEMA_VERSION`` and ``EXPECTED_CHECKPOINT_SCHEMA`` are read from the
@@ -31,6 +32,7 @@ from tesserix_adk.adapters.postgres.leases import PostgresLeaseStore
 from tesserix_adk.adapters.postgres.ledger import PostgresLedger
 from tesserix_adk.adapters.postgres.opening import open_postgres_stores
 from tesserix_adk.adapters.postgres.schema import Schema
+from tesserix_adk.adapters.postgres.work import PostgresWorkIndex
 
 __all__ = [
     "EXPECTED_CHECKPOINT_SCHEMA",
@@ -43,6 +45,7 @@ __all__ = [
     "PostgresIdempotencyStore",
     "PostgresLeaseStore",
     "PostgresLedger",
+    "PostgresWorkIndex",
     "DEFAULT_TIMEOUT",
     "open_postgres_stores",
 ]

@@ -1,4 +1,5 @@
-"""``open_postgres_stores(url)``: the six PostgreSQL stores on one pool, named by a URL.
+"""``open_postgres_stores(url)``: the six PostgreSQL stores and the work index on one pool,
+named by a URL.
 
 The kit's own options (``keep_last``, ``pool_min``, ``pool_max``, ``timeout``) are taken out
 of the URL's query by ``stores.urls.store_options`` (another backend's option is refused);
@@ -19,6 +20,7 @@ from tesserix_adk.adapters.postgres.history import PostgresHistoryStore
 from tesserix_adk.adapters.postgres.idempotency import PostgresIdempotencyStore
 from tesserix_adk.adapters.postgres.leases import PostgresLeaseStore
 from tesserix_adk.adapters.postgres.ledger import PostgresLedger
+from tesserix_adk.adapters.postgres.work import PostgresWorkIndex
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.urls import keep_last_option, store_options
@@ -69,7 +71,8 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
 
 
 def open_postgres_stores(url: str) -> Stores:
-    """The six PostgreSQL stores on one pool, as a ``Stores`` bundle; no I/O until first use.
+    """The six PostgreSQL stores and the work index on one pool, as a ``Stores`` bundle; no
+    I/O until first use.
 
     Options in the query: ``keep_last``, ``pool_min`` (default 1), ``pool_max`` (default
     4) and ``timeout`` (seconds, default 5: the client-side deadline of every call, kept
@@ -97,6 +100,7 @@ def open_postgres_stores(url: str) -> Stores:
         history=PostgresHistoryStore(database),
         ledger=PostgresLedger(database),
         approvals=PostgresApprovalStore(database),
+        work=PostgresWorkIndex(database),
         url=url,
         on_create_schema=database.create_schema,
         on_verify=database.verify,

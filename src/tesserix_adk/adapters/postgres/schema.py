@@ -32,6 +32,7 @@ TABLES = (
     "adk_history",
     "adk_ledger",
     "adk_approvals",
+    "adk_work",
 )
 
 # Serialises create_schema() per schema: (this class, hash of the schema name).
