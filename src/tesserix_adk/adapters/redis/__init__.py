@@ -22,6 +22,7 @@ from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX
 from tesserix_adk.adapters.redis.leases import RedisLeaseStore
 from tesserix_adk.adapters.redis.ledger import RedisLedger
 from tesserix_adk.adapters.redis.opening import open_redis_stores
+from tesserix_adk.adapters.redis.work import RedisWorkIndex
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -32,6 +33,7 @@ __all__ = [
     "RedisIdempotencyStore",
     "RedisLeaseStore",
     "RedisLedger",
+    "RedisWorkIndex",
     "check_persistence",
     "open_redis_stores",
 ]

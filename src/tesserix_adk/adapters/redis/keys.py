@@ -21,8 +21,23 @@ the hash tag ``{<tenant>:<run>}``, so one script can decide over all of them ato
     adk:{acme:run-1}:approval:<id>    hash   one approval request
     adk:idem-key:{<tenant>:<key>}     string which run of the tenant holds a record
     adk:approval-id:{<id>}            string which run holds a request (lookup by id)
+    adk:{acme:run-1}:work             hash   the run's work entry: tenant, run_id, agent,
+                                             state, since, not_before (server
+                                             microseconds), attempts, reason, input
+    adk:work:due:decided              zset   run tag -> since: the due index, one sorted
+    adk:work:due:wanted               zset   set per take order, so finding work reads
+    adk:work:due:submitted            zset   only their heads (parked, done: in none)
+    adk:work:delayed                  zset   run tag -> not_before: runs backing off
+    adk:work:runs                     zset   run tag -> since: every entry, done too
 
 No key that holds a fence or a record ever has a TTL.
+
+The work index keys (``adk:work:*``) are global, one per server, and the scripts that find
+work read each candidate's ``:work`` and ``:lease`` hash by a name built from its tag, keys
+they cannot declare in ``KEYS``. That is sound on one server; Redis Cluster will need a hash
+tag scheme for them (the due index split by slot, say ``adk:{work:<n>}:due:*`` with runs
+placed in a shard's slot by their tag, and a lease mirror or a per-shard scan) before these
+scripts can run there.
 """
 
 from __future__ import annotations
@@ -84,3 +99,7 @@ class _Keys:
 
     def approval_index(self, id: str) -> str:
         return f"{self.prefix}approval-id:{{{_enc(id)}}}"
+
+    def work(self, name: str) -> str:
+        """A key of the work index (``due:<state>``, ``delayed``, ``runs``)."""
+        return f"{self.prefix}work:{name}"

@@ -1,4 +1,5 @@
-"""``open_redis_stores(url)``: the six Redis stores on one client, named by a URL."""
+"""``open_redis_stores(url)``: the six Redis stores and the work index on one client,
+named by a URL."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tesserix_adk.adapters.redis.idempotency import RedisIdempotencyStore
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX
 from tesserix_adk.adapters.redis.leases import RedisLeaseStore
 from tesserix_adk.adapters.redis.ledger import RedisLedger
+from tesserix_adk.adapters.redis.work import RedisWorkIndex
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.urls import keep_last_option, store_options
@@ -37,7 +39,8 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
 
 
 def open_redis_stores(url: str) -> Stores:
-    """The six Redis stores on one client, as a ``Stores`` bundle; no I/O until first use.
+    """The six Redis stores and the work index on one client, as a ``Stores`` bundle; no
+    I/O until first use.
 
     Options in the query: ``prefix`` (default ``adk:``), ``allow_volatile=true`` (accept a
     server without persistence or with an ``allkeys-*`` eviction policy) and ``keep_last``;
@@ -65,6 +68,7 @@ def open_redis_stores(url: str) -> Stores:
         history=RedisHistoryStore(client, prefix=prefix),
         ledger=RedisLedger(client, prefix=prefix),
         approvals=RedisApprovalStore(client, prefix=prefix),
+        work=RedisWorkIndex(client, prefix=prefix, allow_volatile=allow_volatile),
         url=url,
         on_create_schema=check,
         on_verify=check,
