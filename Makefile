@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/checkpoint_cost.py
 	$(PY) benchmarks/stores.py --quick
+	$(PY) benchmarks/workers.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
