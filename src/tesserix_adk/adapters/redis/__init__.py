@@ -5,7 +5,8 @@ tag, so one script decides over all of them); ``lua`` loads the scripts, one fil
 under ``scripts/``, that make every decision atomically by the server's clock;
 ``durability`` says which servers keep fences and claims across a crash; ``connection``
 builds the client and translates its errors into the kit's, saying whether an outcome is
-unknown; one module per store; ``opening`` reads a store URL.
+unknown; one module per store; ``work`` is the work index (global sorted sets read from
+their heads, a single server's layout for now); ``opening`` reads a store URL.
 """
 
 from __future__ import annotations
