@@ -231,7 +231,10 @@ def test_inspect_and_runs_print_hostile_ids_escaped() -> None:
     assert code == ExitCode.CARRIED_ON
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("run r\\nrun forged  tenant acme  agent booking\\x1b[2J")
-    assert lines[-1] == "held by w\\rheld by root (fence 99)\\x1b]0;pwned\\x07 (fence 1)"
+    assert lines[-1].startswith(
+        "held by w\\rheld by root (fence 99)\\x1b]0;pwned\\x07 (fence 1) until 20"
+    )
+    assert lines[-1].endswith("by the store's clock, unless renewed")
     assert _no_control_characters(out.getvalue())
     listed = io.StringIO()
     assert frontier_main(["runs", "--tenant", "acme"], stores=stores, out=listed) == 0

@@ -8,6 +8,7 @@ import asyncio
 import importlib
 import io
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -227,10 +228,40 @@ def test_run_resume_is_exit_3_while_another_worker_holds_the_lease(
     make_stores: Any, airline: Airline
 ) -> None:
     _interrupted(make_stores, airline)
-    _in(make_stores(), lambda s: s.leases.acquire("acme", "r", "someone-else", 60))
+    lease = _in(make_stores(), lambda s: s.leases.acquire("acme", "r", "someone-else", 60))
     code, _, err = _resume(make_stores, airline, "booking:provider")
     assert code == ExitCode.HELD and "someone-else" in err
+    # When to retry, by the store's clock.
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(lease.expires_at))
+    assert f"lapses at {when} by the store's clock" in err, err
     assert airline.bookings == []
+
+
+def test_run_resume_says_when_another_resumers_claim_lapses(
+    make_stores: Any, airline: Airline
+) -> None:
+    _interrupted(make_stores, airline)
+
+    async def claim(stores: Stores) -> Any:
+        from tesserix_adk.run.attempt import run_claim_key
+
+        return await stores.idempotency.claim(
+            run_claim_key("acme", "r"),
+            holder="resumer-elsewhere",
+            tenant="acme",
+            run_id="r",
+            iteration=None,
+            tool=None,
+            call_id=None,
+            flags=None,
+            ttl=120,
+        )
+
+    record = _in(make_stores(), claim)
+    code, _, err = _resume(make_stores, airline, "booking:provider")
+    assert code == ExitCode.HELD and "resumer-elsewhere" in err
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.expires_at))
+    assert f"resume claim lapses at {when}" in err, err
 
 
 # --- the provider a command built is closed --------------------------------------------------

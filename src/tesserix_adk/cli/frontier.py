@@ -16,7 +16,7 @@ from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.cli.describe import describe
 from tesserix_adk.cli.failures import ExitCode, Refused, UsageError
-from tesserix_adk.cli.text import escaped
+from tesserix_adk.cli.text import escaped, iso_time
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
@@ -60,7 +60,10 @@ async def run_frontier_command(args: argparse.Namespace, stores: Stores, out: Te
 
 
 def _held_by(lease: RunLease) -> str:
-    return f"held by {escaped(lease.holder)} (fence {lease.fence})"
+    return (
+        f"held by {escaped(lease.holder)} (fence {lease.fence}) until {iso_time(lease.expires_at)} "
+        "by the store's clock, unless renewed"
+    )
 
 
 async def _inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:

@@ -14,6 +14,7 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from tesserix_adk.errors import (
@@ -109,8 +110,15 @@ class RunClaim:
         except Exception as exc:
             rec = await self._read_back(exc, renewing=renewing)
         if rec.status is not RecordStatus.in_flight or rec.holder != self.holder:
+            lapses = ""
+            if rec.expires_at is not None:
+                when = datetime.fromtimestamp(rec.expires_at, tz=UTC)
+                lapses = (
+                    f"; its resume claim lapses at {when:%Y-%m-%dT%H:%M:%SZ} by the store's "
+                    "clock unless renewed"
+                )
             raise ResumeConflictError(
-                f"run {self.run_id!r} is being resumed by {rec.holder}", holder=rec.holder
+                f"run {self.run_id!r} is being resumed by {rec.holder}{lapses}", holder=rec.holder
             )
 
     async def _read_back(self, lost: Exception, *, renewing: bool) -> IdempotencyRecord:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
@@ -439,12 +440,26 @@ class AgentRunner:
             if not resuming:
                 raise
             raise ResumeConflictError(
-                f"run {run_id!r} is held by {exc.holder or 'another worker'}", holder=exc.holder
+                f"run {run_id!r} is held by {exc.holder or 'another worker'}"
+                + await self._lapses(tenant, run_id),
+                holder=exc.holder,
             ) from exc
         async with lease:
             attempt.lease = lease
             await self._seal(tenant, run_id, lease.fence)
             yield
+
+    async def _lapses(self, tenant: str, run_id: str) -> str:
+        """When the live lease lapses by the store's clock, for a "retry later" message."""
+        assert self.leases is not None
+        try:
+            current = await self.leases.current(tenant, run_id)
+        except Exception:  # only the message is at stake
+            return ""
+        if current is None:
+            return ""
+        when = datetime.fromtimestamp(current.expires_at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"; its lease lapses at {when} by the store's clock unless renewed"
 
     async def _seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Raise the fence in every store this run writes to, before reading anything, so
