@@ -37,6 +37,7 @@ from tesserix_adk.messages import Message
 from tesserix_adk.providers.base import Provider
 from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_holder
 from tesserix_adk.run.cancelling import cancelled_frontier, request_cancel
+from tesserix_adk.run.ids import MAX_ID_BYTES, check_ids, id_problem
 from tesserix_adk.run.loop import carry_on, run_loop
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.reconciling import reconcile_in_doubt
@@ -470,32 +471,6 @@ class AgentRunner:
         for store in stores:
             if store is not None:
                 await store.seal(tenant, run_id, fence)
-
-
-MAX_ID_BYTES = 512
-
-
-def check_ids(*, tenant: str, run_id: str) -> None:
-    """Refuse, before anything is read or written, an id no store can keep as given:
-    empty, not encodable as UTF-8 (a lone surrogate), or longer than ``MAX_ID_BYTES``."""
-    for what, value in (("tenant", tenant), ("run id", run_id)):
-        if not isinstance(value, str) or not value:
-            raise ConfigurationError(f"the {what} is empty; give every run a non-empty {what}")
-        problem = id_problem(value)
-        if problem is not None:
-            raise ConfigurationError(f"the {what} {problem}")
-
-
-def id_problem(value: str) -> str | None:
-    """Why no store can keep ``value`` as an id (not UTF-8, over ``MAX_ID_BYTES``), as the
-    end of a sentence; ``None`` when it can."""
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        return f"holds a lone surrogate at position {exc.start} and cannot be stored as UTF-8"
-    if size > MAX_ID_BYTES:
-        return f"is {size} bytes long; ids longer than {MAX_ID_BYTES} bytes are refused"
-    return None
 
 
 def _as_messages(input: str | Message | Sequence[Message]) -> list[Message]:
