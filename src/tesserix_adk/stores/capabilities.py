@@ -1,6 +1,6 @@
 """Asking a store for an optional capability by type, with one clear error when it lacks it.
 
-The capabilities are protocols in ``protocols.py`` (``StepHistory``, ``RunListing``,
+The capabilities are protocols in ``stores.protocols`` (``StepHistory``, ``RunListing``,
 ``FrontierWithHistory``); the conformance suites skip their tests for a store without one.
 """
 

@@ -1,0 +1,149 @@
+"""Idempotency records: which calls were claimed and what they produced."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+__all__ = ["IdempotencyRecord", "IdempotencyStore", "RecordStatus", "ToolFlags"]
+
+
+class RecordStatus(StrEnum):
+    """Where an idempotency record stands."""
+
+    in_flight = "in_flight"
+    completed = "completed"
+    never_ran = "never_ran"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolFlags:
+    """The flags of the tool a record belongs to, so planning needs no agent."""
+
+    side_effects: bool = True
+    idempotent: bool = False
+
+    @property
+    def safe_to_resend(self) -> bool:
+        """A call of this tool may be sent again when nobody knows whether it ran."""
+        return not self.side_effects or self.idempotent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IdempotencyRecord:
+    """One claim: a tool call's (``tool`` set) or a run's resume claim (``tool`` is ``None``).
+
+    ``since``, ``completed_at`` and ``expires_at`` are the store's clock (epoch seconds).
+    ``outcome`` is bytes the kit encoded and redacted.
+    """
+
+    key: str
+    status: RecordStatus
+    holder: str
+    tenant: str
+    run_id: str
+    iteration: int | None = None
+    tool: str | None = None
+    call_id: str | None = None
+    flags: ToolFlags | None = None
+    fence: int | None = None
+    outcome: bytes | None = None
+    since: float = 0.0
+    completed_at: float | None = None
+    expires_at: float | None = None
+    by: str | None = None
+
+
+@runtime_checkable
+class IdempotencyStore(Protocol):
+    """Records which calls were claimed and what they produced.
+
+    Tenant-scoped: every method takes the tenant, and records are keyed by (tenant, key),
+    so two tenants using the same key (a business key such as ``order-5``) never see,
+    complete, take over or resolve each other's record.
+
+    State machine::
+
+        absent ──claim──▶ in_flight(holder, fence, since, …)
+        in_flight ──complete(outcome), same holder──▶ completed(outcome, at)
+        in_flight ──resolve by an operator──▶ completed(outcome, by) | never_ran(by)
+        in_flight ──release / ttl expiry──▶ absent   (only claims taken with a ttl)
+        in_flight ──release(undispatched), same holder──▶ absent   (a call never sent)
+        completed ──claim──▶ returned unchanged
+        never_ran ──claim──▶ in_flight               (the operator said it never ran)
+    """
+
+    async def claim(
+        self,
+        key: str,
+        *,
+        holder: str,
+        tenant: str,
+        run_id: str,
+        iteration: int | None,
+        tool: str | None,
+        call_id: str | None,
+        flags: ToolFlags | None,
+        fence: int | None = None,
+        ttl: float | None = None,
+        takeover: bool = False,
+    ) -> IdempotencyRecord:
+        """Claim ``key`` and return the record as it stands after the call.
+
+        The caller owns the claim iff the result is ``in_flight`` under ``holder``. A claim
+        by the same holder on its own in-flight record renews its ttl. A record in flight
+        under another holder is returned unchanged unless ``takeover=True``. For a tool-call
+        claim (``tool`` set) the fence is checked (``StaleFenceError``) before anything else.
+        A run's resume claim (``tool is None``, with a ttl) is taken before any lease exists,
+        so it is not fenced: its ``fence`` is ignored and never raises the highest seen.
+        """
+        ...
+
+    async def complete(
+        self, key: str, outcome: bytes, *, tenant: str, holder: str
+    ) -> IdempotencyRecord:
+        """Record the outcome of a claim held by ``holder``.
+
+        Not fenced: a superseded holder may still record what a call it started produced.
+        Completing a record this holder does not hold in flight raises ``StaleFenceError``;
+        completing one already completed by this holder returns it unchanged.
+        """
+        ...
+
+    async def release(
+        self, key: str, *, tenant: str, holder: str, undispatched: bool = False
+    ) -> None:
+        """Drop a ttl claim held in flight by ``holder``. Tool-call claims are never
+        released, except with ``undispatched=True``: the holder says it claimed the call
+        and then did not send it (its lease check stopped it), so nothing is in doubt."""
+        ...
+
+    async def lookup(self, keys: Sequence[str], *, tenant: str) -> dict[str, IdempotencyRecord]:
+        """The tenant's live records of ``keys`` in one round trip; absent keys are left
+        out."""
+        ...
+
+    async def records(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
+        """Every live record of the run (tool calls and the run claim)."""
+        ...
+
+    async def resolve(
+        self,
+        key: str,
+        outcome: bytes | None = None,
+        *,
+        tenant: str,
+        never_ran: bool = False,
+        by: str,
+    ) -> IdempotencyRecord:
+        """An operator settles an in-flight call: its outcome, or that it never ran.
+
+        Raises ``KeyError`` for an unknown key and ``ValueError`` when it is not in flight.
+        """
+        ...
+
+    async def seal(self, tenant: str, run_id: str, fence: int) -> None:
+        """Raise the highest-seen fence for the run without writing data."""
+        ...

@@ -1,0 +1,92 @@
+"""The work index: runs that want a worker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+__all__ = ["WorkIndex", "WorkItem", "WorkState"]
+
+
+class WorkState(StrEnum):
+    """Why a run is in the work index; the order workers take them in, first to last."""
+
+    decided = "decided"  # an approval it waited on was decided
+    wanted = "wanted"  # started and not finished: carried on whenever no lease is live
+    submitted = "submitted"  # never started
+    parked = "parked"  # must not carry on until an operator acts; never taken
+    done = "done"  # wants no worker now (finished, cancelled, waiting on a person)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkItem:
+    """A run that wants a worker (or is parked). ``since`` and ``not_before`` are the
+    store's clock (epoch seconds); ``agent`` names the agent that carries it."""
+
+    tenant: str
+    run_id: str
+    agent: str
+    state: WorkState
+    since: float
+    not_before: float | None = None
+    attempts: int = 0
+    reason: str | None = None
+
+
+@runtime_checkable
+class WorkIndex(Protocol):
+    """A capability of a backend: the runs that want a worker, so that a worker finds its
+    next runs without reading every run. It is an index, not the truth: a worker takes a
+    run it finds through the run's lease, resume claim and frontier like anyone else, so an
+    entry that is stale (a run finished a moment ago, or just taken) costs a look, never a
+    duplicate. The store's clock decides which leases are live.
+    """
+
+    async def submit(self, tenant: str, run_id: str, *, agent: str, input: bytes) -> bool:
+        """Record a run as submitted with its encoded input; ``False`` (and nothing
+        written) when the index already knows the run, in any state or finished."""
+        ...
+
+    async def input(self, tenant: str, run_id: str) -> bytes | None:
+        """The encoded input the run was submitted with, or ``None``."""
+        ...
+
+    async def want(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        agent: str,
+        state: WorkState = WorkState.wanted,
+        delay: float = 0.0,
+        reason: str | None = None,
+    ) -> None:
+        """The run wants a worker (``decided``, ``wanted`` or ``submitted``), not before
+        ``delay`` seconds from now by the store's clock. A retry with a delay counts one
+        more attempt; without one the count starts again. Unparks a parked run."""
+        ...
+
+    async def park(self, tenant: str, run_id: str, *, agent: str, reason: str) -> None:
+        """The run must not be carried on until an operator acts; ``reason`` says why."""
+        ...
+
+    async def done(self, tenant: str, run_id: str) -> None:
+        """The run wants no worker now (finished, cancelled or waiting on a person): it
+        becomes ``done``; a no-op for a run the index does not hold. Its submission (and so
+        ``submit``'s answer for its id) is kept."""
+        ...
+
+    async def due(self, *, limit: int, agents: Sequence[str] | None = None) -> list[WorkItem]:
+        """Up to ``limit`` runs a worker may take now: not parked, past ``not_before``, no
+        live lease; ``decided`` first, then ``wanted``, then ``submitted``, oldest first
+        within each. Only runs of ``agents`` when given."""
+        ...
+
+    async def items(
+        self, tenant: str | None = None, *, state: WorkState | None = None
+    ) -> list[WorkItem]:
+        """The entries of ``tenant`` (every tenant: ``None``) in ``state`` (any but
+        ``done``: ``None``), oldest first: for operators."""
+        ...
