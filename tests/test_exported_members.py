@@ -84,6 +84,7 @@ EXPECTED = {
     "Role",
     "Run",
     "RunFailedError",
+    "RunStartedError",
     "RunLease",
     "RunStatus",
     "ScriptedProvider",

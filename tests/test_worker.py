@@ -445,3 +445,19 @@ async def test_an_operator_sees_why_a_run_is_parked() -> None:
         outputs.append(out.getvalue())
     assert "parked: IndeterminateToolCallError" in outputs[0] and "book_seat" in outputs[0]
     assert outputs[1].startswith("r1 ") and "parked:" in outputs[1]
+
+
+async def test_starting_a_run_that_already_started_says_resume_it_and_is_retryable() -> None:
+    """The resume-or-start race: a start that lost it did nothing and is told to resume
+    (a ResumeConflictError, exit 3), not that it is misconfigured."""
+    from tesserix_adk.errors import ConfigurationError, ResumeConflictError, RunStartedError
+
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)
+    await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    with pytest.raises(RunStartedError, match="resume it instead") as raised:
+        await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    assert isinstance(raised.value, ResumeConflictError)
+    assert not isinstance(raised.value, ConfigurationError)
+    assert raised.value.retryable
+    assert len(airline.bookings) == 1

@@ -19,6 +19,7 @@ reading the attribute, never by matching on names.
     │   ├── IndeterminateToolCallError  nobody can say whether a call ran (.calls)
     │   ├── DivergedRunError            the resumed model asks for something else
     │   ├── ResumeConflictError         another worker holds the run (.holder)
+    │   │   └── RunStartedError         a start found the run started: resume it
     │   ├── RevisionMismatchError       the agent changed since the frontier was written
     │   ├── HistoryUnavailableError     the transcript no longer resolves
     │   ├── NoCheckpointError           nothing checkpointed under that id
@@ -54,6 +55,7 @@ __all__ = [
     "ResumeError",
     "RevisionMismatchError",
     "RunFailedError",
+    "RunStartedError",
     "RunStoppedError",
     "StaleFenceError",
     "StoreReplyLostError",
@@ -192,6 +194,11 @@ class ResumeConflictError(ResumeError):
     def __init__(self, message: str, *, holder: str | None = None) -> None:
         super().__init__(message)
         self.holder = holder
+
+
+class RunStartedError(ResumeConflictError):
+    """``run`` found the run already started (another worker got there first, or an
+    earlier attempt did): nothing was done; resume it instead. Retryable, as a resume."""
 
 
 class RevisionMismatchError(ResumeError):

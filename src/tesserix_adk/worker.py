@@ -38,6 +38,7 @@ from tesserix_adk.errors import (
     ResumeConflictError,
     RevisionMismatchError,
     RunFailedError,
+    RunStartedError,
     RunStoppedError,
     StaleFenceError,
 )
@@ -242,10 +243,7 @@ class Worker:
                 state=submission.state,
                 stop=self._stop,
             )
-        except ConfigurationError:
-            assert self.runner.checkpoints is not None
-            if await self.runner.checkpoints.store.latest(item.tenant, item.run_id) is None:
-                raise
+        except RunStartedError:
             return None  # another worker started it in between: resume it instead
 
     def _ended(self, item: WorkItem, result: Run, verb: str) -> Carried:

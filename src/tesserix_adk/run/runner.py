@@ -31,6 +31,7 @@ from tesserix_adk.errors import (
     LeaseHeldError,
     NoCheckpointError,
     ResumeConflictError,
+    RunStartedError,
 )
 from tesserix_adk.leases import NEVER_RAN_MARGIN, Leaseholder, LeasePolicy
 from tesserix_adk.messages import Message
@@ -208,7 +209,7 @@ class AgentRunner:
             if self.checkpoints is not None:
                 existing = await self.checkpoints.store.latest(tenant, run_id)
                 if existing is not None:
-                    raise ConfigurationError(
+                    raise RunStartedError(
                         f"run {run_id!r} already has a frontier; resume it instead of "
                         "starting it again"
                     )
