@@ -170,6 +170,7 @@ def _open_memory(url: str, netloc: str, path: str, query: str) -> Stores:
         MemoryIdempotencyStore,
         MemoryLeaseStore,
         MemoryLedger,
+        MemoryWorkIndex,
     )
 
     if netloc or path:
@@ -177,13 +178,16 @@ def _open_memory(url: str, netloc: str, path: str, query: str) -> Stores:
             f"a memory store URL takes no host or path: use 'memory://', not {url!r}"
         )
     options, _ = store_options(url, query, "memory", driver=False)
+    leases = MemoryLeaseStore()
     return Stores(
         checkpoints=MemoryCheckpointStore(keep_last=keep_last_option(url, options)),
         idempotency=MemoryIdempotencyStore(),
-        leases=MemoryLeaseStore(),
+        leases=leases,
         history=MemoryHistoryStore(),
         ledger=MemoryLedger(),
         approvals=MemoryApprovalStore(),
+        # On the same lease store, so a lease the runner holds keeps the run out of ``due``.
+        work=MemoryWorkIndex(leases),
         url=url,
     )
 
