@@ -18,7 +18,7 @@ import pytest
 from adapters.services import postgres_schema, redis_stores, schema_url
 from tesserix_adk.cli import ExitCode, frontier_main
 from tesserix_adk.errors import ConfigurationError
-from tesserix_adk.leases import NEVER_RAN_MARGIN, LeasePolicy, Leaseholder, never_ran_wait
+from tesserix_adk.leases import NEVER_RAN_MARGIN, Leaseholder, LeasePolicy, never_ran_wait
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import run_listing, step_history
 from tesserix_adk.stores.memory.checkpoints import MemoryCheckpointStore
@@ -400,7 +400,7 @@ def test_a_bad_margin_is_a_usage_error_in_one_sentence(make_stores: Any, margin:
         await asyncio.sleep(0.2)
 
     _in(make_stores(), go)
-    code, out, err = _resolve(make_stores, "call_1_0", "--never-ran", f"--margin={margin}")
+    code, _, err = _resolve(make_stores, "call_1_0", "--never-ran", f"--margin={margin}")
     assert code == ExitCode.USAGE, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "margin" in lines[0], err
