@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -504,3 +506,75 @@ def test_a_wrapper_declares_only_what_its_inner_store_offers(wrapper: str) -> No
         wrapped = FaultyCheckpointStore(inner)  # type: ignore[arg-type]
     assert not isinstance(wrapped, StepHistory)
     assert not isinstance(wrapped, RunListing)
+
+
+# --- a released lease while the claimant's sync tool thread still runs ---------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "a run cancelled while its sync tool's thread is still inside the call releases its "
+        "lease at once, so resolve --never-ran is accepted one margin later although that "
+        "thread can still send the call"
+    ),
+)
+def test_never_ran_is_refused_while_a_cancelled_runs_tool_thread_still_runs(
+    tmp_path: Path,
+) -> None:
+    from tesserix_adk import Agent, AgentRunner, Checkpointer, ScriptedProvider, tool
+
+    url = f"sqlite:///{tmp_path / 'adk.sqlite3'}"
+
+    async def apply() -> None:
+        async with open_stores(url) as stores:
+            await stores.create_schema()
+
+    asyncio.run(apply())
+    started, cancelled, go = threading.Event(), threading.Event(), threading.Event()
+    sent: list[str] = []
+
+    @tool
+    def book_seat(flight: str) -> str:
+        """Book a seat (a blocking HTTP call that has not left yet)."""
+        started.set()
+        go.wait(10)
+        sent.append(flight)
+        return "booked"
+
+    async def carrier() -> None:
+        async with open_stores(url) as stores:
+            runner = AgentRunner(
+                ScriptedProvider([[("book_seat", {"flight": "LH123"})], "done"]),
+                idempotency=stores.idempotency,
+                checkpoints=Checkpointer(stores.checkpoints),
+                leases=stores.leases,
+                lease_policy=LeasePolicy(ttl=5, renew_within=2),
+            )
+            agent = Agent("booking", "Book.", [book_seat])
+            task = asyncio.create_task(runner.run(agent, "book", tenant=T, run_id=R))
+            await asyncio.to_thread(started.wait, 10)
+            task.cancel()
+            with pytest.raises(BaseException):  # noqa: B017 - cancelled, however it ends
+                await task
+            cancelled.set()
+
+    worker = threading.Thread(target=lambda: asyncio.run(carrier()))
+    worker.start()
+    try:
+        assert cancelled.wait(10)
+
+        async def key_of(stores: Stores) -> str:
+            (record,) = [r for r in await stores.idempotency.records(T, R) if r.tool]
+            assert record.status is RecordStatus.in_flight
+            return record.key
+
+        key = _in(open_stores(url), key_of)
+        time.sleep(0.7)
+        code, _, err = _resolve(lambda: open_stores(url), key, "--never-ran", "--margin", "0.5")
+        recorded = _status(lambda: open_stores(url), key) is RecordStatus.never_ran
+    finally:
+        go.set()
+        worker.join(15)
+    assert sent == ["LH123"]  # the thread did send it
+    assert code == ExitCode.HELD and not recorded, err
