@@ -578,3 +578,48 @@ def test_never_ran_is_refused_while_a_cancelled_runs_tool_thread_still_runs(
         worker.join(15)
     assert sent == ["LH123"]  # the thread did send it
     assert code == ExitCode.HELD and not recorded, err
+
+
+# --- SQLite: the store's clock is the calling process's wall clock -------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "on SQLite the margin is measured by the resolving process's wall clock, so an "
+        "operator whose clock is 90 s ahead records never-ran for a call whose claimant's "
+        "lease is live for another minute (the known clock limit, issue 20 point 7)"
+    ),
+)
+def test_sqlite_never_ran_from_an_operator_whose_clock_is_ahead(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from reliability.skew import faketime_env, libfaketime
+
+    so = libfaketime()
+    if so is None:
+        pytest.skip("libfaketime is not installed")
+    url = f"sqlite:///{tmp_path / 'adk.sqlite3'}"
+
+    async def claimant(stores: Stores) -> None:
+        await stores.create_schema()
+        lease = await stores.leases.acquire(T, R, "w-live", 60)
+        await _claim(stores, "k-1", "call_1_0", lease.fence)
+
+    _in(open_stores(url), claimant)
+    tesserix = Path(sys.executable).parent / "tesserix"
+    argv = [str(tesserix), "resolve", R, "--store", url, "--tenant", T, "--call", "call_1_0"]
+    done = subprocess.run(
+        [*argv, "--never-ran", "--by", "on-call"],
+        env={**os.environ, **faketime_env(so, "+90s")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    # By the true clock the claimant's lease is live: it may be sending the call now.
+    assert done.returncode == ExitCode.HELD, done.stdout + done.stderr
+    assert _status(lambda: open_stores(url), "k-1") is RecordStatus.in_flight
