@@ -596,7 +596,6 @@ def test_sqlite_never_ran_from_an_operator_whose_clock_is_ahead(tmp_path: Path) 
     import subprocess
     import sys
 
-    sys.path.insert(0, str(Path(__file__).parent))
     from reliability.skew import faketime_env, libfaketime
 
     so = libfaketime()
@@ -623,3 +622,38 @@ def test_sqlite_never_ran_from_an_operator_whose_clock_is_ahead(tmp_path: Path) 
     # By the true clock the claimant's lease is live: it may be sending the call now.
     assert done.returncode == ExitCode.HELD, done.stdout + done.stderr
     assert _status(lambda: open_stores(url), "k-1") is RecordStatus.in_flight
+
+
+async def test_postgres_never_ran_from_an_operator_whose_clock_is_ahead_is_held() -> None:
+    """PostgreSQL decides by the server's clock: a skewed operator changes nothing."""
+    import os
+    import sys
+
+    from reliability.skew import faketime_env, libfaketime
+    from tesserix_adk.adapters.postgres import open_postgres_stores
+
+    so = libfaketime()
+    if so is None:
+        pytest.skip("libfaketime is not installed")
+    async with postgres_schema() as schema:
+        url = schema_url(schema)
+        stores = open_postgres_stores(url)
+        try:
+            await stores.create_schema()
+            lease = await stores.leases.acquire(T, R, "w-live", 60)
+            await _claim(stores, "k-1", "call_1_0", lease.fence)
+            tesserix = Path(sys.executable).parent / "tesserix"
+            proc = await asyncio.create_subprocess_exec(
+                str(tesserix),
+                *("resolve", R, "--store", url, "--tenant", T, "--call", "call_1_0"),
+                *("--never-ran", "--by", "on-call"),
+                env={**os.environ, **faketime_env(so, "+90s")},
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == ExitCode.HELD, (out + err).decode()
+            (record,) = [r for r in await stores.idempotency.records(T, R) if r.tool]
+            assert record.status is RecordStatus.in_flight
+        finally:
+            await stores.aclose()
