@@ -657,3 +657,42 @@ async def test_postgres_never_ran_from_an_operator_whose_clock_is_ahead_is_held(
             assert record.status is RecordStatus.in_flight
         finally:
             await stores.aclose()
+
+
+class _ComeAndGo:
+    """A lease store where another holder takes and releases the run right after the
+    operator's first look (``ended_ago``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def ended_ago(self, tenant: str, run_id: str) -> float | None:
+        ago = await self.inner.ended_ago(tenant, run_id)
+        b = await self.inner.acquire(tenant, run_id, "B", 30)
+        await self.inner.release(b)
+        return ago  # type: ignore[no-any-return]
+
+
+def test_never_ran_sees_a_holder_that_came_and_went_after_the_first_look(
+    make_stores: Any,
+) -> None:
+    from dataclasses import replace
+
+    async def go(stores: Stores) -> None:
+        a = await stores.leases.acquire(T, R, "A", 0.1)
+        await _claim(stores, "k-1", "call_1_0", a.fence)
+        await asyncio.sleep(1.2)
+
+    _in(make_stores(), go)
+
+    def racing() -> Stores:
+        stores = make_stores()
+        return replace(stores, leases=_ComeAndGo(stores.leases))
+
+    code, _, err = _resolve(racing, "call_1_0", "--never-ran", "--margin", "1")
+    assert code == ExitCode.HELD, err
+    assert "margin" in err
+    assert _status(make_stores, "k-1") is RecordStatus.in_flight
