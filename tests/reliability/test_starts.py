@@ -1,10 +1,10 @@
 """Two workers starting one run: the resume-or-start race (found by the delayed-reply trials).
 
 A worker resumes, finds no frontier, and starts the run; meanwhile another worker started it
-(and here carried it to its end). The late starter is refused, safely (nothing is done
-twice), with "run ... already has a frontier; resume it instead of starting it again", but
-as a ``ConfigurationError`` whose ``retryable`` is ``False``: a caller following the error
-tree's advice gives up on a run it should resume, though nothing is misconfigured.
+(and here carried it to its end). The late starter must be refused safely (nothing done
+twice) and as "not now, resume it": retryable. The trials found it refused as a
+``ConfigurationError`` with ``retryable`` ``False``; the kit now raises ``RunStartedError``
+(a ``ResumeConflictError``), and this test holds it there.
 """
 
 from __future__ import annotations
@@ -12,17 +12,10 @@ from __future__ import annotations
 import random
 import time
 
-import pytest
-
 from reliability.harness import Site
 from reliability.history import read_history
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AgentRunner.run on a run another worker started meanwhile raises "
-    "ConfigurationError (retryable=False) instead of a retryable 'resume it' refusal",
-)
 def test_a_start_that_lost_the_race_is_told_to_resume_not_that_it_is_misconfigured(
     site: Site,
 ) -> None:
@@ -40,5 +33,5 @@ def test_a_start_that_lost_the_race_is_told_to_resume_not_that_it_is_misconfigur
     (result,) = [e for e in events if e.ev == "result" and e.proc == late.label]
     # Nothing happened twice either way.
     assert site.verdict().ok, site.verdict().explain()
-    assert result["verdict"] == "start_raced", result.fields
-    assert result["retryable"] is True, result["error"]
+    assert result["verdict"] == "held", result.fields
+    assert result["error"].startswith("RunStartedError"), result["error"]

@@ -38,7 +38,6 @@ from tesserix_adk import Agent, tool
 from tesserix_adk.cli.commands import frontier_main
 from tesserix_adk.errors import (
     AdkError,
-    ConfigurationError,
     IndeterminateToolCallError,
     LeaseHeldError,
     LeaseLostError,
@@ -322,18 +321,11 @@ async def _carry(args: argparse.Namespace, rec: Recorder) -> int:
         except NoCheckpointError:
             faults.at("before_start")
             run = await runner.run(agent, INPUT, tenant=TENANT, run_id=args.run)
-    except ConfigurationError as exc:
-        extra = {"error": _err(exc)}
-        if "already has a frontier" in str(exc):
-            # Another worker started the run between this one's resume and its start. Safe
-            # (nothing was done twice) and "resume it instead" is right, but the kit says so
-            # as a ConfigurationError that is not retryable; test_starts.py keeps that xfail.
-            code, verdict = EXIT_NOT_NOW, "start_raced"
-            extra["retryable"] = exc.retryable
     except IndeterminateToolCallError as exc:
         code, verdict = EXIT_REFUSED, "refused"
         extra = {"keys": sorted(str(c.key) for c in exc.calls), "error": _err(exc)}
     except (ResumeConflictError, LeaseHeldError) as exc:
+        # Also a start that lost the race to another start (RunStartedError: resume it).
         code, verdict, extra = EXIT_NOT_NOW, "held", {"error": _err(exc)}
     except (LeaseLostError, StaleFenceError) as exc:
         code, verdict, extra = EXIT_NOT_NOW, "superseded", {"error": _err(exc)}
