@@ -122,6 +122,7 @@ async def test_create_schema_creates_the_directory_file_and_tables(tmp_path: Pat
         "adk_history",
         "adk_ledger",
         "adk_approvals",
+        "adk_work",
     ):
         assert table in tables
         assert table in SQLITE_SCHEMA

@@ -3,9 +3,10 @@
 The embedded default. ``SqliteDatabase`` (``database.py``) owns the file: one connection,
 used from one worker thread, every decision taken inside ``BEGIN IMMEDIATE``. The stores
 (``checkpoints.py``, ``idempotency.py``, ``leases.py``, ``history.py``, ``ledger.py``,
-``approvals.py``) share their fence and clock helpers (``fencing.py``); the schema is the
-SQL files in ``migrations/`` (``schema.py`` reads them). ``open_sqlite_stores`` (``bundle.py``)
-puts the six on one file.
+``approvals.py``) share their fence and clock helpers (``fencing.py``); ``work.py`` is the
+work index (the runs that want a worker), which reads the leases' table by the same clock.
+The schema is the SQL files in ``migrations/`` (``schema.py`` reads them).
+``open_sqlite_stores`` (``bundle.py``) puts the six and the work index on one file.
 
 ``SQLITE_MIGRATIONS``, ``SQLITE_SCHEMA_VERSION`` and ``SQLITE_SCHEMA`` are read from the
 migration files when asked for, never at import; a database reads them once, when built
@@ -23,6 +24,7 @@ from tesserix_adk.stores.sqlite.idempotency import SqliteIdempotencyStore
 from tesserix_adk.stores.sqlite.leases import SqliteLeaseStore
 from tesserix_adk.stores.sqlite.ledger import SqliteLedger
 from tesserix_adk.stores.sqlite.schema import SqliteSchema
+from tesserix_adk.stores.sqlite.work import SqliteWorkIndex
 
 __all__ = [
     "SQLITE_MIGRATIONS",
@@ -36,6 +38,7 @@ __all__ = [
     "SqliteLeaseStore",
     "SqliteLedger",
     "SqliteSchema",
+    "SqliteWorkIndex",
     "open_sqlite_stores",
 ]
 

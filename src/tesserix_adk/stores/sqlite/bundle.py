@@ -1,4 +1,4 @@
-"""The six SQLite stores on one file, as a ``Stores`` bundle."""
+"""The six SQLite stores and the work index on one file, as a ``Stores`` bundle."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from tesserix_adk.stores.sqlite.history import SqliteHistoryStore
 from tesserix_adk.stores.sqlite.idempotency import SqliteIdempotencyStore
 from tesserix_adk.stores.sqlite.leases import SqliteLeaseStore
 from tesserix_adk.stores.sqlite.ledger import SqliteLedger
+from tesserix_adk.stores.sqlite.work import SqliteWorkIndex
 
 __all__ = ["open_sqlite_stores"]
 
@@ -24,7 +25,8 @@ def open_sqlite_stores(
     synchronous: Literal["full", "normal"] | str = "full",
     url: str | None = None,
 ) -> Stores:
-    """The six SQLite stores on one file, as a ``Stores`` bundle; no I/O until first use.
+    """The six SQLite stores and the work index on one file, as a ``Stores`` bundle; no
+    I/O until first use.
 
     ``await stores.create_schema()`` creates the file and its tables; ``aclose()`` closes it.
     """
@@ -36,6 +38,8 @@ def open_sqlite_stores(
         history=SqliteHistoryStore(database),
         ledger=SqliteLedger(database),
         approvals=SqliteApprovalStore(database),
+        # On the same file as the leases: due skips runs whose lease is live there.
+        work=SqliteWorkIndex(database),
         url=database.url if url is None else url,
         on_create_schema=database.create_schema,
         on_verify=database.verify,
