@@ -7,6 +7,7 @@ decide, without the agent at hand, whether a call that may have run can be sent 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -242,12 +243,28 @@ async def call_maybe_async(
     if _is_async(fn):
         return await cast(Callable[..., Awaitable[Any]], fn)(**kwargs)
     if thread:
-        result = await asyncio.to_thread(functools.partial(_in_thread, fn, kwargs))
+        result = await _until_the_thread_returns(functools.partial(_in_thread, fn, kwargs))
     else:
         result = fn(**kwargs)
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+async def _until_the_thread_returns(call: Callable[[], Any]) -> Any:
+    """``call()`` in a worker thread. A thread cannot be cancelled: cancelled meanwhile,
+    this still waits for it to return before the cancellation goes on, so the run keeps
+    its lease (and its renewals) for as long as the call may still be sending."""
+    done = asyncio.ensure_future(asyncio.to_thread(call))
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        while not done.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({done})
+        if not done.cancelled():
+            done.exception()  # retrieved; the cancellation is what the caller gets
+        raise
 
 
 def _in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
