@@ -139,14 +139,6 @@ async def test_redis_a_resent_acquire_reports_the_same_previous_end() -> None:
         assert other[0] == b"held"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "PostgreSQL acquire reports previous_end from the statement's snapshot, so a lease "
-        "taken and released after that snapshot (while the acquire waited on the row) is "
-        "missed and an older, earlier end is reported"
-    ),
-)
 async def test_postgres_acquire_racing_a_take_and_release_reports_the_latest_end() -> None:
     import psycopg
 
