@@ -327,13 +327,6 @@ def test_an_outcome_within_the_margin_is_recorded(make_stores: Any) -> None:
     assert _status(make_stores, "k-1") is RecordStatus.completed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a --never-ran refused after the lease was taken (the call is no longer in flight) "
-        "still ends a lease of its own, so the margin of every other call in doubt starts over"
-    ),
-)
 def test_a_refused_never_ran_does_not_push_the_margin_back(make_stores: Any) -> None:
     async def go(stores: Stores) -> None:
         a = await stores.leases.acquire(T, R, "A", 0.1)
@@ -353,14 +346,6 @@ def test_a_refused_never_ran_does_not_push_the_margin_back(make_stores: Any) -> 
     assert code == ExitCode.CARRIED_ON, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "resolve --never-ran checks only the lease store, so a call claimed by a run carried "
-        "without a lease (held by its live resume claim) is recorded never-ran at once while "
-        "its claimant may be sending it"
-    ),
-)
 def test_never_ran_is_refused_while_a_leaseless_carrier_holds_the_run_claim(
     make_stores: Any,
 ) -> None:
@@ -477,14 +462,6 @@ def test_the_minimal_store_is_declared_without_the_capabilities() -> None:
         run_listing(store)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the shipped wrappers (PausingCheckpointStore, FaultyCheckpointStore) always declare "
-        "StepHistory and RunListing, even around a store that offers neither, so an "
-        "isinstance check (the conformance suites' skip) is told a capability that is not there"
-    ),
-)
 @pytest.mark.parametrize("wrapper", ["pausing", "faulty"])
 def test_a_wrapper_declares_only_what_its_inner_store_offers(wrapper: str) -> None:
     inner = _Minimal(MemoryCheckpointStore())

@@ -153,7 +153,7 @@ def _churn(
     *,
     agent: str = "chaos_agent:agent",
     until: Any = None,
-    seconds: float = 90.0,
+    seconds: float = 240.0,
 ) -> tuple[list[subprocess.Popen[str]], int]:
     """Three workers, one SIGKILLed about every second and replaced, until ``until()`` or
     every run finished; the live workers and the number of kills."""
@@ -226,7 +226,7 @@ def test_without_a_reconciler_runs_in_doubt_are_parked_until_an_operator_resolve
         parked = {i.run_id for i in _parked(site)}
         return bool(parked) and all(s == "completed" or r in parked for r, s in statuses.items())
 
-    workers, _ = _churn(site, run_ids, agent=agent, until=settled, seconds=120)
+    workers, _ = _churn(site, run_ids, agent=agent, until=settled, seconds=240)
     parked = _parked(site)
     assert parked and all("book_seat" in (i.reason or "") for i in parked)
     # Parked means left alone: nothing moves for a while, workers running.

@@ -27,6 +27,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.leases import never_ran_wait
 from tesserix_adk.messages import ToolOutcome
+from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import run_listing, step_history
 from tesserix_adk.stores.protocols import (
@@ -256,10 +257,13 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
             content = json.loads(args.outcome)
         except ValueError as exc:
             raise UsageError(f"--outcome is not valid JSON: {exc}") from exc
-    if args.never_ran:
-        # Asked before the lease is taken: a refused try must not itself end a lease and so
-        # push the margin back.
-        _margin_passed(args, record, await stores.leases.ended_ago(args.tenant, args.run))
+    await _no_live_resumer(stores, args)
+    if await stores.leases.current(args.tenant, args.run) is None:
+        # Asked before the lease is taken: a refused try must not itself end a lease (and
+        # so push back the margin of every other call in doubt).
+        _in_flight(record, args)
+        if args.never_ran:
+            _margin_passed(args, record, await stores.leases.ended_ago(args.tenant, args.run))
     # The operator carries the run while recording what happened, so no worker can take it
     # (and run on with, or re-send, the call being decided) in between; the acquisition also
     # raises the run's fence, so a worker whose lease lapsed is fenced out of its writes.
@@ -290,6 +294,25 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
                 f"the operator's lease on the run could not be released ({escaped(str(exc))}); "
                 f"it lapses within {RESOLVE_LEASE_TTL:g} s\n"
             )
+
+
+async def _no_live_resumer(stores: Stores, args: argparse.Namespace) -> None:
+    """A run carried without a lease store is held by its resume claim alone: while that
+    claim is live, its holder may be sending the very call being decided."""
+    key = run_claim_key(args.tenant, args.run)
+    claim = (await stores.idempotency.lookup([key], tenant=args.tenant)).get(key)
+    if claim is None or claim.status is not RecordStatus.in_flight:
+        return
+    # The claim's expiry is the store's clock; this host's clock only reads it, and a host
+    # clock that is behind keeps the refusal longer, never shorter.
+    if claim.expires_at is not None and claim.expires_at <= time.time():
+        return
+    until = "" if claim.expires_at is None else f" until {iso_time(claim.expires_at)}"
+    raise ResumeConflictError(
+        f"run {args.run!r} is being resumed by {claim.holder}{until}; resolve a call only "
+        "once nobody carries the run",
+        holder=claim.holder,
+    )
 
 
 def _in_flight(record: IdempotencyRecord, args: argparse.Namespace) -> None:

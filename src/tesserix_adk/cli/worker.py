@@ -22,7 +22,6 @@ from tesserix_adk.errors import AdkError
 from tesserix_adk.leases import LeasePolicy
 from tesserix_adk.providers.base import ModelRequest, ModelResponse
 from tesserix_adk.runner import AgentRunner
-from tesserix_adk.stores.capabilities import run_listing, step_history
 from tesserix_adk.stores.protocols import CheckpointStore, StoredCheckpoint
 from tesserix_adk.stores.urls import open_stores
 
@@ -82,17 +81,17 @@ class PausingCheckpointStore:
         """Delegates."""
         return await self.inner.latest(tenant, run_id)
 
-    async def at(self, tenant: str, run_id: str, step: int) -> StoredCheckpoint | None:
-        """Delegates."""
-        return await step_history(self.inner).at(tenant, run_id, step)
+    def __getattr__(self, name: str) -> Any:
+        # The optional capabilities (step history, run listing) are the inner store's own:
+        # offered here exactly when it offers them, so an isinstance check tells the truth.
+        if name not in ("at", "steps", "runs"):
+            raise AttributeError(name)
+        inner = getattr(self.inner, name)  # AttributeError: the inner store lacks it too
 
-    async def steps(self, tenant: str, run_id: str) -> list[int]:
-        """Delegates."""
-        return await step_history(self.inner).steps(tenant, run_id)
+        async def delegated(*args: Any, **kwargs: Any) -> Any:
+            return await inner(*args, **kwargs)
 
-    async def runs(self, tenant: str) -> list[str]:
-        """Delegates."""
-        return await run_listing(self.inner).runs(tenant)
+        return delegated
 
     async def forget(self, tenant: str, run_id: str) -> None:
         """Delegates."""

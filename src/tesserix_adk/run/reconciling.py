@@ -52,16 +52,17 @@ async def reconcile_in_doubt(
     ]
     if not askable:
         return False
-    if attempt.lease is not None:
-        wait = never_ran_wait(attempt.lease.since_previous_end(), margin)
-        if wait > 0:
-            # The lease keeps renewing meanwhile; the run is held, nobody else moves.
-            _log.info(
-                "run %s: waiting %.1f s past the previous lease before asking reconcilers",
-                run_id,
-                wait,
-            )
-            await asyncio.sleep(wait)
+    # Without a lease store nothing says when the last carrier stopped: wait a whole margin.
+    ended = attempt.lease.since_previous_end() if attempt.lease is not None else 0.0
+    wait = never_ran_wait(ended, margin)
+    if wait > 0:
+        # The lease keeps renewing meanwhile; the run is held, nobody else moves.
+        _log.info(
+            "run %s: waiting %.1f s past the previous lease before asking reconcilers",
+            run_id,
+            wait,
+        )
+        await asyncio.sleep(wait)
     recorded = False
     for pc, tool in askable:
         attempt.guard()

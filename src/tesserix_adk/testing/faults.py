@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tesserix_adk.errors import StoreReplyLostError, StoreUnavailableError
-from tesserix_adk.stores.capabilities import run_listing, step_history
 from tesserix_adk.stores.protocols import (
     CheckpointStore,
     IdempotencyRecord,
@@ -75,18 +74,19 @@ class FaultyCheckpointStore:
         self.reads += 1
         return await self.inner.latest(tenant, run_id)
 
-    async def at(self, tenant: str, run_id: str, step: int) -> StoredCheckpoint | None:
-        """Delegates (counted)."""
-        self.reads += 1
-        return await step_history(self.inner).at(tenant, run_id, step)
+    def __getattr__(self, name: str) -> Any:
+        # The optional capabilities (step history, run listing) are the inner store's own:
+        # offered here exactly when it offers them, so an isinstance check tells the truth.
+        if name not in ("at", "steps", "runs"):
+            raise AttributeError(name)
+        inner = getattr(self.inner, name)  # AttributeError: the inner store lacks it too
 
-    async def steps(self, tenant: str, run_id: str) -> list[int]:
-        """Delegates."""
-        return await step_history(self.inner).steps(tenant, run_id)
+        async def delegated(*args: Any, **kwargs: Any) -> Any:
+            if name == "at":
+                self.reads += 1
+            return await inner(*args, **kwargs)
 
-    async def runs(self, tenant: str) -> list[str]:
-        """Delegates."""
-        return await run_listing(self.inner).runs(tenant)
+        return delegated
 
     async def forget(self, tenant: str, run_id: str) -> None:
         """Delegates."""
