@@ -28,10 +28,8 @@ MODULES = sorted(
     if not m.name.endswith(".__main__")
 )
 
-# Imports the layer rule allows for now, by (module, enclosing function): the deprecated
-# ``Stores.checkpointer()`` stays until ``cli/frontier.py`` and ``tests/reliability/
-# worker.py`` call ``Checkpointer.from_stores``; it imports inside the method only.
-TRANSITIONAL = {("tesserix_adk.stores.bundle", "Stores.checkpointer")}
+# Imports the layer rule allows, by (module, enclosing function): none.
+TRANSITIONAL: set[tuple[str, str]] = set()
 
 # The first import, with the top-level package bare: its ``__init__`` is not run, so the
 # named module's own imports decide the order.

@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # run as a script: make ``reliability`` importabl
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from reliability.history import Recorder, now
-from tesserix_adk import Agent, tool
+from tesserix_adk import Agent, Checkpointer, tool
 from tesserix_adk.cli.commands import frontier_main
 from tesserix_adk.errors import (
     AdkError,
@@ -305,7 +305,7 @@ async def _carry(args: argparse.Namespace, rec: Recorder) -> int:
     runner = AgentRunner(
         provider,
         idempotency=stores.idempotency,
-        checkpoints=stores.checkpointer(),
+        checkpoints=Checkpointer.from_stores(stores),
         leases=stores.leases,
         ledger=stores.ledger,
         approvals=stores.approvals,

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
 
 from tesserix_adk.stores.protocols import (
     ApprovalStore,
@@ -46,18 +45,6 @@ class Stores:
     on_verify: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
     on_close: Sequence[Callable[[], Awaitable[None]]] = field(default=(), repr=False)
     schema: str | None = field(default=None, repr=False)
-
-    def checkpointer(self, **kwargs: Any) -> Any:
-        """Deprecated: ``Checkpointer.from_stores(stores)``.
-
-        Kept only while two callers outside this change still use it (``cli/frontier.py``
-        and ``tests/reliability/worker.py``); the import is local, so loading this module
-        loads nothing of ``checkpoint``. Remove it, and the allowance for it in
-        ``tests/test_import_layers.py``, once they call ``Checkpointer.from_stores``.
-        """
-        from tesserix_adk.checkpoint.checkpointer import Checkpointer  # transitional
-
-        return Checkpointer.from_stores(self, **kwargs)
 
     async def create_schema(self) -> None:
         """Apply the backend's schema; idempotent. A no-op for backends without one."""
