@@ -114,3 +114,56 @@ def test_worker_paused_past_its_ttl_is_refused_by_the_fence_after_sigcont(site: 
 def _stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_ctrl_c_of_run_resume_releases_its_lease_and_resume_claim(site: Site) -> None:
+    """A clean interrupt leaves nothing behind: the next resume need not wait out a 5-minute
+    resume claim nobody holds."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from processes import AGENT, TENANT
+    from tesserix_adk import open_stores
+    from tesserix_adk.run.attempt import run_claim_key
+    from tesserix_adk.stores.protocols import RecordStatus
+
+    site.kill_at("ctrl-c", "model_call")
+    site.wait_lease_lapsed("ctrl-c")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tesserix_adk",
+            "run",
+            "--resume",
+            "ctrl-c",
+            "--tenant",
+            TENANT,
+            "--agent",
+            AGENT,
+        ],
+        env={**site.env, "ADK_DEMO_DELAY": "2"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    async def held() -> tuple[object, object]:
+        async with open_stores(site.store) as stores:
+            key = run_claim_key(TENANT, "ctrl-c")
+            claim = (await stores.idempotency.lookup([key], tenant=TENANT)).get(key)
+            return await stores.leases.current(TENANT, "ctrl-c"), claim
+
+    deadline = time.monotonic() + 30
+    while asyncio.run(held())[0] is None:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    lease, claim = asyncio.run(held())
+    assert lease is None
+    assert claim is None or claim.status is not RecordStatus.in_flight  # type: ignore[attr-defined]
+    assert site.bookings("ctrl-c") <= 1
