@@ -461,3 +461,11 @@ async def test_starting_a_run_that_already_started_says_resume_it_and_is_retryab
     assert not isinstance(raised.value, ConfigurationError)
     assert raised.value.retryable
     assert len(airline.bookings) == 1
+
+
+def test_a_workers_resume_claims_lapse_with_its_leases() -> None:
+    stores = _stores()
+    runner = _runner(stores)
+    assert runner.resume_claim_ttl > runner.lease_policy.ttl
+    Worker(runner, [_agent(Airline())])
+    assert runner.resume_claim_ttl == runner.lease_policy.ttl

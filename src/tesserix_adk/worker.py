@@ -117,6 +117,10 @@ class Worker:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
         self.runner = runner
+        if runner.leases is not None:
+            # A worker killed with SIGKILL strands its runs for a lease ttl, no longer: its
+            # resume claims lapse with its leases, not after the CLI's five minutes.
+            runner.resume_claim_ttl = min(runner.resume_claim_ttl, runner.lease_policy.ttl)
         self.work: WorkIndex = runner.work
         named = agents if isinstance(agents, Mapping) else {a.name: a for a in agents}
         if not named:
