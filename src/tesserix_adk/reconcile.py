@@ -42,6 +42,18 @@ class Reconciled:
     found: ReconciledAs
     content: Any = None
 
+    def __post_init__(self) -> None:
+        # ``Reconciled("unknown")`` is a natural slip; anything that is not one of the
+        # three answers is refused here, so it reaches the runner as a failed reconciler
+        # (unknown), never as a guess.
+        try:
+            found = ReconciledAs(self.found)
+        except ValueError:
+            raise ValueError(
+                f"a reconciler answers completed, never_ran or unknown, not {self.found!r}"
+            ) from None
+        object.__setattr__(self, "found", found)
+
     @classmethod
     def completed(cls, content: Any) -> Reconciled:
         """The call happened; ``content`` is what the tool would have returned."""

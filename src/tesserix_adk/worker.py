@@ -74,6 +74,14 @@ class Backoff:
     base: float = 1.0
     cap: float = 60.0
 
+    def __post_init__(self) -> None:
+        # A zero delay retries in a tight loop; the attempts would never be counted either.
+        if not (0 < self.base <= self.cap < float("inf")):
+            raise ConfigurationError(
+                f"Backoff needs 0 < base <= cap (finite seconds), got base={self.base!r}, "
+                f"cap={self.cap!r}"
+            )
+
     def delay(self, attempts: int, rng: random.Random) -> float:
         """Seconds before try number ``attempts + 1``."""
         full = min(self.cap, self.base * 2.0 ** max(0, attempts))
@@ -143,9 +151,18 @@ class Worker:
     async def run(self) -> None:
         """Carry runs until ``drain()`` (or, with ``exit_when_idle``, until nothing is due
         and nothing runs); then stop every run at its next boundary and return."""
+        blips = 0
         try:
             while not self._draining.is_set():
-                started = await self.poll()
+                try:
+                    started = await self.poll()
+                    blips = 0
+                except Exception as exc:  # the store is down for a while: keep the worker
+                    blips += 1
+                    delay = self.backoff.delay(blips - 1, self._rng)
+                    _log.warning("finding work failed (%r); trying again in %.1f s", exc, delay)
+                    await self._nap(delay)
+                    continue
                 if self.exit_when_idle and not started and not self._running:
                     return
                 if started == 0 or len(self._running) >= self.concurrency:
@@ -185,10 +202,10 @@ class Worker:
         self._running.pop(key, None)
         self._wake.set()
 
-    async def _nap(self) -> None:
+    async def _nap(self, seconds: float | None = None) -> None:
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+            await asyncio.wait_for(self._wake.wait(), seconds or self.poll_interval)
 
     async def _drain_running(self) -> None:
         self._draining.set()
@@ -280,7 +297,9 @@ class Worker:
                 item.tenant,
                 item.run_id,
                 agent=item.agent,
-                state=WorkState.wanted if item.state is not WorkState.submitted else item.state,
+                # Wanted even if it was only submitted: the runner marks it so as it starts,
+                # and a change of state would start the count of tries again.
+                state=WorkState.wanted,
                 delay=delay,
                 reason=reason,
             )

@@ -67,14 +67,14 @@ async def reconcile_in_doubt(
     for pc, tool in askable:
         attempt.guard()
         answer = await _ask(tool, pc, attempt, tenant=tenant, run_id=run_id)
-        if answer.found is ReconciledAs.unknown:
+        if answer.found not in (ReconciledAs.completed, ReconciledAs.never_ran):
             continue
         assert pc.key is not None
         by = f"reconciler:{tool.name}"
         attempt.guard()
         if answer.found is ReconciledAs.never_ran:
             await parts.idempotency.resolve(pc.key, tenant=tenant, never_ran=True, by=by)
-        else:
+        elif answer.found is ReconciledAs.completed:
             outcome = ToolOutcome(call_id=pc.call_id or "", content=answer.content)
             encoded = encode_outcome(outcome, parts.redactor)
             await parts.idempotency.resolve(pc.key, encoded, tenant=tenant, by=by)

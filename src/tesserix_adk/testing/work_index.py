@@ -129,6 +129,12 @@ class WorkIndexConformance(ClockedConformance):
             await work_index.want(T, "r1", agent=A, delay=LONG)
         (item,) = await work_index.items(T)
         assert item.attempts == 3
+        # The runner marking the run it carries as wanted keeps the count of retries...
+        await work_index.want(T, "r1", agent=A)
+        (item,) = await work_index.items(T)
+        assert (item.attempts, item.not_before) == (3, None)
+        # ...an operator's act (a parked run wanted again) starts it again.
+        await work_index.park(T, "r1", agent=A, reason="in doubt")
         await work_index.want(T, "r1", agent=A)
         (item,) = await work_index.items(T)
         assert (item.attempts, item.not_before) == (0, None)

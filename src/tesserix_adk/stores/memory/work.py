@@ -65,7 +65,12 @@ class MemoryWorkIndex:
             )
         now = self._clock()
         entry = self._entries.get((tenant, run_id))
-        attempts = (entry.item.attempts if entry is not None else 0) + 1 if delay > 0 else 0
+        if delay > 0:
+            attempts = (entry.item.attempts if entry is not None else 0) + 1
+        elif entry is not None and entry.item.state is state:
+            attempts = entry.item.attempts  # the runner carrying it keeps the retry count
+        else:
+            attempts = 0
         since = entry.item.since if entry is not None and entry.item.state is state else now
         item = WorkItem(
             tenant=tenant,

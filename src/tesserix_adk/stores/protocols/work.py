@@ -65,7 +65,8 @@ class WorkIndex(Protocol):
     ) -> None:
         """The run wants a worker (``decided``, ``wanted`` or ``submitted``), not before
         ``delay`` seconds from now by the store's clock. A retry with a delay counts one
-        more attempt; without one the count starts again. Unparks a parked run."""
+        more attempt; without one the count is kept in the same state and starts again in
+        another (an operator unparking a run). Unparks a parked run."""
         ...
 
     async def park(self, tenant: str, run_id: str, *, agent: str, reason: str) -> None:

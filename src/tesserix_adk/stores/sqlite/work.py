@@ -57,7 +57,8 @@ _WANT = (
     "since = CASE WHEN adk_work.state = excluded.state THEN adk_work.since "
     "ELSE excluded.since END, "
     "not_before = excluded.not_before, "
-    "attempts = CASE WHEN excluded.attempts > 0 THEN adk_work.attempts + 1 ELSE 0 END, "
+    "attempts = CASE WHEN excluded.attempts > 0 THEN adk_work.attempts + 1 "
+    "WHEN adk_work.state = excluded.state THEN adk_work.attempts ELSE 0 END, "
     "reason = excluded.reason"
 )
 

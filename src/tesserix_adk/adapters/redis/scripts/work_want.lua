@@ -15,7 +15,12 @@ local since = now
 if f[1] == ARGV[5] and tonumber(f[2]) then since = tonumber(f[2]) end
 local delay = tonumber(ARGV[6])
 local attempts = 0
-if delay > 0 then attempts = (tonumber(f[3]) or 0) + 1 end
+if delay > 0 then
+  attempts = (tonumber(f[3]) or 0) + 1
+elseif f[1] == ARGV[5] then
+  -- A prompt want in the same state (the runner carrying it) keeps the count of retries.
+  attempts = tonumber(f[3]) or 0
+end
 for i = 2, 5 do redis.call('ZREM', KEYS[i], ARGV[1]) end
 redis.call('HDEL', KEYS[1], 'not_before', 'reason')
 redis.call('HSET', KEYS[1], 'tenant', ARGV[2], 'run_id', ARGV[3], 'agent', ARGV[4],

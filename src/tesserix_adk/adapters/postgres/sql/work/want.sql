@@ -1,7 +1,7 @@
 -- work/want: The run wants a worker in state (decided, wanted or submitted), not before
 -- delay seconds from now by the server's clock. It keeps its place (since) when it was in
--- that state already; a delayed want counts one more attempt and a prompt one starts the
--- count again. A parked run is unparked; its input stays.
+-- that state already; a delayed want counts one more attempt, a prompt one keeps the count
+-- in the same state and starts it again in another (an operator unparking the run). A parked run is unparked; its input stays.
 -- Parameters: tenant, run_id, agent, state, delay (seconds; 0 for none), reason.
 -- Returns: No rows.
 INSERT INTO adk_work AS w (tenant, run_id, agent, state, since, not_before, attempts, reason)
@@ -17,5 +17,6 @@ ON CONFLICT (tenant, run_id) DO UPDATE SET
     state = EXCLUDED.state,
     since = CASE WHEN w.state = EXCLUDED.state THEN w.since ELSE EXCLUDED.since END,
     not_before = EXCLUDED.not_before,
-    attempts = CASE WHEN EXCLUDED.attempts > 0 THEN w.attempts + 1 ELSE 0 END,
+    attempts = CASE WHEN EXCLUDED.attempts > 0 THEN w.attempts + 1
+                    WHEN w.state = EXCLUDED.state THEN w.attempts ELSE 0 END,
     reason = EXCLUDED.reason
