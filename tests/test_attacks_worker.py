@@ -34,6 +34,7 @@ from tesserix_adk import (
 from tesserix_adk.cli.main import main as tesserix
 from tesserix_adk.errors import ConfigurationError, StoreUnavailableError
 from tesserix_adk.run import reconciling
+from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import MemoryWorkIndex
 from tesserix_adk.stores.protocols import RecordStatus, WorkItem
@@ -244,8 +245,6 @@ class _RefusingModel:
     async def complete(self, request: Any) -> Any:
         self.calls += 1
         await asyncio.sleep(0.01)
-        from tesserix_adk.errors import ConfigurationError
-
         raise ConfigurationError("the model refuses this request for good")
 
 
@@ -562,3 +561,19 @@ def test_cancel_of_an_unknown_run_exits_1_in_one_sentence(
     )
     assert code == 1, err
     assert _one_sentence(err), err
+
+
+async def test_a_cancel_is_audited_and_its_reason_kept_without_secrets() -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)
+    runner = _runner(stores)
+    await runner.submit(agent, "book", tenant=T, run_id="r1")
+    secret = "sk-live-" + "Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4"
+    await runner.cancel("r1", tenant=T, by="ops-anna", reason=f"leaked key {secret}")
+    # Asked again by someone else: the first request stands.
+    await runner.cancel("r1", tenant=T, by="mallory", reason="me too")
+    request = await cancel_requested(stores.idempotency, T, "r1")
+    assert request is not None and request.by == "ops-anna" and request.at > 0
+    assert request.reason is not None and secret not in request.reason
+    for record in await stores.idempotency.records(T, "r1"):
+        assert record.outcome is None or secret.encode() not in bytes(record.outcome)
