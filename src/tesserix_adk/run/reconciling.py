@@ -9,8 +9,10 @@ call a moment before, and the external system must be asked after it could have 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
+import threading
 from typing import Any
 
 from tesserix_adk.agent import Agent
@@ -102,9 +104,11 @@ async def _ask(
         if inspect.iscoroutinefunction(reconcile):
             result: Any = await asyncio.wait_for(reconcile(call, ctx), RECONCILE_TIMEOUT)
         else:
-            # A sync reconciler asks a remote system: off the loop, so leases keep renewing.
+            # A sync reconciler asks a remote system: off the loop, so leases keep renewing,
+            # and in a daemon thread, so one that hangs past its timeout cannot hold up a
+            # draining worker's exit.
             result = await asyncio.wait_for(
-                asyncio.to_thread(reconcile, call, ctx), RECONCILE_TIMEOUT
+                _in_daemon_thread(reconcile, call, ctx), RECONCILE_TIMEOUT
             )
             if inspect.isawaitable(result):
                 result = await asyncio.wait_for(result, RECONCILE_TIMEOUT)
@@ -126,3 +130,28 @@ async def _ask(
         )
         return Reconciled.unknown()
     return result
+
+
+def _in_daemon_thread(fn: Any, *args: Any) -> asyncio.Future[Any]:
+    """``fn(*args)`` in a daemon thread of its own, as a future of this loop."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if future.done():
+            return  # timed out and cancelled meanwhile
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
+
+    def run() -> None:
+        try:
+            value, error = fn(*args), None
+        except BaseException as exc:  # handed to the awaiting task, which judges it
+            value, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=run, name="tesserix-reconciler", daemon=True).start()
+    return future
