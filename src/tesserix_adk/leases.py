@@ -26,7 +26,7 @@ from types import TracebackType
 from tesserix_adk.errors import ConfigurationError, LeaseLostError
 from tesserix_adk.stores.protocols import LeaseStore, RunLease
 
-__all__ = ["NEVER_RAN_MARGIN", "LeasePolicy", "Leaseholder", "never_ran_wait"]
+__all__ = ["NEVER_RAN_MARGIN", "LeasePolicy", "Leaseholder", "never_ran_wait", "previous_end_ago"]
 
 _log = logging.getLogger("tesserix_adk.leases")
 
@@ -50,6 +50,15 @@ def never_ran_wait(ended_ago: float | None, margin: float = NEVER_RAN_MARGIN) ->
     if ended_ago is None:
         return 0.0
     return max(0.0, margin - ended_ago)
+
+
+def previous_end_ago(lease: RunLease, ttl: float) -> float | None:
+    """Seconds of store time between the end of the run's lease before ``lease`` and the
+    moment ``lease`` (of ``ttl`` seconds) was granted or last renewed; ``None`` when no
+    lease ended before it."""
+    if lease.previous_end is None:
+        return None
+    return max(0.0, lease.expires_at - ttl - lease.previous_end)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,11 +151,10 @@ class Leaseholder:
         """Seconds of store time, at least, since the run's lease before this one ended
         (``None``: none ended before it). What ``never_ran_wait`` is given before a call
         claimed under that lease is said never to have run."""
-        previous = self.lease.previous_end
-        if previous is None:
+        at_grant = previous_end_ago(self.lease, self.policy.ttl)
+        if at_grant is None:
             return None
-        granted = self.lease.expires_at - self.policy.ttl
-        return max(0.0, granted - previous) + max(0.0, self._monotonic() - self._granted_at)
+        return at_grant + max(0.0, self._monotonic() - self._granted_at)
 
     def check(self) -> None:
         """Raise ``LeaseLostError`` if the lease may have lapsed or was taken."""

@@ -16,7 +16,7 @@ from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.cli.describe import describe
 from tesserix_adk.cli.failures import ExitCode, Refused, UsageError
-from tesserix_adk.cli.text import escaped, iso_time
+from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
@@ -25,7 +25,7 @@ from tesserix_adk.errors import (
     NoCheckpointError,
     ResumeConflictError,
 )
-from tesserix_adk.leases import never_ran_wait
+from tesserix_adk.leases import never_ran_wait, previous_end_ago
 from tesserix_adk.messages import ToolOutcome
 from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.stores.bundle import Stores
@@ -36,6 +36,7 @@ from tesserix_adk.stores.protocols import (
     RunLease,
     WorkState,
 )
+from tesserix_adk.timestamps import iso_time
 
 __all__ = ["RESOLVE_LEASE_TTL", "run_frontier_command"]
 
@@ -234,12 +235,10 @@ async def _wake(stores: Stores, tenant: str, run_id: str, state: WorkState) -> b
     a worker will find it. A parked run is unparked."""
     if stores.work is None:
         return False
-    stored = await stores.checkpoints.latest(tenant, run_id)
     agent: str | None = None
-    if stored is not None:
-        with contextlib.suppress(CheckpointCorruptError, CheckpointFormatError):
-            cp = await Checkpointer.from_stores(stores).latest(tenant, run_id)
-            agent = None if cp is None else cp.agent_name
+    with contextlib.suppress(CheckpointCorruptError, CheckpointFormatError):
+        cp = await Checkpointer.from_stores(stores).latest(tenant, run_id)
+        agent = None if cp is None else cp.agent_name
     if agent is None:
         known = [i for i in await stores.work.items(tenant) if i.run_id == run_id]
         agent = known[0].agent if known else None
@@ -280,10 +279,9 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
     try:
         # Read again under the lease: what was in flight before may have completed since.
         record = _the_call(await stores.idempotency.records(args.tenant, args.run), args)
-        if args.never_ran and lease.previous_end is not None:
+        if args.never_ran:
             # Another holder may have come and gone since the first look.
-            store_now = lease.expires_at - RESOLVE_LEASE_TTL
-            _margin_passed(args, record, max(0.0, store_now - lease.previous_end))
+            _margin_passed(args, record, previous_end_ago(lease, RESOLVE_LEASE_TTL))
         _in_flight(record, args)
         return await _record_resolution(args, stores, out, record, content)
     finally:

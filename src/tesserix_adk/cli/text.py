@@ -7,9 +7,7 @@ of output or rewrite the operator's screen. Every such value goes through ``esca
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
-__all__ = ["escaped", "iso_time", "sentence"]
+__all__ = ["escaped", "sentence"]
 
 
 def escaped(text: str) -> str:
@@ -25,8 +23,3 @@ def sentence(text: str) -> str:
     """``text`` as one line: runs of whitespace (a driver's multi-line message) become one
     space, then whatever else is not printable is escaped."""
     return escaped(" ".join(text.split()))
-
-
-def iso_time(epoch: float) -> str:
-    """Epoch seconds as ISO 8601 UTC to the second, e.g. ``2026-12-01T13:25:00Z``."""
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

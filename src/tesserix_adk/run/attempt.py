@@ -14,7 +14,6 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from tesserix_adk.errors import (
@@ -26,6 +25,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.leases import Leaseholder
 from tesserix_adk.stores.protocols import IdempotencyRecord, IdempotencyStore, RecordStatus
+from tesserix_adk.timestamps import iso_time
 from tesserix_adk.tools import canonical_json
 
 __all__ = ["RESUME_CLAIM_TTL", "AheadCall", "Attempt", "RunClaim", "new_holder", "run_claim_key"]
@@ -112,9 +112,8 @@ class RunClaim:
         if rec.status is not RecordStatus.in_flight or rec.holder != self.holder:
             lapses = ""
             if rec.expires_at is not None:
-                when = datetime.fromtimestamp(rec.expires_at, tz=UTC)
                 lapses = (
-                    f"; its resume claim lapses at {when:%Y-%m-%dT%H:%M:%SZ} by the store's "
+                    f"; its resume claim lapses at {iso_time(rec.expires_at)} by the store's "
                     "clock unless renewed"
                 )
             raise ResumeConflictError(

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
@@ -60,6 +59,7 @@ from tesserix_adk.stores.protocols import (
     Ledger,
     WorkIndex,
 )
+from tesserix_adk.timestamps import iso_time
 
 if TYPE_CHECKING:
     from tesserix_adk.stores.bundle import Stores
@@ -460,8 +460,10 @@ class AgentRunner:
             return ""
         if current is None:
             return ""
-        when = datetime.fromtimestamp(current.expires_at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return f"; its lease lapses at {when} by the store's clock unless renewed"
+        return (
+            f"; its lease lapses at {iso_time(current.expires_at)} by the store's clock "
+            "unless renewed"
+        )
 
     async def _seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Raise the fence in every store this run writes to, before reading anything, so
