@@ -1,5 +1,6 @@
 """What every backend says and checks the same way, written once: ttl checks, the stored
-form of an approval's calls, and the messages of a refused fence or claim.
+form of an approval's calls, the messages of a refused fence or claim, and the prefix an
+append follows and the digests it chains.
 
 The idempotency state machine and the resolution check live in ``records.py``; decoding a
 damaged row lives in ``rows.py``.
@@ -12,8 +13,17 @@ from collections.abc import Sequence
 
 from tesserix_adk.errors import StaleFenceError
 from tesserix_adk.messages import ToolCall
+from tesserix_adk.stores.protocols import EMPTY_HISTORY_DIGEST, HistoryHandle, chain_digest
 
-__all__ = ["calls_to_json", "no_claim", "positive_ttl", "stale_fence", "unsealable"]
+__all__ = [
+    "calls_to_json",
+    "no_claim",
+    "positive_ttl",
+    "stale_fence",
+    "unsealable",
+    "chained_digests",
+    "prefix_of",
+]
 
 
 def positive_ttl(ttl: float) -> float:
@@ -54,3 +64,25 @@ def unsealable(run_id: str, fence: int, seen: int | None) -> StaleFenceError:
 def no_claim(holder: str, key: str) -> StaleFenceError:
     """The refusal of a completion or release by a holder whose claim is not there."""
     return StaleFenceError(f"{holder!r} holds no claim on {key!r}")
+
+
+def prefix_of(tenant: str, run_id: str, after: HistoryHandle | None) -> tuple[int, str]:
+    """The (length, digest) of the transcript prefix an append follows; ``ValueError`` when
+    ``after`` names another run."""
+    if after is None:
+        return 0, EMPTY_HISTORY_DIGEST
+    if (after.tenant, after.run_id) != (tenant, run_id):
+        raise ValueError(
+            f"handle names run {after.run_id!r} of {after.tenant!r}, "
+            f"not run {run_id!r} of {tenant!r}"
+        )
+    return after.count, after.digest
+
+
+def chained_digests(digest: str, items: Sequence[bytes]) -> list[str]:
+    """The digest of each longer prefix as ``items`` extend the one ``digest`` names."""
+    digests: list[str] = []
+    for item in items:
+        digest = chain_digest(digest, item)
+        digests.append(digest)
+    return digests

@@ -15,7 +15,8 @@ from tesserix_adk.adapters.postgres.connection import PostgresDatabase, Row
 from tesserix_adk.adapters.postgres.fenced import FencedStore, refusal, run_params, stale
 from tesserix_adk.adapters.postgres.statements import Statements
 from tesserix_adk.errors import HistoryUnavailableError
-from tesserix_adk.stores.protocols import EMPTY_HISTORY_DIGEST, HistoryHandle, chain_digest
+from tesserix_adk.stores._common import chained_digests, prefix_of
+from tesserix_adk.stores.protocols import EMPTY_HISTORY_DIGEST, HistoryHandle
 
 __all__ = ["PostgresHistoryStore"]
 
@@ -55,18 +56,9 @@ class PostgresHistoryStore(FencedStore):
     ) -> HistoryHandle:
         """Append after the prefix ``after`` names (``None``: the empty prefix), dropping
         any tail beyond it; ``HistoryUnavailableError`` if that prefix does not resolve."""
-        if after is not None and (after.tenant, after.run_id) != (tenant, run_id):
-            raise ValueError(
-                f"handle names run {after.run_id!r} of {after.tenant!r}, "
-                f"not run {run_id!r} of {tenant!r}"
-            )
-        count, digest = (0, EMPTY_HISTORY_DIGEST) if after is None else (after.count, after.digest)
+        count, digest = prefix_of(tenant, run_id, after)
         items = [bytes(item) for item in encoded]
-        digests: list[str] = []
-        last = digest
-        for item in items:
-            last = chain_digest(last, item)
-            digests.append(last)
+        digests = chained_digests(digest, items)
         params = run_params(
             tenant,
             run_id,
@@ -90,6 +82,7 @@ class PostgresHistoryStore(FencedStore):
                     f"messages this append follows"
                 )
             raise stale("append", run_id, fence, refused_by)
+        last = digests[-1] if digests else digest
         return HistoryHandle(tenant=tenant, run_id=run_id, count=count + len(items), digest=last)
 
     async def fetch(self, handle: HistoryHandle) -> list[bytes]:

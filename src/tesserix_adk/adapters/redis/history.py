@@ -9,7 +9,8 @@ from tesserix_adk.adapters.redis.connection import Client, _driver_errors
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX
 from tesserix_adk.adapters.redis.lua import register
 from tesserix_adk.errors import HistoryUnavailableError
-from tesserix_adk.stores.protocols import EMPTY_HISTORY_DIGEST, HistoryHandle, chain_digest
+from tesserix_adk.stores._common import chained_digests, prefix_of
+from tesserix_adk.stores.protocols import EMPTY_HISTORY_DIGEST, HistoryHandle
 
 __all__ = ["RedisHistoryStore"]
 
@@ -44,18 +45,9 @@ class RedisHistoryStore(_FencedRedisStore):
     ) -> HistoryHandle:
         """Append after the prefix ``after`` names (``None``: the empty prefix), dropping
         any tail beyond it; ``HistoryUnavailableError`` if that prefix does not resolve."""
-        if after is not None and (after.tenant, after.run_id) != (tenant, run_id):
-            raise ValueError(
-                f"handle names run {after.run_id!r} of {after.tenant!r}, "
-                f"not run {run_id!r} of {tenant!r}"
-            )
-        count, digest = (0, EMPTY_HISTORY_DIGEST) if after is None else (after.count, after.digest)
+        count, digest = prefix_of(tenant, run_id, after)
         items = [bytes(item) for item in encoded]
-        digests: list[str] = []
-        last = digest
-        for item in items:
-            last = chain_digest(last, item)
-            digests.append(last)
+        digests = chained_digests(digest, items)
         with _driver_errors(f"appending to the transcript of run {run_id!r}"):
             result = await self._append(
                 keys=[
@@ -80,6 +72,7 @@ class RedisHistoryStore(_FencedRedisStore):
                 f"the transcript of run {run_id!r} no longer has the prefix of {count} "
                 f"messages this append follows"
             )
+        last = digests[-1] if digests else digest
         return HistoryHandle(tenant=tenant, run_id=run_id, count=count + len(items), digest=last)
 
     async def fetch(self, handle: HistoryHandle) -> list[bytes]:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tesserix_adk.errors import HistoryUnavailableError
+from tesserix_adk.stores._common import prefix_of
 from tesserix_adk.stores.memory.fencing import Fences, RunKey
 from tesserix_adk.stores.protocols import EMPTY_HISTORY_DIGEST, HistoryHandle, chain_digest
 
@@ -41,12 +42,7 @@ class MemoryHistoryStore:
         """Append after the prefix ``after`` names (``None``: the empty prefix), dropping
         any tail beyond it; ``HistoryUnavailableError`` if that prefix does not resolve."""
         self._fences.check(tenant, run_id, fence)
-        if after is not None and (after.tenant, after.run_id) != (tenant, run_id):
-            raise ValueError(
-                f"handle names run {after.run_id!r} of {after.tenant!r}, "
-                f"not run {run_id!r} of {tenant!r}"
-            )
-        count, digest = (0, EMPTY_HISTORY_DIGEST) if after is None else (after.count, after.digest)
+        count, digest = prefix_of(tenant, run_id, after)
         transcript = self._runs.get((tenant, run_id), _Transcript())
         if not transcript.resolves(count, digest):
             raise HistoryUnavailableError(

@@ -6,6 +6,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from tesserix_adk.errors import HistoryUnavailableError
+from tesserix_adk.stores._common import prefix_of
 from tesserix_adk.stores.protocols import EMPTY_HISTORY_DIGEST, HistoryHandle, chain_digest
 from tesserix_adk.stores.sqlite.fencing import FencedSqliteStore, accept_fence, check_fence
 
@@ -37,13 +38,8 @@ def append_history(
     after: HistoryHandle | None,
 ) -> HistoryHandle:
     """Append ``items`` after the prefix ``after`` names, inside the caller's transaction."""
-    count, digest = (0, EMPTY_HISTORY_DIGEST) if after is None else (after.count, after.digest)
     check_fence(conn, _HISTORY, tenant, run_id, fence)
-    if after is not None and (after.tenant, after.run_id) != (tenant, run_id):
-        raise ValueError(
-            f"handle names run {after.run_id!r} of {after.tenant!r}, "
-            f"not run {run_id!r} of {tenant!r}"
-        )
+    count, digest = prefix_of(tenant, run_id, after)
     if not _prefix_resolves(conn, tenant, run_id, count, digest):
         raise HistoryUnavailableError(
             f"the transcript of run {run_id!r} no longer has the prefix of {count} "
