@@ -31,6 +31,7 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.cli import frontier_main
+from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import MemoryWorkIndex
 from tesserix_adk.stores.protocols import RecordStatus
@@ -145,6 +146,44 @@ async def test_a_run_whose_holder_died_is_carried_on_by_a_worker() -> None:
     (record,) = [r for r in await stores.idempotency.records(T, "r1") if r.tool == "book_seat"]
     assert record.status is RecordStatus.completed and record.by == "reconciler:book_seat"
     assert await stores.work.items(T) == []
+
+
+async def test_a_run_another_attempt_holds_is_tried_again_later_not_in_a_loop() -> None:
+    """A run due by the index (no live lease) whose resume claim another attempt holds: the
+    worker looks once, leaves it for a while, and takes it once the claim is let go."""
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline, reconcile=lambda call, ctx: _by_key(airline, call, ctx))
+    _die_inside_book_seat(airline, "after")
+    with pytest.raises(SimulatedCrash):
+        await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    claim = run_claim_key(T, "r1")
+    taken = await stores.idempotency.claim(
+        claim,
+        holder="other",
+        tenant=T,
+        run_id="r1",
+        iteration=None,
+        tool=None,
+        call_id=None,
+        flags=None,
+        ttl=60,
+    )
+    assert taken.holder == "other"
+    worker = Worker(_runner(stores), [agent], poll_interval=0.01)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.sleep(0.5)  # fifty polls
+        assert [how for _, how in worker.carried] == [Carried.elsewhere]
+        await stores.idempotency.release(claim, tenant=T, holder="other")
+        deadline = time.monotonic() + 30
+        while not worker.carried or worker.carried[-1][1] is not Carried.finished:
+            assert time.monotonic() < deadline, worker.carried
+            await asyncio.sleep(0.02)
+    finally:
+        worker.drain()
+        await asyncio.wait_for(running, 30)
+    assert [how for _, how in worker.carried] == [Carried.elsewhere, Carried.finished]
+    assert len(airline.bookings) == 1
 
 
 async def test_a_call_that_never_happened_is_sent_once_the_reconciler_says_so() -> None:

@@ -144,6 +144,11 @@ class Worker:
         self._draining = asyncio.Event()
         self._wake = asyncio.Event()
         self._running: dict[tuple[str, str], asyncio.Task[Carried]] = {}
+        # Runs found held by another attempt, and the loop time before which this worker
+        # does not look at them again: the index shows them due once their lease lapsed,
+        # but a resume claim can outlive it by up to a ttl, and looking at every poll would
+        # spin (and log) at the poll rate.
+        self._later: dict[tuple[str, str], float] = {}
         self.carried: list[tuple[WorkItem, Carried]] = []
 
     # --- the loop ------------------------------------------------------------------------
@@ -163,7 +168,7 @@ class Worker:
                     _log.warning("finding work failed (%r); trying again in %.1f s", exc, delay)
                     await self._nap(delay)
                     continue
-                if self.exit_when_idle and not started and not self._running:
+                if self.exit_when_idle and not (started or self._running or self._later):
                     return
                 if started == 0 or len(self._running) >= self.concurrency:
                     await self._nap()
@@ -175,12 +180,17 @@ class Worker:
         free = self.concurrency - len(self._running)
         if free <= 0 or self._draining.is_set():
             return 0
-        # Ask for a few more than the free slots: some may be runs this worker carries.
-        items = await self.work.due(limit=free + len(self._running), agents=list(self.agents))
+        now = asyncio.get_running_loop().time()
+        self._later = {key: t for key, t in self._later.items() if t > now}
+        # Ask for more than the free slots: some may be runs this worker carries or leaves
+        # for later, and they must not hide the runs behind them.
+        items = await self.work.due(
+            limit=free + len(self._running) + len(self._later), agents=list(self.agents)
+        )
         started = 0
         for item in items:
             key = (item.tenant, item.run_id)
-            if key in self._running or started >= free:
+            if key in self._running or key in self._later or started >= free:
                 continue
             task = asyncio.create_task(self._carry(item), name=f"carry:{item.run_id}")
             self._running[key] = task
@@ -280,7 +290,13 @@ class Worker:
             _log.info("run %s: stopped at a boundary (draining)", where)
             return Carried.stopped
         if isinstance(exc, _ELSEWHERE):
-            _log.info("run %s: another worker has it (%s)", where, exc)
+            # Whatever holds it lapses within about a ttl if its holder died; a live holder
+            # keeps it. Either way, look again after a while, not at the next poll.
+            hold = self._rng.uniform(0.5, 1.0) * self.runner.lease_policy.ttl
+            self._later[(item.tenant, item.run_id)] = asyncio.get_running_loop().time() + hold
+            _log.info(
+                "run %s: another worker has it (%s); looking again in %.1f s", where, exc, hold
+            )
             return Carried.elsewhere
         retryable = isinstance(exc, AdkError) and exc.retryable
         if isinstance(exc, (*_PARK, NoCheckpointError)) and not retryable:
