@@ -143,7 +143,9 @@ def test_ctrl_c_of_run_resume_releases_its_lease_and_resume_claim(site: Site) ->
             "--agent",
             AGENT,
         ],
-        env={**site.env, "ADK_DEMO_DELAY": "2"},
+        # Each tool takes seconds, so the interrupt lands while the run is held even on a
+        # loaded machine (at 2 s a run could finish between two looks at the store).
+        env={**site.env, "ADK_DEMO_DELAY": "6"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -158,7 +160,7 @@ def test_ctrl_c_of_run_resume_releases_its_lease_and_resume_claim(site: Site) ->
     deadline = time.monotonic() + 30
     while asyncio.run(held())[0] is None:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
+        time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

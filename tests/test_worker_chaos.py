@@ -32,6 +32,7 @@ from tesserix_adk.stores.protocols import RecordStatus
 T = "acme"
 RUNS = 30
 TESTS = Path(__file__).parent
+LOGS_ENV = "CHAOS_WORKER_LOGS"  # where each worker's output goes: a file, never a pipe
 
 
 @pytest.fixture(params=BACKENDS)
@@ -48,11 +49,14 @@ def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, s
         airline = str(tmp_path / "airline.sqlite3")
         chaos_agent.create_airline(airline)
         path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+        logs = tmp_path / "workers"
+        logs.mkdir()
         yield {
             **os.environ,
             "ADK_STORE": url,
             chaos_agent.AIRLINE_ENV: airline,
             "PYTHONPATH": path,
+            LOGS_ENV: str(logs),
         }
 
 
@@ -74,14 +78,35 @@ def _worker_argv(agent: str = "chaos_agent:agent") -> list[str]:
 
 
 def _worker(env: dict[str, str], agent: str = "chaos_agent:agent") -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        _worker_argv(agent),
-        env=env,
-        cwd=TESTS,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # Output to a file: a pipe nobody reads fills up and blocks a long-lived worker on its
+    # next log line, which would stall the runs it holds for reasons of the test's own.
+    logs = Path(env[LOGS_ENV])
+    starting = logs / "starting.log"
+    with starting.open("w") as log:
+        worker = subprocess.Popen(
+            _worker_argv(agent),
+            env=env,
+            cwd=TESTS,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    starting.rename(logs / f"worker-{worker.pid}.log")
+    return worker
+
+
+def _output(worker: subprocess.Popen[str], env: dict[str, str]) -> str:
+    """What a worker printed."""
+    return Path(env[LOGS_ENV], f"worker-{worker.pid}.log").read_text()
+
+
+def _worker_logs(env: dict[str, str], tail: int = 40) -> str:
+    """The last lines each worker printed, for a failure message."""
+    parts = []
+    for log in sorted(Path(env[LOGS_ENV]).iterdir()):
+        lines = log.read_text().splitlines()[-tail:]
+        parts.append(f"--- {log.name}\n" + "\n".join(lines))
+    return "\n".join(parts)
 
 
 def _tesserix(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -164,28 +189,30 @@ def _churn(
     done = until or (lambda: all(s == "completed" for s in _statuses(env, run_ids).values()))
     try:
         while not done():
-            assert time.monotonic() < deadline, f"runs still unfinished: {_statuses(env, run_ids)}"
+            assert time.monotonic() < deadline, (
+                f"runs still unfinished: {_statuses(env, run_ids)}\n{_worker_logs(env)}"
+            )
             time.sleep(rng.uniform(0.6, 1.4))
             if kills < 12:
                 victim = workers.pop(rng.randrange(len(workers)))
                 victim.send_signal(signal.SIGKILL)
-                victim.communicate(timeout=30)
+                victim.wait(timeout=30)
                 kills += 1
                 workers.append(_worker(env, agent))
     except BaseException:
         for w in workers:
             w.kill()
-            w.communicate(timeout=30)
+            w.wait(timeout=30)
         raise
     return workers, kills
 
 
-def _drain(workers: list[subprocess.Popen[str]]) -> None:
+def _drain(workers: list[subprocess.Popen[str]], env: dict[str, str]) -> None:
     for w in workers:
         w.send_signal(signal.SIGTERM)
     for w in workers:
-        out, err = w.communicate(timeout=60)
-        assert w.returncode == 0, (w.returncode, out[-2000:], err[-2000:])
+        w.wait(timeout=60)
+        assert w.returncode == 0, (w.returncode, _output(w, env)[-2000:])
 
 
 def _one_effect_per_key(env: dict[str, str], run_ids: list[str]) -> None:
@@ -199,7 +226,7 @@ def _one_effect_per_key(env: dict[str, str], run_ids: list[str]) -> None:
 def test_workers_killed_at_random_carry_every_run_to_its_end_once(site: dict[str, str]) -> None:
     run_ids = _submit(site, chaos_agent.agent)
     workers, kills = _churn(site, run_ids)
-    _drain(workers)
+    _drain(workers, site)
     assert kills > 0
     assert set(_statuses(site, run_ids).values()) == {"completed"}
     _one_effect_per_key(site, run_ids)
@@ -269,7 +296,7 @@ def test_without_a_reconciler_runs_in_doubt_are_parked_until_an_operator_resolve
     while set(_statuses(site, run_ids).values()) != {"completed"}:
         assert time.monotonic() < deadline, _statuses(site, run_ids)
         time.sleep(0.2)
-    _drain(workers)
+    _drain(workers, site)
     _one_effect_per_key(site, run_ids)
 
 
@@ -285,8 +312,9 @@ def test_sigterm_drains_and_another_worker_takes_over_at_once(site: dict[str, st
         assert time.monotonic() < deadline, "the worker never took a run"
         time.sleep(0.02)
     worker.send_signal(signal.SIGTERM)
-    out, err = worker.communicate(timeout=30)
-    assert worker.returncode == 0, err
+    worker.wait(timeout=30)
+    out = _output(worker, site)
+    assert worker.returncode == 0, out
     assert "draining" in out
 
     async def released(stores: Any) -> list[tuple[str, Any, Any]]:
