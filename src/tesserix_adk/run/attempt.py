@@ -24,6 +24,7 @@ from tesserix_adk.errors import (
     StoreUnavailableError,
 )
 from tesserix_adk.leases import Leaseholder
+from tesserix_adk.run.events import EventSink, RunEvent
 from tesserix_adk.stores.protocols import IdempotencyRecord, IdempotencyStore, RecordStatus
 from tesserix_adk.timestamps import iso_time
 from tesserix_adk.tools import canonical_json
@@ -198,6 +199,13 @@ class Attempt:
     # Asked at each boundary between turns: a reason to stop there (a draining worker), or
     # None to go on.
     stop: Callable[[], str | None] | None = None
+    # Where a streamed run's events go (``AgentRunner.stream``); None: nobody listens.
+    events: EventSink | None = None
+
+    def emit(self, event: RunEvent) -> None:
+        """Report ``event`` to whoever streams the run (a no-op when nobody does)."""
+        if self.events is not None:
+            self.events(event)
 
     @property
     def fence(self) -> int | None:

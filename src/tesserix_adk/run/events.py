@@ -1,0 +1,103 @@
+"""What a streamed run reports as it goes: typed events, in the order things happened.
+
+Events describe; they decide nothing. A text delta is never saved: the frontier is written
+only once the model's whole message is in (``FrontierWritten`` says when), so a run that
+dies mid-stream goes on from its last boundary and asks the model again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tesserix_adk.checkpoint.payload import Boundary
+from tesserix_adk.run.result import Run
+
+__all__ = [
+    "CallDisposition",
+    "EventSink",
+    "FrontierWritten",
+    "RunEvent",
+    "RunFinished",
+    "TextDelta",
+    "ToolCallAsked",
+    "ToolCallFinished",
+    "ToolCallStarted",
+]
+
+
+class CallDisposition(StrEnum):
+    """How a tool call's result came to be."""
+
+    dispatched = "dispatched"  # sent to the tool by this attempt
+    replayed = "replayed"  # an earlier attempt's recorded outcome, not sent again
+    settled = "settled"  # a reconciler or an operator said what happened
+    refused = "refused"  # answered with an error, never sent (unknown tool, denied, masked)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TextDelta:
+    """A piece of the model's text as it streams in."""
+
+    run_id: str
+    iteration: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallAsked:
+    """The model asked for a call (its whole message is in)."""
+
+    run_id: str
+    iteration: int
+    call_id: str
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallStarted:
+    """The call is about to be sent (its claim is durable) or its outcome replayed."""
+
+    run_id: str
+    iteration: int
+    call_id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallFinished:
+    """The call has its result."""
+
+    run_id: str
+    iteration: int
+    call_id: str
+    name: str
+    disposition: CallDisposition
+    is_error: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrontierWritten:
+    """A frontier is durable: where the run goes on should this process die now."""
+
+    run_id: str
+    step: int
+    boundary: Boundary
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFinished:
+    """The run ended (or waits on a person): the same ``Run`` ``run()`` returns."""
+
+    run: Run
+
+
+RunEvent = (
+    TextDelta | ToolCallAsked | ToolCallStarted | ToolCallFinished | FrontierWritten | RunFinished
+)
+
+# Called in the run's own task, so it must not block: a stream puts the event on a queue.
+EventSink = Callable[[RunEvent], None]
