@@ -1,0 +1,267 @@
+"""``MCPToolset``: the tools of one MCP server, over stdio or streamable HTTP, as kit tools.
+
+The toolset owns one connection (an ``mcp.Client``) for as long as its ``async with`` lasts:
+entering connects and lists the server's tools once; ``tools`` are then ordinary kit tools,
+so the agent's revision covers each one's name, description, schema and flags, and a server
+that changed its tools makes a changed agent. Errors of the SDK and its transports are
+translated once, here, into ``tesserix_adk.mcp.errors``, saying whether a call was sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.mcp.errors import MCPReplyLostError, MCPToolError, MCPUnavailableError
+from tesserix_adk.mcp.tools import (
+    IDEMPOTENCY_KEY_META,
+    MCPTool,
+    MCPToolOverride,
+    ServerTool,
+    outcome_of,
+)
+
+try:
+    import mcp
+    from mcp import Client, StdioServerParameters
+    from mcp.shared.exceptions import MCPError as SdkError
+    from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+except ImportError as exc:  # pragma: no cover - exercised without the extra installed
+    raise ImportError(
+        'tesserix_adk.mcp needs the MCP SDK: pip install "tesserix-adk[mcp]"'
+    ) from exc
+
+__all__ = ["MCPToolset"]
+
+# Bounds the listing walk: a server whose cursor never ends cannot hang the connection.
+_MAX_LIST_PAGES = 100
+
+
+class MCPToolset:
+    """The tools of one MCP server; use as ``async with MCPToolset.stdio(...) as toolset``.
+
+    ``overrides`` maps a server tool's name to the flags the user sets for it (over its
+    annotations); naming a tool the server does not list is a ``ConfigurationError``.
+    ``prefix`` goes in front of every tool's kit name (two servers with a tool of the same
+    name); the server is still asked for its own name. ``call_timeout`` (seconds) bounds
+    each call; one that runs out is ``MCPReplyLostError``, as the tool may have run.
+    """
+
+    __slots__ = (
+        "_client",
+        "_lost",
+        "_overrides",
+        "_prefix",
+        "_server",
+        "_stack",
+        "_timeout",
+        "_tools",
+    )
+
+    def __init__(
+        self,
+        server: StdioServerParameters | str,
+        *,
+        overrides: Mapping[str, MCPToolOverride] | None = None,
+        prefix: str = "",
+        call_timeout: float | None = None,
+    ) -> None:
+        if call_timeout is not None and call_timeout <= 0:
+            raise ConfigurationError("call_timeout must be positive")
+        self._server = server
+        self._overrides = dict(overrides or {})
+        self._prefix = prefix
+        self._timeout = call_timeout
+        self._stack: AsyncExitStack | None = None
+        self._client: Client | None = None
+        self._tools: tuple[MCPTool, ...] | None = None
+        # Why the connection is known gone: a later call is then certainly not sent.
+        self._lost: str | None = None
+
+    @classmethod
+    def stdio(
+        cls,
+        command: str,
+        args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        overrides: Mapping[str, MCPToolOverride] | None = None,
+        prefix: str = "",
+        call_timeout: float | None = None,
+    ) -> MCPToolset:
+        """A server the toolset starts as ``command *args`` and talks to over its stdin and
+        stdout; ``env`` is added to the SDK's safe default environment. The process is
+        stopped when the toolset closes."""
+        params = StdioServerParameters(
+            command=command,
+            args=list(args),
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+        )
+        return cls(params, overrides=overrides, prefix=prefix, call_timeout=call_timeout)
+
+    @classmethod
+    def http(
+        cls,
+        url: str,
+        *,
+        overrides: Mapping[str, MCPToolOverride] | None = None,
+        prefix: str = "",
+        call_timeout: float | None = None,
+    ) -> MCPToolset:
+        """A running server at ``url`` (its streamable HTTP endpoint, e.g.
+        ``http://127.0.0.1:8000/mcp``)."""
+        return cls(url, overrides=overrides, prefix=prefix, call_timeout=call_timeout)
+
+    @property
+    def tools(self) -> tuple[MCPTool, ...]:
+        """The server's tools as kit tools, in the order it listed them."""
+        if self._tools is None:
+            raise ConfigurationError(
+                f"{self!r} is not connected; use it as `async with toolset:` first"
+            )
+        return self._tools
+
+    async def __aenter__(self) -> MCPToolset:
+        if self._stack is not None:
+            raise ConfigurationError(f"{self!r} is already connected")
+        stack = AsyncExitStack()
+        try:
+            # No response cache: every listing is the server's word now, never a stale one.
+            client = await stack.enter_async_context(
+                Client(self._server, read_timeout_seconds=self._timeout, cache=None)
+            )
+            listed = await self._listed(client)
+            tools = self._kit_tools(listed)
+        except BaseException as exc:
+            await stack.aclose()
+            if isinstance(exc, Exception) and not isinstance(exc, ConfigurationError):
+                raise _connect_error(self._where(), exc) from exc
+            raise
+        self._stack, self._client, self._tools, self._lost = stack, client, tools, None
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack, self._client, self._tools = self._stack, None, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def call(self, name: str, arguments: Mapping[str, Any], *, key: str | None = None) -> Any:
+        """Call the server's tool ``name`` (its own name, not prefixed) and answer the
+        outcome: the text of its result, ``MCPToolError`` for an error answer. ``key``
+        goes in the request's ``_meta`` as ``tesserix/idempotency_key``. A reconciler may
+        use this to ask the server about a call in doubt."""
+        client = self._client
+        if client is None:
+            raise ConfigurationError(f"{self!r} is not connected")
+        if self._lost is not None:
+            raise MCPUnavailableError(
+                f"{name} was not sent: the connection to {self._where()} was lost earlier "
+                f"({self._lost})"
+            )
+        meta: Any = None if key is None else {IDEMPOTENCY_KEY_META: key}
+        try:
+            result = await client.call_tool(name, dict(arguments), meta=meta)
+        except SdkError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                self._lost = exc.message
+            if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+                raise self._reply_lost(name, exc) from exc
+            # A JSON-RPC error answer (unknown tool, invalid params): the server said no.
+            raise MCPToolError(f"{name}: {exc.message}") from exc
+        except Exception as exc:
+            # A transport failure after the request was handed over: nobody can say
+            # whether it reached the server.
+            self._lost = f"{type(exc).__name__}: {exc}"
+            raise self._reply_lost(name, exc) from exc
+        return outcome_of(
+            result.content, is_error=result.is_error, structured=result.structured_content
+        )
+
+    def _reply_lost(self, name: str, exc: BaseException) -> MCPReplyLostError:
+        return MCPReplyLostError(
+            f"{name} was sent to {self._where()} but no reply came ({_said(exc)}); it may "
+            "have run: look it up by its idempotency key before sending it again"
+        )
+
+    async def _listed(self, client: Client) -> list[ServerTool]:
+        found: list[ServerTool] = []
+        cursor: str | None = None
+        for _ in range(_MAX_LIST_PAGES):
+            page = await client.list_tools(cursor=cursor)
+            found.extend(_server_tool(t) for t in page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return found
+        raise MCPUnavailableError(
+            f"{self._where()} listed more than {_MAX_LIST_PAGES} pages of tools", retryable=False
+        )
+
+    def _kit_tools(self, listed: list[ServerTool]) -> tuple[MCPTool, ...]:
+        names = {t.name for t in listed}
+        unknown = sorted(set(self._overrides) - names)
+        if unknown:
+            raise ConfigurationError(
+                f"overrides name tool(s) {unknown} that {self._where()} does not list; it "
+                f"lists {sorted(names)}"
+            )
+        return tuple(
+            MCPTool(
+                t,
+                self.call,
+                name=self._prefix + t.name,
+                override=self._overrides.get(t.name),
+            )
+            for t in listed
+        )
+
+    def _where(self) -> str:
+        if isinstance(self._server, str):
+            return f"the MCP server at {self._server}"
+        return f"the MCP server `{self._server.command}`"
+
+    def __repr__(self) -> str:
+        state = "connected" if self._client is not None else "not connected"
+        return f"MCPToolset({self._where()}, {state})"
+
+
+def _server_tool(listed: mcp.types.Tool) -> ServerTool:
+    hints = listed.annotations
+    return ServerTool(
+        name=listed.name,
+        description=listed.description or "",
+        input_schema=listed.input_schema,
+        read_only=bool(hints and hints.read_only_hint),
+        idempotent=bool(hints and hints.idempotent_hint),
+    )
+
+
+def _connect_error(where: str, exc: Exception) -> Exception:
+    cause = _leaf(exc)
+    if isinstance(cause, FileNotFoundError | PermissionError | NotADirectoryError):
+        return ConfigurationError(f"cannot start {where}: {cause}")
+    return MCPUnavailableError(f"cannot connect to {where}: {_said(cause)}")
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first error inside a (nested) exception group: what actually failed."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _said(exc: BaseException) -> str:
+    leaf = _leaf(exc)
+    if isinstance(leaf, SdkError):
+        return leaf.message
+    return f"{type(leaf).__name__}: {leaf}"
