@@ -1,0 +1,85 @@
+"""The test MCP server, started for real: over stdio by a toolset, or over streamable HTTP
+as a subprocess on a free loopback port; and the effects it recorded."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tesserix_adk.mcp import MCPToolOverride, MCPToolset
+
+SERVER = str(Path(__file__).with_name("server.py"))
+
+
+class Effects:
+    """The SQLite file the server records each ``book_seat`` call in, with its key."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.path = str(tmp / "effects.sqlite3")
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"MCP_EFFECTS_DB": self.path, **extra}
+
+    def keys(self) -> list[str | None]:
+        if not Path(self.path).exists():
+            return []
+        with sqlite3.connect(self.path) as conn:
+            rows = conn.execute("select key from effects where tool = 'book_seat'").fetchall()
+        return [r[0] for r in rows]
+
+
+def stdio(
+    effects: Effects,
+    *,
+    overrides: Mapping[str, MCPToolOverride] | None = None,
+    variant: str = "",
+    **env: str,
+) -> MCPToolset:
+    extra = {**env, "MCP_TOOLS_VARIANT": variant}
+    return MCPToolset.stdio(sys.executable, [SERVER], env=effects.env(**extra), overrides=overrides)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@contextmanager
+def http_server(effects: Effects, **env: str) -> Iterator[str]:
+    """The server over streamable HTTP; yields its endpoint once it accepts connections."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, SERVER, "http", str(port)],
+        env={**os.environ, **effects.env(**env)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_accepting(port, proc)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+
+
+def _wait_accepting(port: int, proc: subprocess.Popen[Any]) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the MCP server exited: {proc.communicate()[1]!r}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("the MCP server never accepted connections")
