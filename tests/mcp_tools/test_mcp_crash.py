@@ -5,6 +5,7 @@ idempotency key, the call is settled from the server's own record."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -67,10 +68,8 @@ class Crash:
         """Let the orphaned server out of book_seat, and end it."""
         (self.hold / "release").write_text("")
         if self.server_pid is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.server_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     async def book_seat_record(self, run_id: str) -> tuple[RecordStatus, str | None]:
         async with open_stores(self.store) as stores:
