@@ -26,6 +26,7 @@ class Agent:
         "max_iterations",
         "model",
         "name",
+        "parallel_tool_calls",
         "revision",
         "state_schema",
         "tools",
@@ -42,7 +43,11 @@ class Agent:
         max_iterations: int = 20,
         budget_micros: int | None = None,
         state_schema: type[Any] | None = None,
+        parallel_tool_calls: int = 1,
     ) -> None:
+        """``parallel_tool_calls``: how many of a turn's calls may run at once (1: one at a
+        time in the model's order). Results reach the model in its order either way, and
+        it is not part of the revision: a run may be resumed with another value."""
         tool_list = tuple(tools)
         for t in tool_list:
             if not isinstance(t, Tool):
@@ -54,6 +59,15 @@ class Agent:
             raise ConfigurationError(f"agent {name!r} has two tools with the same name")
         if max_iterations < 1:
             raise ConfigurationError("max_iterations must be at least 1")
+        if (
+            isinstance(parallel_tool_calls, bool)
+            or not isinstance(parallel_tool_calls, int)
+            or parallel_tool_calls < 1
+        ):
+            raise ConfigurationError(
+                f"agent {name!r}: parallel_tool_calls must be a whole number of at least 1, "
+                f"not {parallel_tool_calls!r}"
+            )
         self.name = name
         self.instructions = instructions
         self.tools: Mapping[str, Tool] = {t.name: t for t in tool_list}
@@ -61,6 +75,10 @@ class Agent:
         self.max_iterations = max_iterations
         self.budget_micros = budget_micros
         self.state_schema = state_schema
+        # Not in the revision: how many calls go out at once changes neither which calls a
+        # turn makes, nor their keys, nor what the model is told, and resume decides each
+        # call on its own whatever ran beside it.
+        self.parallel_tool_calls = parallel_tool_calls
         self.revision = revision or self._computed_revision()
 
     def _computed_revision(self) -> str:

@@ -1,6 +1,12 @@
 """One turn's tool calls, and the dispatch unit each keyed call goes through:
 claim → (lease check) → invoke → complete.
 
+A turn's calls go out side by side when the agent allows it (``parallel_tool_calls``), each
+through the whole unit on its own; results reach the model in the model's order. Each call
+reports ``ToolCallStarted`` right before it is sent or its outcome replayed and
+``ToolCallFinished`` once it has its result (a call answered without being sent reports
+only the latter, ``refused``).
+
 No claim, no dispatch. A claim or complete whose reply was lost (``StoreReplyLostError``, or
 a driver error the store did not translate) is settled by reading the record back, never by
 assuming; one that never reached the store (``StoreUnavailableError``) is not. A call whose
@@ -10,6 +16,7 @@ arguments were masked in the frontier is never sent: the model is told why inste
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,6 +42,8 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.messages import Message, ToolCall, ToolOutcome
 from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.run.events import CallDisposition, ToolCallFinished, ToolCallStarted
+from tesserix_adk.run.parallel import first_error, in_model_order
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
@@ -62,42 +71,97 @@ MASKED_CALL = (
 async def dispatch_turn(
     parts: RunParts, run: RunState, attempt: Attempt, calls: Sequence[OutstandingCall]
 ) -> None:
-    """Run the turn's calls one at a time in the model's order and append their results."""
+    """Run the turn's calls, at most ``agent.parallel_tool_calls`` at a time, each through
+    its own claim, and append their results in the model's order, whatever order they
+    finished in. A failure starts no more calls but lets those started finish (see
+    ``run.parallel``); then it is raised, and nothing of the turn is appended."""
     grants = {g.call_id: g for g in run.grants}
-    results: list[Message] = []
-    observed: list[dict[str, Any]] = []
-    for oc in calls:
-        tool = run.agent.tools.get(oc.call.name)
-        refused = oc.call.arguments.get(REFUSED_ARGUMENTS)
-        if refused is not None:
-            outcome = ToolOutcome(call_id=oc.call.id, content=f"not sent: {refused}", is_error=True)
-        elif tool is None:
-            outcome = ToolOutcome(
-                call_id=oc.call.id, content=f"unknown tool {oc.call.name!r}", is_error=True
-            )
-        elif tool.requires_approval and not _approved(grants.get(oc.call.id)):
-            outcome = ToolOutcome(
-                call_id=oc.call.id, content=_denial(grants.get(oc.call.id)), is_error=True
-            )
-        else:
-            outcome = await call_tool(parts, run, attempt, tool, oc)
-        results.append(Message.tool_result(outcome))
-        observed.append(
-            {
-                "call_id": oc.call.id,
-                "tool": oc.call.name,
-                "content": outcome.content,
-                "is_error": outcome.is_error,
-            }
-        )
-    run.messages.extend(results)
-    run.observation = observed
+    jobs = [functools.partial(_answer, parts, run, attempt, oc, grants) for oc in calls]
+    outcomes = await in_model_order(jobs, run.agent.parallel_tool_calls, choose=_turn_error)
+    run.messages.extend(Message.tool_result(outcome) for outcome in outcomes)
+    run.observation = [
+        {
+            "call_id": oc.call.id,
+            "tool": oc.call.name,
+            "content": outcome.content,
+            "is_error": outcome.is_error,
+        }
+        for oc, outcome in zip(calls, outcomes, strict=True)
+    ]
     # Grants of a finished turn are settled, every grant of its requests with them (a
     # request found again may have named calls by ids this turn does not use): a later
     # call that happens to get such an id is never taken for decided.
     answered = {c.call.id for c in calls}
     settled = {g.request for g in run.grants if g.call_id in answered}
     run.grants = [g for g in run.grants if g.call_id not in answered and g.request not in settled]
+
+
+async def _answer(
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    oc: OutstandingCall,
+    grants: Mapping[str, Grant],
+) -> ToolOutcome:
+    """One call's result: refused without a dispatch (unknown tool, refused arguments, not
+    approved), or through the dispatch unit."""
+    tool = run.agent.tools.get(oc.call.name)
+    refused = oc.call.arguments.get(REFUSED_ARGUMENTS)
+    if refused is not None:
+        content = f"not sent: {refused}"
+    elif tool is None:
+        content = f"unknown tool {oc.call.name!r}"
+    elif tool.requires_approval and not _approved(grants.get(oc.call.id)):
+        content = _denial(grants.get(oc.call.id))
+    else:
+        return await call_tool(parts, run, attempt, tool, oc)
+    outcome = ToolOutcome(call_id=oc.call.id, content=content, is_error=True)
+    _finished(run, attempt, oc, outcome, CallDisposition.refused)
+    return outcome
+
+
+def _turn_error(errors: Sequence[BaseException]) -> BaseException:
+    """The error a failed turn raises: every call found in doubt named in one refusal
+    (several may be, side by side), else the first failure."""
+    chosen = first_error(errors)
+    doubts = [e for e in errors if isinstance(e, IndeterminateToolCallError)]
+    if not isinstance(chosen, IndeterminateToolCallError) or len(doubts) < 2:
+        return chosen
+    calls = [c for e in doubts for c in e.calls]
+    return IndeterminateToolCallError(
+        f"cannot tell whether {len(calls)} call(s) ran: "
+        f"{'; '.join(c.describe() for c in calls)}; check the tools' own systems and record "
+        "what happened with `tesserix resolve`",
+        calls=calls,
+    )
+
+
+def _started(run: RunState, attempt: Attempt, oc: OutstandingCall) -> None:
+    attempt.emit(
+        ToolCallStarted(
+            run_id=run.run_id, iteration=run.iteration, call_id=oc.call.id, name=oc.call.name
+        )
+    )
+
+
+def _finished(
+    run: RunState,
+    attempt: Attempt,
+    oc: OutstandingCall,
+    outcome: ToolOutcome,
+    disposition: CallDisposition,
+) -> ToolOutcome:
+    attempt.emit(
+        ToolCallFinished(
+            run_id=run.run_id,
+            iteration=run.iteration,
+            call_id=oc.call.id,
+            name=oc.call.name,
+            disposition=disposition,
+            is_error=outcome.is_error,
+        )
+    )
+    return outcome
 
 
 async def call_tool(
@@ -118,12 +182,14 @@ async def call_tool(
     attempt.guard()
     if oc.key is None:
         if oc.redacted:
-            return ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
+            masked = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
+            return _finished(run, attempt, oc, masked, CallDisposition.refused)
+        _started(run, attempt, oc)
         try:
             outcome = await _invoke(attempt, tool, oc.call, ctx)
         except _NotSent as stop:
             raise stop.error from None
-        return _told(parts, outcome)
+        return _finished(run, attempt, oc, _told(parts, outcome), CallDisposition.dispatched)
     rec = await _claim(parts, run, attempt, tool, oc)
     if _held_elsewhere(rec, attempt) and not oc.redacted and _safe_to_resend(tool):
         # Another attempt's claim (an earlier one of this run, or a live run sharing a
@@ -133,7 +199,11 @@ async def call_tool(
         attempt.takeover_keys.add(oc.key)
         rec = await _claim(parts, run, attempt, tool, oc)
     if rec.status is RecordStatus.completed and rec.outcome is not None:
-        return decode_outcome(rec.outcome, oc.call.id)
+        _started(run, attempt, oc)
+        known = decode_outcome(rec.outcome, oc.call.id)
+        # Recorded with a ``by``: a reconciler or an operator said what happened.
+        how = CallDisposition.settled if rec.by else CallDisposition.replayed
+        return _finished(run, attempt, oc, known, how)
     if _held_elsewhere(rec, attempt):
         doubt = PlannedCall(
             call_id=oc.call.id,
@@ -157,9 +227,12 @@ async def call_tool(
             f"the record of {tool.name} ({oc.call.id}) is {rec.status} without an outcome; "
             "it is not sent again"
         )
+    how = CallDisposition.dispatched
     if oc.redacted:
+        how = CallDisposition.refused
         outcome = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
     else:
+        _started(run, attempt, oc)
         try:
             outcome = await _invoke(attempt, tool, oc.call, ctx)
         except _NotSent as stop:
@@ -177,8 +250,8 @@ async def call_tool(
         # it recorded is the answer, or ours while it has recorded nothing yet.
         taken = await _read_back(parts, run, oc.key)
         if taken is not None and taken.status is RecordStatus.completed and taken.outcome:
-            return decode_outcome(taken.outcome, oc.call.id)
-    return recorded.outcome if recorded.replaced else outcome
+            return _finished(run, attempt, oc, decode_outcome(taken.outcome, oc.call.id), how)
+    return _finished(run, attempt, oc, recorded.outcome if recorded.replaced else outcome, how)
 
 
 def _held_elsewhere(rec: IdempotencyRecord, attempt: Attempt) -> bool:
