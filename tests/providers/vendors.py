@@ -16,8 +16,10 @@ from .fake_server import (
     Reply,
     anthropic_error,
     anthropic_message,
+    anthropic_stream,
     openai_completion,
     openai_error,
+    openai_stream,
 )
 
 SDKProvider = OpenAIProvider | AnthropicProvider
@@ -72,6 +74,22 @@ class Vendor:
         if self.name == "openai":
             return openai_completion(text, calls, usage=usage)
         return anthropic_message(text, calls, usage=usage)
+
+    def streamed(
+        self,
+        text: str | None = None,
+        calls: Sequence[Call] = (),
+        *,
+        usage: tuple[int, int] = (120, 30),
+        cut_after: int | None = None,
+        hold_after: int | None = None,
+    ) -> Reply:
+        """A successful reply as this vendor streams it (server-sent events), maybe cut
+        short after ``cut_after`` frames or held open after ``hold_after``."""
+        build = openai_stream if self.name == "openai" else anthropic_stream
+        return Reply(
+            events=build(text, calls, usage=usage), cut_after=cut_after, hold_after=hold_after
+        )
 
     def error(self, status: int, message: str = "something went wrong") -> Reply:
         """An error reply shaped like this vendor's."""

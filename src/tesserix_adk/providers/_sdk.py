@@ -4,24 +4,39 @@ Both wrap a vendor SDK's async client the same way: they own the client only whe
 built it (``aclose`` and ``async with`` close only that one), they collect the API keys that
 must never reach an error text, they translate the SDK's errors into ``ProviderError`` at
 this boundary, and they read a reply that lacks its fields as "ask again". A vendor module
-supplies only the wire: the request body, the call, and reading the reply.
+supplies only the wire: the request body, the call, and reading the reply (and, to stream,
+one streamed call that assembles the whole message).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from tesserix_adk.errors import ConfigurationError, ProviderError
 from tesserix_adk.messages import Message, Usage
 from tesserix_adk.providers._common import scrub, strip_vendor, translate_sdk_error
-from tesserix_adk.providers.base import ModelRequest, ModelResponse
+from tesserix_adk.providers.base import ModelRequest, ModelResponse, TextSink
 from tesserix_adk.providers.pricing import Prices, cost_micros, price_for
 
-__all__ = ["SDKClient", "SDKProvider"]
+__all__ = ["SDKClient", "SDKProvider", "StreamCut", "Streamed"]
 
 # What a malformed reply raises while we read it; read as "ask again", never as a bug in
 # the caller's request.
 MALFORMED_REPLY = (AttributeError, IndexError, KeyError, TypeError, ValueError)
+
+
+class StreamCut(Exception):
+    """A stream that ended before the vendor said the message was complete."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Streamed:
+    """A streamed reply once it is whole: the message, its usage, the model that answered."""
+
+    message: Message
+    usage: Usage = field(default_factory=Usage)
+    model: str | None = None
 
 
 class SDKClient(Protocol):
@@ -119,7 +134,25 @@ class SDKProvider(Generic[ClientT]):
                 retryable=True,
             ) from exc
         reported = getattr(wire, "model", None)
-        price = price_for(self.prices, self.model, reported if isinstance(reported, str) else None)
+        return self._priced(message, usage, reported if isinstance(reported, str) else None)
+
+    async def complete_streaming(self, request: ModelRequest, on_text: TextSink) -> ModelResponse:
+        """One streamed model call: ``on_text`` hears the text as it arrives, and the whole
+        message (calls and their arguments, usage from the last event) is assembled before
+        this returns. The SDK retries only until the stream begins; a stream that breaks
+        or ends early after that is a retryable ``ProviderError``, never a partial message."""
+        body = self.request_body(request)
+        try:
+            streamed = await self._stream(body, on_text)
+        except Exception as exc:
+            error = self._stream_error(exc)
+            if error is None:
+                raise
+            raise error from exc
+        return self._priced(streamed.message, streamed.usage, streamed.model)
+
+    def _priced(self, message: Message, usage: Usage, reported: str | None) -> ModelResponse:
+        price = price_for(self.prices, self.model, reported)
         return ModelResponse(message=message, usage=usage, cost_micros=cost_micros(usage, price))
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
@@ -140,10 +173,35 @@ class SDKProvider(Generic[ClientT]):
         """The reply as our message and its usage."""
         raise NotImplementedError
 
+    async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Streamed:
+        """One streamed call with ``body``, its text told to ``on_text``; ``StreamCut`` if
+        the stream ends before the vendor's last event."""
+        raise NotImplementedError
+
     # --- shared ----------------------------------------------------------------------------
 
     def _scrub(self, text: str) -> str:
         return scrub(text, self._secrets)
+
+    def _stream_error(self, exc: Exception) -> ProviderError | None:
+        """Why a streamed call failed, as a ``ProviderError``; ``None`` for what is not
+        the SDK's, the transport's or a broken stream's."""
+        error = self._translate(exc)
+        if error is not None:
+            return error
+        where = f"{self.vendor} {self.model}"
+        if isinstance(exc, StreamCut):
+            return ProviderError(f"{where}: the stream ended early: {exc}", retryable=True)
+        if _is_transport_error(exc):
+            return ProviderError(
+                f"{where}: the stream broke: {type(exc).__name__}: {self._scrub(str(exc))}",
+                retryable=True,
+            )
+        if isinstance(exc, MALFORMED_REPLY):
+            return ProviderError(
+                f"{where}: malformed stream event: {self._scrub(str(exc))}", retryable=True
+            )
+        return None
 
     def _translate(self, exc: Exception) -> ProviderError | None:
         """The SDK's error as a ``ProviderError``; ``None`` for what is not the SDK's."""
@@ -154,3 +212,13 @@ class SDKProvider(Generic[ClientT]):
             where=f"{self.vendor} {self.model}",
             scrub=self._scrub,
         )
+
+
+def _is_transport_error(exc: Exception) -> bool:
+    """An HTTP transport failure raised while a stream is read: some SDKs pass those on
+    unwrapped once the response has begun. Known by name, so the kit does not import the
+    HTTP library (``httpx`` or ``httpx2``, whichever the SDK uses) itself."""
+    return any(
+        c.__name__ == "TransportError" and c.__module__.split(".")[0].startswith("httpx")
+        for c in type(exc).__mro__
+    )

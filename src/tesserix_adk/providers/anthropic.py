@@ -14,9 +14,13 @@ the SDK's errors into ``ProviderError`` once, at this boundary.
   rejected request (400, 401, 403, 404, 413, 422) is ``retryable=False``: the run ends
   ``failed``. A body that is not JSON or lacks a message's fields is ``retryable=True``.
 - The provider never runs a tool, so it never repeats one.
-- No streaming: the kit calls the non-streaming endpoint, so the ``after_model_call``
-  checkpoint is written only once the whole message has arrived. Content blocks other than
-  ``text`` and ``tool_use`` (e.g. thinking, which is not requested) are not kept.
+- Streaming (``complete_streaming``, used by ``AgentRunner.stream``) goes through the SDK's
+  ``messages.stream``: text deltas are told on as they come, and the SDK's accumulated
+  message is read only after ``message_stop``, so the ``after_model_call`` checkpoint is
+  written only once the whole message has arrived, as without streaming. A stream that
+  breaks, or ends before ``message_stop``, is ``retryable=True``: nothing of it is kept.
+- Content blocks other than ``text`` and ``tool_use`` (e.g. thinking, which is not
+  requested) are not kept.
 - The API key lives in the SDK client only; it is never put in a message, and is scrubbed
   from error text.
 """
@@ -40,8 +44,8 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall, Usage
 from tesserix_adk.providers._common import MALFORMED_ARGUMENTS
-from tesserix_adk.providers._sdk import SDKProvider
-from tesserix_adk.providers.base import ModelRequest
+from tesserix_adk.providers._sdk import SDKProvider, StreamCut, Streamed
+from tesserix_adk.providers.base import ModelRequest, TextSink
 from tesserix_adk.providers.pricing import Price, Prices
 from tesserix_adk.tools import ToolSpec
 
@@ -116,6 +120,21 @@ class AnthropicProvider(SDKProvider[anthropic.AsyncAnthropic]):
         if not isinstance(wire, WireMessage):
             raise TypeError(f"the body is a {type(wire).__name__}, not a message")
         return _read_message(wire)
+
+    async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Streamed:
+        stopped = False
+        async with self._client.messages.stream(**body) as stream:
+            async for event in stream:
+                if event.type == "text":
+                    on_text(event.text)
+                elif event.type == "message_stop":
+                    stopped = True
+            if not stopped:
+                # The SDK hands out its snapshot however far the stream got.
+                raise StreamCut("no message_stop")
+            wire = await stream.get_final_message()
+        message, usage = _read_message(wire)
+        return Streamed(message=message, usage=usage, model=str(wire.model))
 
 
 # --- our messages → the wire ----------------------------------------------------------------

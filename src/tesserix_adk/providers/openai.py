@@ -11,8 +11,12 @@ the SDK's errors into ``ProviderError`` once, at this boundary.
   request (400, 401, 403, 404, 422) is ``retryable=False``: the run ends ``failed``.
 - A body that is not JSON or lacks the fields of a completion is ``retryable=True``.
 - The provider never runs a tool, so it never repeats one.
-- No streaming: the kit calls the non-streaming endpoint, so the ``after_model_call``
-  checkpoint is written only once the whole message has arrived.
+- Streaming (``complete_streaming``, used by ``AgentRunner.stream``) sends ``stream=True``
+  with ``stream_options={"include_usage": True}``, tells the text deltas on as they come and
+  assembles the whole message (tool calls from their argument fragments, usage from the last
+  chunk) before returning, so the ``after_model_call`` checkpoint is written only once the
+  whole message has arrived, as without streaming. A stream that breaks, or ends before a
+  ``finish_reason``, is ``retryable=True``: nothing of it is kept, the model is asked again.
 - Tool-call arguments that are not a JSON object are kept as
   ``{"_malformed_arguments": "<raw text>"}``: the tool's validation refuses them, the model
   is answered with an ``is_error`` result and can ask again, and the raw text is sent back
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 try:
@@ -38,8 +43,8 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall, Usage
 from tesserix_adk.providers._common import arguments_from_text, arguments_to_text
-from tesserix_adk.providers._sdk import SDKProvider
-from tesserix_adk.providers.base import ModelRequest
+from tesserix_adk.providers._sdk import SDKProvider, StreamCut, Streamed
+from tesserix_adk.providers.base import ModelRequest, TextSink
 from tesserix_adk.providers.pricing import Price, Prices
 from tesserix_adk.tools import ToolSpec
 
@@ -118,6 +123,16 @@ class OpenAIProvider(SDKProvider[openai.AsyncOpenAI]):
         if not isinstance(wire, ChatCompletion):
             raise TypeError(f"the body is a {type(wire).__name__}, not a completion")
         return _read_completion(wire)
+
+    async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Streamed:
+        stream = await self._client.chat.completions.create(
+            **body, stream=True, stream_options={"include_usage": True}
+        )
+        reply = _StreamedReply()
+        async with stream:
+            async for chunk in stream:
+                reply.add(chunk, on_text)
+        return reply.whole()
 
 
 # --- our messages → the wire ----------------------------------------------------------------
@@ -218,6 +233,73 @@ def _read_completion(completion: ChatCompletion) -> tuple[Message, Usage]:
             output_tokens=int(completion.usage.completion_tokens or 0),
         )
     return Message.assistant(text, calls), usage
+
+
+@dataclass(slots=True)
+class _CallFragments:
+    id: str = ""
+    name: str = ""
+    kind: str | None = None
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _StreamedReply:
+    """A streamed completion as its chunks arrive; whole once a choice has finished."""
+
+    text: list[str] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
+    calls: dict[int, _CallFragments] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    model: str | None = None
+    finished: bool = False
+
+    def add(self, chunk: Any, on_text: TextSink) -> None:
+        self.model = chunk.model or self.model
+        if chunk.usage is not None:  # the last chunk, with no choices
+            self.usage = Usage(
+                input_tokens=int(chunk.usage.prompt_tokens or 0),
+                output_tokens=int(chunk.usage.completion_tokens or 0),
+            )
+        for choice in chunk.choices:
+            if choice.index != 0:
+                continue  # one choice is asked for
+            delta = choice.delta
+            if delta.content:
+                self.text.append(delta.content)
+                on_text(delta.content)
+            if getattr(delta, "refusal", None):
+                self.refusal.append(str(delta.refusal))
+            for fragment in delta.tool_calls or ():
+                call = self.calls.setdefault(int(fragment.index), _CallFragments())
+                call.id = fragment.id or call.id
+                call.kind = fragment.type or call.kind
+                if fragment.function is not None:
+                    # The name comes whole in one fragment; the arguments in pieces.
+                    call.name = fragment.function.name or call.name
+                    if fragment.function.arguments:
+                        call.arguments.append(fragment.function.arguments)
+            if choice.finish_reason is not None:
+                self.finished = True
+
+    def whole(self) -> Streamed:
+        if not self.finished:
+            raise StreamCut("no choice finished")
+        calls = []
+        for _, fragments in sorted(self.calls.items()):
+            if fragments.kind not in (None, "function"):
+                raise TypeError(f"a tool call of type {fragments.kind!r}")
+            if not fragments.id or not fragments.name:
+                raise ValueError("a streamed tool call without its id or name")
+            calls.append(
+                ToolCall(
+                    id=fragments.id,
+                    name=fragments.name,
+                    arguments=arguments_from_text("".join(fragments.arguments)),
+                )
+            )
+        text = "".join(self.text) or "".join(self.refusal)
+        return Streamed(message=Message.assistant(text, calls), usage=self.usage, model=self.model)
 
 
 def _read_call(call: Any) -> ToolCall:

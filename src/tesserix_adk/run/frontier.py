@@ -3,6 +3,7 @@
 A frontier is written only at a settled boundary (after the model's whole answer, after all
 results of a turn, before an approval), never mid-dispatch. A checkpoint failure never
 fails the live run — except where the frontier is the only record a call will ever have.
+A streamed run hears of each frontier once it is durable (``FrontierWritten``), never before.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tesserix_adk.checkpoint.payload import (
 )
 from tesserix_adk.errors import AdkError, CheckpointTooLargeError, StoreUnavailableError
 from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.run.events import FrontierWritten
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.state import RunState
 
@@ -63,7 +65,10 @@ async def write_frontier(
         checkpoints.last_error = redacted_error(exc, parts.redactor)
         _log.warning("run %s: state not checkpointed: %s", run.run_id, checkpoints.last_error)
         return False
-    return await checkpoints.write(frontier, cursor=run.cursor)
+    written = await checkpoints.write(frontier, cursor=run.cursor)
+    if written:
+        attempt.emit(FrontierWritten(run_id=run.run_id, step=run.step, boundary=boundary))
+    return written
 
 
 async def write_frontier_naming_unkeyed(

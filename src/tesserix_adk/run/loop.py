@@ -5,6 +5,9 @@
 3. each call in the model's order through the dispatch unit;
 4. all results appended → ``after_tool_result``; next iteration.
 
+A streamed run (``attempt.events``) hears the model's text as it arrives and each call it
+asked for once its whole message is in; nothing of a message is kept before it is whole.
+
 A run resumed past its frontier must ask again for exactly the side-effecting calls it
 already made at each iteration; the first turn that does not is refused at once, before
 anything of that turn is written or sent.
@@ -32,11 +35,12 @@ from tesserix_adk.errors import (
     StoreUnavailableError,
 )
 from tesserix_adk.messages import Message, ToolCall
-from tesserix_adk.providers.base import ModelRequest, ModelResponse
+from tesserix_adk.providers.base import ModelRequest, ModelResponse, StreamingProvider
 from tesserix_adk.run.approvals import ask_approval, take_decision
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.dispatch import REFUSED_ARGUMENTS, dispatch_turn
+from tesserix_adk.run.events import TextDelta, ToolCallAsked
 from tesserix_adk.run.frontier import write_frontier, write_frontier_naming_unkeyed
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.result import Run, RunStatus
@@ -70,6 +74,16 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
         message = _within_nesting(response.message)
         run.steps_used += 1
         run.messages.append(message)
+        for call in message.tool_calls:
+            attempt.emit(
+                ToolCallAsked(
+                    run_id=run.run_id,
+                    iteration=run.iteration,
+                    call_id=call.id,
+                    name=call.name,
+                    arguments=call.arguments,
+                )
+            )
         if not message.tool_calls:
             return await _finish(parts, run, attempt, RunStatus.completed, output=message.text)
         calls = outstanding_calls(run, message.tool_calls)
@@ -224,7 +238,7 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
         iteration=run.iteration,
     )
     try:
-        response = await parts.provider.complete(request)
+        response = await _ask(parts, run, attempt, request)
     except ConfigurationError:
         raise  # a usage mistake, not a run failure: nothing durable is written
     except AdkError as exc:
@@ -253,4 +267,25 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
             raise
         except Exception as exc:
             raise StoreUnavailableError(f"the ledger is unreachable: {exc}") from exc
+    return response
+
+
+async def _ask(
+    parts: RunParts, run: RunState, attempt: Attempt, request: ModelRequest
+) -> ModelResponse:
+    """The model's whole answer; its text streamed to whoever listens as it arrives (all
+    at once from a provider that cannot stream)."""
+    provider = parts.provider
+    if attempt.events is None:
+        return await provider.complete(request)
+    iteration = run.iteration
+
+    def on_text(text: str) -> None:
+        attempt.emit(TextDelta(run_id=run.run_id, iteration=iteration, text=text))
+
+    if isinstance(provider, StreamingProvider):
+        return await provider.complete_streaming(request, on_text)
+    response = await provider.complete(request)
+    if response.message.text:
+        on_text(response.message.text)
     return response

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
@@ -37,6 +37,7 @@ from tesserix_adk.messages import Message
 from tesserix_adk.providers.base import Provider
 from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_holder
 from tesserix_adk.run.cancelling import cancelled_frontier, request_cancel
+from tesserix_adk.run.events import EventSink, RunEvent
 from tesserix_adk.run.ids import MAX_ID_BYTES, check_ids, id_problem
 from tesserix_adk.run.loop import carry_on, run_loop
 from tesserix_adk.run.parts import RunParts
@@ -51,6 +52,7 @@ from tesserix_adk.run.resume import (
     resumable,
 )
 from tesserix_adk.run.state import RunState
+from tesserix_adk.run.streaming import stream_run
 from tesserix_adk.stores.protocols import (
     ApprovalStore,
     HistoryStore,
@@ -199,12 +201,42 @@ class AgentRunner:
         ``stop()`` is asked at each boundary between turns; a reason it returns stops the
         run there with ``RunStoppedError`` (a draining worker), to be carried on later.
         """
+        attempt = Attempt(holder=new_holder(self.worker), stop=stop)
+        return await self._start(attempt, agent, input, tenant, run_id, state)
+
+    def stream(
+        self,
+        agent: Agent,
+        input: str | Message | Sequence[Message],
+        *,
+        tenant: str,
+        run_id: str | None = None,
+        state: Any = None,
+        stop: StopSignal | None = None,
+    ) -> AsyncIterator[RunEvent]:
+        """``run`` as an async iterator of its events, ending with ``RunFinished``. Leaving
+        it early stops the run (lease released, resumable): see ``run.streaming``."""
+
+        def start(events: EventSink) -> Coroutine[Any, Any, Run]:
+            attempt = Attempt(holder=new_holder(self.worker), stop=stop, events=events)
+            return self._start(attempt, agent, input, tenant, run_id, state)
+
+        return stream_run(start, name=f"stream:{run_id or 'new run'}")
+
+    async def _start(
+        self,
+        attempt: Attempt,
+        agent: Agent,
+        input: str | Message | Sequence[Message],
+        tenant: str,
+        run_id: str | None,
+        state: Any,
+    ) -> Run:
         self._check_agent(agent)
         run_id = f"run_{secrets.token_hex(8)}" if run_id is None else run_id
         check_ids(tenant=tenant, run_id=run_id)
         run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=_as_messages(input))
         run.state = state
-        attempt = Attempt(holder=new_holder(self.worker), stop=stop)
         async with self._holding(attempt, tenant, run_id):
             if self.checkpoints is not None:
                 existing = await self.checkpoints.store.latest(tenant, run_id)
@@ -242,10 +274,38 @@ class AgentRunner:
         CLI prints its summary there. ``holder`` is this attempt's holder id. Calls in doubt
         whose tool has a reconciler are settled by it first. ``stop`` as for ``run``.
         """
+        attempt = Attempt(holder=new_holder(self.worker), stop=stop)
+        return await self._resume(attempt, agent, run_id, tenant, on_frontier)
+
+    def stream_resume(
+        self,
+        agent: Agent,
+        run_id: str,
+        *,
+        tenant: str,
+        on_frontier: FrontierObserver | None = None,
+        stop: StopSignal | None = None,
+    ) -> AsyncIterator[RunEvent]:
+        """``resume`` as an async iterator of its events, ending with ``RunFinished``;
+        leaving it early stops the run as for ``stream``."""
+
+        def start(events: EventSink) -> Coroutine[Any, Any, Run]:
+            attempt = Attempt(holder=new_holder(self.worker), stop=stop, events=events)
+            return self._resume(attempt, agent, run_id, tenant, on_frontier)
+
+        return stream_run(start, name=f"stream-resume:{run_id}")
+
+    async def _resume(
+        self,
+        attempt: Attempt,
+        agent: Agent,
+        run_id: str,
+        tenant: str,
+        on_frontier: FrontierObserver | None,
+    ) -> Run:
         self._check_agent(agent)
         check_ids(tenant=tenant, run_id=run_id)
         checkpoints = self._require_checkpoints()
-        attempt = Attempt(holder=new_holder(self.worker), stop=stop)
         claim = RunClaim(
             self.idempotency,
             tenant=tenant,
