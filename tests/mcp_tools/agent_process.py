@@ -1,10 +1,11 @@
 """A runner process for the crash tests: the booking agent over the test MCP server (stdio).
 
-``python agent_process.py STORE_URL RUN_ID EFFECTS_DB [--hold DIR] [--resume]
-[--reconcile]`` runs (or resumes) the run and prints ``RESULT <status>`` or ``ERROR <type>:
-<message>``. ``--hold`` makes the server hold inside ``book_seat`` for the parent to kill
-this process there; ``--reconcile`` gives ``book_seat`` a reconciler that asks the server,
-by the call's idempotency key, whether the booking was made.
+``python agent_process.py STORE_URL RUN_ID EFFECTS_DB [--hold DIR] [--hold-tool NAME]
+[--resume] [--reconcile]`` runs (or resumes) the run and prints ``RESULT <status>`` or
+``ERROR <type>: <message>``. ``--hold`` makes the server hold inside ``book_seat`` (or
+``--hold-tool``) for the parent to kill this process there; ``--reconcile`` gives
+``book_seat`` a reconciler that asks the server, by the call's idempotency key, whether the
+booking was made.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ from tesserix_adk.mcp import MCPToolOverride, MCPToolset
 
 SERVER = str(Path(__file__).with_name("server.py"))
 TENANT = "acme"
-TURNS: list[Any] = [[("book_seat", {"flight": "LH123"})], "Booked."]
+TURNS: list[Any] = [
+    [("find_flights", {"origin": "FRA", "dest": "JFK"})],
+    [("book_seat", {"flight": "LH123"})],
+    "Booked.",
+]
 
 
 def _toolset(args: argparse.Namespace) -> MCPToolset:
@@ -40,6 +45,7 @@ def _toolset(args: argparse.Namespace) -> MCPToolset:
     env = {"MCP_EFFECTS_DB": args.effects}
     if args.hold:
         env["MCP_HOLD_DIR"] = args.hold
+        env["MCP_HOLD_TOOL"] = args.hold_tool
     overrides = {"book_seat": MCPToolOverride(reconcile=by_key)} if args.reconcile else None
     toolset = MCPToolset.stdio(sys.executable, [SERVER], env=env, overrides=overrides)
     return toolset
@@ -77,6 +83,7 @@ def main() -> int:
     parser.add_argument("run")
     parser.add_argument("effects")
     parser.add_argument("--hold")
+    parser.add_argument("--hold-tool", default="book_seat")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--reconcile", action="store_true")
     return asyncio.run(_main(parser.parse_args()))

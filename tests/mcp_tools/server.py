@@ -3,8 +3,10 @@
 ``python server.py`` serves over stdio; ``python server.py http PORT`` over streamable HTTP
 on 127.0.0.1. Every ``book_seat`` call is recorded, with the idempotency key its request's
 ``_meta`` carried, in the SQLite file named by ``MCP_EFFECTS_DB``, so a test counts effects.
-With ``MCP_HOLD_DIR`` set, ``book_seat`` records its effect, writes ``inside`` there and
-waits for ``release`` (at most a minute), so a test kills the client while it is in flight.
+``find_flights`` calls are logged there too (they change nothing; a test counts sends).
+With ``MCP_HOLD_DIR`` set, the tool named by ``MCP_HOLD_TOOL`` (``book_seat`` unless set)
+records its call, writes ``inside`` there and waits for ``release`` (at most a minute), so
+a test kills the client while the call is in flight.
 ``MCP_TOOLS_VARIANT`` changes the listed tools: ``schema`` (a new parameter), ``annotations``
 (``book_seat`` idempotent) or ``added`` (one more tool).
 """
@@ -43,9 +45,9 @@ def _record(tool: str, flight: str, key: str | None) -> int:
     return int(count)
 
 
-def _hold() -> None:
+def _hold(tool: str) -> None:
     where = os.environ.get("MCP_HOLD_DIR")
-    if not where:
+    if not where or os.environ.get("MCP_HOLD_TOOL", "book_seat") != tool:
         return
     hold = Path(where)
     (hold / "inside").write_text(str(os.getpid()))
@@ -59,8 +61,10 @@ def build(variant: str) -> MCPServer:
     read_only = ToolAnnotations(read_only_hint=True)
 
     @server.tool(annotations=read_only)
-    def find_flights(origin: str, dest: str) -> str:
+    def find_flights(origin: str, dest: str, ctx: Context) -> str:
         """Find flights between two airports."""
+        _record("find_flights", f"{origin}-{dest}", _key(ctx))
+        _hold("find_flights")
         return f"LH123 {origin}-{dest}"
 
     if variant == "schema":
@@ -77,7 +81,7 @@ def build(variant: str) -> MCPServer:
         def book_seat(flight: str, ctx: Context) -> str:  # type: ignore[misc]
             """Book a seat on a flight."""
             count = _record("book_seat", flight, _key(ctx))
-            _hold()
+            _hold("book_seat")
             return f"booking B{count}"
 
     @server.tool(annotations=ToolAnnotations(idempotent_hint=True))

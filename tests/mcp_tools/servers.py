@@ -28,11 +28,12 @@ class Effects:
     def env(self, **extra: str) -> dict[str, str]:
         return {"MCP_EFFECTS_DB": self.path, **extra}
 
-    def keys(self) -> list[str | None]:
+    def keys(self, tool: str = "book_seat") -> list[str | None]:
+        """The idempotency key of each call of ``tool`` the server received, in order."""
         if not Path(self.path).exists():
             return []
         with sqlite3.connect(self.path) as conn:
-            rows = conn.execute("select key from effects where tool = 'book_seat'").fetchall()
+            rows = conn.execute("select key from effects where tool = ?", (tool,)).fetchall()
         return [r[0] for r in rows]
 
 

@@ -43,14 +43,14 @@ class Crash:
             text=True,
         )
 
-    def kill_inside_book_seat(self, run_id: str) -> None:
-        proc = self.process(run_id, "--hold", str(self.hold))
+    def kill_inside(self, run_id: str, tool: str = "book_seat") -> None:
+        proc = self.process(run_id, "--hold", str(self.hold), "--hold-tool", tool)
         inside = self.hold / "inside"
         deadline = time.monotonic() + 30
         while not inside.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                raise AssertionError(f"never reached book_seat: {proc.communicate()}")
+                raise AssertionError(f"never reached {tool}: {proc.communicate()}")
             time.sleep(0.02)
         self.server_pid = int(inside.read_text())
         os.kill(proc.pid, signal.SIGKILL)
@@ -71,10 +71,10 @@ class Crash:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.server_pid, signal.SIGKILL)
 
-    async def book_seat_record(self, run_id: str) -> tuple[RecordStatus, str | None]:
+    async def record(self, run_id: str, tool: str = "book_seat") -> tuple[RecordStatus, str | None]:
         async with open_stores(self.store) as stores:
             records = await stores.idempotency.records("acme", run_id)
-        (record,) = [r for r in records if r.tool == "book_seat"]
+        (record,) = [r for r in records if r.tool == tool]
         return record.status, record.by
 
 
@@ -90,22 +90,38 @@ def crash(tmp_path: Path) -> Iterator[Crash]:
 async def test_killed_while_the_mcp_call_is_in_flight_the_resume_refuses_naming_it(
     crash: Crash,
 ) -> None:
-    crash.kill_inside_book_seat("r1")
+    crash.kill_inside("r1")
     assert len(crash.effects.keys()) == 1
     code, out = crash.resume("r1")
     assert code == 4, out
     assert "ERROR IndeterminateToolCallError" in out and "book_seat" in out
     assert len(crash.effects.keys()) == 1
-    assert (await crash.book_seat_record("r1"))[0] is RecordStatus.in_flight
+    assert (await crash.record("r1"))[0] is RecordStatus.in_flight
 
 
 async def test_killed_while_the_mcp_call_is_in_flight_a_reconciler_settles_it_by_its_key(
     crash: Crash,
 ) -> None:
-    crash.kill_inside_book_seat("r2")
+    crash.kill_inside("r2")
     (key,) = crash.effects.keys()
     code, out = crash.resume("r2", "--reconcile")
     assert code == 0, out
     assert "RESULT completed" in out
     assert crash.effects.keys() == [key]
-    assert await crash.book_seat_record("r2") == (RecordStatus.completed, "reconciler:book_seat")
+    assert await crash.record("r2") == (RecordStatus.completed, "reconciler:book_seat")
+
+
+async def test_killed_while_a_read_only_mcp_call_is_in_flight_the_resume_sends_it_again(
+    crash: Crash,
+) -> None:
+    """readOnlyHint made it free of side effects, so sending it again is safe: the resume
+    does, under the same key, and the run goes on to book exactly once."""
+    crash.kill_inside("r3", "find_flights")
+    (key,) = crash.effects.keys("find_flights")
+    assert crash.effects.keys() == []
+    code, out = crash.resume("r3")
+    assert code == 0, out
+    assert "RESULT completed" in out
+    assert crash.effects.keys("find_flights") == [key, key]
+    assert len(crash.effects.keys()) == 1
+    assert (await crash.record("r3", "find_flights"))[0] is RecordStatus.completed
