@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from mcp_tools.servers import Effects, free_port, http_server, stdio
+from mcp_tools.servers import SERVER, Effects, free_port, http_server, stdio
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -220,3 +221,60 @@ async def test_a_server_that_changed_its_tools_is_a_changed_agent_and_resume_ref
             with pytest.raises(RevisionMismatchError):
                 await runner.resume(changed, "v1", tenant=T)
     assert effects.keys() == []
+
+
+async def test_a_prefix_names_the_kit_tool_and_the_server_is_asked_for_its_own_name(
+    tmp_path: Path,
+) -> None:
+    effects = Effects(tmp_path)
+    toolset = MCPToolset.stdio(sys.executable, [SERVER], env=effects.env(), prefix="airline_")
+    provider = _Told([[("airline_book_seat", {"flight": "LH7"})], "Booked."])
+    async with toolset, open_stores("memory://") as stores:
+        assert "airline_book_seat" in {t.name for t in toolset.tools}
+        agent = Agent("booking", "Book.", toolset.tools)
+        run = await _runner(provider, stores).run(agent, "book", tenant=T, run_id="p1")
+    assert run.status is RunStatus.completed
+    assert provider.tool_results() == [("booking B1", False)]
+    assert len(effects.keys()) == 1
+
+
+async def test_an_unkeyed_tool_sends_no_key(tmp_path: Path) -> None:
+    effects = Effects(tmp_path)
+    overrides = {"book_seat": MCPToolOverride(key=None)}
+    provider = _Told([[("book_seat", {"flight": "LH7"})], "Booked."])
+    async with stdio(effects, overrides=overrides) as toolset, open_stores("memory://") as stores:
+        agent = Agent("booking", "Book.", toolset.tools)
+        await _runner(provider, stores).run(agent, "book", tenant=T, run_id="u1")
+    assert effects.keys() == [None]
+
+
+async def test_a_call_past_its_timeout_is_a_lost_reply_and_the_connection_stays(
+    tmp_path: Path,
+) -> None:
+    effects, hold = Effects(tmp_path), tmp_path / "hold"
+    hold.mkdir()
+    toolset = MCPToolset.stdio(
+        sys.executable,
+        [SERVER],
+        env=effects.env(MCP_HOLD_DIR=str(hold)),
+        call_timeout=0.5,
+    )
+    async with toolset:
+        with pytest.raises(MCPReplyLostError, match="may have run") as lost:
+            await toolset.call("book_seat", {"flight": "LH1"}, key="k-1")
+        assert lost.value.outcome_unknown
+        (hold / "release").write_text("")
+        assert await toolset.call("find_flights", {"origin": "FRA", "dest": "JFK"}) == (
+            "LH123 FRA-JFK"
+        )
+    assert effects.keys() == ["k-1"]
+
+
+async def test_tools_are_asked_for_only_while_connected(tmp_path: Path) -> None:
+    toolset = stdio(Effects(tmp_path))
+    with pytest.raises(ConfigurationError, match="not connected"):
+        _ = toolset.tools
+    async with toolset:
+        assert toolset.tools
+    with pytest.raises(ConfigurationError, match="not connected"):
+        await toolset.call("find_flights", {"origin": "FRA", "dest": "JFK"})
