@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
-from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.errors import AdkError, ConfigurationError
 from tesserix_adk.mcp.errors import MCPReplyLostError, MCPToolError, MCPUnavailableError
 from tesserix_adk.mcp.tools import (
     IDEMPOTENCY_KEY_META,
@@ -29,7 +29,7 @@ try:
     import mcp
     from mcp import Client, StdioServerParameters
     from mcp.shared.exceptions import MCPError as SdkError
-    from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+    from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, RequestParamsMeta
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
     raise ImportError(
         'tesserix_adk.mcp needs the MCP SDK: pip install "tesserix-adk[mcp]"'
@@ -140,7 +140,8 @@ class MCPToolset:
             tools = self._kit_tools(listed)
         except BaseException as exc:
             await stack.aclose()
-            if isinstance(exc, Exception) and not isinstance(exc, ConfigurationError):
+            # The SDK's and the transports' errors are translated; the kit's own stand.
+            if isinstance(exc, Exception) and not isinstance(exc, AdkError):
                 raise _connect_error(self._where(), exc) from exc
             raise
         self._stack, self._client, self._tools, self._lost = stack, client, tools, None
@@ -169,7 +170,8 @@ class MCPToolset:
                 f"{name} was not sent: the connection to {self._where()} was lost earlier "
                 f"({self._lost})"
             )
-        meta: Any = None if key is None else {IDEMPOTENCY_KEY_META: key}
+        # An open TypedDict (extra_items, PEP 728) that mypy does not read yet: hence the cast.
+        meta = None if key is None else cast(RequestParamsMeta, {IDEMPOTENCY_KEY_META: key})
         try:
             result = await client.call_tool(name, dict(arguments), meta=meta)
         except SdkError as exc:
