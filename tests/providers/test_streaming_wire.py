@@ -169,6 +169,27 @@ async def test_stream_cut_mid_call_saves_nothing_and_resume_asks_again(
     assert model_server.bodies[3]["messages"][-1] != model_server.bodies[1]["messages"][-1]
 
 
+async def test_an_error_event_mid_stream_is_retryable_and_resume_asks_again(
+    vendor: Vendor, model_server: ModelServer, new_provider: NewProvider, airline: Airline
+) -> None:
+    model_server.queue(vendor.streamed(calls=[BOOK]), vendor.broken_off(ANSWER))
+    world = World()
+    agent = booking_agent(airline)
+    with pytest.raises(ProviderError) as raised:
+        await _events(
+            world.runner(new_provider()).stream(agent, "book LH123", tenant="acme", run_id="r1")
+        )
+    assert raised.value.retryable  # not a rejected request: the run is not failed
+    latest = await world.checkpoints.latest("acme", "r1")
+    assert latest is not None and not latest.status.finished
+    model_server.queue(vendor.streamed(ANSWER))
+    events = await _events(world.runner(new_provider()).stream_resume(agent, "r1", tenant="acme"))
+    finished = events[-1]
+    assert isinstance(finished, RunFinished)
+    assert finished.run.output == ANSWER
+    assert airline.bookings == ["LH123"]
+
+
 async def test_a_run_without_a_stream_still_uses_the_plain_endpoint(
     vendor: Vendor, model_server: ModelServer, new_provider: NewProvider, airline: Airline
 ) -> None:

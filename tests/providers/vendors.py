@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +91,21 @@ class Vendor:
         return Reply(
             events=build(text, calls, usage=usage), cut_after=cut_after, hold_after=hold_after
         )
+
+    def broken_off(self, text: str, *, after: int = 3) -> Reply:
+        """A stream that sends ``after`` frames of an answer, then an error event (the
+        vendor overloaded mid-answer) and ends."""
+        frames = self.streamed(text).events[:after]
+        if self.name == "openai":
+            error = {"error": {"message": "The server had an error", "type": "server_error"}}
+            frames.append(f"data: {json.dumps(error)}\n\n")
+        else:
+            error = {
+                "type": "error",
+                "error": {"type": "overloaded_error", "message": "Overloaded"},
+            }
+            frames.append(f"event: error\ndata: {json.dumps(error)}\n\n")
+        return Reply(events=frames)
 
     def error(self, status: int, message: str = "something went wrong") -> Reply:
         """An error reply shaped like this vendor's."""

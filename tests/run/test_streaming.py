@@ -292,3 +292,28 @@ def test_stream_to_terminal_example_runs() -> None:
     assert "Booked LH400" in done.stdout
     assert "frontier" in done.stdout
     assert done.stdout.strip().endswith("airline holds 1 booking(s)")
+
+
+async def test_a_break_without_aclose_lets_go_of_the_run_once_collected(
+    airline: Airline,
+) -> None:
+    world = World()
+    agent = booking_agent(airline)
+    async for event in world.runner(ScriptedProvider(TURNS)).stream(
+        agent, "book", tenant="acme", run_id="r1"
+    ):
+        if isinstance(event, TextDelta) and event.iteration == 1:
+            break
+    # The event loop closes the dropped iterator, which cancels the run; until then the
+    # lease (ttl 30 s) is held and a resume is refused.
+    for _ in range(500):
+        try:
+            run = await world.runner(ScriptedProvider(TURNS)).resume(agent, "r1", tenant="acme")
+        except ResumeConflictError:
+            await asyncio.sleep(0.01)
+        else:
+            break
+    else:
+        pytest.fail("the dropped stream never let go of the run")
+    assert run.status is RunStatus.completed
+    assert airline.bookings == ["LH123"]

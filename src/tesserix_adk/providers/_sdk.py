@@ -186,10 +186,17 @@ class SDKProvider(Generic[ClientT]):
     def _stream_error(self, exc: Exception) -> ProviderError | None:
         """Why a streamed call failed, as a ``ProviderError``; ``None`` for what is not
         the SDK's, the transport's or a broken stream's."""
+        where = f"{self.vendor} {self.model}"
+        if self._reported_mid_stream(exc):
+            # The request was taken (200) and the vendor broke off with an error event
+            # (overloaded, a server error): asking again is what it asks for.
+            return ProviderError(
+                f"{where}: the stream broke off with an error: {self._scrub(str(exc))}",
+                retryable=True,
+            )
         error = self._translate(exc)
         if error is not None:
             return error
-        where = f"{self.vendor} {self.model}"
         if isinstance(exc, StreamCut):
             return ProviderError(f"{where}: the stream ended early: {exc}", retryable=True)
         if _is_transport_error(exc):
@@ -202,6 +209,13 @@ class SDKProvider(Generic[ClientT]):
                 f"{where}: malformed stream event: {self._scrub(str(exc))}", retryable=True
             )
         return None
+
+    def _reported_mid_stream(self, exc: Exception) -> bool:
+        """An error event in a stream that began with 200: the Anthropic SDK raises a
+        status error with the stream's 200, the OpenAI SDK its base ``APIError``."""
+        if isinstance(exc, self.sdk.APIStatusError):
+            return 200 <= int(exc.status_code) < 300
+        return type(exc) is self.sdk.APIError
 
     def _translate(self, exc: Exception) -> ProviderError | None:
         """The SDK's error as a ``ProviderError``; ``None`` for what is not the SDK's."""
