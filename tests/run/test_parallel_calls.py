@@ -112,8 +112,9 @@ def _gated_agent(limit: int | None, width: int) -> tuple[Agent, dict[str, int]]:
         seen["active"] -= 1
         return n
 
-    kw = {} if limit is None else {"parallel_tool_calls": limit}
-    return Agent("par", "Do steps.", [step], **kw), seen
+    if limit is None:
+        return Agent("par", "Do steps.", [step]), seen
+    return Agent("par", "Do steps.", [step], parallel_tool_calls=limit), seen
 
 
 async def test_by_default_a_turns_calls_run_one_at_a_time() -> None:
@@ -332,7 +333,7 @@ async def test_calls_found_in_doubt_side_by_side_are_named_in_one_refusal() -> N
     parts = _parts(idem)
     with pytest.raises(IndeterminateToolCallError) as refused:
         await dispatch_turn(parts, run, Attempt(holder="me"), calls)
-    assert sorted(c.call_id for c in refused.value.calls) == ["c0", "c1"]
+    assert sorted(str(c.call_id) for c in refused.value.calls) == ["c0", "c1"]
 
 
 # --- events -------------------------------------------------------------------------------
