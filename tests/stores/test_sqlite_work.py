@@ -110,17 +110,18 @@ async def test_a_lease_is_live_by_the_lease_table_as_the_lease_store_sees_it(
 
 async def test_the_scan_is_bounded_past_the_limit(stores: Stores) -> None:
     # A bound that cannot be seen cannot be trusted: with scan 3, three held runs at the
-    # head are skipped and a fourth hides the due run behind it.
+    # head are skipped and a fourth hides the due run behind it. The ids sort as the runs
+    # were wanted: SQLite's clock has millisecond steps, and ties are taken by id.
     work = SqliteWorkIndex(_work(stores).database, scan=3)
     for n in range(3):
-        await work.want(T, f"held-{n}", agent=A)
-        await stores.leases.acquire(T, f"held-{n}", "worker-a", LONG)
-    await work.want(T, "free", agent=A)
-    assert _ids(await work.due(limit=1)) == ["free"]
-    await stores.leases.acquire(T, "free", "worker-a", LONG)
-    await work.want(T, "behind", agent=A)
+        await work.want(T, f"r{n}-held", agent=A)
+        await stores.leases.acquire(T, f"r{n}-held", "worker-a", LONG)
+    await work.want(T, "r3-free", agent=A)
+    assert _ids(await work.due(limit=1)) == ["r3-free"]
+    await stores.leases.acquire(T, "r3-free", "worker-a", LONG)
+    await work.want(T, "r4-behind", agent=A)
     assert await work.due(limit=1) == []
-    assert _ids(await work.due(limit=2)) == ["behind"]
+    assert _ids(await work.due(limit=2)) == ["r4-behind"]
 
 
 async def test_each_agent_asked_for_has_a_head_of_its_own(stores: Stores) -> None:
