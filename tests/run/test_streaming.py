@@ -317,3 +317,39 @@ async def test_a_break_without_aclose_lets_go_of_the_run_once_collected(
         pytest.fail("the dropped stream never let go of the run")
     assert run.status is RunStatus.completed
     assert airline.bookings == ["LH123"]
+
+
+class StreamsFromAThread:
+    """A provider over a blocking SDK: it reads the stream on a worker thread, telling
+    each piece from there."""
+
+    def __init__(self) -> None:
+        self.inner = ScriptedProvider(TURNS)
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        return await self.inner.complete(request)
+
+    async def complete_streaming(self, request: ModelRequest, on_text: TextSink) -> ModelResponse:
+        response = await self.inner.complete(request)
+        pieces = response.message.text.split(" ")
+        await asyncio.to_thread(lambda: [on_text(p + " ") for p in pieces])
+        return response
+
+
+async def test_text_told_from_another_thread_reaches_the_stream_in_order(
+    airline: Airline,
+) -> None:
+    # Debug mode makes the loop refuse a call from the wrong thread instead of racing it.
+    asyncio.get_running_loop().set_debug(True)
+    events: list[RunEvent] = []
+    streamed = collect(
+        World()
+        .runner(StreamsFromAThread())
+        .stream(booking_agent(airline), "book", tenant="acme", run_id="r1"),
+        events,
+    )
+    await asyncio.wait_for(streamed, 60)  # a lost wake-up would hang here, not fail
+    texts = [(e.iteration, e.text) for e in events if isinstance(e, TextDelta)]
+    assert "".join(t for i, t in texts if i == 0) == "Let me book LH123 for you. "
+    assert "".join(t for i, t in texts if i == 1) == "Booked LH123 from Frankfurt to New York. "
+    assert squeeze(shape(events))[-1] == ("finished", RunStatus.completed)

@@ -20,6 +20,7 @@ slow consumer never holds the run back: the run's pace is the model's and the to
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -46,7 +47,7 @@ async def stream_run(start: RunStarter, *, name: str) -> AsyncIterator[RunEvent]
     out of an ``async for`` stops it too, once the iterator is collected.
     """
     queue: asyncio.Queue[RunEvent | _Ended] = asyncio.Queue()
-    task = asyncio.create_task(start(queue.put_nowait), name=name)
+    task = asyncio.create_task(start(_sink(queue)), name=name)
     # Events are put on the queue from the run's own task, so the end marker, put once the
     # task is done, comes after every event the run emitted.
     task.add_done_callback(lambda _: queue.put_nowait(_ENDED))
@@ -75,3 +76,19 @@ async def _let_go(task: asyncio.Task[Run]) -> None:
             raise
     except Exception:
         pass  # what a run raised as it was cancelled has nobody to hear it now
+
+
+def _sink(queue: asyncio.Queue[RunEvent | _Ended]) -> EventSink:
+    """Puts an event on ``queue`` from the loop's thread at once, and from any other
+    thread (a sync tool's, should one report) through the loop, since a queue is not
+    thread-safe."""
+    loop = asyncio.get_running_loop()
+    home = threading.get_ident()
+
+    def put(event: RunEvent) -> None:
+        if threading.get_ident() == home:
+            queue.put_nowait(event)
+        else:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    return put
