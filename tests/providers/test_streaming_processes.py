@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from processes import Site
@@ -45,13 +46,18 @@ def test_sigkill_mid_stream_then_a_new_process_resumes_and_books_once(
     )
     proc = child(site, vendor, model_server, "stream")
     assert proc.stdout is not None
+    watchdog = threading.Timer(60, proc.kill)  # a child stuck before the kill point fails
+    watchdog.start()
     seen: list[str] = []
-    while not seen or seen[-1] != "TextDelta 2":
-        out = proc.stdout.readline()
-        if not out:
-            proc.kill()
-            raise AssertionError(f"the stream ended early: {seen} {proc.communicate()[1]}")
-        seen.append(out.strip())
+    try:
+        while not seen or seen[-1] != "TextDelta 2":
+            out = proc.stdout.readline()
+            if not out:
+                proc.kill()
+                raise AssertionError(f"the stream ended early: {seen} {proc.communicate()[1]}")
+            seen.append(out.strip())
+    finally:
+        watchdog.cancel()
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=10)
     assert proc.returncode == -signal.SIGKILL
