@@ -7,17 +7,62 @@ run, and a call whose arguments were masked goes to a stub or not at all.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import state_from_json
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.errors import CheckpointTooLargeError, ConfigurationError, NoCheckpointError
-from tesserix_adk.run.loop import outstanding_calls
+from tesserix_adk.run.attempt import Attempt, new_holder
+from tesserix_adk.run.ids import check_ids
+from tesserix_adk.run.loop import carry_on, outstanding_calls
+from tesserix_adk.run.result import Run, finished_run
 from tesserix_adk.run.state import RunState
 
-__all__ = ["check_stubs", "replayed_frontier", "replay_state", "usable_step"]
+if TYPE_CHECKING:
+    from tesserix_adk.run.runner import AgentRunner
+
+__all__ = ["check_stubs", "replay_from", "replayed_frontier", "replay_state", "usable_step"]
+
+
+async def replay_from(
+    runner: AgentRunner,
+    agent: Agent,
+    run_id: str,
+    *,
+    tenant: str,
+    from_step: int,
+    stubs: Mapping[str, Callable[..., Any]],
+    live: Sequence[str],
+    new_run_id: str | None,
+) -> Run:
+    """``AgentRunner.replay``: the step carried forward as a new run of ``runner``."""
+    checkpoints = runner._require_checkpoints()
+    check_stubs(agent, stubs, live)
+    runner._check_agent(agent)
+    cp = usable_step(
+        await checkpoints.at(tenant, run_id, from_step),
+        run_id=run_id,
+        tenant=tenant,
+        from_step=from_step,
+        stubs=stubs,
+    )
+    messages = await checkpoints.messages(cp)
+    new_id = f"{run_id}-replay-{secrets.token_hex(4)}" if new_run_id is None else new_run_id
+    check_ids(tenant=tenant, run_id=new_id)
+    if new_id == run_id:
+        raise ConfigurationError("a replay never writes into the original run")
+    if await checkpoints.store.latest(tenant, new_id) is not None:
+        raise ConfigurationError(f"run {new_id!r} already exists; a replay starts a run of its own")
+    run = replay_state(agent, cp, messages, new_id)
+    attempt = Attempt(holder=new_holder(runner.worker), stubs=dict(stubs))
+    async with runner._holding(attempt, tenant, new_id):
+        replayed = replayed_frontier(cp, run)
+        if cp.status.finished:
+            return finished_run(replayed)
+        return await carry_on(runner._parts, run, attempt, replayed)
 
 
 def check_stubs(agent: Agent, stubs: Mapping[str, Callable[..., Any]], live: Sequence[str]) -> None:

@@ -29,20 +29,20 @@ from tesserix_adk.errors import (
     ConfigurationError,
     LeaseHeldError,
     NoCheckpointError,
-    ResumeConflictError,
     RunStartedError,
 )
-from tesserix_adk.leases import NEVER_RAN_MARGIN, Leaseholder, LeasePolicy
+from tesserix_adk.leases import NEVER_RAN_MARGIN, LeasePolicy
 from tesserix_adk.messages import Message
 from tesserix_adk.providers.base import Provider
 from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_holder
 from tesserix_adk.run.cancelling import cancelled_frontier, request_cancel
 from tesserix_adk.run.events import EventSink, RunEvent
+from tesserix_adk.run.holding import holding
 from tesserix_adk.run.ids import MAX_ID_BYTES, check_ids, id_problem
 from tesserix_adk.run.loop import carry_on, run_loop
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.reconciling import reconcile_in_doubt
-from tesserix_adk.run.replay import check_stubs, replay_state, replayed_frontier, usable_step
+from tesserix_adk.run.replay import replay_from
 from tesserix_adk.run.result import Run, finished_run
 from tesserix_adk.run.resume import (
     note_ahead,
@@ -61,7 +61,6 @@ from tesserix_adk.stores.protocols import (
     Ledger,
     WorkIndex,
 )
-from tesserix_adk.timestamps import iso_time
 
 if TYPE_CHECKING:
     from tesserix_adk.stores.bundle import Stores
@@ -382,32 +381,16 @@ class AgentRunner:
         side-effecting tool that is neither stubbed nor named in ``live`` refuses the
         replay before anything runs.
         """
-        checkpoints = self._require_checkpoints()
-        check_stubs(agent, stubs, live)
-        self._check_agent(agent)
-        cp = usable_step(
-            await checkpoints.at(tenant, run_id, from_step),
-            run_id=run_id,
+        return await replay_from(
+            self,
+            agent,
+            run_id,
             tenant=tenant,
             from_step=from_step,
             stubs=stubs,
+            live=live,
+            new_run_id=new_run_id,
         )
-        messages = await checkpoints.messages(cp)
-        new_id = f"{run_id}-replay-{secrets.token_hex(4)}" if new_run_id is None else new_run_id
-        check_ids(tenant=tenant, run_id=new_id)
-        if new_id == run_id:
-            raise ConfigurationError("a replay never writes into the original run")
-        if await checkpoints.store.latest(tenant, new_id) is not None:
-            raise ConfigurationError(
-                f"run {new_id!r} already exists; a replay starts a run of its own"
-            )
-        run = replay_state(agent, cp, messages, new_id)
-        attempt = Attempt(holder=new_holder(self.worker), stubs=dict(stubs))
-        async with self._holding(attempt, tenant, new_id):
-            replayed = replayed_frontier(cp, run)
-            if cp.status.finished:
-                return finished_run(replayed)
-            return await carry_on(self._parts, run, attempt, replayed)
 
     async def cancel(
         self, run_id: str, *, tenant: str, by: str, reason: str | None = None
@@ -484,56 +467,17 @@ class AgentRunner:
             raise ConfigurationError("resuming needs a Checkpointer (checkpoints=...)")
         return self.checkpoints
 
-    @contextlib.asynccontextmanager
-    async def _holding(
+    def _holding(
         self, attempt: Attempt, tenant: str, run_id: str, *, resuming: bool = False
-    ) -> AsyncIterator[None]:
-        """Hold the run's lease (with a lease store) and seal every store with its fence,
-        for the length of the block; release it on the way out, shielded. A resume that
-        finds the lease held says ``ResumeConflictError``."""
-        if self.leases is None:
-            yield
-            return
-        try:
-            lease = await Leaseholder.acquire(
-                self.leases, tenant, run_id, attempt.holder, self.lease_policy
-            )
-        except LeaseHeldError as exc:
-            if not resuming:
-                raise
-            raise ResumeConflictError(
-                f"run {run_id!r} is held by {exc.holder or 'another worker'}"
-                + await self._lapses(tenant, run_id),
-                holder=exc.holder,
-            ) from exc
-        async with lease:
-            attempt.lease = lease
-            await self._seal(tenant, run_id, lease.fence)
-            yield
-
-    async def _lapses(self, tenant: str, run_id: str) -> str:
-        """When the live lease lapses by the store's clock, for a "retry later" message."""
-        assert self.leases is not None
-        try:
-            current = await self.leases.current(tenant, run_id)
-        except Exception:  # only the message is at stake
-            return ""
-        if current is None:
-            return ""
-        return (
-            f"; its lease lapses at {iso_time(current.expires_at)} by the store's clock "
-            "unless renewed"
-        )
-
-    async def _seal(self, tenant: str, run_id: str, fence: int) -> None:
-        """Raise the fence in every store this run writes to, before reading anything, so
-        a superseded holder is refused even before this holder's first write."""
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """The run's lease and every store's seal for one attempt (``run/holding.py``)."""
         stores: list[Any] = [self.idempotency, self.ledger, self.approvals]
         if self.checkpoints is not None:
             stores += [self.checkpoints.store, self.checkpoints.history]
-        for store in stores:
-            if store is not None:
-                await store.seal(tenant, run_id, fence)
+        sealed = [s for s in stores if s is not None]
+        return holding(
+            self.leases, self.lease_policy, sealed, attempt, tenant, run_id, resuming=resuming
+        )
 
 
 def _as_messages(input: str | Message | Sequence[Message]) -> list[Message]:

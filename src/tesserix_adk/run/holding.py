@@ -1,0 +1,75 @@
+"""Holding a run for one attempt: its lease, and every store sealed with the lease's fence.
+
+The lease decides who carries the run; the seal makes a superseded holder's writes fail
+in every store, even before this holder's first write. A resume that finds the lease held
+says ``ResumeConflictError`` and when, by the store's clock, the lease lapses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from tesserix_adk.errors import LeaseHeldError, ResumeConflictError
+from tesserix_adk.leases import Leaseholder, LeasePolicy
+from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.stores.protocols import LeaseStore
+from tesserix_adk.timestamps import iso_time
+
+__all__ = ["Sealable", "holding", "lease_lapses"]
+
+
+class Sealable(Protocol):
+    """A store that refuses writes carrying a fence below the one it was sealed with."""
+
+    async def seal(self, tenant: str, run_id: str, fence: int) -> None:
+        """Refuse every later write of the run with a lower fence."""
+        ...
+
+
+@contextlib.asynccontextmanager
+async def holding(
+    leases: LeaseStore | None,
+    policy: LeasePolicy,
+    stores: Sequence[Sealable],
+    attempt: Attempt,
+    tenant: str,
+    run_id: str,
+    *,
+    resuming: bool = False,
+) -> AsyncIterator[None]:
+    """Hold the run's lease (with a lease store) and seal ``stores`` with its fence, for
+    the length of the block; release it on the way out, shielded."""
+    if leases is None:
+        yield
+        return
+    try:
+        lease = await Leaseholder.acquire(leases, tenant, run_id, attempt.holder, policy)
+    except LeaseHeldError as exc:
+        if not resuming:
+            raise
+        raise ResumeConflictError(
+            f"run {run_id!r} is held by {exc.holder or 'another worker'}"
+            + await lease_lapses(leases, tenant, run_id),
+            holder=exc.holder,
+        ) from exc
+    async with lease:
+        attempt.lease = lease
+        # Before reading anything: a superseded holder is refused from here on.
+        for store in stores:
+            await store.seal(tenant, run_id, lease.fence)
+        yield
+
+
+async def lease_lapses(leases: LeaseStore, tenant: str, run_id: str) -> str:
+    """When the live lease lapses by the store's clock, for a "retry later" message."""
+    try:
+        current = await leases.current(tenant, run_id)
+    except Exception:  # only the message is at stake
+        return ""
+    if current is None:
+        return ""
+    return (
+        f"; its lease lapses at {iso_time(current.expires_at)} by the store's clock unless renewed"
+    )
