@@ -1,0 +1,391 @@
+"""The bodies of the workflow's activities, made of the kit's own run machinery.
+
+Each activity is one attempt in the kit's sense: a holder id of its own (one per Temporal
+activity attempt), the run's lease and the fence it seals every store with, the latest
+frontier read back, then exactly one piece of the loop — a model turn (``model_turn``) or
+one call through the dispatch unit (``tool_call``). The frontier, not the workflow, holds
+the transcript, so a retried attempt, a second worker or a new execution of the chain all
+pick up from the same durable state, and ``tesserix inspect`` reads it as for any run.
+
+Keys are the kit's (``loop.outstanding_calls``: run id, iteration, call), computed once
+when the model's turn is written into its frontier and read from there by every attempt of
+the call: never from Temporal's run or activity ids.
+
+This module imports nothing of ``temporalio``; ``activities`` translates its errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.checkpointer import Checkpointer, state_from_json
+from tesserix_adk.checkpoint.payload import Boundary, Checkpoint, Grant, OutstandingCall
+from tesserix_adk.checkpoint.planning import (
+    PlannedCall,
+    ResumePlan,
+    ToolDisposition,
+    plan_resume,
+)
+from tesserix_adk.errors import (
+    AdkError,
+    CheckpointCorruptError,
+    ConfigurationError,
+    IndeterminateToolCallError,
+    NoCheckpointError,
+    RevisionMismatchError,
+    StoreUnavailableError,
+)
+from tesserix_adk.messages import Message, ToolOutcome
+from tesserix_adk.run import loop
+from tesserix_adk.run.approvals import ask_approval, take_decision
+from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.run.cancelling import cancel_requested
+from tesserix_adk.run.dispatch import _answer
+from tesserix_adk.run.frontier import write_frontier
+from tesserix_adk.run.parts import RunParts
+from tesserix_adk.run.reconciling import reconcile_in_doubt
+from tesserix_adk.run.result import RunStatus
+from tesserix_adk.run.resume import refuse_unresumable, restore
+from tesserix_adk.run.runner import AgentRunner
+from tesserix_adk.run.state import RunState
+from tesserix_adk.stores.protocols import HistoryHandle
+from tesserix_adk.temporal.shapes import (
+    CallRef,
+    ModelStep,
+    StepKind,
+    StepResult,
+    ToolInput,
+    ToolResult,
+)
+
+__all__ = ["model_turn", "tool_call"]
+
+_OPEN = (Boundary.after_model_call, Boundary.before_approval)
+
+
+def check_revision(agent: Agent, revision: str, run_id: str) -> None:
+    """A worker whose agent changed since the run was started refuses to carry it."""
+    if agent.revision != revision:
+        raise RevisionMismatchError(
+            f"run {run_id!r} was started by agent {agent.name!r} revision {revision}; this "
+            f"worker's agent is revision {agent.revision}"
+        )
+
+
+async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder: str) -> StepResult:
+    """Fold the previous turn's results into the frontier, then ask the model (or only
+    fold, or only look for an approval's decision); what the turn ended with."""
+    check_revision(agent, step.agent_revision, step.run_id)
+    checkpoints = _checkpoints(runner)
+    parts = runner._parts
+    attempt = Attempt(holder=holder)
+    async with runner._holding(attempt, step.tenant, step.run_id):
+        cp = await checkpoints.latest(step.tenant, step.run_id)
+        run = RunState(agent=agent, tenant=step.tenant, run_id=step.run_id, messages=[])
+        if cp is None:
+            if step.iteration != 0 or step.input is None:
+                raise NoCheckpointError(
+                    f"nothing is checkpointed under run {step.run_id!r} at iteration "
+                    f"{step.iteration}; the workflow cannot go on without its frontier"
+                )
+            run.messages = [Message.user(step.input)]
+            if runner.ledger is not None:
+                run.spent = await runner.ledger.spent(step.tenant, step.run_id)
+        else:
+            refuse_unresumable(cp, agent)
+            if cp.status.finished:
+                return _ended(cp.status.value, cp.output, cp.iteration)
+            await restore(
+                checkpoints,
+                runner.ledger,
+                run,
+                attempt,
+                cp,
+                await plan_resume(cp, runner.idempotency),
+            )
+            if cp.boundary in _OPEN and cp.iteration == step.iteration and not step.fold_only:
+                # This turn's model answer stands (a retried attempt, or a decision looked
+                # for): never ask the model again, its calls' keys are in the frontier.
+                return await _open_turn(parts, run, attempt, cp)
+            _check_handle(cp, step)
+            if cp.boundary in _OPEN and cp.iteration == step.iteration - 1:
+                await _fold(parts, run, attempt, cp.outstanding, step)
+            elif not (
+                cp.boundary is Boundary.after_tool_result and cp.iteration == step.iteration - 1
+            ):
+                raise CheckpointCorruptError(
+                    f"run {step.run_id!r}: its frontier (step {cp.step}, iteration "
+                    f"{cp.iteration}, {cp.boundary}) is not where the workflow stands "
+                    f"(iteration {step.iteration}); it is not carried on"
+                )
+            run.iteration = step.iteration
+        if step.fold_only:
+            return _standing(StepKind.folded, run)
+        return await _ask_model(parts, run, attempt)
+
+
+async def tool_call(
+    runner: AgentRunner, agent: Agent, call: ToolInput, holder: str, *, retried: bool
+) -> ToolResult:
+    """One call of the turn through the kit's dispatch unit: claimed, sent once, recorded;
+    a completed record replayed; a call a predecessor may have sent settled by its
+    reconciler, else refused as indeterminate, naming it. ``retried``: an earlier attempt
+    of this activity may have run."""
+    check_revision(agent, call.agent_revision, call.run_id)
+    checkpoints = _checkpoints(runner)
+    parts = runner._parts
+    attempt = Attempt(holder=holder)
+    async with runner._holding(attempt, call.tenant, call.run_id):
+        cp = await checkpoints.latest(call.tenant, call.run_id)
+        if cp is None:
+            raise NoCheckpointError(f"nothing is checkpointed under run {call.run_id!r}")
+        refuse_unresumable(cp, agent)
+        if cp.boundary is not Boundary.after_model_call or cp.iteration != call.iteration:
+            raise CheckpointCorruptError(
+                f"run {call.run_id!r}: call {call.call_id} of iteration {call.iteration} was "
+                f"asked for, but the frontier stands at iteration {cp.iteration} "
+                f"({cp.boundary}); it is not sent"
+            )
+        oc = next((c for c in cp.outstanding if c.call.id == call.call_id), None)
+        if oc is None:
+            raise CheckpointCorruptError(
+                f"run {call.run_id!r}: the frontier of iteration {call.iteration} names no "
+                f"call {call.call_id}; it is not sent"
+            )
+        run = RunState(
+            agent=agent,
+            tenant=call.tenant,
+            run_id=call.run_id,
+            messages=[],
+            iteration=cp.iteration,
+            step=cp.step,
+            state=state_from_json(cp.state, agent.state_schema),
+            grants=list(cp.grants),
+        )
+        if oc.key is None:
+            if retried and oc.side_effects:
+                raise _unkeyed_in_doubt(oc, cp)
+        else:
+            await _settle_in_doubt(runner, agent, attempt, cp, oc)
+        outcome = await _answer(parts, run, attempt, oc, {g.call_id: g for g in run.grants})
+        return ToolResult(
+            call_id=outcome.call_id, content=outcome.content, is_error=outcome.is_error
+        )
+
+
+async def _settle_in_doubt(
+    runner: AgentRunner, agent: Agent, attempt: Attempt, cp: Checkpoint, oc: OutstandingCall
+) -> None:
+    """A claim another attempt left in flight is asked of the tool's reconciler, under the
+    lease, before the dispatch unit sees it (which replays what it recorded, or refuses)."""
+    plan = await plan_resume(cp, runner.idempotency)
+    doubt = tuple(p for p in plan.indeterminate if p.key == oc.key)
+    if doubt:
+        await reconcile_in_doubt(
+            runner._parts,
+            agent,
+            ResumePlan(indeterminate=doubt),
+            attempt,
+            tenant=cp.tenant,
+            run_id=cp.run_id,
+            margin=runner.never_ran_margin,
+        )
+
+
+def _unkeyed_in_doubt(oc: OutstandingCall, cp: Checkpoint) -> IndeterminateToolCallError:
+    doubt = PlannedCall(
+        call_id=oc.call.id,
+        tool=oc.call.name,
+        key=None,
+        disposition=ToolDisposition.indeterminate,
+        reason="no idempotency key, and an earlier attempt of its activity may have sent it",
+        iteration=cp.iteration,
+        arguments=oc.call.arguments,
+        side_effects=oc.side_effects,
+    )
+    return IndeterminateToolCallError(
+        f"cannot tell whether 1 call(s) ran: {doubt.describe()}; check the tool's own system",
+        calls=[doubt],
+    )
+
+
+async def _open_turn(
+    parts: RunParts, run: RunState, attempt: Attempt, cp: Checkpoint
+) -> StepResult:
+    """The turn the frontier holds open: its decision taken if one was asked for, its
+    approval asked if not yet (idempotent by request id), then its calls."""
+    calls = list(cp.outstanding)
+    if cp.pending_approval is not None:
+        waiting = await take_decision(parts, run, attempt, cp.pending_approval, calls)
+        if waiting is not None:
+            return _standing(StepKind.waiting, run, approval=cp.pending_approval.id)
+        # The grants go into a frontier without the pending request, which every call's
+        # activity reads.
+        await _must_write(parts, run, attempt, calls)
+    return await _asked(parts, run, attempt, calls)
+
+
+async def _ask_model(parts: RunParts, run: RunState, attempt: Attempt) -> StepResult:
+    """SPEC §2's first half: the model's answer charged, appended and, with its calls and
+    their keys, made durable in an ``after_model_call`` frontier before anything is sent."""
+    agent = run.agent
+    cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
+    if cancelled is not None:
+        return await _finish(parts, run, attempt, RunStatus.cancelled, cancelled.describe())
+    if agent.budget_micros is not None and run.spent >= agent.budget_micros:
+        return await _finish(parts, run, attempt, RunStatus.budget_exhausted)
+    if run.iteration >= agent.max_iterations:
+        return await _finish(parts, run, attempt, RunStatus.max_iterations)
+    attempt.guard()
+    response = await loop._call_model(parts, run, attempt)
+    if isinstance(response, str):
+        return await _finish(parts, run, attempt, RunStatus.failed, response)
+    message = loop._within_nesting(response.message)
+    run.steps_used += 1
+    run.messages.append(message)
+    if not message.tool_calls:
+        return await _finish(parts, run, attempt, RunStatus.completed, message.text)
+    calls = loop.outstanding_calls(run, message.tool_calls)
+    loop._refuse_divergence(run, attempt, calls)
+    await _must_write(parts, run, attempt, calls)
+    return await _asked(parts, run, attempt, calls)
+
+
+async def _asked(
+    parts: RunParts, run: RunState, attempt: Attempt, calls: Sequence[OutstandingCall]
+) -> StepResult:
+    waiting = await ask_approval(parts, run, attempt, calls)
+    if waiting is not None:
+        request = waiting.pending_approval
+        return _standing(StepKind.waiting, run, approval=None if request is None else request.id)
+    refs = [CallRef(call_id=oc.call.id, tool=oc.call.name) for oc in calls]
+    return _standing(StepKind.calls, run, calls=refs)
+
+
+async def _fold(
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    calls: Sequence[OutstandingCall],
+    step: ModelStep,
+) -> None:
+    """The previous turn's results, in the model's order, into an ``after_tool_result``
+    frontier (as ``dispatch_turn`` appends them): its grants settled."""
+    if step.results is None:
+        raise CheckpointCorruptError(
+            f"run {step.run_id!r}: the turn of iteration {run.iteration} is open but the "
+            "workflow brought no results for it; it is not carried on"
+        )
+    told = {r.call_id: r for r in step.results}
+    missing = [oc.call.id for oc in calls if oc.call.id not in told]
+    if missing:
+        raise CheckpointCorruptError(
+            f"run {step.run_id!r}: no result for call(s) {', '.join(missing)} of iteration "
+            f"{run.iteration}; the turn is not closed"
+        )
+    outcomes = [
+        ToolOutcome(call_id=r.call_id, content=r.content, is_error=r.is_error)
+        for r in (told[oc.call.id] for oc in calls)
+    ]
+    run.messages.extend(Message.tool_result(o) for o in outcomes)
+    run.observation = [
+        {"call_id": oc.call.id, "tool": oc.call.name, "content": o.content, "is_error": o.is_error}
+        for oc, o in zip(calls, outcomes, strict=True)
+    ]
+    answered = {c.call.id for c in calls}
+    settled = {g.request for g in run.grants if g.call_id in answered}
+    run.grants = [g for g in run.grants if g.call_id not in answered and g.request not in settled]
+    written = await write_frontier(parts, run, attempt, Boundary.after_tool_result, force=True)
+    if not written:
+        raise _not_written(parts, run)
+
+
+async def _must_write(
+    parts: RunParts, run: RunState, attempt: Attempt, calls: Sequence[OutstandingCall]
+) -> None:
+    """The turn's ``after_model_call`` frontier, whatever the policy: every call's
+    activity reads its call and key from it, so nothing is sent without it."""
+    written = await write_frontier(
+        parts, run, attempt, Boundary.after_model_call, outstanding=calls, force=True
+    )
+    if not written:
+        raise _not_written(parts, run)
+
+
+def _not_written(parts: RunParts, run: RunState) -> Exception:
+    error = None if parts.checkpoints is None else parts.checkpoints.last_error
+    if isinstance(error, AdkError) and not error.retryable:
+        return error
+    return StoreUnavailableError(
+        f"run {run.run_id!r}: the frontier of iteration {run.iteration} could not be "
+        f"written ({error}); nothing was sent"
+    )
+
+
+async def _finish(
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    status: RunStatus,
+    output: str | None = None,
+) -> StepResult:
+    ended = await loop._finish(parts, run, attempt, status, output=output)
+    return _ended(ended.status.value, ended.output, ended.iteration)
+
+
+def _ended(status: str, output: str | None, iteration: int) -> StepResult:
+    return StepResult(kind=StepKind.finished, iteration=iteration, status=status, output=output)
+
+
+def _standing(
+    kind: StepKind,
+    run: RunState,
+    *,
+    calls: list[CallRef] | None = None,
+    approval: str | None = None,
+) -> StepResult:
+    handle = run.cursor.handle
+    return StepResult(
+        kind=kind,
+        iteration=run.iteration,
+        calls=calls or [],
+        approval=approval,
+        history=None if handle is None else _handle_dict(handle),
+        spent_micros=run.spent,
+        grants=[_grant_dict(g) for g in run.grants],
+    )
+
+
+def _check_handle(cp: Checkpoint, step: ModelStep) -> None:
+    """The first turn of a continued execution must find the transcript it was handed."""
+    if step.history is None:
+        return
+    if cp.history_handle is None or _handle_dict(cp.history_handle) != step.history:
+        raise CheckpointCorruptError(
+            f"run {step.run_id!r}: the execution was continued with a transcript handle its "
+            "frontier does not hold; it is not carried on"
+        )
+
+
+def _handle_dict(handle: HistoryHandle) -> dict[str, object]:
+    return {
+        "tenant": handle.tenant,
+        "run_id": handle.run_id,
+        "count": handle.count,
+        "digest": handle.digest,
+    }
+
+
+def _grant_dict(g: Grant) -> dict[str, object]:
+    return asdict(g)
+
+
+def _checkpoints(runner: AgentRunner) -> Checkpointer:
+    if runner.checkpoints is None:
+        raise ConfigurationError(
+            "a Temporal worker keeps every run's state in frontiers: give its runner a "
+            "Checkpointer (AgentRunner.from_stores)"
+        )
+    return runner.checkpoints

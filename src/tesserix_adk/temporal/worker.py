@@ -1,0 +1,79 @@
+"""Building a Temporal worker that carries agent runs, and starting a run as a workflow."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.worker import Worker
+
+from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.continuation import DEFAULT_CONTINUATION, ContinuationPolicy
+from tesserix_adk.run.ids import check_ids
+from tesserix_adk.run.runner import AgentRunner
+from tesserix_adk.temporal.activities import AgentActivities
+from tesserix_adk.temporal.shapes import WORKFLOW_NAME, ActivityOptions, RunInput, RunOutcome
+from tesserix_adk.temporal.workflow import AgentWorkflow
+
+__all__ = ["agent_worker", "start_run"]
+
+
+def agent_worker(
+    client: Client,
+    *,
+    task_queue: str,
+    runner: AgentRunner,
+    agents: Sequence[Agent],
+    heartbeat_every: float = 1.0,
+    **worker_options: Any,
+) -> Worker:
+    """A Temporal ``Worker`` on ``task_queue`` carrying runs of ``agents`` with ``runner``'s
+    stores and provider (``AgentRunner.from_stores``); run it with ``await worker.run()``
+    or ``async with worker``. ``worker_options`` go to ``temporalio.worker.Worker``."""
+    activities = AgentActivities(runner, agents, heartbeat_every=heartbeat_every)
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[AgentWorkflow],
+        activities=[activities.model_turn, activities.tool_call],
+        **worker_options,
+    )
+
+
+async def start_run(
+    client: Client,
+    agent: Agent,
+    input: str,
+    *,
+    tenant: str,
+    run_id: str,
+    task_queue: str,
+    continuation: ContinuationPolicy = DEFAULT_CONTINUATION,
+    options: ActivityOptions | None = None,
+    approval_poll: float = 2.0,
+) -> WorkflowHandle[Any, RunOutcome]:
+    """Start ``agent`` on ``input`` as an ``AgentWorkflow`` whose workflow id is the kit's
+    run id, pinned to the agent's revision; its handle. A run id used before is refused by
+    the server (one run, one chain)."""
+    check_ids(tenant=tenant, run_id=run_id)
+    start = RunInput(
+        tenant=tenant,
+        run_id=run_id,
+        agent_name=agent.name,
+        agent_revision=agent.revision,
+        input=input,
+        max_steps=continuation.max_steps,
+        max_history_bytes=continuation.max_history_bytes,
+        options=options or ActivityOptions(),
+        approval_poll=approval_poll,
+    )
+    return await client.start_workflow(
+        WORKFLOW_NAME,
+        start,
+        id=run_id,
+        task_queue=task_queue,
+        result_type=RunOutcome,
+        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+    )

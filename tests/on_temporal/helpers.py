@@ -1,0 +1,90 @@
+"""What the Temporal tests share: a world directory, stores on a SQLite file in it, a
+runner with short leases (a killed worker strands a run for two seconds), and options
+that notice a dead worker within a second or two."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+
+from on_temporal.airline import WORLD_ENV
+from tesserix_adk import Agent, AgentRunner, LeasePolicy, Stores, open_stores
+from tesserix_adk.temporal import ActivityOptions, agent_worker
+
+LEASE_TTL = 2.0
+FAST = ActivityOptions(
+    model_timeout=30.0,
+    tool_timeout=60.0,
+    heartbeat_timeout=2.0,
+    retry_initial=0.2,
+    retry_max=1.0,
+)
+
+
+@contextmanager
+def in_world(path: Path) -> Iterator[Path]:
+    """Point the airline (in this process and the workers it starts) at ``path``."""
+    before = os.environ.get(WORLD_ENV)
+    os.environ[WORLD_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop(WORLD_ENV, None)
+        else:
+            os.environ[WORLD_ENV] = before
+
+
+def store_url(world: Path) -> str:
+    return f"sqlite:///{world / 'adk.sqlite3'}"
+
+
+async def world_stores(world: Path) -> Stores:
+    """The world's stores, schema applied."""
+    stores = open_stores(store_url(world))
+    await stores.create_schema()
+    return stores
+
+
+def fast_runner(provider: Any, stores: Stores) -> AgentRunner:
+    return AgentRunner.from_stores(
+        provider,
+        stores,
+        lease_policy=LeasePolicy(ttl=LEASE_TTL, renew_within=LEASE_TTL / 2),
+        never_ran_margin=0.2,
+    )
+
+
+def queue() -> str:
+    return f"q-{uuid.uuid4().hex[:8]}"
+
+
+@asynccontextmanager
+async def worker_running(
+    client: Client, runner: AgentRunner, agents: list[Agent], task_queue: str
+) -> AsyncIterator[None]:
+    worker = agent_worker(
+        client, task_queue=task_queue, runner=runner, agents=agents, heartbeat_every=0.3
+    )
+    async with worker:
+        yield
+
+
+async def tesserix(*args: str) -> subprocess.CompletedProcess[str]:
+    """The ``tesserix`` command line in a process of its own (off the event loop)."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "tesserix_adk", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
