@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -21,6 +23,7 @@ from tesserix_adk import Agent, AgentRunner, LeasePolicy, Stores, open_stores
 from tesserix_adk.temporal import ActivityOptions, agent_worker
 
 LEASE_TTL = 2.0
+TESTS = Path(__file__).resolve().parent.parent
 FAST = ActivityOptions(
     model_timeout=30.0,
     tool_timeout=60.0,
@@ -88,3 +91,68 @@ async def tesserix(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         check=False,
     )
+
+
+class WorkerProcess:
+    """``on_temporal.worker_process`` in an OS process of its own, started by this test
+    and ended by it (by pid: SIGKILL for a crash, or at the end)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, address: str, task_queue: str, agent: str) -> WorkerProcess:
+        tests = str(TESTS)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
+        }
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "on_temporal.worker_process",
+            address,
+            task_queue,
+            agent,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        except TimeoutError:
+            line = b""
+        if line.strip() != b"ready":
+            proc.kill()
+            _, err = await proc.communicate()
+            raise AssertionError(f"the worker process did not start: {line!r} {err.decode()}")
+        return cls(proc)
+
+    async def kill(self) -> None:
+        """SIGKILL: nothing of the process runs after this."""
+        self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+
+
+async def wait_for_file(path: Path, within: float = 30.0) -> None:
+    """Until ``path`` exists (a tool reached its hold), or fail after ``within`` seconds."""
+    await asyncio.to_thread(_wait_for_file, path, within)
+
+
+def _wait_for_file(path: Path, within: float) -> None:
+    deadline = time.monotonic() + within
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path.name} did not appear within {within:g} s")
+        time.sleep(0.02)
+
+
+def run_id() -> str:
+    """A run id no other test of the session uses (one dev server keeps them all)."""
+    return f"run-{uuid.uuid4().hex[:8]}"

@@ -16,6 +16,7 @@ from on_temporal.helpers import (
     fast_runner,
     in_world,
     queue,
+    run_id,
     store_url,
     tesserix,
     worker_running,
@@ -30,6 +31,7 @@ TENANT = airline.TENANT
 async def test_a_booking_run_completes_with_one_booking_and_readable_frontiers(
     temporal_server: DevServer, tmp_path: Path
 ) -> None:
+    rid = run_id()
     with in_world(tmp_path):
         client = await Client.connect(temporal_server.address)
         async with await world_stores(tmp_path) as stores:
@@ -41,17 +43,17 @@ async def test_a_booking_run_completes_with_one_booking_and_readable_frontiers(
                     airline.agent,
                     "Book LH123",
                     tenant=TENANT,
-                    run_id="run-1",
+                    run_id=rid,
                     task_queue=q,
                     options=FAST,
                 )
-                assert handle.id == "run-1"  # the workflow id is the kit's run id
+                assert handle.id == rid  # the workflow id is the kit's run id
                 outcome = await handle.result()
             assert outcome.status == "completed"
             assert outcome.output == "Booked LH123."
             assert [flight for flight, _ in airline.bookings()] == ["LH123"]
             assert runner.checkpoints is not None
-            cp = await runner.checkpoints.latest(TENANT, "run-1")
+            cp = await runner.checkpoints.latest(TENANT, rid)
             assert cp is not None and cp.status.value == "completed"
             assert cp.agent_revision == airline.agent.revision
             messages = await runner.checkpoints.messages(cp)
@@ -64,7 +66,7 @@ async def test_a_booking_run_completes_with_one_booking_and_readable_frontiers(
                 "assistant",
             ]
     inspected = await tesserix(
-        "inspect", "run-1", "--tenant", TENANT, "--json", "--store", store_url(tmp_path)
+        "inspect", rid, "--tenant", TENANT, "--json", "--store", store_url(tmp_path)
     )
     assert inspected.returncode == 0, inspected.stderr
     described = json.loads(inspected.stdout)
@@ -93,7 +95,7 @@ async def test_a_changed_agent_is_refused_naming_both_revisions(
                     airline.agent,
                     "Book LH123",
                     tenant=TENANT,
-                    run_id="run-2",
+                    run_id=run_id(),
                     task_queue=q,
                     options=FAST,
                 )
