@@ -93,3 +93,16 @@ reconciled_agent = Agent(
 def provider() -> ScriptedProvider:
     """The booking script (``--provider on_temporal.airline:provider``)."""
     return ScriptedProvider(BOOK_TURNS)
+
+
+long_agent = Agent(
+    "airline", "Book the flight the user asks for.", [search_flights, book_seat], max_iterations=100
+)
+
+
+def long_turns(single: int, triple: int) -> list[Any]:
+    """``single`` turns booking one flight each, then ``triple`` turns booking three, then
+    the answer: every flight a name of its own, so each booking is counted once."""
+    turns: list[Any] = [[("book_seat", {"flight": f"S{i}"})] for i in range(single)]
+    turns += [[("book_seat", {"flight": f"T{i}-{j}"}) for j in range(3)] for i in range(triple)]
+    return [*turns, "All booked."]
