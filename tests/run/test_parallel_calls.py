@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -26,6 +27,8 @@ from tesserix_adk import (
     Checkpointer,
     ConfigurationError,
     IndeterminateToolCallError,
+    LeaseLostError,
+    LeasePolicy,
     MemoryApprovalStore,
     MemoryCheckpointStore,
     MemoryIdempotencyStore,
@@ -40,7 +43,7 @@ from tesserix_adk import (
 from tesserix_adk.checkpoint.payload import encode_outcome
 from tesserix_adk.messages import Role, ToolCall, ToolOutcome
 from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.run.dispatch import dispatch_turn
+from tesserix_adk.run.dispatch import COMPLETE_TRIES, dispatch_turn
 from tesserix_adk.run.events import CallDisposition, RunEvent, ToolCallFinished, ToolCallStarted
 from tesserix_adk.run.loop import outstanding_calls
 from tesserix_adk.run.parallel import in_model_order
@@ -303,6 +306,52 @@ async def test_a_failed_claim_cancels_no_started_sibling_and_starts_no_more_call
     assert _result_ids(provider) == _asked_ids(provider)
 
 
+async def test_a_lease_lost_mid_turn_lets_sent_calls_finish_and_sends_no_more() -> None:
+    """Call 1 freezes the event loop past the lease ttl while call 0 is out: call 0 still
+    finishes and is recorded, calls 2 and 3 are never claimed (the lease guard refuses them
+    before their claim), the run stops with ``LeaseLostError``; the resume replays 0 and 1
+    and sends 2 and 3 once."""
+    effects: Counter[str] = Counter()
+    resumed = False
+
+    @tool
+    async def slow(n: int, ctx: ToolContext) -> int:
+        """Out for a while."""
+        assert ctx.idempotency_key is not None
+        if not resumed:
+            await asyncio.sleep(0.6)
+        effects[ctx.idempotency_key] += 1
+        return n
+
+    @tool(inline=True)
+    def freeze(n: int, ctx: ToolContext) -> int:
+        """Blocks the event loop past the lease ttl: no renewal can happen meanwhile."""
+        assert ctx.idempotency_key is not None
+        if not resumed:
+            time.sleep(0.4)
+        effects[ctx.idempotency_key] += 1
+        return n
+
+    agent = Agent("lease", "Do steps.", [slow, freeze], parallel_tool_calls=2)
+    turn = [("slow", {"n": 0}), ("freeze", {"n": 1}), ("slow", {"n": 2}), ("slow", {"n": 3})]
+    idem, cps, leases = MemoryIdempotencyStore(), MemoryCheckpointStore(), MemoryLeaseStore()
+    policy = LeasePolicy(ttl=0.3, renew_within=0.1)
+    with pytest.raises(LeaseLostError):
+        await _runner(
+            ScriptedProvider([turn, "done"]), idem, cps, leases=leases, lease_policy=policy
+        ).run(agent, "go", tenant=T, run_id="lease")
+    records = {r.call_id: r.status for r in await idem.records(T, "lease") if r.tool}
+    assert records == {"call_0_0": RecordStatus.completed, "call_0_1": RecordStatus.completed}
+    assert sorted(effects.values()) == [1, 1]
+
+    resumed = True
+    provider = Recording(ScriptedProvider([turn, "done"]))
+    run = await _runner(provider, idem, cps, leases=leases).resume(agent, "lease", tenant=T)
+    assert run.status is RunStatus.completed
+    assert sorted(effects.values()) == [1, 1, 1, 1]
+    assert _result_ids(provider) == _asked_ids(provider)
+
+
 async def test_calls_found_in_doubt_side_by_side_are_named_in_one_refusal() -> None:
     """Two calls claimed in flight by a dead holder, met by a live turn (a retry of run()
     on the same stores): one refusal names both."""
@@ -443,41 +492,77 @@ async def test_cancelling_the_turn_reaches_every_started_call_and_waits_for_each
     assert sorted(stopped) == [0, 1, 2]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAULTS = ("crash", "claim_down", "complete_down")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     limit=st.integers(1, 4),
     delays=st.lists(st.integers(0, 3), min_size=1, max_size=5),
-    crash_at=st.none() | st.integers(0, 4),
+    fault=st.none() | st.tuples(st.sampled_from(FAULTS), st.integers(0, 4)),
 )
-def test_any_finish_order_and_crash_point_keeps_model_order_and_one_effect_per_key(
-    limit: int, delays: list[int], crash_at: int | None
+def test_any_finish_order_and_failure_keeps_model_order_and_one_effect_per_key(
+    limit: int, delays: list[int], fault: tuple[str, int] | None
 ) -> None:
-    """Random widths, finish orders and a death stand-in inside one call (before its
-    effect): the run dies after letting started siblings finish; calls never started have no
-    record; an operator says the dead call never ran; the resume gives the model every
-    result in its order, and every key has exactly one effect."""
-    asyncio.run(_oracle(limit, delays, crash_at))
+    """Random widths, finish orders and one failure in one call: a death stand-in before
+    its effect, a claim that never reaches the store, or an outcome that cannot be recorded
+    after its effect. The run stops once the calls already started have finished (each
+    recorded, none cancelled); no call is started once the failure is seen, and calls never
+    started have no record; a call in doubt is refused by name,
+    and an operator says truthfully what happened; the resume gives the model every result
+    in its order, and every key has exactly one effect."""
+    if fault is not None and fault[1] >= len(delays):
+        fault = None
+    asyncio.run(_oracle(limit, delays, fault))
 
 
-async def _oracle(limit: int, delays: list[int], crash_at: int | None) -> None:
+async def _oracle(limit: int, delays: list[int], fault: tuple[str, int] | None) -> None:
     effects: Counter[str] = Counter()
     active = {"now": 0, "peak": 0}
-    live = {"crash": crash_at if crash_at is not None and crash_at < len(delays) else None}
+    live = {"fault": fault}
+    by_key: dict[str, int] = {}
     entered: list[int] = []
-    after_death: list[int] = []
-    died: list[int] = []
+    after_failure: list[int] = []
+    failed: list[int] = []
+    claims = [0]
+    tries = [0]
+    dropped: dict[str, str] = {}
+    inner = MemoryIdempotencyStore()
+
+    def hook(phase: str, op: str, key: str) -> None:
+        f = live["fault"]
+        if f is None:
+            return
+        if phase == "after" and op == "release" and key == dropped.get("key"):
+            failed.append(f[1])  # the call dropped its unsent claim: it fails now
+        if phase != "before":
+            return
+        # Raised from the hook before the store: that one call's request never reaches it.
+        if op == "claim":
+            claims[0] += 1
+            if f == ("claim_down", claims[0] - 1):
+                dropped["key"] = key
+                raise StoreUnavailableError("claim never reached the store (simulated)")
+        elif op == "complete" and f == ("complete_down", by_key.get(key)):
+            tries[0] += 1
+            if tries[0] == COMPLETE_TRIES:  # the call gives up: the failure is seen now
+                failed.append(f[1])
+            raise StoreUnavailableError("complete never reached the store (simulated)")
+
+    idem = FaultyIdempotencyStore(inner, hook=hook)
 
     @tool
     async def step(n: int, ctx: ToolContext) -> int:
         """A step with an effect, done after a delay."""
         assert ctx.idempotency_key is not None
-        (after_death if died else entered).append(n)
+        by_key[ctx.idempotency_key] = n
+        (after_failure if failed else entered).append(n)
         active["now"] += 1
         active["peak"] = max(active["peak"], active["now"])
         try:
             await asyncio.sleep(delays[n] / 200)
-            if live["crash"] == n:
-                died.append(n)
+            if live["fault"] == ("crash", n):
+                failed.append(n)
                 raise SimulatedCrash
             effects[ctx.idempotency_key] += 1
         finally:
@@ -486,31 +571,49 @@ async def _oracle(limit: int, delays: list[int], crash_at: int | None) -> None:
 
     agent = Agent("oracle", "Do steps.", [step], parallel_tool_calls=limit)
     turn = [("step", {"n": n}) for n in range(len(delays))]
-    idem, cps, leases = MemoryIdempotencyStore(), MemoryCheckpointStore(), MemoryLeaseStore()
+    cps, leases = MemoryCheckpointStore(), MemoryLeaseStore()
     provider = Recording(ScriptedProvider([turn, "done"]))
-    runner = _runner(provider, idem, cps, leases=leases)
-    if live["crash"] is None:
-        run = await runner.run(agent, "go", tenant=T, run_id="o")
+    if fault is None:
+        run = await _runner(provider, idem, cps, leases=leases).run(
+            agent, "go", tenant=T, run_id="o"
+        )
     else:
-        with pytest.raises(SimulatedCrash):
-            await runner.run(agent, "go", tenant=T, run_id="o")
-        records = {r.call_id: r for r in await idem.records(T, "o") if r.tool == "step"}
-        crashed = f"call_0_{live['crash']}"
-        assert records[crashed].status is RecordStatus.in_flight
-        # Nothing started after the death; what started before it finished and is recorded.
+        kind, at = fault
+        expected: type[BaseException] = SimulatedCrash if kind == "crash" else StoreUnavailableError
+        with pytest.raises(expected):
+            await _runner(provider, idem, cps, leases=leases).run(agent, "go", tenant=T, run_id="o")
+        live["fault"] = None
+        assert failed == [at]
+        records = {r.call_id: r for r in await inner.records(T, "o") if r.tool == "step"}
+        failing = f"call_0_{at}"
+        # No call was started once the failure was seen: a call entering its tool after it
+        # was handed out before (its claim was on its way); whatever had started finished
+        # and is recorded.
+        # (At most ``limit`` calls run at once, so fewer than that many beyond those that
+        # had entered and the failing one were handed out.)
+        window = len({at, *entered}) + limit
+        assert all(n < window for n in after_failure), (after_failure, window)
+        entered += after_failure
+        started = {f"call_0_{n}" for n in entered}
+        if kind == "claim_down":
+            assert failing not in records
+            assert set(records) == started
+        else:
+            assert records[failing].status is RecordStatus.in_flight
+            assert set(records) == started | {failing}
         for call_id, rec in records.items():
-            if call_id != crashed:
+            if call_id != failing:
                 assert rec.status is RecordStatus.completed
-        # No call entered after the death, and only the calls that entered were claimed.
-        assert after_death == []
-        assert set(records) == {f"call_0_{n}" for n in entered}
-        with pytest.raises(IndeterminateToolCallError) as refused:
-            await _runner(provider, idem, cps, leases=leases).resume(agent, "o", tenant=T)
-        assert [c.call_id for c in refused.value.calls] == [crashed]
-        key = records[crashed].key
-        await idem.resolve(key, tenant=T, never_ran=True, by="ops")
-        live["crash"] = None
-        died.clear()
+        if kind != "claim_down":
+            with pytest.raises(IndeterminateToolCallError) as refused:
+                await _runner(provider, idem, cps, leases=leases).resume(agent, "o", tenant=T)
+            assert [c.call_id for c in refused.value.calls] == [failing]
+            key = records[failing].key
+            if kind == "crash":  # it died before its effect
+                await inner.resolve(key, tenant=T, never_ran=True, by="ops")
+            else:  # its effect happened; the operator records it
+                told = encode_outcome(ToolOutcome(call_id=failing, content=at * 10), Redactor())
+                await inner.resolve(key, told, tenant=T, by="ops")
         run = await _runner(provider, idem, cps, leases=leases).resume(agent, "o", tenant=T)
     assert run.status is RunStatus.completed
     assert _result_ids(provider) == [f"call_0_{n}" for n in range(len(delays))]

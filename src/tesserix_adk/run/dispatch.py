@@ -331,6 +331,7 @@ async def _complete(
     assert oc.key is not None
     last: Exception | None = None
     for attempt_no in range(COMPLETE_TRIES):
+        unknown = True  # whether the store may have applied it: then read it back
         try:
             await parts.idempotency.complete(
                 oc.key, payload, tenant=run.tenant, holder=attempt.holder
@@ -339,17 +340,17 @@ async def _complete(
         except StoreReplyLostError as exc:
             last = exc
         except StoreUnavailableError as exc:
-            last = exc
-            await asyncio.sleep(_BACKOFF[attempt_no])
-            continue
+            last, unknown = exc, False
         except AdkError:
             raise
         except Exception as exc:
             last = exc
-        rec = await _read_back(parts, run, oc.key)
-        if rec is not None and rec.status is RecordStatus.completed:
-            return
-        await asyncio.sleep(_BACKOFF[attempt_no])
+        if unknown:
+            rec = await _read_back(parts, run, oc.key)
+            if rec is not None and rec.status is RecordStatus.completed:
+                return
+        if attempt_no + 1 < COMPLETE_TRIES:  # no wait after the last: the turn stops now
+            await asyncio.sleep(_BACKOFF[attempt_no])
     raise StoreUnavailableError(
         f"{tool.name} ({oc.call.id}) ran but its outcome could not be recorded after "
         f"{COMPLETE_TRIES} tries ({last}); it stays claimed in flight, so a resume refuses it "
