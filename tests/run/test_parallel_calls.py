@@ -3,8 +3,8 @@
 At most N at a time, each behind its own claim; results to the model in the model's order
 whatever order they finish in; approvals still gate; twins keep their keys; one call's
 failure starts no more calls and cancels none already sent; each call reports its start and
-its finish (with how its result came to be). The same against an oracle, by hypothesis.
-Process deaths mid-turn are ``tests/test_parallel_crash.py``.
+its finish (with how its result came to be). The oracle is ``test_parallel_oracle.py``;
+process deaths mid-turn are ``tests/test_parallel_crash.py``.
 """
 
 from __future__ import annotations
