@@ -106,3 +106,14 @@ def long_turns(single: int, triple: int) -> list[Any]:
     turns: list[Any] = [[("book_seat", {"flight": f"S{i}"})] for i in range(single)]
     turns += [[("book_seat", {"flight": f"T{i}-{j}"}) for j in range(3)] for i in range(triple)]
     return [*turns, "All booked."]
+
+
+@tool(name="book_seat", requires_approval=True)
+def book_seat_approved(flight: str, ctx: ToolContext) -> dict[str, str]:
+    """Book one seat on a flight, once a person approved it."""
+    return _book(flight, ctx)
+
+
+approval_agent = Agent(
+    "airline", "Book the flight the user asks for.", [search_flights, book_seat_approved]
+)

@@ -13,6 +13,7 @@ never the journal. Approvals are the kit's: the request is in the approval store
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -101,11 +102,14 @@ class AgentWorkflow:
             while step.kind is StepKind.waiting:
                 reason = self._continue_reason(policy, standing)
                 if reason is not None:
-                    return self._continue(start, standing, step, reason)
+                    return await self._continue(start, standing, step, reason)
                 self._woken = False
-                await workflow.wait_condition(
-                    lambda: self._woken, timeout=timedelta(seconds=start.approval_poll)
-                )
+                # The timer elapsing is the usual way: the decision is made in the approval
+                # store (``tesserix approve``), which knows nothing of Temporal.
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: self._woken, timeout=timedelta(seconds=start.approval_poll)
+                    )
                 step = await self._model(start, step.iteration, decision_only=True)
             if step.kind is StepKind.finished:
                 return RunOutcome(
@@ -123,7 +127,7 @@ class AgentWorkflow:
                 folded = await self._model(
                     start, standing.iteration, results=results, fold_only=True
                 )
-                return self._continue(start, standing, folded, reason)
+                return await self._continue(start, standing, folded, reason)
             step = await self._model(start, standing.iteration, results=results)
 
     def _continue_reason(
@@ -136,7 +140,7 @@ class AgentWorkflow:
             return ContinueReason.suggested
         return None
 
-    def _continue(
+    async def _continue(
         self, start: RunInput, standing: _Standing, step: StepResult, reason: ContinueReason
     ) -> NoReturn:
         standing.history_handle = None if step.history is None else HistoryHandle(**step.history)
@@ -146,6 +150,8 @@ class AgentWorkflow:
         if step.kind is StepKind.waiting and step.approval is not None:
             standing.pending_approval = PendingApproval(id=step.approval, calls=())
         carry = continued(standing, tenant=start.tenant, agent_name=start.agent_name)
+        # A signal being handled (an approval decided) must not be cut off by the new run.
+        await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
             replace(start, input=None, carried=carried_from(carry), chain=[*start.chain, reason])
         )
