@@ -82,7 +82,9 @@ async def worker_running(
         yield
 
 
-async def tesserix(*args: str) -> subprocess.CompletedProcess[str]:
+async def tesserix(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The ``tesserix`` command line in a process of its own (off the event loop)."""
     return await asyncio.to_thread(
         subprocess.run,
@@ -90,6 +92,7 @@ async def tesserix(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
 
 

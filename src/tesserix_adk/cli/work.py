@@ -5,6 +5,11 @@ one run). ``worker`` carries every run its agents can carry: decided approvals, 
 holder died, submitted runs; it prints one line per run started, carried on, parked and
 finished, and on SIGTERM or SIGINT it drains (takes nothing new, stops each run at its
 next boundary, releases its leases) and exits 0.
+
+With ``--temporal HOST:PORT --task-queue Q`` both go through Temporal instead: ``submit``
+starts the run as an ``AgentWorkflow`` (workflow id = run id), ``worker`` is a Temporal
+worker carrying those workflows' activities with the same stores. ``temporalio`` is
+imported only then.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import secrets
 import signal
 import sys
 from collections.abc import Mapping
@@ -24,6 +30,7 @@ from tesserix_adk.cli.loading import built_provider, load_agent
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import NoCheckpointError
 from tesserix_adk.leases import LeasePolicy
+from tesserix_adk.run.ids import check_ids
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.worker import Worker
@@ -43,6 +50,7 @@ def add_work_commands(sub: Any, parents: Any = (), *, named: Any, seconds: Any) 
     p.add_argument("--tenant", required=True, type=named)
     p.add_argument("--input", required=True, help="the user's message (stored redacted)")
     p.add_argument("--run-id", type=named, help="the run's id (default: a new one)")
+    _add_temporal(p, named)
     p = sub.add_parser(
         "worker",
         help="carry runs on by themselves: decided, lapsed, submitted (SIGTERM drains)",
@@ -65,6 +73,7 @@ def add_work_commands(sub: Any, parents: Any = (), *, named: Any, seconds: Any) 
         "--exit-when-idle", action="store_true", help="exit once nothing is due or running"
     )
     p.add_argument("--poll", type=seconds, default=0.5, metavar="SECONDS", help=argparse.SUPPRESS)
+    _add_temporal(p, named)
     p = sub.add_parser(
         "cancel",
         help="cancel a run: its holder stops it at the next boundary (audited)",
@@ -74,6 +83,31 @@ def add_work_commands(sub: Any, parents: Any = (), *, named: Any, seconds: Any) 
     p.add_argument("--tenant", required=True, type=named)
     p.add_argument("--by", required=True, type=named, help="who cancels")
     p.add_argument("--reason", help="why (secrets in it are masked before it is stored)")
+
+
+def _add_temporal(p: Any, named: Any) -> None:
+    p.add_argument(
+        "--temporal", metavar="HOST:PORT", help="go through this Temporal server (frontend)"
+    )
+    p.add_argument("--task-queue", type=named, metavar="Q", help="the Temporal task queue")
+    p.add_argument("--namespace", type=named, default="default", help="the Temporal namespace")
+
+
+def _temporal(args: argparse.Namespace) -> Any:
+    """The Temporal half of the command line, or ``None`` without ``--temporal``."""
+    if args.temporal is None:
+        if args.task_queue is not None:
+            raise UsageError("--task-queue names a Temporal task queue; give --temporal too")
+        return None
+    if args.task_queue is None:
+        raise UsageError("--temporal needs --task-queue, the queue its workers poll")
+    try:
+        from tesserix_adk.temporal import commands
+    except ImportError as exc:
+        raise UsageError(
+            'running on Temporal needs temporalio: pip install "tesserix-adk[temporal]"'
+        ) from exc
+    return commands
 
 
 def _positive_int(value: str) -> int:
@@ -128,6 +162,16 @@ async def _submit(
     args: argparse.Namespace, stores: Stores, agents: Mapping[str, Agent], out: TextIO
 ) -> ExitCode:
     agent = load_agent(args.agent, agents)
+    on_temporal = _temporal(args)
+    if on_temporal is not None:
+        run_id = args.run_id or f"run_{secrets.token_hex(8)}"
+        check_ids(tenant=args.tenant, run_id=run_id)
+        client = await on_temporal.connect(args.temporal, args.namespace)
+        started = await on_temporal.submit(
+            client, agent, args.input, tenant=args.tenant, run_id=run_id, task_queue=args.task_queue
+        )
+        out.write(f"{escaped(started)}\n")
+        return ExitCode.CARRIED_ON
     # Submitting calls no model: no provider is built.
     runner = AgentRunner.from_stores(_NoModel(), stores)
     run_id = await runner.submit(agent, args.input, tenant=args.tenant, run_id=args.run_id)
@@ -147,11 +191,16 @@ async def _work(
     names = [a.name for a in loaded]
     if len(set(names)) != len(names):
         raise UsageError(f"two --agent options name agents of the same name: {names}")
-    if stores.work is None:
+    on_temporal = _temporal(args)
+    if on_temporal is None and stores.work is None:
         raise UsageError("this store keeps no work index, so no worker can find runs in it")
+    if on_temporal is not None and args.exit_when_idle:
+        raise UsageError("--exit-when-idle is for workers of the store's own work index")
     ttl = args.lease_ttl
     if ttl <= 0:
         raise UsageError("--lease-ttl must be more than 0 seconds")
+    if on_temporal is not None:
+        return await _work_on_temporal(on_temporal, args, stores, loaded, out)
     async with built_provider(args.provider, loaded[0], args.agent[0]) as provider:
         runner = AgentRunner.from_stores(
             provider,
@@ -177,6 +226,36 @@ async def _work(
             out.flush()
             await worker.run()
         out.write(f"worker {name}: stopped; {len(worker.carried)} run(s) taken\n")
+    return ExitCode.CARRIED_ON
+
+
+async def _work_on_temporal(
+    on_temporal: Any,
+    args: argparse.Namespace,
+    stores: Stores,
+    loaded: list[Agent],
+    out: TextIO,
+) -> ExitCode:
+    client = await on_temporal.connect(args.temporal, args.namespace)
+    ttl = args.lease_ttl
+    async with built_provider(args.provider, loaded[0], args.agent[0]) as provider:
+        runner = AgentRunner.from_stores(
+            provider,
+            stores,
+            worker=args.worker,
+            lease_policy=LeasePolicy(ttl=ttl, renew_within=ttl / 3),
+        )
+        name = escaped(runner.worker)
+        await on_temporal.serve(
+            client,
+            runner=runner,
+            agents=loaded,
+            task_queue=args.task_queue,
+            concurrency=args.concurrency,
+            out=out,
+            name=name,
+        )
+        out.write(f"worker {name}: stopped\n")
     return ExitCode.CARRIED_ON
 
 

@@ -1,0 +1,102 @@
+"""``tesserix worker --temporal`` and ``tesserix submit --temporal``: the command line's
+Temporal half (``cli.work`` imports this only when ``--temporal`` is given, so the command
+line imports no ``temporalio`` otherwise).
+
+A worker runs until SIGTERM or SIGINT, then shuts down gracefully: it polls no more, lets
+its activities finish (each releases its lease) and exits 0. Whatever a run was doing is
+carried on by any other worker on the task queue: that is Temporal's job, and the kit's
+records say what the next attempt may do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TextIO
+
+from temporalio.client import Client
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from tesserix_adk.agent import Agent
+from tesserix_adk.errors import AdkError
+from tesserix_adk.run.runner import AgentRunner
+from tesserix_adk.temporal.worker import agent_worker, start_run
+
+__all__ = ["connect", "serve", "submit"]
+
+
+async def connect(address: str, namespace: str) -> Client:
+    """A client of the server at ``address``; a retryable ``AdkError`` (exit 3) when it
+    cannot be reached."""
+    try:
+        return await Client.connect(address, namespace=namespace)
+    except Exception as exc:
+        reason = str(exc)
+    # Not chained: the SDK's error holds its native core, and one that outlives the event
+    # loop until the interpreter's exit crashes it there (SIGSEGV instead of exit 3).
+    raise AdkError(
+        f"the Temporal server at {address} cannot be reached ({reason}); start it or try "
+        "again later",
+        retryable=True,
+    )
+
+
+async def submit(
+    client: Client, agent: Agent, input: str, *, tenant: str, run_id: str, task_queue: str
+) -> str:
+    """Start the run as a workflow; the same run id twice makes one run (its id back)."""
+    with contextlib.suppress(WorkflowAlreadyStartedError):
+        await start_run(client, agent, input, tenant=tenant, run_id=run_id, task_queue=task_queue)
+    return run_id
+
+
+async def serve(
+    client: Client,
+    *,
+    runner: AgentRunner,
+    agents: Sequence[Agent],
+    task_queue: str,
+    concurrency: int,
+    out: TextIO,
+    name: str,
+) -> None:
+    """Carry runs of ``agents`` from ``task_queue`` until SIGTERM or SIGINT."""
+    worker = agent_worker(
+        client,
+        task_queue=task_queue,
+        runner=runner,
+        agents=agents,
+        max_concurrent_activities=concurrency,
+        graceful_shutdown_timeout=timedelta(seconds=30),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, _stopping, stop, out, name, signum)
+            installed.append(signum)
+    try:
+        async with worker:
+            out.write(
+                f"worker {name}: carrying runs of {', '.join(a.name for a in agents)} from "
+                f"Temporal task queue {task_queue}, {concurrency} activities at a time\n"
+            )
+            out.flush()
+            await stop.wait()
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+
+
+def _stopping(stop: asyncio.Event, out: TextIO, name: str, signum: int) -> None:
+    if not stop.is_set():
+        out.write(
+            f"worker {name}: {signal.Signals(signum).name}: shutting down (running "
+            "activities finish first)\n"
+        )
+        out.flush()
+    stop.set()
