@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import tesserix_adk
 
 EXPECTED = {
@@ -101,6 +103,7 @@ EXPECTED = {
     "ToolDisposition",
     "ToolFlags",
     "ToolOutcome",
+    "ToolOutcomeUnknownError",
     "ToolSpec",
     "Usage",
     "default_key",
@@ -134,6 +137,24 @@ def test_errors_carry_retryable_as_data() -> None:
     assert issubclass(tesserix_adk.StaleFenceError, tesserix_adk.CheckpointError)
     assert issubclass(tesserix_adk.ResumeConflictError, tesserix_adk.ResumeError)
     assert issubclass(tesserix_adk.LeaseHeldError, tesserix_adk.LeaseError)
+
+
+def test_the_mcp_package_pins_its_names() -> None:
+    pytest.importorskip("mcp", reason="the [mcp] extra is not installed")
+    import tesserix_adk.mcp
+
+    assert set(tesserix_adk.mcp.__all__) == {
+        "IDEMPOTENCY_KEY_META",
+        "MCPError",
+        "MCPReplyLostError",
+        "MCPTool",
+        "MCPToolOverride",
+        "MCPToolError",
+        "MCPToolset",
+        "MCPUnavailableError",
+    }
+    # A lost reply leaves the call in doubt, as any tool's unknown outcome does.
+    assert issubclass(tesserix_adk.mcp.MCPReplyLostError, tesserix_adk.ToolOutcomeUnknownError)
 
 
 def test_importing_the_kit_imports_no_driver() -> None:

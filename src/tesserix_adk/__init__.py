@@ -56,6 +56,7 @@ from tesserix_adk.errors import (
     StaleFenceError,
     StoreReplyLostError,
     StoreUnavailableError,
+    ToolOutcomeUnknownError,
 )
 from tesserix_adk.leases import NEVER_RAN_MARGIN, Leaseholder, LeasePolicy
 from tesserix_adk.messages import (
@@ -194,6 +195,7 @@ __all__ = [
     "ToolDisposition",
     "ToolFlags",
     "ToolOutcome",
+    "ToolOutcomeUnknownError",
     "ToolSpec",
     "Usage",
     "WorkIndex",

@@ -10,6 +10,7 @@ reading the attribute, never by matching on names.
     ├── StoreUnavailableError         a store could not be reached (retryable)
     │   └── StoreReplyLostError       sent, but the reply was lost: the outcome is unknown
     ├── ProviderError                 a model call failed (.retryable, .status_code)
+    ├── ToolOutcomeUnknownError       a tool sent its call and lost the reply: left in doubt
     ├── CheckpointError
     │   ├── CheckpointFormatError     written by a newer kit; left untouched for it
     │   ├── CheckpointCorruptError    cannot be decoded or verified
@@ -93,6 +94,21 @@ class StoreReplyLostError(StoreUnavailableError):
     """The request was sent and may have been applied, but its reply was lost (a dropped
     connection mid-reply, a client-side deadline). Whoever cares reads the record back."""
 
+    outcome_unknown = True
+
+
+class ToolOutcomeUnknownError(AdkError):
+    """Raised by a tool that sent its request and cannot say whether it took effect (the
+    reply was lost, a timeout struck after sending).
+
+    Any other exception a tool raises is the call's error outcome, told to the model. This
+    one is not: the model would likely ask again, under a new key, and the effect could
+    happen twice. The call is left in doubt (its claim stays in flight) and the attempt
+    stops, retryably; the resume asks the tool's reconciler or refuses the call as
+    indeterminate, naming it, exactly as for a process that died inside the call.
+    """
+
+    retryable = True
     outcome_unknown = True
 
 

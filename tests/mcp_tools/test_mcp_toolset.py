@@ -19,6 +19,7 @@ from tesserix_adk import (
     Agent,
     AgentRunner,
     ConfigurationError,
+    IndeterminateToolCallError,
     RevisionMismatchError,
     RunStatus,
     ScriptedProvider,
@@ -34,6 +35,7 @@ from tesserix_adk.mcp import (
 from tesserix_adk.messages import Role
 from tesserix_adk.providers.base import ModelRequest, ModelResponse
 from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.protocols import RecordStatus
 
 T = "acme"
 BOOK = [
@@ -268,6 +270,26 @@ async def test_a_call_past_its_timeout_is_a_lost_reply_and_the_connection_stays(
             "LH123 FRA-JFK"
         )
     assert effects.keys() == ["k-1"]
+
+
+async def test_a_run_whose_mcp_call_lost_its_reply_leaves_it_in_doubt(tmp_path: Path) -> None:
+    """Not an error result the model would answer by asking again under a new key: the
+    call stays in flight and the resume refuses it, naming it, until someone decides."""
+    effects, hold = Effects(tmp_path), tmp_path / "hold"
+    hold.mkdir()
+    toolset = MCPToolset.stdio(
+        sys.executable, [SERVER], env=effects.env(MCP_HOLD_DIR=str(hold)), call_timeout=0.5
+    )
+    async with toolset, open_stores("memory://") as stores:
+        agent = Agent("booking", "Book.", toolset.tools)
+        with pytest.raises(MCPReplyLostError):
+            await _runner(ScriptedProvider(BOOK), stores).run(agent, "book", tenant=T, run_id="r1")
+        (record,) = [r for r in await stores.idempotency.records(T, "r1") if r.tool == "book_seat"]
+        assert record.status is RecordStatus.in_flight
+        (hold / "release").write_text("")
+        with pytest.raises(IndeterminateToolCallError, match="book_seat"):
+            await _runner(ScriptedProvider(BOOK[1:]), stores).resume(agent, "r1", tenant=T)
+    assert effects.keys() == [record.key]
 
 
 async def test_tools_are_asked_for_only_while_connected(tmp_path: Path) -> None:

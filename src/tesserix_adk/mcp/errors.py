@@ -9,15 +9,17 @@ lost" are different errors (as ``StoreUnavailableError`` and ``StoreReplyLostErr
         │                             JSON-RPC error); nothing to retry
         └── MCPUnavailableError       the server could not be reached; nothing was sent
             └── MCPReplyLostError     sent, and the connection or the wait ended before the
-                                      reply: whether the tool ran is unknown
+                                      reply: whether the tool ran is unknown (also a
+                                      ``ToolOutcomeUnknownError``)
 
-Raised by a tool, each is that call's error outcome (SPEC §2); ``MCPReplyLostError`` says
-in its text that the call may have run.
+Raised by a tool, the first two are that call's error outcome (SPEC §2); a lost reply
+leaves the call in doubt instead, for the tool's reconciler or an operator: told to the
+model as an error, it would be asked for again under a new key.
 """
 
 from __future__ import annotations
 
-from tesserix_adk.errors import AdkError
+from tesserix_adk.errors import AdkError, ToolOutcomeUnknownError
 
 __all__ = ["MCPError", "MCPReplyLostError", "MCPToolError", "MCPUnavailableError"]
 
@@ -38,7 +40,7 @@ class MCPUnavailableError(MCPError):
     outcome_unknown: bool = False
 
 
-class MCPReplyLostError(MCPUnavailableError):
+class MCPReplyLostError(MCPUnavailableError, ToolOutcomeUnknownError):
     """The request was sent but no reply came (the connection closed, the wait timed out):
     the tool may have run. Whoever cares asks the server by the call's idempotency key."""
 

@@ -39,6 +39,7 @@ from tesserix_adk.errors import (
     StaleFenceError,
     StoreReplyLostError,
     StoreUnavailableError,
+    ToolOutcomeUnknownError,
 )
 from tesserix_adk.messages import Message, ToolCall, ToolOutcome
 from tesserix_adk.run.attempt import Attempt
@@ -393,7 +394,8 @@ async def _read_back(parts: RunParts, run: RunState, key: str) -> IdempotencyRec
 
 async def _invoke(attempt: Attempt, tool: Tool, call: ToolCall, ctx: ToolContext) -> ToolOutcome:
     """Run the tool (or its replay stub); an ``Exception`` is the call's error outcome,
-    except the guard's own refusal, which stops the run with nothing sent."""
+    except the guard's own refusal, which stops the run with nothing sent, and a
+    ``ToolOutcomeUnknownError``, which stops it with the call left in doubt."""
     refused: list[AdkError] = []
 
     def guard() -> None:
@@ -415,6 +417,13 @@ async def _invoke(attempt: Attempt, tool: Tool, call: ToolCall, ctx: ToolContext
         else:
             result = await tool.invoke(call.arguments, ctx, guard=guard)
         return ToolOutcome(call_id=call.id, content=to_jsonable_python(result, fallback=str))
+    except ToolOutcomeUnknownError as exc:
+        # Sent, and whether it took effect is unknown: told to the model as an error it
+        # would be asked for again under a new key. Its claim stays in flight, for the
+        # reconciler or an operator, as if the process had died inside the call.
+        _log.warning("%s (%s) may have run, its outcome unknown: %s", tool.name, call.id, exc)
+        exc.add_note(f"the call {tool.name} ({call.id}) is left in doubt, its claim in flight")
+        raise
     except Exception as exc:
         if refused and exc is refused[0]:
             raise _NotSent(refused[0]) from None
