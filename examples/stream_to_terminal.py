@@ -15,17 +15,21 @@ import sys
 import tempfile
 from contextlib import aclosing
 
-from tesserix_adk import Agent, AgentRunner, Checkpointer, ScriptedProvider, tool
-from tesserix_adk.providers.scripted import ScriptedTurn
-from tesserix_adk.run.events import (
+from tesserix_adk import (
+    Agent,
+    AgentRunner,
+    Checkpointer,
     FrontierWritten,
     RunEvent,
     RunFinished,
+    ScriptedProvider,
+    ScriptedTurn,
     TextDelta,
     ToolCallAsked,
     ToolCallFinished,
+    open_stores,
+    tool,
 )
-from tesserix_adk.stores import open_stores
 
 BOOKINGS: list[str] = []  # stands in for the airline's own records
 

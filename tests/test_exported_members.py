@@ -10,6 +10,16 @@ import pytest
 import tesserix_adk
 
 EXPECTED = {
+    "CallDisposition",
+    "FrontierWritten",
+    "RunEvent",
+    "RunFinished",
+    "StreamingProvider",
+    "TextDelta",
+    "TextSink",
+    "ToolCallAsked",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "Backoff",
     "Carried",
     "MemoryWorkIndex",

@@ -68,10 +68,26 @@ from tesserix_adk.messages import (
     ToolOutcome,
     Usage,
 )
-from tesserix_adk.providers.base import ModelRequest, ModelResponse, Provider
+from tesserix_adk.providers.base import (
+    ModelRequest,
+    ModelResponse,
+    Provider,
+    StreamingProvider,
+    TextSink,
+)
 from tesserix_adk.providers.scripted import ScriptedProvider, ScriptedTurn
 from tesserix_adk.reconcile import Reconciled, ReconciledAs
 from tesserix_adk.resumer import CarriedRun, Resumer
+from tesserix_adk.run.events import (
+    CallDisposition,
+    FrontierWritten,
+    RunEvent,
+    RunFinished,
+    TextDelta,
+    ToolCallAsked,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 from tesserix_adk.runner import AgentRunner, Run, RunStatus
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import (
@@ -107,6 +123,16 @@ from tesserix_adk.tools import Tool, ToolContext, ToolSpec, default_key, tool
 from tesserix_adk.worker import Backoff, Carried, Worker
 
 __all__ = [
+    "CallDisposition",
+    "FrontierWritten",
+    "RunEvent",
+    "RunFinished",
+    "StreamingProvider",
+    "TextDelta",
+    "TextSink",
+    "ToolCallAsked",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "CHECKPOINT_FORMAT",
     "DEFAULT_CONTINUATION",
     "DEFAULT_MAX_BYTES",
