@@ -2,8 +2,9 @@
 
 1. call the model, charge the ledger, append its message → ``after_model_call``;
 2. calls needing an approval not yet given → ``before_approval``, and the run waits;
-3. each call in the model's order through the dispatch unit;
-4. all results appended → ``after_tool_result``; next iteration.
+3. each call through the dispatch unit, ``agent.parallel_tool_calls`` at a time (one by
+   default);
+4. all results appended in the model's order → ``after_tool_result``; next iteration.
 
 A streamed run (``attempt.events``) hears the model's text as it arrives and each call it
 asked for once its whole message is in; nothing of a message is kept before it is whole.
