@@ -15,6 +15,14 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
+# The console's browser tests drive Debian's Chromium; installed here when it is missing and
+# we may (root with apt), else those tests say why they skip.
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
+	    apt-get install -y -q chromium >/dev/null; }; }; } || echo "chromium not installed: the console's browser tests will skip" >&2
+
 demo: $(STAMP)
 	$(VENV)/bin/tesserix demo
 
@@ -25,7 +33,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict src
 
-test: lint typecheck
+test: lint typecheck chromium
 	$(PY) -m pytest -q
 
 # The full reliability profile (tests/reliability, docs/reliability.md); ends with one line
