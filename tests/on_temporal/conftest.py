@@ -8,6 +8,7 @@ suggestion is lowered so a test run of tens of steps meets it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from temporalio.client import Client
 
 # Events in one execution's history after which the server suggests continue-as-new
 # (Temporal's default is 4 Ki events; a test of tens of steps stays far below it).
@@ -51,6 +53,22 @@ def _reachable(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _until_healthy(address: str, deadline: float) -> None:
+    """The frontend listens a little before it serves: until a client can connect."""
+
+    async def connect() -> None:
+        await Client.connect(address)
+
+    while True:
+        try:
+            asyncio.run(connect())
+            return
+        except RuntimeError as exc:
+            if time.monotonic() > deadline:
+                pytest.fail(f"the temporal dev server is not healthy: {exc}")
+            time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")
@@ -93,6 +111,7 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevSer
             if time.monotonic() > deadline:
                 pytest.fail("the temporal dev server did not listen within 60 s")
             time.sleep(0.1)
+        _until_healthy(f"127.0.0.1:{port}", deadline)
         yield DevServer(address=f"127.0.0.1:{port}", binary=binary)
     finally:
         proc.terminate()
