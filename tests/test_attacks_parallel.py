@@ -353,3 +353,128 @@ async def test_cancelled_error_raised_inside_a_tool_is_a_call_in_doubt_not_a_los
     with pytest.raises(IndeterminateToolCallError) as refused:
         await _runner(provider, idem, cps, leases=leases).resume(agent, "c", tenant=T)
     assert [c.call_id for c in refused.value.calls] == ["call_0_1"]
+
+
+# --- the run cancelled or stopped mid-turn -----------------------------------------------
+
+
+async def test_a_run_task_cancelled_mid_turn_leaves_each_call_as_it_stood() -> None:
+    """N=2, four calls: call 0 returns at once (call 2 takes its slot), calls 1 and 2 never
+    return, call 3 waits for a slot. The run's task is cancelled: call 0 is recorded, 1 and 2 stay claimed in
+    flight (they may have sent), 3 has no record. The resume names 1 and 2; once the
+    operator says what happened, 1 (never ran) and 3 go out once, 0 is replayed, 2 is
+    settled, and the model reads four results in its order."""
+    effects: Counter[str] = Counter()
+    hang = {"on": True}
+    idem, cps, leases = MemoryIdempotencyStore(), MemoryCheckpointStore(), MemoryLeaseStore()
+
+    @tool
+    async def step(n: int, ctx: ToolContext) -> int:
+        """A step; 1 and 2 never return in the first attempt (2 after its effect)."""
+        assert ctx.idempotency_key is not None
+        if hang["on"] and n == 1:
+            await asyncio.Event().wait()
+        effects[ctx.idempotency_key] += 1
+        if hang["on"] and n == 2:
+            await asyncio.Event().wait()
+        return n * 10
+
+    agent = Agent("cx", "Do steps.", [step], parallel_tool_calls=2)
+    turn = [("step", {"n": n}) for n in range(4)]
+    provider = Recording(ScriptedProvider([turn, "done"]))
+    task = asyncio.ensure_future(
+        _runner(provider, idem, cps, leases=leases).run(agent, "go", tenant=T, run_id="cx")
+    )
+    for _ in range(200):
+        await asyncio.sleep(0.005)
+        if len(effects) == 2:
+            break
+    await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    table = _table(idem, "cx")
+    assert {c: r.status for c, r in table.items()} == {
+        "call_0_0": RecordStatus.completed,
+        "call_0_1": RecordStatus.in_flight,
+        "call_0_2": RecordStatus.in_flight,
+    }
+    hang["on"] = False
+    with pytest.raises(IndeterminateToolCallError) as refused:
+        await _runner(provider, idem, cps, leases=leases).resume(agent, "cx", tenant=T)
+    assert sorted(str(c.call_id) for c in refused.value.calls) == ["call_0_1", "call_0_2"]
+    await _resolve_truthfully(idem, "cx", "call_0_1", None)
+    await _resolve_truthfully(idem, "cx", "call_0_2", 20)
+    run = await _runner(provider, idem, cps, leases=leases).resume(agent, "cx", tenant=T)
+    assert run.status is RunStatus.completed
+    assert _results(provider) == [(f"call_0_{n}", str(n * 10)) for n in range(4)]
+    assert sorted(effects.values()) == [1, 1, 1, 1]
+
+
+async def test_a_drain_asked_mid_turn_stops_at_the_boundary_with_every_call_recorded_once() -> (
+    None
+):
+    """The worker is asked to stop while calls are out: the turn's calls finish (none is
+    cut short or re-sent), the run stops at the next boundary, and the resume goes on from
+    there with every result replayed in the model's order, one effect per key."""
+    from tesserix_adk.errors import RunStoppedError
+
+    effects: Counter[str] = Counter()
+    asked = {"stop": False}
+
+    @tool
+    async def step(n: int, ctx: ToolContext) -> int:
+        """A step with an effect; the first to run asks the worker to drain."""
+        assert ctx.idempotency_key is not None
+        asked["stop"] = True
+        await asyncio.sleep(0.01 * (3 - n))
+        effects[ctx.idempotency_key] += 1
+        return n
+
+    agent = Agent("drain", "Do steps.", [step], parallel_tool_calls=2)
+    turn = [("step", {"n": n}) for n in range(4)]
+    idem, cps, leases = MemoryIdempotencyStore(), MemoryCheckpointStore(), MemoryLeaseStore()
+    provider = Recording(ScriptedProvider([turn, "done"]))
+    with pytest.raises(RunStoppedError):
+        await _runner(provider, idem, cps, leases=leases).run(
+            agent,
+            "go",
+            tenant=T,
+            run_id="dr",
+            stop=lambda: "draining" if asked["stop"] else None,
+        )
+    table = _table(idem, "dr")
+    assert {r.status for r in table.values()} == {RecordStatus.completed} and len(table) == 4
+    run = await _runner(provider, idem, cps, leases=leases).resume(agent, "dr", tenant=T)
+    assert run.status is RunStatus.completed
+    assert _results(provider) == [(f"call_0_{n}", str(n)) for n in range(4)]
+    assert sorted(effects.values()) == [1, 1, 1, 1]
+
+
+async def test_a_cancel_requested_mid_turn_ends_the_run_with_nothing_in_flight() -> None:
+    """``tesserix cancel`` while a parallel turn is out: the run ends cancelled at the next
+    boundary; every call it sent is recorded (none left in flight, none sent twice)."""
+    effects: Counter[str] = Counter()
+    idem = MemoryIdempotencyStore()
+
+    @tool
+    async def step(n: int, ctx: ToolContext) -> int:
+        """A step with an effect; call 0 has the run cancelled meanwhile."""
+        assert ctx.idempotency_key is not None
+        if n == 0:
+            await request_cancel(idem, T, "cc", by="ops", reason="enough", redactor=Redactor())
+        await asyncio.sleep(0.01 * (3 - n))
+        effects[ctx.idempotency_key] += 1
+        return n
+
+    agent = Agent("cc", "Do steps.", [step], parallel_tool_calls=2)
+    turn = [("step", {"n": n}) for n in range(4)]
+    provider = Recording(ScriptedProvider([turn, turn, "done"]))
+    run = await _runner(provider, idem, MemoryCheckpointStore()).run(
+        agent, "go", tenant=T, run_id="cc"
+    )
+    assert run.status is RunStatus.cancelled
+    table = _table(idem, "cc")
+    assert all(r.status is RecordStatus.completed for r in table.values())
+    assert all(effects[r.key] == 1 for r in table.values())
+    assert len(provider.requests) == 1  # the next turn was never asked for
