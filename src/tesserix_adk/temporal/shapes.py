@@ -167,7 +167,9 @@ class ToolResult:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelStep:
     """The model activity's input: fold the previous turn's results (if any), then ask the
-    model at ``iteration`` — or only fold (``fold_only``), before continuing-as-new."""
+    model at ``iteration`` — or only fold (``fold_only``), before continuing-as-new. A turn
+    the frontier holds open at ``iteration`` is never asked again: its approval's decision
+    is looked for, or its calls handed back."""
 
     tenant: str
     run_id: str
@@ -179,8 +181,6 @@ class ModelStep:
     fold_only: bool = False
     # What the previous execution carried: the frontier must name the same transcript.
     history: dict[str, Any] | None = None
-    # A turn waiting on an approval: only look whether it was decided.
-    decision_only: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -142,6 +142,14 @@ async def tool_call(
         if cp is None:
             raise NoCheckpointError(f"nothing is checkpointed under run {call.run_id!r}")
         refuse_unresumable(cp, agent)
+        if cp.status.finished:
+            # Ended meanwhile (``tesserix cancel``): nothing more is sent; the next model
+            # turn finds the final frontier and ends the workflow with its status.
+            return ToolResult(
+                call_id=call.call_id,
+                content=f"not sent: the run ended {cp.status.value}",
+                is_error=True,
+            )
         if cp.boundary is not Boundary.after_model_call or cp.iteration != call.iteration:
             raise CheckpointCorruptError(
                 f"run {call.run_id!r}: call {call.call_id} of iteration {call.iteration} was "
@@ -332,7 +340,9 @@ async def _finish(
     output: str | None = None,
 ) -> StepResult:
     ended = await loop._finish(parts, run, attempt, status, output=output)
-    return _ended(ended.status.value, ended.output, ended.iteration)
+    # What crosses into Temporal's history is what the frontier keeps: redacted.
+    told = None if ended.output is None else parts.redactor.text(ended.output)
+    return _ended(ended.status.value, told, ended.iteration)
 
 
 def _ended(status: str, output: str | None, iteration: int) -> StepResult:

@@ -11,6 +11,7 @@ from temporalio.worker import Worker
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.continuation import DEFAULT_CONTINUATION, ContinuationPolicy
+from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.run.ids import check_ids
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.temporal.activities import AgentActivities
@@ -53,11 +54,14 @@ async def start_run(
     continuation: ContinuationPolicy = DEFAULT_CONTINUATION,
     options: ActivityOptions | None = None,
     approval_poll: float = 2.0,
+    redactor: Redactor | None = None,
 ) -> WorkflowHandle[Any, RunOutcome]:
     """Start ``agent`` on ``input`` as an ``AgentWorkflow`` whose workflow id is the kit's
     run id, pinned to the agent's revision; its handle. A run id used before is refused by
-    the server (one run, one chain)."""
+    the server (one run, one chain). The input enters Temporal's history redacted (by
+    ``redactor``, the kit's default masking without one), as ``submit`` stores it."""
     check_ids(tenant=tenant, run_id=run_id)
+    input = (redactor or Redactor()).text(input)
     start = RunInput(
         tenant=tenant,
         run_id=run_id,

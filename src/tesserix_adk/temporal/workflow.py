@@ -95,7 +95,7 @@ class AgentWorkflow:
             history = carried.history
         step: StepResult
         if carried is not None and carried.pending_approval is not None:
-            step = await self._model(start, standing.iteration, decision_only=True)
+            step = await self._model(start, standing.iteration)
         else:
             step = await self._model(start, standing.iteration, history=history)
         while True:
@@ -110,7 +110,7 @@ class AgentWorkflow:
                     await workflow.wait_condition(
                         lambda: self._woken, timeout=timedelta(seconds=start.approval_poll)
                     )
-                step = await self._model(start, step.iteration, decision_only=True)
+                step = await self._model(start, step.iteration)
             if step.kind is StepKind.finished:
                 return RunOutcome(
                     run_id=start.run_id,
@@ -163,7 +163,6 @@ class AgentWorkflow:
         *,
         results: list[ToolResult] | None = None,
         fold_only: bool = False,
-        decision_only: bool = False,
         history: dict[str, Any] | None = None,
     ) -> StepResult:
         step = ModelStep(
@@ -175,7 +174,6 @@ class AgentWorkflow:
             input=start.input if start.carried is None else None,
             results=results,
             fold_only=fold_only,
-            decision_only=decision_only,
             history=history,
         )
         options = start.options
