@@ -688,3 +688,105 @@ async def test_a_large_result_is_redacted_off_the_event_loop_while_siblings_run(
     run = await runner.run(agent, "go", tenant=T, run_id="big")
     assert run.status is RunStatus.completed
     assert on_loop == []
+
+
+# --- resume past the frontier ("ahead") -----------------------------------------------------
+
+
+def _ahead_setup() -> tuple[Agent, Counter[str], dict[str, bool], list[Any]]:
+    from tesserix_adk.testing.faults import SimulatedCrash
+
+    effects: Counter[str] = Counter()
+    live = {"crash": True}
+
+    @tool
+    async def step(n: int, ctx: ToolContext) -> int:
+        """A step with an effect; in the first attempt, n = 2 dies before its effect while
+        n = 3 is still out."""
+        assert ctx.idempotency_key is not None
+        if live["crash"] and n == 2:
+            await asyncio.sleep(0.01)
+            raise SimulatedCrash
+        if live["crash"] and n == 3:
+            await asyncio.sleep(0.05)
+        effects[ctx.idempotency_key] += 1
+        return n
+
+    agent = Agent("ahead", "Do steps.", [step], parallel_tool_calls=3)
+    turns: list[Any] = [[("step", {"n": 9})], [("step", {"n": n}) for n in range(4)], "done"]
+    return agent, effects, live, turns
+
+
+async def _crash_ahead(
+    agent: Agent, turns: list[Any], idem: MemoryIdempotencyStore, cps: MemoryCheckpointStore
+) -> None:
+    """Only after_tool_result frontiers are written: iteration 1's parallel turn runs past
+    the frontier of iteration 0 and dies there."""
+    from tesserix_adk import CheckpointPolicy
+    from tesserix_adk.checkpoint.payload import Boundary
+    from tesserix_adk.testing.faults import SimulatedCrash
+
+    policy = CheckpointPolicy(boundaries=frozenset({Boundary.after_tool_result}))
+    runner = AgentRunner(
+        ScriptedProvider(turns),
+        idempotency=idem,
+        checkpoints=Checkpointer(cps, policy=policy),
+        leases=MemoryLeaseStore(),
+    )
+    with pytest.raises(SimulatedCrash):
+        await runner.run(agent, "go", tenant=T, run_id="ah")
+
+
+async def test_a_parallel_turn_past_its_frontier_resumes_per_call_with_no_duplicate() -> None:
+    agent, effects, live, turns = _ahead_setup()
+    idem, cps = MemoryIdempotencyStore(), MemoryCheckpointStore()
+    await _crash_ahead(agent, turns, idem, cps)
+    table = _table(idem, "ah")
+    assert {c: r.status for c, r in table.items() if c.startswith("call_1")} == {
+        "call_1_0": RecordStatus.completed,
+        "call_1_1": RecordStatus.completed,
+        "call_1_2": RecordStatus.in_flight,
+        "call_1_3": RecordStatus.completed,
+    }
+    live["crash"] = False
+    provider = Recording(ScriptedProvider(turns))
+
+    def again() -> AgentRunner:
+        return AgentRunner(
+            provider, idempotency=idem, checkpoints=Checkpointer(cps), leases=MemoryLeaseStore()
+        )
+
+    with pytest.raises(IndeterminateToolCallError) as refused:
+        await again().resume(agent, "ah", tenant=T)
+    assert [c.call_id for c in refused.value.calls] == ["call_1_2"]
+    await _resolve_truthfully(idem, "ah", "call_1_2", None)
+    run = await again().resume(agent, "ah", tenant=T)
+    assert run.status is RunStatus.completed
+    assert _results(provider)[1:] == [(f"call_1_{n}", str(n)) for n in range(4)]
+    assert sorted(effects.values()) == [1, 1, 1, 1, 1]
+
+
+async def test_a_resumed_parallel_turn_that_drops_a_call_already_made_is_refused_unsent() -> (
+    None
+):
+    """On resume the model asks again for calls 0-2 of the dead turn but not 3, which ran:
+    the turn is refused before anything of it is sent (call 2, decided never ran, stays
+    unsent)."""
+    from tesserix_adk.errors import DivergedRunError
+
+    agent, effects, live, turns = _ahead_setup()
+    idem, cps = MemoryIdempotencyStore(), MemoryCheckpointStore()
+    await _crash_ahead(agent, turns, idem, cps)
+    await _resolve_truthfully(idem, "ah", "call_1_2", None)
+    live["crash"] = False
+    before = Counter(effects)
+    diverged = [turns[0], [("step", {"n": n}) for n in range(3)], "done"]
+    runner = AgentRunner(
+        ScriptedProvider(diverged),
+        idempotency=idem,
+        checkpoints=Checkpointer(cps),
+        leases=MemoryLeaseStore(),
+    )
+    with pytest.raises(DivergedRunError, match="call_1_3"):
+        await runner.resume(agent, "ah", tenant=T)
+    assert effects == before
