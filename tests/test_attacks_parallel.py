@@ -790,3 +790,240 @@ async def test_a_resumed_parallel_turn_that_drops_a_call_already_made_is_refused
     with pytest.raises(DivergedRunError, match="call_1_3"):
         await runner.resume(agent, "ah", tenant=T)
     assert effects == before
+
+
+# --- approvals --------------------------------------------------------------------------
+
+
+async def test_a_mixed_turn_gates_only_the_calls_needing_approval_and_keeps_model_order() -> (
+    None
+):
+    """One turn side by side: two calls needing approval, a read-only call, an unknown tool
+    and a twin of the read-only call. Nothing needing approval goes out before the
+    decision; after approval each approved call goes out once; the model reads five results
+    in its order, the unknown tool refused."""
+    from tesserix_adk import MemoryApprovalStore
+
+    booked: list[str] = []
+    looked: list[str] = []
+
+    @tool(requires_approval=True)
+    async def book(flight: str) -> str:
+        """Books a seat, once a person agrees."""
+        await asyncio.sleep(0.01)
+        booked.append(flight)
+        return f"booked {flight}"
+
+    @tool(side_effects=False)
+    async def look(flight: str) -> str:
+        """Looks a flight up."""
+        looked.append(flight)
+        return f"seen {flight}"
+
+    agent = Agent("mix", "Book.", [book, look], parallel_tool_calls=4)
+    turn = [
+        ("book", {"flight": "LH1"}),
+        ("look", {"flight": "LH1"}),
+        ("nope", {}),
+        ("look", {"flight": "LH1"}),
+        ("book", {"flight": "UA2"}),
+    ]
+    idem, cps, approvals = MemoryIdempotencyStore(), MemoryCheckpointStore(), MemoryApprovalStore()
+    provider = Recording(ScriptedProvider([turn, "done"]))
+    waiting = await _runner(provider, idem, cps, approvals=approvals).run(
+        agent, "go", tenant=T, run_id="mix"
+    )
+    assert waiting.status is RunStatus.waiting_approval
+    assert booked == [] and looked == []
+    assert waiting.pending_approval is not None
+    await approvals.decide(T, waiting.pending_approval.id, approved=True, by="ops")
+    run = await _runner(provider, idem, cps, approvals=approvals).resume(agent, "mix", tenant=T)
+    assert run.status is RunStatus.completed
+    assert sorted(booked) == ["LH1", "UA2"] and looked == ["LH1", "LH1"]
+    results = [m for m in provider.requests[-1].messages if m.role is Role.tool]
+    assert [m.tool_call_id for m in results] == [f"call_0_{n}" for n in range(5)]
+    assert [m.is_error for m in results] == [False, False, True, False, False]
+    assert len({r.key for r in _table(idem, "mix").values()}) == 4  # twins: two keys
+
+
+# --- tools that hold on -------------------------------------------------------------------
+
+
+async def test_a_call_that_holds_on_past_the_lease_ttl_keeps_the_run_held() -> None:
+    """One call is out for several lease ttls while its sibling is done: the lease is
+    renewed meanwhile, so another attempt cannot take the run, and the turn completes."""
+    from tesserix_adk import LeasePolicy
+    from tesserix_adk.errors import AdkError
+
+    release = asyncio.Event()
+
+    @tool
+    async def step(n: int) -> int:
+        """Call 0 waits to be let go."""
+        if n == 0:
+            await asyncio.wait_for(release.wait(), 5)
+        return n
+
+    agent = Agent("hold", "Do steps.", [step], parallel_tool_calls=2)
+    turn = [("step", {"n": n}) for n in range(2)]
+    idem, cps, leases = MemoryIdempotencyStore(), MemoryCheckpointStore(), MemoryLeaseStore()
+    policy = LeasePolicy(ttl=0.3, renew_within=0.1)
+    task = asyncio.ensure_future(
+        _runner(
+            ScriptedProvider([turn, "done"]), idem, cps, leases=leases, lease_policy=policy
+        ).run(agent, "go", tenant=T, run_id="hold")
+    )
+    await asyncio.sleep(0.9)  # three ttls
+    with pytest.raises(AdkError):
+        await _runner(ScriptedProvider([turn, "done"]), idem, cps, leases=leases).resume(
+            agent, "hold", tenant=T
+        )
+    release.set()
+    run = await task
+    assert run.status is RunStatus.completed
+
+
+async def test_a_sync_tool_waiting_on_an_async_sibling_does_not_block_it() -> None:
+    """A sync tool blocks its worker thread until an async sibling, on the event loop, lets
+    it go: both finish only if the sync one is off the loop."""
+    gate = threading.Event()
+
+    @tool
+    def wait_sync(n: int) -> str:
+        """Blocks until the sibling sets the gate."""
+        return "through" if gate.wait(5) else "timed out"
+
+    @tool
+    async def open_gate(n: int) -> str:
+        """Lets the sync sibling go, from the event loop."""
+        await asyncio.sleep(0.02)
+        gate.set()
+        return "opened"
+
+    agent = Agent("mixsync", "Do.", [wait_sync, open_gate], parallel_tool_calls=2)
+    turn = [("wait_sync", {"n": 0}), ("open_gate", {"n": 1})]
+    provider = Recording(ScriptedProvider([turn, "done"]))
+    run = await _runner(provider, MemoryIdempotencyStore(), MemoryCheckpointStore()).run(
+        agent, "go", tenant=T, run_id="ms"
+    )
+    assert run.status is RunStatus.completed
+    assert _results(provider) == [("call_0_0", "through"), ("call_0_1", "opened")]
+
+
+# --- the oracle ---------------------------------------------------------------------------
+
+KINDS = ("ok", "unknown_after", "unknown_before", "claim_reply_lost", "complete_reply_lost", "err")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    limit=st.integers(1, 5),
+    plan=st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 3)), min_size=1, max_size=5),
+)
+def test_oracle_outcomes_unknown_and_lost_replies_at_any_width_and_finish_order(
+    limit: int, plan: list[tuple[str, int]]
+) -> None:
+    """Each call of one turn gets a fault: none, its reply lost by the tool after or before
+    its effect (``ToolOutcomeUnknownError``), its claim's or its complete's store reply
+    lost, or an ordinary error. Lost store replies are settled by reading back; a call in
+    doubt stops the run retryably once every started call finished (those recorded, none
+    started after), is named by the resume, and once the operator says truthfully what
+    happened the model reads every result in its order and each effect happened once."""
+    asyncio.run(_oracle(limit, plan))
+
+
+async def _oracle(limit: int, plan: list[tuple[str, int]]) -> None:
+    from tesserix_adk.errors import StoreReplyLostError
+
+    effects: Counter[str] = Counter()
+    active = {"now": 0, "peak": 0}
+    live = {"faults": True}
+    claims = [0]
+    by_key: dict[str, int] = {}
+    entered: list[int] = []
+    after_failure: list[int] = []
+    failed_at: list[int] = []
+    inner = MemoryIdempotencyStore()
+
+    def hook(phase: str, op: str, key: str) -> None:
+        if not live["faults"] or phase != "after":
+            return
+        if op == "claim":
+            claims[0] += 1
+            if plan[claims[0] - 1][0] == "claim_reply_lost":
+                raise StoreReplyLostError("claim applied, reply lost (simulated)")
+        if op == "complete" and plan[by_key[key]][0] == "complete_reply_lost":
+            raise StoreReplyLostError("complete applied, reply lost (simulated)")
+
+    idem = FaultyIdempotencyStore(inner, hook=hook)
+
+    @tool
+    async def step(n: int, ctx: ToolContext) -> int:
+        """A step with an effect after a delay, and the fault the plan gives it."""
+        assert ctx.idempotency_key is not None
+        by_key[ctx.idempotency_key] = n
+        kind, delay = plan[n]
+        if not live["faults"] and kind != "err":  # an error is the call's own answer
+            kind, delay = "ok", 0
+        (after_failure if failed_at else entered).append(n)
+        active["now"] += 1
+        active["peak"] = max(active["peak"], active["now"])
+        try:
+            await asyncio.sleep(delay / 200)
+            if kind == "unknown_before":
+                failed_at.append(n)
+                raise ToolOutcomeUnknownError("lost before the effect")
+            if kind == "err":
+                raise ValueError("no such seat")
+            effects[ctx.idempotency_key] += 1
+            if kind == "unknown_after":
+                failed_at.append(n)
+                raise ToolOutcomeUnknownError("lost after the effect")
+        finally:
+            active["now"] -= 1
+        return n * 10
+
+    agent = Agent("oracle", "Do steps.", [step], parallel_tool_calls=limit)
+    turn = [("step", {"n": n}) for n in range(len(plan))]
+    cps, leases = MemoryCheckpointStore(), MemoryLeaseStore()
+    provider = Recording(ScriptedProvider([turn, "done"]))
+    doubtful = any(k.startswith("unknown") for k, _ in plan)
+
+    def runner() -> AgentRunner:
+        return AgentRunner(provider, idempotency=idem, checkpoints=Checkpointer(cps), leases=leases)
+
+    if not doubtful:
+        run = await runner().run(agent, "go", tenant=T, run_id="o")
+    else:
+        with pytest.raises(ToolOutcomeUnknownError):
+            await runner().run(agent, "go", tenant=T, run_id="o")
+        live["faults"] = False
+        first = failed_at[0]
+        records = _table(inner, "o")
+        started = {f"call_0_{n}" for n in entered + after_failure}
+        assert set(records) == started
+        # Nothing handed out once the failure was seen: a call entering after it was
+        # already running (at most ``limit`` were).
+        assert all(n <= max(entered) + limit for n in after_failure), (entered, after_failure)
+        assert first in entered
+        in_doubt = sorted(f"call_0_{n}" for n in set(failed_at))
+        for call_id, rec in records.items():
+            want = RecordStatus.in_flight if call_id in in_doubt else RecordStatus.completed
+            assert rec.status is want, call_id
+        with pytest.raises(IndeterminateToolCallError) as refused:
+            await runner().resume(agent, "o", tenant=T)
+        assert sorted(str(c.call_id) for c in refused.value.calls) == in_doubt
+        for call_id in in_doubt:
+            n = int(call_id.rsplit("_", 1)[1])
+            ran = plan[n][0] == "unknown_after"
+            await _resolve_truthfully(inner, "o", call_id, n * 10 if ran else None)
+        run = await runner().resume(agent, "o", tenant=T)
+    assert run.status is RunStatus.completed
+    results = _results(provider)
+    assert [c for c, _ in results] == [f"call_0_{n}" for n in range(len(plan))]
+    for n, (kind, _) in enumerate(plan):
+        content = results[n][1]
+        assert ("no such seat" in content) if kind == "err" else content == str(n * 10)
+    assert all(v == 1 for v in effects.values())
+    assert len(effects) == sum(1 for k, _ in plan if k != "err")
+    assert active["peak"] <= limit
