@@ -1027,3 +1027,86 @@ async def _oracle(limit: int, plan: list[tuple[str, int]]) -> None:
     assert all(v == 1 for v in effects.values())
     assert len(effects) == sum(1 for k, _ in plan if k != "err")
     assert active["peak"] <= limit
+
+
+# --- more on calls in doubt ---------------------------------------------------------------
+
+
+async def test_an_unkeyed_call_losing_its_reply_beside_keyed_ones_is_never_sent_again_unasked() -> (
+    None
+):
+    """An unkeyed tool (no idempotency key, so no claim) raises ToolOutcomeUnknownError
+    beside a keyed sibling: the resume must not send it again as if it never ran."""
+    sent: Counter[str] = Counter()
+    lose = {"on": True}
+
+    @tool(key=None)
+    async def ping(n: int) -> str:
+        """An unkeyed call that may lose its reply."""
+        sent["ping"] += 1
+        await asyncio.sleep(0.01)
+        if lose["on"]:
+            raise ToolOutcomeUnknownError("sent; reply lost")
+        return "pong"
+
+    @tool
+    async def step(n: int) -> int:
+        """A keyed sibling."""
+        sent["step"] += 1
+        await asyncio.sleep(0.02)
+        return n
+
+    agent = Agent("unkeyed", "Do.", [ping, step], parallel_tool_calls=2)
+    turn = [("ping", {"n": 0}), ("step", {"n": 1})]
+    idem, cps, leases = MemoryIdempotencyStore(), MemoryCheckpointStore(), MemoryLeaseStore()
+    provider = Recording(ScriptedProvider([turn, "done"]))
+    with pytest.raises(ToolOutcomeUnknownError):
+        await _runner(provider, idem, cps, leases=leases).run(agent, "go", tenant=T, run_id="uk")
+    lose["on"] = False
+    try:
+        await _runner(provider, idem, cps, leases=leases).resume(agent, "uk", tenant=T)
+    except IndeterminateToolCallError as exc:
+        assert "ping" in str(exc)
+    assert sent["ping"] == 1 and sent["step"] == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a sync tool still running when the run is cancelled is waited for, but its "
+    "result is then thrown away: the call is left claimed in flight and the resume refuses "
+    "it as indeterminate although this process held its outcome",
+)
+async def test_a_sync_call_that_finishes_after_the_run_is_cancelled_is_recorded() -> None:
+    """The run's task is cancelled while a sync call (in its worker thread, which cannot be
+    stopped) is out; the turn waits for the thread to return, as it says. What the call
+    returned is then known: it must be recorded, not left in doubt."""
+    gate = threading.Event()
+    effects: Counter[str] = Counter()
+
+    @tool
+    def book(n: int, ctx: ToolContext) -> int:
+        """A blocking call with an effect."""
+        assert ctx.idempotency_key is not None
+        gate.wait(5)
+        effects[ctx.idempotency_key] += 1
+        return n
+
+    agent = Agent("cxs", "Do.", [book], parallel_tool_calls=2)
+    turn = [("book", {"n": n}) for n in range(2)]
+    idem = MemoryIdempotencyStore()
+    task = asyncio.ensure_future(
+        _runner(ScriptedProvider([turn, "done"]), idem, MemoryCheckpointStore()).run(
+            agent, "go", tenant=T, run_id="cxs"
+        )
+    )
+    for _ in range(200):
+        await asyncio.sleep(0.005)
+        if len(_table(idem, "cxs")) == 2:
+            break
+    task.cancel()
+    await asyncio.sleep(0.02)
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sorted(effects.values()) == [1, 1]
+    assert {r.status for r in _table(idem, "cxs").values()} == {RecordStatus.completed}
