@@ -30,6 +30,7 @@ from tesserix_adk.cli.commands import (
 )
 from tesserix_adk.cli.failures import ExitCode, UsageError, explain
 from tesserix_adk.cli.text import sentence
+from tesserix_adk.cli.ui import add_ui_command
 
 __all__ = ["DEFAULT_STORE", "main"]
 
@@ -63,6 +64,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tesserix_adk.stores.urls import open_stores
 
     url = args.store or os.environ.get("ADK_STORE") or DEFAULT_STORE
+    if args.command == "ui":
+        from tesserix_adk.cli.ui import run_ui
+
+        try:
+            _check_store_url(url)
+        except UsageError as exc:
+            sys.stderr.write(f"tesserix: {sentence(str(exc))}\n")
+            return int(ExitCode.USAGE)
+        return run_ui(args, url)
     try:
         _check_store_url(url)
         stores = open_stores(url)
@@ -97,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Two acts with real OS processes against a temporary SQLite store.",
     )
     demo.add_argument("--keep", action="store_true", help="keep the temporary files")
+    add_ui_command(sub, parents=[store_after])
     return parser
 
 

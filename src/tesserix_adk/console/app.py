@@ -1,0 +1,242 @@
+"""``create_app``: the console as a Starlette ASGI app over one store.
+
+Pages live under ``/t/{tenant}/``: the tenant is always the one in the address, and every
+read and decision is made under it. Decisions go through ``actions`` (the CLI's commands).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from tesserix_adk.console import actions, pages
+from tesserix_adk.console.guard import CSRF_COOKIE, TOKEN_COOKIE, Guard, Refusal, csrf_of
+from tesserix_adk.console.reads import RunFilter, run_detail, runs
+from tesserix_adk.console.templates import render
+from tesserix_adk.stores.bundle import Stores
+
+__all__ = ["create_app"]
+
+_MAX_FORM = 64 * 1024
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def create_app(
+    url_or_stores: str | Stores, *, token: str | None = None, loopback_only: bool = True
+) -> Starlette:
+    """The console over a store URL (opened and closed with the app) or open ``Stores``
+    (the caller's, on the serving event loop). With ``token``, every request needs it;
+    ``loopback_only`` refuses requests whose Host is not a loopback name."""
+    state: dict[str, Stores] = {}
+    guard = Guard(token=token or None, loopback_only=loopback_only)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if isinstance(url_or_stores, Stores):
+            state["stores"] = url_or_stores
+            yield
+            return
+        from tesserix_adk.stores.urls import open_stores
+
+        stores = open_stores(url_or_stores)
+        state["stores"] = stores
+        try:
+            yield
+        finally:
+            await stores.aclose()
+
+    def stores() -> Stores:
+        return state["stores"]
+
+    def guarded(handler: Handler, *, write: bool = False) -> Handler:
+        async def wrapped(request: Request) -> Response:
+            csrf, new = csrf_of(request)
+            request.state.csrf = csrf
+            try:
+                if write:
+                    form = await _form(request)
+                    request.state.form = form
+                    guard.check_write(request, form)
+                else:
+                    guard.check_read(request)
+                response = await handler(request)
+            except Refusal as refusal:
+                if refusal.status == 401 and not write:
+                    return RedirectResponse("/login", status_code=303)
+                response = _html(
+                    pages.page(
+                        "refused", render("error.html", heading="Refused", text=refusal.text)
+                    ),
+                    refusal.status,
+                )
+            if new:
+                response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict")
+            return response
+
+        return wrapped
+
+    async def home(request: Request) -> Response:
+        return _html(pages.page("tenant", render("home.html")))
+
+    async def tenant(request: Request) -> Response:
+        name = request.query_params.get("tenant", "").strip()
+        if not name:
+            return RedirectResponse("/", status_code=303)
+        return RedirectResponse(pages.tenant_path(name, "runs"), status_code=303)
+
+    async def runs_list(request: Request) -> Response:
+        tenant = request.path_params["tenant"]
+        q = request.query_params
+        where = RunFilter(
+            status=q.get("status") or None, agent=q.get("agent") or None, stuck=bool(q.get("stuck"))
+        )
+        return _html(pages.runs_page(tenant, where, await runs(stores(), tenant, where)))
+
+    async def run(request: Request) -> Response:
+        tenant, run_id = request.path_params["tenant"], request.path_params["run"]
+        detail = await run_detail(stores(), tenant, run_id)
+        if detail is None:
+            text = f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
+            return _html(
+                pages.page(
+                    "no such run",
+                    render("error.html", heading="No such run", text=text),
+                    tenant=tenant,
+                ),
+                404,
+            )
+        return _html(pages.run_page(tenant, detail, request.state.csrf))
+
+    async def approve(request: Request) -> Response:
+        tenant, request_id = request.path_params["tenant"], request.path_params["request"]
+        form = request.state.form
+        argv = actions.approve_argv(
+            tenant,
+            request_id,
+            by=form.get("by", ""),
+            note=form.get("note") or None,
+            deny=form.get("decision") == "deny",
+        )
+        done = await actions.carry_out(argv, stores())
+        back = ""
+        got = await stores().approvals.get(tenant, request_id)
+        if got is not None:
+            back = got.run_id
+        return _result(tenant, back, "Approval", done)
+
+    async def resolve(request: Request) -> Response:
+        tenant, run_id = request.path_params["tenant"], request.path_params["run"]
+        form = request.state.form
+        never_ran = form.get("what", "never_ran") == "never_ran"
+        argv = actions.resolve_argv(
+            tenant,
+            run_id,
+            call=form.get("call", ""),
+            by=form.get("by", ""),
+            never_ran=never_ran,
+            outcome=form.get("outcome"),
+        )
+        return _result(tenant, run_id, "Resolution", await actions.carry_out(argv, stores()))
+
+    async def cancel(request: Request) -> Response:
+        tenant, run_id = request.path_params["tenant"], request.path_params["run"]
+        form = request.state.form
+        argv = actions.cancel_argv(
+            tenant, run_id, by=form.get("by", ""), reason=form.get("reason") or None
+        )
+        return _result(tenant, run_id, "Cancel", await actions.carry_out(argv, stores()))
+
+    async def login_form(request: Request) -> Response:
+        response = _html(pages.page("token", render("login.html", csrf=request.state.csrf)))
+        return response
+
+    async def login(request: Request) -> Response:
+        try:
+            form = await _form(request)
+            guard.check_write(request, form, login=True)
+        except Refusal as refusal:
+            return _html(
+                pages.page("refused", render("error.html", heading="Refused", text=refusal.text)),
+                refusal.status,
+            )
+        if guard.token is None or not secrets.compare_digest(
+            form.get("token", "").encode(), guard.token.encode()
+        ):
+            return _html(
+                pages.page(
+                    "refused",
+                    render(
+                        "error.html", heading="Refused", text="that is not this console's token"
+                    ),
+                ),
+                401,
+            )
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(TOKEN_COOKIE, guard.token, httponly=True, samesite="strict")
+        return response
+
+    async def login_page(request: Request) -> Response:
+        csrf, new = csrf_of(request)
+        request.state.csrf = csrf
+        response = await login_form(request)
+        if new:
+            response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict")
+        return response
+
+    routes: list[Any] = [
+        Route("/", guarded(home)),
+        Route("/tenant", guarded(tenant)),
+        Route("/login", login_page, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/t/{tenant}/runs", guarded(runs_list)),
+        Route("/t/{tenant}/runs/{run}", guarded(run)),
+        Route("/t/{tenant}/runs/{run}/resolve", guarded(resolve, write=True), methods=["POST"]),
+        Route("/t/{tenant}/runs/{run}/cancel", guarded(cancel, write=True), methods=["POST"]),
+        Route("/t/{tenant}/approvals/{request}", guarded(approve, write=True), methods=["POST"]),
+        Mount("/static", StaticFiles(packages=[("tesserix_adk.console", "static")])),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _result(tenant: str, run_id: str, heading: str, done: actions.Done) -> Response:
+    body = render(
+        "result.html",
+        heading=heading + (" recorded" if done.ok else " refused"),
+        css="done" if done.ok else "refused",
+        text=done.text,
+        back=pages.tenant_path(tenant, "runs", run_id)
+        if run_id
+        else pages.tenant_path(tenant, "runs"),
+        run=run_id,
+    )
+    return _html(pages.page(heading, body, tenant=tenant), 200 if done.ok else 409)
+
+
+def _html(text: str, status: int = 200) -> HTMLResponse:
+    response = HTMLResponse(text, status_code=status)
+    # No page of the console may be framed by another site (clickjacking a decision).
+    response.headers["x-frame-options"] = "DENY"
+    response.headers["content-security-policy"] = "default-src 'self'; frame-ancestors 'none'"
+    response.headers["referrer-policy"] = "same-origin"
+    return response
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An ``application/x-www-form-urlencoded`` body (the console's only kind of form)."""
+    body = await request.body()
+    if len(body) > _MAX_FORM:
+        raise Refusal(413, "that form is too large")
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        raise Refusal(415, "the console takes forms only")
+    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))

@@ -1,0 +1,87 @@
+"""Who may use the console: the token, the CSRF check and the Host check.
+
+With a token set, every request needs it (``Authorization: Bearer`` or the cookie the login
+form sets). Every state-changing request also needs the per-browser CSRF token (a cookie
+and the same value in the form) and an ``Origin`` (or, without one, ``Referer``) naming this
+very host. Bound to loopback, the ``Host`` header must be a loopback name, so a page of
+another site cannot reach the console by rebinding its own name to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+
+__all__ = ["CSRF_COOKIE", "TOKEN_COOKIE", "Guard", "Refusal", "is_loopback"]
+
+CSRF_COOKIE = "tesserix_csrf"
+TOKEN_COOKIE = "tesserix_token"
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` names this machine only (``localhost``, 127.0.0.0/8, ``::1``)."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal(Exception):
+    """A request the console will not serve, with the HTTP status and the sentence why."""
+
+    status: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """The checks of one app: its token (or ``None``) and whether it serves loopback only."""
+
+    token: str | None
+    loopback_only: bool
+
+    def check_read(self, request: Request) -> None:
+        """Any request: the Host check, then the token."""
+        host = request.headers.get("host", "")
+        if self.loopback_only and not is_loopback(urlsplit(f"//{host}").hostname or ""):
+            raise Refusal(421, "this console answers to loopback names only")
+        if self.token is not None and not self.has_token(request):
+            raise Refusal(401, "this console needs its token")
+
+    def has_token(self, request: Request) -> bool:
+        """The request carries the token (header or cookie)."""
+        assert self.token is not None
+        given = request.cookies.get(TOKEN_COOKIE, "")
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+        return secrets.compare_digest(given.encode(), self.token.encode())
+
+    def check_write(self, request: Request, form: dict[str, str], *, login: bool = False) -> None:
+        """A state-changing request: the token (not for the login form), same origin, CSRF."""
+        if not login:
+            self.check_read(request)
+        host = request.headers.get("host", "")
+        origin = request.headers.get("origin") or request.headers.get("referer")
+        if not origin or urlsplit(origin).netloc != host:
+            raise Refusal(403, "a change must come from a page of this console (Origin check)")
+        cookie = request.cookies.get(CSRF_COOKIE, "")
+        sent = form.get("csrf", "")
+        if not cookie or not secrets.compare_digest(cookie.encode(), sent.encode()):
+            raise Refusal(403, "the form's CSRF token is missing or stale; reload the page")
+
+
+def csrf_of(request: Request) -> tuple[str, bool]:
+    """This browser's CSRF token, and whether it is new (then it must be set as a cookie)."""
+    known = request.cookies.get(CSRF_COOKIE)
+    if known and len(known) == 64:
+        return known, False
+    return secrets.token_hex(32), True

@@ -1,0 +1,210 @@
+"""What the console shows, read from the stores' own (redacted) data.
+
+Every read names its tenant; nothing here lists tenants or guesses one. Tool arguments,
+outcomes, messages and notes come from the checkpoint, approval and idempotency stores,
+which keep them redacted, and an idempotency key is shown only as a short digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tesserix_adk.checkpoint.checkpointer import Checkpointer
+from tesserix_adk.checkpoint.payload import Checkpoint
+from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
+from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.capabilities import run_listing, step_history
+from tesserix_adk.stores.protocols import (
+    ApprovalRequest,
+    IdempotencyRecord,
+    RecordStatus,
+    RunLease,
+    WorkItem,
+    WorkState,
+)
+
+__all__ = [
+    "RunDetail",
+    "RunFilter",
+    "RunSummary",
+    "StepRow",
+    "key_digest",
+    "run_detail",
+    "runs",
+    "shown_value",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilter:
+    """The runs list's filters; ``None`` shows every value."""
+
+    status: str | None = None
+    agent: str | None = None
+    stuck: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One line of the runs list; ``unreadable`` holds why a frontier could not be read."""
+
+    run_id: str
+    agent: str = ""
+    status: str = ""
+    step: int = 0
+    written_at: float | None = None
+    in_flight: int = 0
+    lease: RunLease | None = None
+    parked: str | None = None
+    pending_approval: str | None = None
+    unreadable: str | None = None
+    finished: bool = False
+
+    @property
+    def stuck(self) -> bool:
+        """Parked, or unfinished with calls in flight and nobody holding the run."""
+        lapsed = not self.finished and self.in_flight > 0 and self.lease is None
+        return self.parked is not None or lapsed
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One step snapshot of a run."""
+
+    step: int
+    boundary: str
+    iteration: int
+    status: str
+    written_at: float | None
+    size: int
+    unreadable: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """Everything the run page shows."""
+
+    checkpoint: Checkpoint
+    plan: ResumePlan
+    spent: int
+    lease: RunLease | None
+    parked: WorkItem | None
+    approval: ApprovalRequest | None
+    records: tuple[IdempotencyRecord, ...]
+    steps: tuple[StepRow, ...]
+
+
+def key_digest(key: str | None) -> str:
+    """A short digest of an idempotency key: enough to tell calls apart, not the key."""
+    if not key:
+        return "-"
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+async def _parked(stores: Stores, tenant: str) -> dict[str, WorkItem]:
+    if stores.work is None:
+        return {}
+    return {i.run_id: i for i in await stores.work.items(tenant, state=WorkState.parked)}
+
+
+async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary]:
+    """The tenant's runs that pass ``where``, in the store's order."""
+    checkpointer = Checkpointer.from_stores(stores)
+    parked = await _parked(stores, tenant)
+    shown: list[RunSummary] = []
+    for run_id in await run_listing(stores.checkpoints).runs(tenant):
+        try:
+            cp = await checkpointer.latest(tenant, run_id)
+        except (CheckpointCorruptError, CheckpointFormatError) as exc:
+            if not (where.status or where.agent or where.stuck):
+                shown.append(RunSummary(run_id, unreadable=str(exc)))
+            continue
+        if cp is None:
+            continue
+        records = await stores.idempotency.records(tenant, run_id)
+        park = parked.get(run_id)
+        summary = RunSummary(
+            run_id,
+            agent=cp.agent_name,
+            status=str(cp.status),
+            step=cp.step,
+            written_at=cp.written_at,
+            in_flight=sum(
+                1 for r in records if r.tool is not None and r.status is RecordStatus.in_flight
+            ),
+            lease=await stores.leases.current(tenant, run_id),
+            parked=None if park is None else (park.reason or ""),
+            pending_approval=None if cp.pending_approval is None else cp.pending_approval.id,
+            finished=cp.status.finished,
+        )
+        if where.status and summary.status != where.status:
+            continue
+        if where.agent and summary.agent != where.agent:
+            continue
+        if where.stuck and not summary.stuck:
+            continue
+        shown.append(summary)
+    return shown
+
+
+async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | None:
+    """The run page's data, or ``None`` when nothing is checkpointed under ``run_id``."""
+    cp = await Checkpointer.from_stores(stores).latest(tenant, run_id)
+    if cp is None:
+        return None
+    approval = None
+    if cp.pending_approval is not None:
+        approval = await stores.approvals.get(tenant, cp.pending_approval.id)
+    return RunDetail(
+        checkpoint=cp,
+        plan=await plan_resume(cp, stores.idempotency),
+        spent=await stores.ledger.spent(tenant, run_id),
+        lease=await stores.leases.current(tenant, run_id),
+        parked=(await _parked(stores, tenant)).get(run_id),
+        approval=approval,
+        records=tuple(
+            r for r in await stores.idempotency.records(tenant, run_id) if r.tool is not None
+        ),
+        steps=tuple(await _steps(stores, tenant, run_id)),
+    )
+
+
+async def _steps(stores: Stores, tenant: str, run_id: str) -> list[StepRow]:
+    history = step_history(stores.checkpoints)
+    checkpointer = Checkpointer.from_stores(stores)
+    rows = []
+    for step in await history.steps(tenant, run_id):
+        stored = await history.at(tenant, run_id, step)
+        if stored is None:
+            continue
+        try:
+            cp = await checkpointer.at(tenant, run_id, step)
+        except (CheckpointCorruptError, CheckpointFormatError) as exc:
+            rows.append(StepRow(step, "-", 0, "-", None, len(stored.payload), str(exc)))
+            continue
+        if cp is None:
+            continue
+        rows.append(
+            StepRow(
+                step,
+                "-" if cp.boundary is None else str(cp.boundary),
+                cp.iteration,
+                str(cp.status),
+                cp.written_at,
+                len(stored.payload),
+            )
+        )
+    return rows
+
+
+def shown_value(value: Any) -> str:
+    """A (redacted) value as compact JSON text for a page."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=str, ensure_ascii=False, sort_keys=True)
