@@ -1110,3 +1110,48 @@ async def test_a_sync_call_that_finishes_after_the_run_is_cancelled_is_recorded(
         await task
     assert sorted(effects.values()) == [1, 1]
     assert {r.status for r in _table(idem, "cxs").values()} == {RecordStatus.completed}
+
+
+# --- business keys shared within one turn ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "limit",
+    [
+        pytest.param(1, id="n1"),
+        pytest.param(
+            2,
+            id="n2",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="two calls of one parallel turn whose key function gives them the same "
+                "business key are both sent: the second finds the first's in-flight claim "
+                "under its own holder and takes it for its own, so one claim covers two "
+                "dispatches (N=1 replays the first's outcome instead)",
+            ),
+        ),
+    ],
+)
+async def test_calls_sharing_a_business_key_in_one_turn_are_sent_once(limit: int) -> None:
+    """``key`` names the order only: two calls of one turn for the same order share a key,
+    and the far side deduplicates by it. Whatever N, the order is placed once."""
+    placed: list[str] = []
+
+    def by_order(**kw: Any) -> str:
+        return f"order-{kw['arguments']['order']}"
+
+    @tool(key=by_order)
+    async def place(order: int, note: str) -> str:
+        """Places an order."""
+        placed.append(note)
+        await asyncio.sleep(0.02)
+        return f"placed {order}"
+
+    agent = Agent("biz", "Order.", [place], parallel_tool_calls=limit)
+    turn = [("place", {"order": 5, "note": "a"}), ("place", {"order": 5, "note": "b"})]
+    provider = Recording(ScriptedProvider([turn, "done"]))
+    run = await _runner(provider, MemoryIdempotencyStore(), MemoryCheckpointStore()).run(
+        agent, "go", tenant=T, run_id="biz"
+    )
+    assert run.status is RunStatus.completed
+    assert len(placed) == 1
