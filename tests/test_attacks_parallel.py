@@ -1155,3 +1155,50 @@ async def test_calls_sharing_a_business_key_in_one_turn_are_sent_once(limit: int
     )
     assert run.status is RunStatus.completed
     assert len(placed) == 1
+
+
+async def test_a_death_mid_turn_after_approval_resumes_with_the_approval_standing() -> None:
+    """Both calls of a turn were approved; call 1 dies before its effect while call 0 is
+    out. Once the operator says call 1 never ran, the resume sends it once under the
+    approval given (neither asking again for what was decided nor telling the model it was
+    not approved) and replays call 0."""
+    from tesserix_adk import MemoryApprovalStore
+    from tesserix_adk.testing.faults import SimulatedCrash
+
+    booked: Counter[str] = Counter()
+    live = {"crash": True}
+
+    @tool(requires_approval=True)
+    async def book(flight: str) -> str:
+        """Books a seat, once a person agrees."""
+        if live["crash"] and flight == "UA2":
+            await asyncio.sleep(0.01)
+            raise SimulatedCrash
+        await asyncio.sleep(0.03 if live["crash"] else 0)
+        booked[flight] += 1
+        return f"booked {flight}"
+
+    agent = Agent("apx", "Book.", [book], parallel_tool_calls=2)
+    turn = [("book", {"flight": "LH1"}), ("book", {"flight": "UA2"})]
+    idem, cps, approvals = MemoryIdempotencyStore(), MemoryCheckpointStore(), MemoryApprovalStore()
+    leases = MemoryLeaseStore()
+    provider = Recording(ScriptedProvider([turn, "done"]))
+
+    def runner() -> AgentRunner:
+        return _runner(
+            provider, idem, cps, approvals=approvals, leases=leases, resume_claim_ttl=0.1
+        )
+
+    waiting = await runner().run(agent, "go", tenant=T, run_id="apx")
+    assert waiting.pending_approval is not None
+    await approvals.decide(T, waiting.pending_approval.id, approved=True, by="ops")
+    with pytest.raises(SimulatedCrash):
+        await runner().resume(agent, "apx", tenant=T)
+    assert booked == Counter({"LH1": 1})
+    live["crash"] = False
+    await asyncio.sleep(0.15)  # the dead attempt's resume claim lapses
+    await _resolve_truthfully(idem, "apx", "call_0_1", None)
+    run = await runner().resume(agent, "apx", tenant=T)
+    assert run.status is RunStatus.completed
+    assert _results(provider) == [("call_0_0", "booked LH1"), ("call_0_1", "booked UA2")]
+    assert booked == Counter({"LH1": 1, "UA2": 1})
