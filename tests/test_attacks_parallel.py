@@ -912,7 +912,15 @@ async def test_a_sync_tool_waiting_on_an_async_sibling_does_not_block_it() -> No
 
 # --- the oracle ---------------------------------------------------------------------------
 
-KINDS = ("ok", "unknown_after", "unknown_before", "claim_reply_lost", "complete_reply_lost", "err")
+KINDS = (
+    "ok",
+    "unknown_after",
+    "unknown_before",
+    "claim_reply_lost",
+    "complete_reply_lost",
+    "complete_down",
+    "err",
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -925,7 +933,7 @@ def test_oracle_outcomes_unknown_and_lost_replies_at_any_width_and_finish_order(
 ) -> None:
     """Each call of one turn gets a fault: none, its reply lost by the tool after or before
     its effect (``ToolOutcomeUnknownError``), its claim's or its complete's store reply
-    lost, or an ordinary error. Lost store replies are settled by reading back; a call in
+    lost, its complete never reaching the store, or an ordinary error. Lost store replies are settled by reading back; a call in
     doubt stops the run retryably once every started call finished (those recorded, none
     started after), is named by the resume, and once the operator says truthfully what
     happened the model reads every result in its order and each effect happened once."""
@@ -933,7 +941,8 @@ def test_oracle_outcomes_unknown_and_lost_replies_at_any_width_and_finish_order(
 
 
 async def _oracle(limit: int, plan: list[tuple[str, int]]) -> None:
-    from tesserix_adk.errors import StoreReplyLostError
+    from tesserix_adk.errors import StoreReplyLostError, StoreUnavailableError
+    from tesserix_adk.run.dispatch import COMPLETE_TRIES
 
     effects: Counter[str] = Counter()
     active = {"now": 0, "peak": 0}
@@ -945,8 +954,17 @@ async def _oracle(limit: int, plan: list[tuple[str, int]]) -> None:
     failed_at: list[int] = []
     inner = MemoryIdempotencyStore()
 
+    tries: Counter[str] = Counter()
+
     def hook(phase: str, op: str, key: str) -> None:
-        if not live["faults"] or phase != "after":
+        if not live["faults"]:
+            return
+        if phase == "before" and op == "complete" and plan[by_key[key]][0] == "complete_down":
+            tries[key] += 1
+            if tries[key] == COMPLETE_TRIES:  # the call gives up: the failure is seen now
+                failed_at.append(by_key[key])
+            raise StoreUnavailableError("complete never reached the store (simulated)")
+        if phase != "after":
             return
         if op == "claim":
             claims[0] += 1
@@ -987,7 +1005,7 @@ async def _oracle(limit: int, plan: list[tuple[str, int]]) -> None:
     turn = [("step", {"n": n}) for n in range(len(plan))]
     cps, leases = MemoryCheckpointStore(), MemoryLeaseStore()
     provider = Recording(ScriptedProvider([turn, "done"]))
-    doubtful = any(k.startswith("unknown") for k, _ in plan)
+    doubtful = any(k.startswith("unknown") or k == "complete_down" for k, _ in plan)
 
     def runner() -> AgentRunner:
         return AgentRunner(provider, idempotency=idem, checkpoints=Checkpointer(cps), leases=leases)
@@ -995,7 +1013,7 @@ async def _oracle(limit: int, plan: list[tuple[str, int]]) -> None:
     if not doubtful:
         run = await runner().run(agent, "go", tenant=T, run_id="o")
     else:
-        with pytest.raises(ToolOutcomeUnknownError):
+        with pytest.raises((ToolOutcomeUnknownError, StoreUnavailableError)):
             await runner().run(agent, "go", tenant=T, run_id="o")
         live["faults"] = False
         first = failed_at[0]
@@ -1015,7 +1033,7 @@ async def _oracle(limit: int, plan: list[tuple[str, int]]) -> None:
         assert sorted(str(c.call_id) for c in refused.value.calls) == in_doubt
         for call_id in in_doubt:
             n = int(call_id.rsplit("_", 1)[1])
-            ran = plan[n][0] == "unknown_after"
+            ran = plan[n][0] in ("unknown_after", "complete_down")
             await _resolve_truthfully(inner, "o", call_id, n * 10 if ran else None)
         run = await runner().resume(agent, "o", tenant=T)
     assert run.status is RunStatus.completed
