@@ -1220,3 +1220,46 @@ async def test_a_death_mid_turn_after_approval_resumes_with_the_approval_standin
     assert run.status is RunStatus.completed
     assert _results(provider) == [("call_0_0", "booked LH1"), ("call_0_1", "booked UA2")]
     assert booked == Counter({"LH1": 1, "UA2": 1})
+
+
+async def test_several_calls_in_doubt_side_by_side_are_each_settled_by_their_reconciler() -> (
+    None
+):
+    """Calls 0 and 2 lose their replies, 0 after its effect and 2 before; call 1 is done.
+    The resume asks the reconciler for each: 0 is found (replayed, not sent again), 2 is not
+    (sent once), and the model reads three results in its order."""
+    from tesserix_adk import Reconciled
+
+    effects: Counter[str] = Counter()
+    lose = {"on": True}
+
+    def look_up(call: Any, ctx: Any) -> Reconciled:
+        if effects[ctx.idempotency_key]:
+            return Reconciled.completed(call.arguments["n"] * 10)
+        return Reconciled.never_ran()
+
+    @tool(reconcile=look_up)
+    async def step(n: int, ctx: ToolContext) -> int:
+        """A step with an effect."""
+        assert ctx.idempotency_key is not None
+        await asyncio.sleep(0.01 * n)
+        if lose["on"] and n == 2:
+            raise ToolOutcomeUnknownError("lost before the effect landed")
+        effects[ctx.idempotency_key] += 1
+        if lose["on"] and n == 0:
+            raise ToolOutcomeUnknownError("lost after the effect")
+        return n * 10
+
+    agent = Agent("rec", "Do steps.", [step], parallel_tool_calls=3)
+    turn = [("step", {"n": n}) for n in range(3)]
+    idem, cps, leases = MemoryIdempotencyStore(), MemoryCheckpointStore(), MemoryLeaseStore()
+    provider = Recording(ScriptedProvider([turn, "done"]))
+    with pytest.raises(ToolOutcomeUnknownError):
+        await _runner(provider, idem, cps, leases=leases).run(agent, "go", tenant=T, run_id="rc")
+    lose["on"] = False
+    run = await _runner(provider, idem, cps, leases=leases, never_ran_margin=0).resume(
+        agent, "rc", tenant=T
+    )
+    assert run.status is RunStatus.completed
+    assert _results(provider) == [(f"call_0_{n}", str(n * 10)) for n in range(3)]
+    assert sorted(effects.values()) == [1, 1, 1]
