@@ -108,7 +108,7 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
             iteration="-" if r.iteration is None else r.iteration,
             key=key_digest(r.key),
             status=r.status,
-            holder=r.holder,
+            holder=r.holder if r.by is None else f"{r.holder}; recorded by {r.by}",
             outcome="-" if r.outcome is None else shown_value(r.outcome)[:2000],
         )
         for r in d.records
