@@ -23,17 +23,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn, TextIO
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.checkpoint.payload import Checkpoint
-from tesserix_adk.checkpoint.planning import ResumePlan
-from tesserix_adk.cli.describe import describe
 from tesserix_adk.cli.failures import ExitCode, UsageError, exit_code_for, explain
 from tesserix_adk.cli.frontier import run_frontier_command
-from tesserix_adk.cli.loading import built_provider, import_ref, load_agent, load_provider
-from tesserix_adk.cli.text import escaped
+from tesserix_adk.cli.jsonout import emit, error_json
+from tesserix_adk.cli.listing import add_runs_arguments
+from tesserix_adk.cli.loading import load_agent, load_provider
+from tesserix_adk.cli.resuming import run_resume_command
 from tesserix_adk.cli.work import WORK_COMMANDS, add_work_commands, run_work_command
 from tesserix_adk.leases import NEVER_RAN_MARGIN
 from tesserix_adk.run.runner import id_problem
-from tesserix_adk.runner import AgentRunner, RunStatus
 from tesserix_adk.stores.bundle import Stores
 
 __all__ = [
@@ -54,7 +52,7 @@ __all__ = [
     "run_command",
 ]
 
-FRONTIER_COMMANDS = frozenset({"inspect", "runs", "steps", "approve", "resolve", "schema"})
+FRONTIER_COMMANDS = frozenset({"inspect", "show", "runs", "steps", "approve", "resolve", "schema"})
 RESUME_COMMANDS = frozenset({"run", "replay"})
 
 Parents = Sequence[argparse.ArgumentParser]
@@ -122,7 +120,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> Any:
 def frontier_main(
     argv: Sequence[str], *, stores: Stores, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
-    """``inspect``, ``runs``, ``steps``, ``approve``, ``resolve``, ``schema``."""
+    """``inspect``, ``show``, ``runs``, ``steps``, ``approve``, ``resolve``, ``schema``."""
     parser = new_parser(description="Inspect and decide on checkpointed runs.")
     add_frontier_commands(_subcommands(parser))
     return _main(parser, argv, stores=stores, agents={}, out=out, err=err)
@@ -136,22 +134,28 @@ def add_frontier_commands(sub: Any, parents: Parents = ()) -> None:
     p.add_argument("run", metavar="RUN", type=_named)
     p.add_argument("--tenant", required=True, type=_named)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p = sub.add_parser("runs", help="list a tenant's runs", parents=parents)
-    p.add_argument("--tenant", required=True, type=_named)
-    p.add_argument(
-        "--stuck",
-        action="store_true",
-        help="only parked runs, and runs with calls in flight and no live lease",
+    p = sub.add_parser(
+        "show",
+        help="tell a run's story: steps, turns, calls, approvals, fences, spend",
+        parents=parents,
     )
+    p.add_argument("run", metavar="RUN", type=_named)
+    p.add_argument("--tenant", required=True, type=_named)
+    p.add_argument("--step", type=int, metavar="N", help="only what step N holds")
+    _json(p)
+    p = sub.add_parser("runs", help="list a tenant's runs, newest first", parents=parents)
+    add_runs_arguments(p, _named)
     p = sub.add_parser("steps", help="list a run's step snapshots", parents=parents)
     p.add_argument("run", metavar="RUN", type=_named)
     p.add_argument("--tenant", required=True, type=_named)
+    _json(p)
     p = sub.add_parser("approve", help="decide an approval request", parents=parents)
     p.add_argument("request", metavar="REQUEST", type=_named)
     p.add_argument("--tenant", required=True, type=_named)
     p.add_argument("--by", required=True, type=_named, help="who decides")
     p.add_argument("--deny", action="store_true")
     p.add_argument("--note", help="why (secrets in it are masked before it is stored)")
+    _json(p)
     p = sub.add_parser(
         "resolve",
         help="record what an indeterminate call did (holds the run's lease meanwhile)",
@@ -175,8 +179,18 @@ def add_frontier_commands(sub: Any, parents: Parents = ()) -> None:
             "deliver a call later than that after their lease ended"
         ),
     )
+    _json(p)
     p = sub.add_parser("schema", help="show or apply the store's schema", parents=parents)
     p.add_argument("action", choices=["show", "apply"])
+    _json(p)
+
+
+def _json(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object on stdout (an error too: {error: {exit_code, message}})",
+    )
 
 
 # --- resume_main: carry a run on ----------------------------------------------------------
@@ -213,6 +227,15 @@ def add_resume_commands(sub: Any, parents: Parents = ()) -> None:
     p.add_argument(
         "--worker", type=_named, help="a name for this worker (a random suffix is added)"
     )
+    p.add_argument(
+        "--accept-revision",
+        action="store_true",
+        help="carry on a run pinned to another agent revision under this one, when every "
+        "outstanding call's tool is unchanged (audited; needs --by)",
+    )
+    p.add_argument("--by", type=_named, help="who accepts the revision change")
+    p.add_argument("--note", help="why (secrets in it are masked before it is stored)")
+    _json(p)
     p = sub.add_parser(
         "replay", help="run forward from a past step as a new run (debugging)", parents=parents
     )
@@ -238,66 +261,7 @@ def add_resume_commands(sub: Any, parents: Parents = ()) -> None:
         help="let a side-effecting tool run for real (repeatable; never in production)",
     )
     p.add_argument("--new-run-id", type=_named)
-
-
-async def _resume(
-    args: argparse.Namespace, stores: Stores, agents: Mapping[str, Agent], out: TextIO
-) -> ExitCode:
-    if args.command == "replay":
-        return await _replay(args, stores, agents, out)
-    if not args.resume:
-        raise UsageError("`run` only carries existing runs on: pass --resume RUN")
-    agent = load_agent(args.agent, agents)
-    async with built_provider(args.provider, agent, args.agent) as provider:
-        runner = AgentRunner.from_stores(provider, stores, worker=args.worker)
-        spent = await stores.ledger.spent(args.tenant, args.resume)
-
-        def found(cp: Checkpoint, plan: ResumePlan | None, fence: int | None, holder: str) -> None:
-            out.write(describe(cp, plan=plan, spent=spent) + "\n")
-            holding = f"fence {fence}" if fence is not None else "no lease store"
-            out.write(f"holding the run as {escaped(holder)} ({holding})\n")
-            out.flush()
-
-        run = await runner.resume(agent, args.resume, tenant=args.tenant, on_frontier=found)
-    tail = f": {escaped(str(run.output))}" if run.output else ""
-    if run.pending_approval is not None:
-        tail = f": waiting on approval {escaped(run.pending_approval.id)}"
-    out.write(f"now {run.status} at iteration {run.iteration}, {run.spent_micros} micros{tail}\n")
-    if run.status is RunStatus.failed:
-        return ExitCode.MUST_NOT_CARRY_ON
-    return ExitCode.CARRIED_ON
-
-
-async def _replay(
-    args: argparse.Namespace, stores: Stores, agents: Mapping[str, Agent], out: TextIO
-) -> ExitCode:
-    agent = load_agent(args.agent, agents)
-    async with built_provider(args.provider, agent, args.agent) as provider:
-        stubs: dict[str, Callable[..., Any]] = {}
-        for spec in args.stub:
-            name, sep, ref = spec.partition("=")
-            if not sep or not name or not ref:
-                raise UsageError(f"--stub {spec!r} is not of the form TOOL=module:attr")
-            stub = import_ref(ref, "stub")
-            if not callable(stub):
-                raise UsageError(f"--stub {spec}: {ref} is not callable")
-            stubs[name] = stub
-        runner = AgentRunner.from_stores(provider, stores, worker="replay")
-        run = await runner.replay(
-            agent,
-            args.run,
-            tenant=args.tenant,
-            from_step=args.from_step,
-            stubs=stubs,
-            live=tuple(args.live),
-            new_run_id=args.new_run_id,
-        )
-    tail = f": {escaped(str(run.output))}" if run.output else ""
-    out.write(
-        f"replay {escaped(run.run_id)} (replay of {escaped(run.replay_of or '')}) now "
-        f"{run.status} at iteration {run.iteration}{tail}\n"
-    )
-    return ExitCode.CARRIED_ON
+    _json(p)
 
 
 # --- running a parsed command -------------------------------------------------------------
@@ -327,6 +291,8 @@ def _main(
 ) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
+    # Set once the command line is read: whether an error is also a JSON object on stdout.
+    wants_json = [isinstance(argv, argparse.Namespace) and bool(getattr(argv, "json", False))]
 
     def body() -> Awaitable[ExitCode]:
         if isinstance(argv, argparse.Namespace):
@@ -334,16 +300,23 @@ def _main(
         else:
             assert parser is not None
             args = parser.parse_args(list(argv))
+        wants_json[0] = bool(getattr(args, "json", False))
         if args.command in RESUME_COMMANDS:
-            return _resume(args, stores, agents, out)
+            return run_resume_command(args, stores, agents, out)
         if args.command in WORK_COMMANDS:
             return run_work_command(args, stores, agents, out)
         return run_frontier_command(args, stores, out)
 
-    return _run(body, stores, err, out)
+    return _run(body, stores, err, out, wants_json)
 
 
-def _run(body: Callable[[], Awaitable[ExitCode]], stores: Stores, err: TextIO, out: TextIO) -> int:
+def _run(
+    body: Callable[[], Awaitable[ExitCode]],
+    stores: Stores,
+    err: TextIO,
+    out: TextIO,
+    wants_json: list[bool],
+) -> int:
     async def main() -> ExitCode:
         # Connections belong to this event loop: close them before it ends.
         try:
@@ -361,6 +334,9 @@ def _run(body: Callable[[], Awaitable[ExitCode]], stores: Stores, err: TextIO, o
     except Exception as exc:
         code, text = explain(exc)
         err.write(text + "\n")
+        if wants_json[0]:
+            with contextlib.suppress(Exception):
+                emit(out, error_json(int(code), text.removeprefix("tesserix: ")))
         if os.environ.get("ADK_DEBUG"):
             import traceback
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.checkpoint.planning import ResumePlan
+from tesserix_adk.cli.reasons import failure_reason
 from tesserix_adk.cli.text import escaped
 
 __all__ = ["describe"]
@@ -38,6 +39,8 @@ def _where(cp: Checkpoint) -> str:
         return f"tombstone at step {cp.step}: {escaped(str(cp.reason))}"
     if cp.status is CheckpointStatus.waiting_approval and cp.pending_approval is not None:
         return f"waiting on approval {escaped(cp.pending_approval.id)}"
+    if cp.status is CheckpointStatus.failed:
+        return f"failed at step {cp.step}: {escaped(str(failure_reason(cp)))}"
     if cp.status.finished:
         return f"{cp.status} at step {cp.step}"
     outstanding = len(cp.outstanding)

@@ -1,5 +1,6 @@
-"""The commands that look and decide, never carry a run on: ``inspect``, ``runs``, ``steps``,
-``approve``, ``resolve``, ``schema``. Every id they print goes through ``escaped``."""
+"""The commands that look and decide, never carry a run on: ``inspect``, ``show``, ``runs``,
+``steps``, ``approve``, ``resolve``, ``schema``. Every id they print goes through
+``escaped``; with ``--json`` each prints one JSON object instead (``cli/jsonout.py``)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import time
 from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
-from tesserix_adk.checkpoint.payload import Checkpoint, encode_outcome
-from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
+from tesserix_adk.checkpoint.payload import encode_outcome
 from tesserix_adk.checkpoint.redaction import Redactor
-from tesserix_adk.cli.describe import describe
 from tesserix_adk.cli.failures import ExitCode, Refused, UsageError
+from tesserix_adk.cli.inspecting import run_inspect
+from tesserix_adk.cli.jsonout import emit, key_digest, when
+from tesserix_adk.cli.listing import run_runs
+from tesserix_adk.cli.show import run_show
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import (
     AdkError,
@@ -29,13 +32,8 @@ from tesserix_adk.leases import never_ran_wait, previous_end_ago
 from tesserix_adk.messages import ToolOutcome
 from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.capabilities import run_listing, step_history
-from tesserix_adk.stores.protocols import (
-    IdempotencyRecord,
-    RecordStatus,
-    RunLease,
-    WorkState,
-)
+from tesserix_adk.stores.capabilities import step_history
+from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, WorkState
 from tesserix_adk.timestamps import iso_time
 
 __all__ = ["RESOLVE_LEASE_TTL", "run_frontier_command"]
@@ -44,14 +42,19 @@ __all__ = ["RESOLVE_LEASE_TTL", "run_frontier_command"]
 # run up only briefly (its lease lapses by the store's clock).
 RESOLVE_LEASE_TTL = 30.0
 
+_STEPS_HEADER = "step  boundary           iteration  status            written              bytes\n"
+
 
 async def run_frontier_command(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
-    """Run the parsed ``inspect``/``runs``/``steps``/``approve``/``resolve``/``schema``."""
+    """Run the parsed ``inspect``/``show``/``runs``/``steps``/``approve``/``resolve``/
+    ``schema``."""
     command = args.command
     if command == "inspect":
-        return await _inspect(args, stores, out)
+        return await run_inspect(args, stores, out)
+    if command == "show":
+        return await run_show(args, stores, out)
     if command == "runs":
-        return await _runs(args, stores, out)
+        return await run_runs(args, stores, out)
     if command == "steps":
         return await _steps(args, stores, out)
     if command == "approve":
@@ -61,112 +64,6 @@ async def run_frontier_command(args: argparse.Namespace, stores: Stores, out: Te
     return await _schema(args, stores, out)
 
 
-def _held_by(lease: RunLease) -> str:
-    return (
-        f"held by {escaped(lease.holder)} (fence {lease.fence}) until {iso_time(lease.expires_at)} "
-        "by the store's clock, unless renewed"
-    )
-
-
-async def _inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
-    checkpointer = Checkpointer.from_stores(stores)
-    cp = await checkpointer.latest(args.tenant, args.run)
-    if cp is None:
-        raise NoCheckpointError(
-            f"nothing is checkpointed under run {args.run!r} for tenant {args.tenant!r}"
-        )
-    plan = await plan_resume(cp, stores.idempotency)
-    spent = await stores.ledger.spent(args.tenant, args.run)
-    lease = await stores.leases.current(args.tenant, args.run)
-    parked = None
-    if stores.work is not None:
-        parked = next(
-            (
-                i
-                for i in await stores.work.items(args.tenant, state=WorkState.parked)
-                if i.run_id == args.run
-            ),
-            None,
-        )
-    if args.json:
-        shown = _as_json(cp, plan, spent, lease)
-        shown["parked"] = None if parked is None else parked.reason
-        out.write(json.dumps(shown, indent=2, default=str) + "\n")
-        return ExitCode.CARRIED_ON
-    out.write(describe(cp, plan=plan, spent=spent) + "\n")
-    if lease is not None:
-        out.write(_held_by(lease) + "\n")
-    if parked is not None:
-        out.write(
-            f"parked: {escaped(parked.reason or '')}; a worker takes it again once you resolve, "
-            "approve or cancel\n"
-        )
-    return ExitCode.CARRIED_ON
-
-
-def _as_json(cp: Checkpoint, plan: ResumePlan, spent: int, lease: Any) -> dict[str, Any]:
-    # json.dumps escapes control characters itself: ids go in as they are.
-    return {
-        "run_id": cp.run_id,
-        "tenant": cp.tenant,
-        "agent": cp.agent_name,
-        "revision": cp.agent_revision,
-        "status": str(cp.status),
-        "step": cp.step,
-        "boundary": None if cp.boundary is None else str(cp.boundary),
-        "iteration": cp.iteration,
-        "usage": {"input_tokens": cp.usage.input_tokens, "output_tokens": cp.usage.output_tokens},
-        "spent_micros": spent,
-        "pending_approval": None if cp.pending_approval is None else cp.pending_approval.id,
-        "reason": cp.reason,
-        "replay_of": cp.replay_of,
-        "lease": None if lease is None else {"holder": lease.holder, "fence": lease.fence},
-        "safe": plan.safe,
-        "calls": [
-            {
-                "tool": p.tool,
-                "call_id": p.call_id,
-                "key": p.key,
-                "disposition": str(p.disposition),
-                "reason": p.reason,
-                "ahead": p.ahead,
-            }
-            for p in plan.calls
-        ],
-    }
-
-
-async def _runs(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
-    checkpointer = Checkpointer.from_stores(stores)
-    parked = {}
-    if stores.work is not None:
-        parked = {i.run_id: i for i in await stores.work.items(args.tenant, state=WorkState.parked)}
-    for run_id in await run_listing(stores.checkpoints).runs(args.tenant):
-        shown = escaped(run_id)
-        try:
-            cp = await checkpointer.latest(args.tenant, run_id)
-        except (CheckpointCorruptError, CheckpointFormatError) as exc:
-            out.write(f"{shown}  unreadable: {escaped(str(exc))}\n")
-            continue
-        if cp is None:
-            continue
-        lease = await stores.leases.current(args.tenant, run_id)
-        records = await stores.idempotency.records(args.tenant, run_id)
-        in_flight = [
-            r for r in records if r.tool is not None and r.status is RecordStatus.in_flight
-        ]
-        park = parked.get(run_id)
-        lapsed = not cp.status.finished and lease is None and bool(in_flight)
-        if args.stuck and park is None and not lapsed:
-            continue
-        held = f"  {_held_by(lease)}" if lease else ""
-        flight = f"  {len(in_flight)} call(s) in flight" if in_flight else ""
-        where = f"{cp.status} at step {cp.step}"
-        why = f"  parked: {escaped(park.reason or '')}" if park is not None else ""
-        out.write(f"{shown}  {escaped(cp.agent_name)}  {where}{flight}{held}{why}\n")
-    return ExitCode.CARRIED_ON
-
-
 async def _steps(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
     steps = await step_history(stores.checkpoints).steps(args.tenant, args.run)
     if not steps:
@@ -174,7 +71,10 @@ async def _steps(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitC
             f"nothing is checkpointed under run {args.run!r} for tenant {args.tenant!r}"
         )
     checkpointer = Checkpointer.from_stores(stores)
-    out.write("step  boundary           iteration  status            written              bytes\n")
+    as_json = getattr(args, "json", False)
+    rows: list[dict[str, Any]] = []
+    if not as_json:
+        out.write(_STEPS_HEADER)
     for step in steps:
         stored = await step_history(stores.checkpoints).at(args.tenant, args.run, step)
         if stored is None:
@@ -182,9 +82,24 @@ async def _steps(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitC
         try:
             cp = await checkpointer.at(args.tenant, args.run, step)
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
-            out.write(f"{step:<5} unreadable: {escaped(str(exc))}\n")
+            rows.append({"step": step, "status": "unreadable", "reason": str(exc)})
+            if not as_json:
+                out.write(f"{step:<5} unreadable: {escaped(str(exc))}\n")
             continue
         assert cp is not None
+        rows.append(
+            {
+                "step": step,
+                "boundary": None if cp.boundary is None else str(cp.boundary),
+                "iteration": cp.iteration,
+                "status": str(cp.status),
+                "fence": stored.fence,
+                "written_at": when(cp.written_at),
+                "bytes": len(stored.payload),
+            }
+        )
+        if as_json:
+            continue
         written = (
             "-"
             if cp.written_at is None
@@ -195,6 +110,8 @@ async def _steps(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitC
             f"{step:<5} {boundary:<18} {cp.iteration:<10} {cp.status!s:<17} {written:<20} "
             f"{len(stored.payload)}\n"
         )
+    if as_json:
+        emit(out, {"run_id": args.run, "tenant": args.tenant, "steps": rows})
     return ExitCode.CARRIED_ON
 
 
@@ -223,6 +140,21 @@ async def _approve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
         else f"carry it on with `tesserix run --resume {run} --tenant {escaped(args.tenant)} "
         "--agent module:attr`"
     )
+    if getattr(args, "json", False):
+        emit(
+            out,
+            {
+                "request": decided.id,
+                "run_id": decided.run_id,
+                "tenant": args.tenant,
+                "status": str(decided.status),
+                "by": decided.by or args.by,
+                "note": decided.note,
+                "decided_at": when(decided.decided_at),
+                "woken": woken,
+            },
+        )
+        return ExitCode.CARRIED_ON
     out.write(
         f"approval {escaped(decided.id)} {decided.status} by {escaped(decided.by or args.by)} "
         f"for run {run}; {then}\n"
@@ -288,10 +220,11 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
         try:
             await stores.leases.release(lease)
         except AdkError as exc:  # it lapses by itself within RESOLVE_LEASE_TTL
-            out.write(
-                f"the operator's lease on the run could not be released ({escaped(str(exc))}); "
-                f"it lapses within {RESOLVE_LEASE_TTL:g} s\n"
-            )
+            if not getattr(args, "json", False):  # the JSON object stays the only output
+                out.write(
+                    f"the operator's lease on the run could not be released "
+                    f"({escaped(str(exc))}); it lapses within {RESOLVE_LEASE_TTL:g} s\n"
+                )
 
 
 async def _no_live_resumer(stores: Stores, args: argparse.Namespace) -> None:
@@ -354,23 +287,48 @@ async def _record_resolution(
     content: Any,
 ) -> ExitCode:
     call = f"{escaped(record.tool or '')} ({escaped(args.call)})"
+    as_json = getattr(args, "json", False)
     if args.never_ran:
         await stores.idempotency.resolve(record.key, tenant=args.tenant, never_ran=True, by=args.by)
-        out.write(f"recorded: {call} never ran, by {escaped(args.by)}\n")
+        said = f"recorded: {call} never ran, by {escaped(args.by)}\n"
     else:
         outcome = ToolOutcome(call_id=record.call_id or "", content=content)
         encoded = encode_outcome(outcome, Redactor())
         await stores.idempotency.resolve(record.key, encoded, tenant=args.tenant, by=args.by)
-        out.write(f"recorded: {call} completed with the given outcome, by {escaped(args.by)}\n")
-    if await _wake(stores, args.tenant, args.run, WorkState.wanted):
+        said = f"recorded: {call} completed with the given outcome, by {escaped(args.by)}\n"
+    if not as_json:
+        out.write(said)
+    woken = await _wake(stores, args.tenant, args.run, WorkState.wanted)
+    if as_json:
+        emit(
+            out,
+            {
+                "run_id": args.run,
+                "tenant": args.tenant,
+                "tool": record.tool,
+                "call_id": record.call_id,
+                "key_digest": key_digest(record.key),
+                "resolved_as": "never_ran" if args.never_ran else "completed",
+                "by": args.by,
+                "woken": woken,
+            },
+        )
+    elif woken:
         out.write("a worker carries the run on\n")
     return ExitCode.CARRIED_ON
 
 
 async def _schema(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
+    as_json = getattr(args, "json", False)
     if args.action == "show":
-        out.write((stores.schema or "-- this store has no schema to apply\n").rstrip() + "\n")
+        if as_json:
+            emit(out, {"schema": stores.schema})
+        else:
+            out.write((stores.schema or "-- this store has no schema to apply\n").rstrip() + "\n")
         return ExitCode.CARRIED_ON
     await stores.create_schema()
-    out.write("schema applied\n")
+    if as_json:
+        emit(out, {"schema": "applied"})
+    else:
+        out.write("schema applied\n")
     return ExitCode.CARRIED_ON

@@ -1,0 +1,103 @@
+"""``tesserix inspect RUN``: a run's frontier and plan, what holds it, and why it stands
+where it stands; takes no lease."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, TextIO
+
+from tesserix_adk.checkpoint.checkpointer import Checkpointer
+from tesserix_adk.checkpoint.payload import Checkpoint
+from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
+from tesserix_adk.cli.describe import describe
+from tesserix_adk.cli.failures import ExitCode
+from tesserix_adk.cli.jsonout import claim_json, emit, key_digest, lease_json, when
+from tesserix_adk.cli.reasons import failure_reason, parked_item
+from tesserix_adk.cli.text import escaped
+from tesserix_adk.errors import NoCheckpointError
+from tesserix_adk.run.attempt import run_claim_key
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.protocols import IdempotencyRecord, RunLease, WorkItem
+
+__all__ = ["held_by", "inspect_json", "run_inspect"]
+
+
+def held_by(lease: RunLease) -> str:
+    """The live lease in words."""
+    return (
+        f"held by {escaped(lease.holder)} (fence {lease.fence}) until {when(lease.expires_at)} "
+        "by the store's clock, unless renewed"
+    )
+
+
+async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
+    """Print the run's frontier and plan (text, or JSON with ``args.json``)."""
+    cp = await Checkpointer.from_stores(stores).latest(args.tenant, args.run)
+    if cp is None:
+        raise NoCheckpointError(
+            f"nothing is checkpointed under run {args.run!r} for tenant {args.tenant!r}"
+        )
+    plan = await plan_resume(cp, stores.idempotency)
+    spent = await stores.ledger.spent(args.tenant, args.run)
+    lease = await stores.leases.current(args.tenant, args.run)
+    parked = await parked_item(stores, args.tenant, args.run)
+    if args.json:
+        key = run_claim_key(args.tenant, args.run)
+        claim = (await stores.idempotency.lookup([key], tenant=args.tenant)).get(key)
+        emit(out, inspect_json(cp, plan, spent, lease, parked, claim))
+        return ExitCode.CARRIED_ON
+    out.write(describe(cp, plan=plan, spent=spent) + "\n")
+    if lease is not None:
+        out.write(held_by(lease) + "\n")
+    if parked is not None:
+        out.write(
+            f"parked: {escaped(parked.reason or '')}; a worker takes it again once you resolve, "
+            "approve or cancel\n"
+        )
+    return ExitCode.CARRIED_ON
+
+
+def inspect_json(
+    cp: Checkpoint,
+    plan: ResumePlan,
+    spent: int,
+    lease: RunLease | None,
+    parked: WorkItem | None,
+    claim: IdempotencyRecord | None,
+) -> dict[str, Any]:
+    """The fields of ``inspect --json`` (json escapes control characters: ids go in as
+    they are)."""
+    return {
+        "run_id": cp.run_id,
+        "tenant": cp.tenant,
+        "agent": cp.agent_name,
+        "revision": cp.agent_revision,
+        "status": str(cp.status),
+        "step": cp.step,
+        "boundary": None if cp.boundary is None else str(cp.boundary),
+        "iteration": cp.iteration,
+        "written_at": when(cp.written_at),
+        "usage": {"input_tokens": cp.usage.input_tokens, "output_tokens": cp.usage.output_tokens},
+        "spent_micros": spent,
+        "pending_approval": None if cp.pending_approval is None else cp.pending_approval.id,
+        "output": cp.output,
+        "reason": failure_reason(cp, parked),
+        "parked": None if parked is None else parked.reason,
+        "replay_of": cp.replay_of,
+        "lease": lease_json(lease),
+        "resume_claim": claim_json(claim),
+        "safe": plan.safe,
+        "calls": [
+            {
+                "tool": p.tool,
+                "call_id": p.call_id,
+                "key": p.key,
+                "key_digest": key_digest(p.key),
+                "disposition": str(p.disposition),
+                "reason": p.reason,
+                "ahead": p.ahead,
+                "claim_expires_at": None if p.record is None else when(p.record.expires_at),
+            }
+            for p in plan.calls
+        ],
+    }

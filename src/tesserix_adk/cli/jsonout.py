@@ -1,0 +1,58 @@
+"""``--json``: the machine-readable shapes the commands print, with stable field names.
+
+Every time is ISO 8601 UTC (``timestamps.iso_time``) or ``null``; every idempotency key is
+shown as its digest (``key_digest``), never raw, since a key is what a tool passes on to
+the outside world. An error is one object: ``{"error": {"exit_code": N, "message": "..."}}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, TextIO
+
+from tesserix_adk.stores.protocols import IdempotencyRecord, RunLease
+from tesserix_adk.timestamps import iso_time
+
+__all__ = ["claim_json", "emit", "error_json", "key_digest", "lease_json", "when"]
+
+
+def emit(out: TextIO, value: Any) -> None:
+    """``value`` as indented JSON on one document (json escapes control characters)."""
+    out.write(json.dumps(value, indent=2, default=str, ensure_ascii=False) + "\n")
+
+
+def error_json(code: int, message: str) -> dict[str, Any]:
+    """What a command prints on stdout instead of its output when it fails under --json."""
+    return {"error": {"exit_code": code, "message": message}}
+
+
+def when(epoch: float | None) -> str | None:
+    """A store-clock moment as ISO 8601 UTC, or ``None``."""
+    return None if epoch is None or epoch <= 0 else iso_time(epoch)
+
+
+def key_digest(key: str | None) -> str | None:
+    """An idempotency key as an operator may see it: enough to tell keys apart."""
+    if key is None:
+        return None
+    return "sha256:" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+
+
+def lease_json(lease: RunLease | None) -> dict[str, Any] | None:
+    """A run's live lease: who holds it, its fence and when it expires by the store's clock."""
+    if lease is None:
+        return None
+    return {"holder": lease.holder, "fence": lease.fence, "expires_at": when(lease.expires_at)}
+
+
+def claim_json(record: IdempotencyRecord | None) -> dict[str, Any] | None:
+    """A resume claim (or any record without a tool): holder, status and expiry."""
+    if record is None:
+        return None
+    return {
+        "holder": record.holder,
+        "status": str(record.status),
+        "since": when(record.since),
+        "expires_at": when(record.expires_at),
+    }

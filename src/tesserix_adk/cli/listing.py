@@ -1,0 +1,209 @@
+"""``tesserix runs``: a tenant's runs, newest first, with filters and a limit.
+
+Columns: run, agent, status and step, when the frontier was written (ISO 8601 UTC), then
+what stands out (calls in flight, the live lease, why it is parked or cannot be carried
+on). A header heads the table on a terminal (``--header``/``--no-header`` decide
+elsewhere), so a script reading rows gets rows; ``--json`` gives the same as objects.
+``--stuck`` keeps parked runs, runs with calls in flight and no live lease, and runs that
+cannot be carried on (failed, a refused frontier, or pinned to another agent revision:
+the revision they need is named; with ``--agent module:attr`` the current one too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from tesserix_adk.checkpoint.checkpointer import Checkpointer
+from tesserix_adk.cli.failures import ExitCode
+from tesserix_adk.cli.jsonout import emit, lease_json, when
+from tesserix_adk.cli.reasons import blocked, failure_reason
+from tesserix_adk.cli.text import escaped
+from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.capabilities import run_listing
+from tesserix_adk.stores.protocols import RecordStatus, WorkState
+
+__all__ = ["HEADER", "add_runs_arguments", "run_runs", "since_time"]
+
+HEADER = "RUN  AGENT  STATUS  UPDATED  NOTES"
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
+_UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def since_time(value: str, now: float | None = None) -> float:
+    """``--since``: an ISO 8601 time (``2026-12-01T10:00:00Z``) or a duration back from
+    now (``90s``, ``30m``, ``12h``, ``7d``), as epoch seconds."""
+    match = _DURATION.fullmatch(value.strip())
+    if match is not None:
+        now = datetime.now(UTC).timestamp() if now is None else now
+        return now - float(match[1]) * _UNIT[match[2]]
+    try:
+        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither an ISO 8601 time (2026-12-01T10:00:00Z) nor a duration "
+            "(30m, 12h, 7d)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _limit(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
+def add_runs_arguments(p: argparse.ArgumentParser, named: Any) -> None:
+    """The options of ``runs``."""
+    p.add_argument("--tenant", required=True, type=named)
+    p.add_argument(
+        "--stuck",
+        action="store_true",
+        help="only parked runs, runs with calls in flight and no live lease, and runs that "
+        "cannot be carried on (failed, refused, pinned to another agent revision)",
+    )
+    p.add_argument("--status", action="append", default=[], help="only this status (repeatable)")
+    p.add_argument(
+        "--agent",
+        type=named,
+        help="only this agent's runs: its name, or module:attr (then runs pinned to another "
+        "revision than its current one count as stuck)",
+    )
+    p.add_argument(
+        "--since",
+        type=since_time,
+        metavar="WHEN",
+        help="only runs written since: ISO 8601 UTC, or a duration back (30m, 12h, 7d)",
+    )
+    p.add_argument("--limit", type=_limit, metavar="N", help="at most N runs (newest first)")
+    header = p.add_mutually_exclusive_group()
+    header.add_argument(
+        "--header", action="store_true", default=None, help="print the header (default on a tty)"
+    )
+    header.add_argument("--no-header", action="store_false", dest="header")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+async def run_runs(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
+    """List the tenant's runs (text or JSON)."""
+    name, revision = _agent_filter(args.agent)
+    rows = await _rows(args, stores, name, revision)
+    if args.json:
+        emit(out, {"runs": rows})
+        return ExitCode.CARRIED_ON
+    header = args.header if args.header is not None else _isatty(out)
+    if not rows:
+        out.write("no runs\n")
+        return ExitCode.CARRIED_ON
+    if header:
+        out.write(HEADER + "\n")
+    for row in rows:
+        out.write(_line(row) + "\n")
+    return ExitCode.CARRIED_ON
+
+
+def _agent_filter(agent: str | None) -> tuple[str | None, str | None]:
+    if agent is None or ":" not in agent:
+        return agent, None
+    from tesserix_adk.cli.loading import load_agent
+
+    loaded = load_agent(agent, {})
+    return loaded.name, loaded.revision
+
+
+def _isatty(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+async def _rows(
+    args: argparse.Namespace, stores: Stores, agent: str | None, revision: str | None
+) -> list[dict[str, Any]]:
+    checkpointer = Checkpointer.from_stores(stores)
+    parked = {}
+    if stores.work is not None:
+        parked = {i.run_id: i for i in await stores.work.items(args.tenant, state=WorkState.parked)}
+    rows: list[dict[str, Any]] = []
+    for run_id in await run_listing(stores.checkpoints).runs(args.tenant):
+        try:
+            cp = await checkpointer.latest(args.tenant, run_id)
+        except (CheckpointCorruptError, CheckpointFormatError) as exc:
+            rows.append({"run_id": run_id, "status": "unreadable", "reason": str(exc)})
+            continue
+        if cp is None:
+            continue
+        if agent is not None and cp.agent_name != agent:
+            continue
+        if args.status and str(cp.status) not in args.status:
+            continue
+        if args.since is not None and (cp.written_at or 0) < args.since:
+            continue
+        lease = await stores.leases.current(args.tenant, run_id)
+        records = await stores.idempotency.records(args.tenant, run_id)
+        in_flight = sum(
+            1 for r in records if r.tool is not None and r.status is RecordStatus.in_flight
+        )
+        park = parked.get(run_id)
+        lapsed = not cp.status.finished and lease is None and in_flight > 0
+        stuck = blocked(cp, park, revision)
+        if args.stuck and park is None and not lapsed and stuck is None:
+            continue
+        rows.append(
+            {
+                "run_id": run_id,
+                "agent": cp.agent_name,
+                "revision": cp.agent_revision,
+                "status": str(cp.status),
+                "step": cp.step,
+                "updated_at": when(cp.written_at),
+                "in_flight": in_flight,
+                "lease": lease_json(lease),
+                "parked": None if park is None else park.reason,
+                "blocked": stuck,
+                "reason": failure_reason(cp, park),
+                "output": cp.output,
+                "_written": cp.written_at or 0.0,
+            }
+        )
+    rows.sort(key=lambda r: -float(r.get("_written", 0.0)))
+    if args.limit is not None:
+        rows = rows[: args.limit]
+    for row in rows:
+        row.pop("_written", None)
+    return rows
+
+
+def _line(row: dict[str, Any]) -> str:
+    shown = escaped(row["run_id"])
+    if row["status"] == "unreadable":
+        return f"{shown}  unreadable: {escaped(row['reason'])}"
+    notes = []
+    if row["in_flight"]:
+        notes.append(f"{row['in_flight']} call(s) in flight")
+    lease = row["lease"]
+    if lease is not None:
+        notes.append(
+            f"held by {escaped(lease['holder'])} (fence {lease['fence']}) until "
+            f"{lease['expires_at']} by the store's clock, unless renewed"
+        )
+    if row["parked"] is not None:
+        notes.append(f"parked: {escaped(row['parked'])}")
+    blocked_by = row["blocked"]
+    # A run parked for a changed revision also says which revision it needs.
+    if blocked_by is not None and (row["parked"] is None or blocked_by.startswith("needs")):
+        notes.append(escaped(blocked_by))
+    updated = row["updated_at"] or "-"
+    where = f"{row['status']} at step {row['step']}"
+    return f"{shown}  {escaped(row['agent'])}  {where}  {updated}  " + "  ".join(notes)

@@ -1,0 +1,52 @@
+"""Why a run stands where it stands: a failed run's reason, a parked run's, and whether a
+run cannot be carried on (and what it would need), for ``inspect``, ``show`` and ``runs``."""
+
+from __future__ import annotations
+
+from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.protocols import WorkItem, WorkState
+
+__all__ = ["blocked", "failure_reason", "parked_item"]
+
+
+def failure_reason(cp: Checkpoint, parked: WorkItem | None = None) -> str | None:
+    """Why the run failed, was refused or was parked; ``None`` for a run that did not.
+
+    A failed frontier carries the model's error as its output (stored redacted)."""
+    if cp.status is CheckpointStatus.failed:
+        return cp.reason or cp.output or "failed (the frontier records no reason)"
+    if cp.is_tombstone:
+        return cp.reason
+    if parked is not None:
+        return parked.reason
+    return cp.reason
+
+
+async def parked_item(stores: Stores, tenant: str, run_id: str) -> WorkItem | None:
+    """The run's parked work item, if the store has a work index and the run is parked."""
+    if stores.work is None:
+        return None
+    return next(
+        (i for i in await stores.work.items(tenant, state=WorkState.parked) if i.run_id == run_id),
+        None,
+    )
+
+
+def blocked(cp: Checkpoint, parked: WorkItem | None, revision: str | None) -> str | None:
+    """Why no worker carries the run on, in words, or ``None``: it failed, its frontier
+    was refused, it was parked, or it is pinned to another revision than ``revision`` (the
+    current agent's, when known) and needs ``tesserix run --resume --accept-revision``."""
+    if cp.status is CheckpointStatus.failed:
+        return f"failed: {failure_reason(cp)}"
+    if cp.is_tombstone:
+        return f"refused frontier: {cp.reason}"
+    pinned_elsewhere = revision is not None and cp.agent_revision != revision
+    refused_revision = parked is not None and "RevisionMismatchError" in (parked.reason or "")
+    if not cp.status.finished and (pinned_elsewhere or refused_revision):
+        return (
+            f"needs agent revision {cp.agent_revision}"
+            + ("" if revision is None else f" (the agent is now {revision})")
+            + "; carry it on with `tesserix run --resume RUN --accept-revision --by NAME`"
+        )
+    return None
