@@ -6,7 +6,9 @@
 ``deep`` (a tool whose ``inputSchema`` nests ``ATTACK_DEPTH`` levels), ``huge`` (a call's
 result is ``ATTACK_SIZE`` bytes of text), ``dup`` (two tools of one name), ``garbage``
 (answers a call with a line that is not JSON, then nothing), ``wrong_id`` (answers a call
-under another request id), ``die`` (exits inside a call, after recording it).
+under another request id), ``die`` (exits inside a call, after recording it), ``sdk`` (not
+hostile: the SDK's own ``MCPServer`` with one side-effecting tool whose parameters are all
+optional, as many real tools' are).
 Each ``tools/call`` is appended to the file ``ATTACK_CALLS`` (when set) before anything
 else is done with it, so a test counts what reached the server.
 """
@@ -111,7 +113,24 @@ def _call(rid: Any) -> None:
     )
 
 
+def _sdk_server() -> None:
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("shop")
+
+    @server.tool()
+    def cancel_orders(reason: str = "", limit: int = 100) -> str:
+        """Cancel open orders (side-effecting)."""
+        _record({"name": "cancel_orders", "arguments": {"reason": reason, "limit": limit}})
+        return f"cancelled {limit}"
+
+    server.run()
+
+
 def main() -> None:
+    if MODE == "sdk":
+        _sdk_server()
+        return
     for line in sys.stdin:
         line = line.strip()
         if not line:

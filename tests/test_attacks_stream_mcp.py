@@ -44,13 +44,13 @@ from tesserix_adk import (
     ScriptedProvider,
     tool,
 )
-from tesserix_adk.errors import AdkError, ToolOutcomeUnknownError
+from tesserix_adk.errors import AdkError, IndeterminateToolCallError, ToolOutcomeUnknownError
 from tesserix_adk.mcp import MCPToolset
 from tesserix_adk.mcp.errors import MCPError, MCPReplyLostError, MCPUnavailableError
 from tesserix_adk.providers.anthropic import AnthropicProvider
 from tesserix_adk.providers.openai import OpenAIProvider
 from tesserix_adk.providers.pricing import Price
-from tesserix_adk.run.events import RunEvent, RunFinished
+from tesserix_adk.run.events import RunEvent, RunFinished, ToolCallStarted
 
 HOSTILE = str(Path(__file__).with_name("attack_mcp_server.py"))
 PRICE = Price(input_per_million_micros=1_000_000, output_per_million_micros=2_000_000)
@@ -539,3 +539,58 @@ async def test_the_same_tools_under_changed_annotations_are_another_revision(
         again = Agent("a", "x", list(plain.tools)).revision
     assert first != second
     assert first == again
+
+
+# --- streaming and MCP together ---------------------------------------------------------------
+
+
+async def test_leaving_the_stream_mid_mcp_call_leaves_it_in_doubt_and_the_connection_usable(
+    tmp_path: Path,
+) -> None:
+    """The consumer leaves while book_seat is inside the server: aclose returns once the run
+    let go, the resume refuses the call in doubt rather than send it again, and the
+    toolset's connection survives the cancelled request."""
+    effects, hold = Effects(tmp_path), tmp_path / "hold"
+    hold.mkdir()
+    world = World()
+    turns: list[Any] = [[("book_seat", {"flight": "LH1"})], "done"]
+    async with stdio(effects, MCP_HOLD_DIR=str(hold)) as toolset:
+        agent = Agent("mcp", "book", list(toolset.tools))
+        stream = world.runner(ScriptedProvider(turns)).stream(agent, "b", tenant="t", run_id="r")
+        async with asyncio.timeout(30):
+            async with aclosing(stream) as events:
+                async for event in events:
+                    if isinstance(event, ToolCallStarted):
+                        for _ in range(1000):
+                            if (hold / "inside").exists():
+                                break
+                            await asyncio.sleep(0.02)
+                        break
+        with pytest.raises(IndeterminateToolCallError):
+            await world.runner(ScriptedProvider(turns)).resume(agent, "r", tenant="t")
+        (hold / "release").write_text("")
+        flights = await asyncio.wait_for(
+            toolset.call("find_flights", {"origin": "A", "dest": "B"}, key=None), 30
+        )
+        assert "LH123" in flights
+    assert len(effects.keys()) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="arguments the model sent that are not a JSON object become "
+    "{'_malformed_arguments': raw}, which only a kit tool's own validation refuses; an MCP "
+    "tool sends them to the server as a real tools/call, and a server tool whose parameters "
+    "are optional runs its side effect with defaults",
+)
+async def test_malformed_model_arguments_are_never_sent_to_an_mcp_server(
+    tmp_path: Path, model_server: ModelServer, openai: OpenAIProvider
+) -> None:
+    world = World()
+    frames = openai_stream(None, [("call_1", "cancel_orders", '{"reason": "dup", "limit": 1')])
+    model_server.queue(Reply(events=frames), Reply(events=openai_stream("stopping")))
+    async with _hostile("sdk", tmp_path, call_timeout=30) as toolset:
+        agent = Agent("shop", "x", list(toolset.tools))
+        await _drain(world.runner(openai).stream(agent, "cancel", tenant="t", run_id="r"))
+    # The model meant at most one order; nothing it did not finish asking for is sent.
+    assert _calls(tmp_path) == []
