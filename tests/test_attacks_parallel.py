@@ -226,7 +226,9 @@ async def test_a_call_in_doubt_is_not_hidden_behind_a_siblings_certain_failure()
 # --- tools raising BaseException subclasses ---------------------------------------------
 
 
-def _base_exception_turn(exc_type: type[BaseException]) -> tuple[MemoryIdempotencyStore, Counter[str]]:
+def _base_exception_turn(
+    exc_type: type[BaseException],
+) -> tuple[MemoryIdempotencyStore, Counter[str]]:
     """Call 0 (slow, async) is out when call 1 raises ``exc_type`` from inside the tool;
     the run is driven by its own ``asyncio.run`` so an exception that escapes the event
     loop is caught here, not by pytest."""
@@ -319,9 +321,7 @@ async def test_a_base_exception_from_a_tool_lets_a_started_sibling_finish() -> N
     assert "call_0_2" not in table
 
 
-async def test_cancelled_error_raised_inside_a_tool_is_a_call_in_doubt_not_a_lost_sibling() -> (
-    None
-):
+async def test_cancelled_error_from_a_tool_leaves_only_that_call_in_doubt() -> None:
     """A tool raising ``asyncio.CancelledError`` itself (a library's timeout, say): its
     sibling already sent finishes and is recorded, its own claim stays in flight, a later
     call is not started; the resume names exactly that call."""
@@ -360,10 +360,10 @@ async def test_cancelled_error_raised_inside_a_tool_is_a_call_in_doubt_not_a_los
 
 async def test_a_run_task_cancelled_mid_turn_leaves_each_call_as_it_stood() -> None:
     """N=2, four calls: call 0 returns at once (call 2 takes its slot), calls 1 and 2 never
-    return, call 3 waits for a slot. The run's task is cancelled: call 0 is recorded, 1 and 2 stay claimed in
-    flight (they may have sent), 3 has no record. The resume names 1 and 2; once the
-    operator says what happened, 1 (never ran) and 3 go out once, 0 is replayed, 2 is
-    settled, and the model reads four results in its order."""
+    return, call 3 waits for a slot. The run's task is cancelled: call 0 is recorded, 1
+    and 2 stay claimed in flight (they may have sent), 3 has no record. The resume names 1
+    and 2; once the operator says what happened, 1 (never ran) and 3 go out once, 0 is
+    replayed, 2 is settled, and the model reads four results in its order."""
     effects: Counter[str] = Counter()
     hang = {"on": True}
     idem, cps, leases = MemoryIdempotencyStore(), MemoryCheckpointStore(), MemoryLeaseStore()
@@ -411,9 +411,7 @@ async def test_a_run_task_cancelled_mid_turn_leaves_each_call_as_it_stood() -> N
     assert sorted(effects.values()) == [1, 1, 1, 1]
 
 
-async def test_a_drain_asked_mid_turn_stops_at_the_boundary_with_every_call_recorded_once() -> (
-    None
-):
+async def test_a_drain_mid_turn_stops_at_the_boundary_every_call_recorded_once() -> None:
     """The worker is asked to stop while calls are out: the turn's calls finish (none is
     cut short or re-sent), the run stops at the next boundary, and the resume goes on from
     there with every result replayed in the model's order, one effect per key."""
@@ -483,9 +481,7 @@ async def test_a_cancel_requested_mid_turn_ends_the_run_with_nothing_in_flight()
 # --- store faults on some calls, not others ---------------------------------------------
 
 
-async def test_lost_claim_and_complete_replies_on_some_calls_are_settled_by_reading_back() -> (
-    None
-):
+async def test_lost_store_replies_on_some_calls_are_settled_by_reading_back() -> None:
     """Four calls side by side: one claim and two completes are applied with their replies
     lost. Each is read back, never assumed: the run completes, every call sent once, every
     record completed, results in the model's order."""
@@ -766,9 +762,7 @@ async def test_a_parallel_turn_past_its_frontier_resumes_per_call_with_no_duplic
     assert sorted(effects.values()) == [1, 1, 1, 1, 1]
 
 
-async def test_a_resumed_parallel_turn_that_drops_a_call_already_made_is_refused_unsent() -> (
-    None
-):
+async def test_a_resumed_turn_dropping_a_call_already_made_is_refused_unsent() -> None:
     """On resume the model asks again for calls 0-2 of the dead turn but not 3, which ran:
     the turn is refused before anything of it is sent (call 2, decided never ran, stays
     unsent)."""
@@ -795,9 +789,7 @@ async def test_a_resumed_parallel_turn_that_drops_a_call_already_made_is_refused
 # --- approvals --------------------------------------------------------------------------
 
 
-async def test_a_mixed_turn_gates_only_the_calls_needing_approval_and_keeps_model_order() -> (
-    None
-):
+async def test_a_mixed_turn_gates_only_calls_needing_approval_in_model_order() -> None:
     """One turn side by side: two calls needing approval, a read-only call, an unknown tool
     and a twin of the read-only call. Nothing needing approval goes out before the
     decision; after approval each approved call goes out once; the model reads five results
@@ -933,10 +925,11 @@ def test_oracle_outcomes_unknown_and_lost_replies_at_any_width_and_finish_order(
 ) -> None:
     """Each call of one turn gets a fault: none, its reply lost by the tool after or before
     its effect (``ToolOutcomeUnknownError``), its claim's or its complete's store reply
-    lost, its complete never reaching the store, or an ordinary error. Lost store replies are settled by reading back; a call in
-    doubt stops the run retryably once every started call finished (those recorded, none
-    started after), is named by the resume, and once the operator says truthfully what
-    happened the model reads every result in its order and each effect happened once."""
+    lost, its complete never reaching the store, or an ordinary error. Lost store replies
+    are settled by reading back; a call in doubt stops the run retryably once every
+    started call finished (those recorded, none started after), is named by the resume,
+    and once the operator says truthfully what happened the model reads every result in
+    its order and each effect happened once."""
     asyncio.run(_oracle(limit, plan))
 
 
@@ -1050,9 +1043,7 @@ async def _oracle(limit: int, plan: list[tuple[str, int]]) -> None:
 # --- more on calls in doubt ---------------------------------------------------------------
 
 
-async def test_an_unkeyed_call_losing_its_reply_beside_keyed_ones_is_never_sent_again_unasked() -> (
-    None
-):
+async def test_an_unkeyed_call_losing_its_reply_is_not_sent_again() -> None:
     """An unkeyed tool (no idempotency key, so no claim) raises ToolOutcomeUnknownError
     beside a keyed sibling: the resume must not send it again as if it never ran."""
     sent: Counter[str] = Counter()
@@ -1222,9 +1213,7 @@ async def test_a_death_mid_turn_after_approval_resumes_with_the_approval_standin
     assert booked == Counter({"LH1": 1, "UA2": 1})
 
 
-async def test_several_calls_in_doubt_side_by_side_are_each_settled_by_their_reconciler() -> (
-    None
-):
+async def test_calls_in_doubt_side_by_side_are_each_settled_by_their_reconciler() -> None:
     """Calls 0 and 2 lose their replies, 0 after its effect and 2 before; call 1 is done.
     The resume asks the reconciler for each: 0 is found (replayed, not sent again), 2 is not
     (sent once), and the model reads three results in its order."""
