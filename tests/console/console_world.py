@@ -29,7 +29,11 @@ from tesserix_adk.testing.faults import SimulatedCrash
 TENANT = "acme"
 OTHER = "globex"
 SECRET = "sk-live-PLANTEDc0ns0leSecret0123456789"
-WAIT_TURNS: list[Any] = [
+# A call whose arguments redaction changed is never sent from a frontier (nobody could say
+# what the masked value was), so the run an operator approves carries no secret...
+WAIT_TURNS: list[Any] = [[("book_seat", {"flight": "LH123"})], "Booked LH123."]
+# ...and the secrets are planted in the other tenant's waiting call and the parked call.
+OTHER_TURNS: list[Any] = [
     [("book_seat", {"flight": "LH123", "api_key": SECRET})],
     "Booked LH123.",
 ]
@@ -46,7 +50,7 @@ class World:
 
     def approver(self) -> Agent:
         @tool(requires_approval=True)
-        def book_seat(flight: str, api_key: str, ctx: Any) -> dict[str, str]:
+        def book_seat(flight: str, ctx: Any, api_key: str | None = None) -> dict[str, str]:
             """Book a seat (needs a person's approval)."""
             self.bookings.append(f"{flight}:{ctx.idempotency_key}")
             return {"booking": f"B{len(self.bookings)}"}
@@ -76,7 +80,8 @@ def runner(stores: Stores, turns: list[Any]) -> AgentRunner:
 
 
 async def seed(url: str, world: World) -> None:
-    """r-wait waits on approval, r-park is parked, r-other belongs to the other tenant."""
+    """r-wait waits on approval, r-park is parked (a secret in its call), r-other of the
+    other tenant waits on approval (a secret in its call)."""
     async with open_stores(url) as stores:
         await stores.create_schema()
         waiting = await runner(stores, WAIT_TURNS).run(
@@ -100,7 +105,7 @@ async def seed(url: str, world: World) -> None:
         assert [i.run_id for i in await stores.work.items(TENANT, state=WorkState.parked)] == [
             "r-park"
         ]
-        other = await runner(stores, WAIT_TURNS).run(
+        other = await runner(stores, OTHER_TURNS).run(
             world.approver(), "book", tenant=OTHER, run_id="r-other"
         )
         assert other.status is RunStatus.waiting_approval

@@ -99,8 +99,9 @@ def test_no_page_shows_a_secret_unmasked(console: str) -> None:
         for page in pages:
             assert page.status_code == 200, page.url
             assert SECRET not in page.text and "PLANTED" not in page.text, page.url
-        # The arguments are shown, masked: the page is not just silent about them.
-        assert "api_key" in pages[3].text and "LH123" in pages[3].text
+        # The arguments are shown, masked: the pages are not just silent about them.
+        assert "api_key" in pages[5].text and "LH123" in pages[5].text
+        assert "password" in pages[4].text and "12" in pages[4].text
 
 
 def test_a_change_needs_the_csrf_token_and_this_consoles_origin(
