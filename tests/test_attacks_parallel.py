@@ -1344,3 +1344,57 @@ async def test_a_cancel_while_an_outcome_is_being_recorded_still_records_it() ->
         await task
     assert sorted(effects.values()) == [1, 1]
     assert {r.status for r in _table(inner, "cxr").values()} == {RecordStatus.completed}
+
+
+# --- resume of a turn with a call in doubt, at another width -------------------------------
+
+
+@pytest.mark.parametrize(("first", "then"), [(3, 1), (1, 3), (2, 5)])
+async def test_a_turn_with_a_call_in_doubt_resumes_at_any_width_sending_nothing_first(
+    first: int, then: int
+) -> None:
+    """A death mid-turn leaves call 1 in flight, call 0 done and later calls never
+    started. While call 1 is in doubt the resume sends nothing of the turn (not even the
+    calls never started); once it is settled, the resume at another width sends each
+    remaining call once and the model reads the results in its order."""
+    from tesserix_adk.testing.faults import SimulatedCrash
+
+    effects: Counter[str] = Counter()
+    live = {"crash": True}
+
+    def build(limit: int) -> Agent:
+        @tool
+        async def step(n: int, ctx: ToolContext) -> int:
+            """A step with an effect; n = 1 dies after its effect in the first attempt."""
+            assert ctx.idempotency_key is not None
+            await asyncio.sleep(0.005 * n)
+            effects[ctx.idempotency_key] += 1
+            if live["crash"] and n == 1:
+                raise SimulatedCrash
+            return n
+
+        return Agent("width", "Do steps.", [step], parallel_tool_calls=limit)
+
+    turn = [("step", {"n": n}) for n in range(5)]
+    idem, cps, leases = MemoryIdempotencyStore(), MemoryCheckpointStore(), MemoryLeaseStore()
+    provider = Recording(ScriptedProvider([turn, "done"]))
+
+    def runner() -> AgentRunner:
+        return _runner(provider, idem, cps, leases=leases, resume_claim_ttl=0.05)
+
+    with pytest.raises(SimulatedCrash):
+        await runner().run(build(first), "go", tenant=T, run_id="wd")
+    live["crash"] = False
+    before = Counter(effects)
+    table = dict(_table(idem, "wd"))
+    assert table["call_0_1"].status is RecordStatus.in_flight
+    with pytest.raises(IndeterminateToolCallError) as refused:
+        await runner().resume(build(then), "wd", tenant=T)
+    assert [c.call_id for c in refused.value.calls] == ["call_0_1"]
+    assert effects == before
+    assert set(_table(idem, "wd")) == set(table)
+    await _resolve_truthfully(idem, "wd", "call_0_1", 1)
+    run = await runner().resume(build(then), "wd", tenant=T)
+    assert run.status is RunStatus.completed
+    assert _results(provider) == [(f"call_0_{n}", str(n)) for n in range(5)]
+    assert sorted(effects.values()) == [1] * 5
