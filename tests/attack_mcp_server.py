@@ -6,7 +6,8 @@
 ``deep`` (a tool whose ``inputSchema`` nests ``ATTACK_DEPTH`` levels), ``huge`` (a call's
 result is ``ATTACK_SIZE`` bytes of text), ``dup`` (two tools of one name), ``garbage``
 (answers a call with a line that is not JSON, then nothing), ``wrong_id`` (answers a call
-under another request id), ``die`` (exits inside a call, after recording it), ``sdk`` (not
+under another request id), ``rpc_error`` (answers a call with a JSON-RPC error of code
+``ATTACK_CODE``), ``die`` (exits inside a call, after recording it), ``sdk`` (not
 hostile: the SDK's own ``MCPServer`` with one side-effecting tool whose parameters are all
 optional, as many real tools' are).
 Each ``tools/call`` is appended to the file ``ATTACK_CALLS`` (when set) before anything
@@ -98,6 +99,10 @@ def _call(rid: Any) -> None:
     if MODE == "garbage":
         sys.stdout.write("this is not json-rpc {\n")
         sys.stdout.flush()
+        return
+    if MODE == "rpc_error":
+        code = int(os.environ.get("ATTACK_CODE", "-32000"))
+        _send({"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": "database busy"}})
         return
     if MODE == "wrong_id":
         _send({"jsonrpc": "2.0", "id": 987654, "result": {"content": [], "isError": False}})

@@ -46,7 +46,12 @@ from tesserix_adk import (
 )
 from tesserix_adk.errors import AdkError, IndeterminateToolCallError, ToolOutcomeUnknownError
 from tesserix_adk.mcp import MCPToolset
-from tesserix_adk.mcp.errors import MCPError, MCPReplyLostError, MCPUnavailableError
+from tesserix_adk.mcp.errors import (
+    MCPError,
+    MCPReplyLostError,
+    MCPToolError,
+    MCPUnavailableError,
+)
 from tesserix_adk.providers.anthropic import AnthropicProvider
 from tesserix_adk.providers.openai import OpenAIProvider
 from tesserix_adk.providers.pricing import Price
@@ -594,3 +599,32 @@ async def test_malformed_model_arguments_are_never_sent_to_an_mcp_server(
         await _drain(world.runner(openai).stream(agent, "cancel", tenant="t", run_id="r"))
     # The model meant at most one order; nothing it did not finish asking for is sent.
     assert _calls(tmp_path) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a server's JSON-RPC error answer with code -32000 or -32001 (the reserved "
+    "server-error range servers use for their own errors) is read as the SDK's "
+    "connection-closed or timeout code: an answered call is reported as a lost reply (left "
+    "in doubt), and after -32000 every later call is refused as if the connection were gone",
+)
+@pytest.mark.parametrize("code", ["-32000", "-32001"])
+async def test_an_error_the_server_answered_is_a_tool_error_not_a_lost_reply(
+    tmp_path: Path, code: str
+) -> None:
+    async with _hostile("rpc_error", tmp_path, ATTACK_CODE=code) as toolset:
+        for key in ("k1", "k2"):
+            with pytest.raises(MCPError) as caught:
+                await toolset.call("book_seat", {"flight": "LH1"}, key=key)
+            assert not caught.value.outcome_unknown  # the server said no: nothing in doubt
+    assert [c["_meta"]["tesserix/idempotency_key"] for c in _calls(tmp_path)] == ["k1", "k2"]
+
+
+async def test_an_ordinary_json_rpc_error_answer_is_a_tool_error_and_the_connection_stays(
+    tmp_path: Path,
+) -> None:
+    async with _hostile("rpc_error", tmp_path, ATTACK_CODE="-32602") as toolset:
+        for key in ("k1", "k2"):
+            with pytest.raises(MCPToolError):
+                await toolset.call("book_seat", {"flight": "LH1"}, key=key)
+    assert len(_calls(tmp_path)) == 2
