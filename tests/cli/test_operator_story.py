@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from processes import AGENT, TENANT, Site
+from processes import AGENT, BACKENDS, TENANT, Site, held_open, store_url
 from tesserix_adk import AgentRunner, Checkpointer
 from tesserix_adk.stores.urls import open_stores
 
@@ -329,3 +329,45 @@ def test_accept_revision_is_refused_when_a_tool_flag_changed(site: Site) -> None
         _json(site.tesserix("show", "r", "--tenant", TENANT, "--json"))["accepted_revisions"] == []
     )
     assert site.bookings("r") == 1  # the one the killed holder made; nothing re-sent
+
+
+def test_a_worker_parks_a_changed_revision_run_and_never_accepts_it_itself(site: Site) -> None:
+    site.kill_at("r", "model_call")
+    site.wait_lease_lapsed("r")
+    worker = site.tesserix(
+        "worker", "--agent", "upgraded_agent:agent", "--exit-when-idle", "--lease-ttl", "2"
+    )
+    assert worker.returncode == 0, worker.stderr
+    assert site.bookings("r") == 0
+    seen = _json(site.tesserix("inspect", "r", "--tenant", TENANT, "--json"))
+    assert "RevisionMismatchError" in seen["parked"] and seen["step"] == 3
+    stuck = site.tesserix("runs", "--tenant", TENANT, "--stuck").stdout
+    assert stuck.startswith("r ") and f"needs agent revision {seen['revision']}" in stuck
+    row = _json(site.tesserix("runs", "--tenant", TENANT, "--stuck", "--json"))["runs"][0]
+    assert row["blocked"].startswith(f"needs agent revision {seen['revision']}")
+    assert (
+        _json(site.tesserix("show", "r", "--tenant", TENANT, "--json"))["accepted_revisions"] == []
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_show_and_accept_revision_on_every_backend(tmp_path: Path, backend: str) -> None:
+    with held_open(store_url(backend, tmp_path)) as url:
+        site = Site(tmp_path, store=url)
+        (tmp_path / "upgraded_agent.py").write_text(NEW_INSTRUCTIONS)
+        site.env = {**site.env, "PYTHONPATH": str(tmp_path)}
+        site.kill_at("r", "model_call")
+        done = _carry_on(
+            site, "r", "--agent", "upgraded_agent:agent", "--accept-revision", "--by", "dan"
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("revision sha256:") and "by dan" in done.stdout
+        assert site.bookings("r") == 1
+        told = _json(site.tesserix("show", "r", "--tenant", TENANT, "--json"))
+        assert told["status"] == "completed" and told["accepted_revisions"][0]["by"] == "dan"
+        assert {c["tool"]: c["disposition"] for c in told["calls"]} == {
+            "search_flights": "dispatched",
+            "book_seat": "dispatched",
+        }
+        assert told["spent"]["micros"] == 1400 + 1700 + 1800
+        assert [f["fence"] for f in told["fences"]][-1] >= 2
