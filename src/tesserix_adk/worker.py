@@ -21,6 +21,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.payload.submission import decode_submission
@@ -45,6 +46,9 @@ from tesserix_adk.errors import (
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.protocols import WorkIndex, WorkItem, WorkState
+
+if TYPE_CHECKING:
+    from tesserix_adk.telemetry import Telemetry
 
 __all__ = ["Backoff", "Carried", "Worker"]
 
@@ -114,6 +118,7 @@ class Worker:
         exit_when_idle: bool = False,
         drain_timeout: float = 30.0,
         rng: random.Random | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         if runner.work is None:
             raise ConfigurationError(
@@ -125,6 +130,11 @@ class Worker:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
         self.runner = runner
+        # Spans of the runs it carries (the runner's own telemetry, if it has none), parked
+        # runs and lease takeovers.
+        self.telemetry = telemetry
+        if telemetry is not None and runner.telemetry is None:
+            runner.telemetry = telemetry
         if runner.leases is not None:
             # A worker killed with SIGKILL strands its runs for a lease ttl, no longer: its
             # resume claims lapse with its leases, not after the CLI's five minutes.
@@ -253,6 +263,9 @@ class Worker:
             if started is not None:
                 return self._ended(item, started, "started")
         _log.info("run %s/%s: carrying it on", item.tenant, item.run_id)
+        if self.telemetry is not None and item.state is WorkState.wanted:
+            # Started, unfinished and unheld: its holder died or let go without finishing.
+            self.telemetry.took_over(item.agent)
         result = await self.runner.resume(agent, item.run_id, tenant=item.tenant, stop=self._stop)
         return self._ended(item, result, "carried on")
 
@@ -300,10 +313,12 @@ class Worker:
             return Carried.elsewhere
         retryable = isinstance(exc, AdkError) and exc.retryable
         if isinstance(exc, (*_PARK, NoCheckpointError)) and not retryable:
-            return await self._park(item, f"{type(exc).__name__}: {exc}")
+            return await self._park_as(item, f"{type(exc).__name__}: {exc}", type(exc).__name__)
         if item.attempts + 1 >= self.max_attempts:
-            return await self._park(
-                item, f"failed {item.attempts + 1} times, last {type(exc).__name__}: {exc}"
+            return await self._park_as(
+                item,
+                f"failed {item.attempts + 1} times, last {type(exc).__name__}: {exc}",
+                "too_many_attempts",
             )
         delay = self.backoff.delay(item.attempts, self._rng)
         reason = self.runner.redactor.text(f"{type(exc).__name__}: {exc}")
@@ -322,10 +337,17 @@ class Worker:
         return Carried.retry
 
     async def _park(self, item: WorkItem, reason: str) -> Carried:
+        return await self._park_as(item, reason, "parked")
+
+    async def _park_as(self, item: WorkItem, reason: str, why: str) -> Carried:
+        """Park the run; ``why`` (an error's type name) is what the metric tells apart."""
         reason = self.runner.redactor.text(reason)
         _log.warning("run %s/%s: parked: %s", item.tenant, item.run_id, reason)
         try:
             await self.work.park(item.tenant, item.run_id, agent=item.agent, reason=reason)
         except Exception as exc:  # it is still due: parked next time round
             _log.warning("run %s/%s: could not be parked: %r", item.tenant, item.run_id, exc)
+            return Carried.parked
+        if self.telemetry is not None:
+            self.telemetry.parked(item.agent, why)
         return Carried.parked

@@ -152,6 +152,18 @@ def _finished(
     outcome: ToolOutcome,
     disposition: CallDisposition,
 ) -> ToolOutcome:
+    return _finished_by(run, attempt, oc, outcome, disposition, None)
+
+
+def _finished_by(
+    run: RunState,
+    attempt: Attempt,
+    oc: OutstandingCall,
+    outcome: ToolOutcome,
+    disposition: CallDisposition,
+    by: str | None,
+) -> ToolOutcome:
+    """``ToolCallFinished`` reported, naming who settled it (a reconciler, a person)."""
     attempt.emit(
         ToolCallFinished(
             run_id=run.run_id,
@@ -160,6 +172,7 @@ def _finished(
             name=oc.call.name,
             disposition=disposition,
             is_error=outcome.is_error,
+            by=by,
         )
     )
     return outcome
@@ -204,7 +217,7 @@ async def call_tool(
         known = decode_outcome(rec.outcome, oc.call.id)
         # Recorded with a ``by``: a reconciler or an operator said what happened.
         how = CallDisposition.settled if rec.by else CallDisposition.replayed
-        return _finished(run, attempt, oc, known, how)
+        return _finished_by(run, attempt, oc, known, how, rec.by)
     if _held_elsewhere(rec, attempt):
         doubt = PlannedCall(
             call_id=oc.call.id,

@@ -16,9 +16,12 @@ from tesserix_adk.checkpoint.payload import Boundary
 from tesserix_adk.run.result import Run
 
 __all__ = [
+    "AttemptResumed",
     "CallDisposition",
     "EventSink",
     "FrontierWritten",
+    "ModelCallFinished",
+    "ModelCallStarted",
     "RunEvent",
     "RunFinished",
     "TextDelta",
@@ -77,6 +80,42 @@ class ToolCallFinished:
     name: str
     disposition: CallDisposition
     is_error: bool = False
+    # Who settled it (``settled`` only): ``reconciler:<tool>`` or the person who resolved it.
+    by: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCallStarted:
+    """The model is about to be asked (again, after a crash: a model call is not durable)."""
+
+    run_id: str
+    iteration: int
+    model: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCallFinished:
+    """The model answered (``error`` is None) or could not (the error's type name)."""
+
+    run_id: str
+    iteration: int
+    model: str | None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    # ``tool_calls`` or ``stop``; None when it failed.
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptResumed:
+    """A resume picks the run up at its frontier: ``step``, written under ``fence``."""
+
+    run_id: str
+    step: int
+    iteration: int
+    boundary: Boundary | None
+    fence: int | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,7 +135,15 @@ class RunFinished:
 
 
 RunEvent = (
-    TextDelta | ToolCallAsked | ToolCallStarted | ToolCallFinished | FrontierWritten | RunFinished
+    TextDelta
+    | ToolCallAsked
+    | ToolCallStarted
+    | ToolCallFinished
+    | FrontierWritten
+    | RunFinished
+    | ModelCallStarted
+    | ModelCallFinished
+    | AttemptResumed
 )
 
 # Called in the run's own task, so it must not block: a stream puts the event on a queue.

@@ -41,7 +41,13 @@ from tesserix_adk.run.approvals import ask_approval, take_decision
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.dispatch import REFUSED_ARGUMENTS, dispatch_turn
-from tesserix_adk.run.events import TextDelta, ToolCallAsked
+from tesserix_adk.run.events import (
+    AttemptResumed,
+    ModelCallFinished,
+    ModelCallStarted,
+    TextDelta,
+    ToolCallAsked,
+)
 from tesserix_adk.run.frontier import write_frontier, write_frontier_naming_unkeyed
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.result import Run, RunStatus
@@ -97,6 +103,15 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
 
 async def carry_on(parts: RunParts, run: RunState, attempt: Attempt, cp: Checkpoint) -> Run:
     """Pick up at the frontier's boundary, then go on with the loop."""
+    attempt.emit(
+        AttemptResumed(
+            run_id=run.run_id,
+            step=cp.step,
+            iteration=cp.iteration,
+            boundary=cp.boundary,
+            fence=cp.fence,
+        )
+    )
     cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
     if cancelled is not None:
         return await _finish(parts, run, attempt, RunStatus.cancelled, output=cancelled.describe())
@@ -238,8 +253,9 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
         model=agent.model,
         iteration=run.iteration,
     )
+    attempt.emit(ModelCallStarted(run_id=run.run_id, iteration=run.iteration, model=agent.model))
     try:
-        response = await _ask(parts, run, attempt, request)
+        response = await _asked(parts, run, attempt, request)
     except ConfigurationError:
         raise  # a usage mistake, not a run failure: nothing durable is written
     except AdkError as exc:
@@ -268,6 +284,36 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
             raise
         except Exception as exc:
             raise StoreUnavailableError(f"the ledger is unreachable: {exc}") from exc
+    return response
+
+
+async def _asked(
+    parts: RunParts, run: RunState, attempt: Attempt, request: ModelRequest
+) -> ModelResponse:
+    """``_ask``, reported: whoever listens hears how the model call ended, even when it
+    raised (before the ledger, which is the run's, not the model's)."""
+    try:
+        response = await _ask(parts, run, attempt, request)
+    except BaseException as exc:
+        attempt.emit(
+            ModelCallFinished(
+                run_id=run.run_id,
+                iteration=run.iteration,
+                model=request.model,
+                error=type(exc).__name__,
+            )
+        )
+        raise
+    attempt.emit(
+        ModelCallFinished(
+            run_id=run.run_id,
+            iteration=run.iteration,
+            model=request.model,
+            input_tokens=response.usage.input_tokens,
+            output_tokens=response.usage.output_tokens,
+            finish_reason="tool_calls" if response.message.tool_calls else "stop",
+        )
+    )
     return response
 
 

@@ -40,6 +40,7 @@ from tesserix_adk.run.events import EventSink, RunEvent
 from tesserix_adk.run.holding import holding
 from tesserix_adk.run.ids import MAX_ID_BYTES, check_ids, id_problem
 from tesserix_adk.run.loop import carry_on, run_loop
+from tesserix_adk.run.observing import AttemptKind, AttemptObserver, observe
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.reconciling import reconcile_in_doubt
 from tesserix_adk.run.replay import replay_from
@@ -97,6 +98,7 @@ class AgentRunner:
         resume_claim_ttl: float = RESUME_CLAIM_TTL,
         work: WorkIndex | None = None,
         never_ran_margin: float = NEVER_RAN_MARGIN,
+        telemetry: AttemptObserver | None = None,
     ) -> None:
         if history is not None and (checkpoints is None or checkpoints.history is not history):
             raise ConfigurationError(
@@ -118,13 +120,13 @@ class AgentRunner:
         self.work = work
         # How long past the previous lease a reconciler is asked whether a call never ran.
         self.never_ran_margin = never_ran_margin
+        self.telemetry = telemetry  # spans and metrics (tesserix_adk.telemetry.Telemetry)
 
     @classmethod
     def from_stores(cls, provider: Provider, stores: Stores, **kwargs: Any) -> AgentRunner:
-        """A runner over an ``open_stores`` bundle: every store wired, history on the
-        Checkpointer. ``kwargs`` go to the Checkpointer (``policy``, ``max_bytes``,
-        ``redact``, ``extra_patterns``) or the runner (``lease_policy``, ``worker``,
-        ``resume_claim_ttl``)."""
+        """A runner over an ``open_stores`` bundle, history on the Checkpointer. ``kwargs``
+        go to the Checkpointer (``policy``, ``max_bytes``, ``redact``, ``extra_patterns``)
+        or the runner (``lease_policy``, ``worker``, ``telemetry``, ...)."""
         cp_options = {"policy", "max_bytes", "redact", "extra_patterns"}
         cp_kwargs = {k: v for k, v in kwargs.items() if k in cp_options}
         runner_kwargs = {k: v for k, v in kwargs.items() if k not in cp_options}
@@ -143,9 +145,7 @@ class AgentRunner:
     @property
     def redactor(self) -> Redactor:
         """The redaction applied to everything the runner persists."""
-        if self.checkpoints is not None:
-            return self.checkpoints.redactor
-        return Redactor()
+        return Redactor() if self.checkpoints is None else self.checkpoints.redactor
 
     @property
     def _parts(self) -> RunParts:
@@ -201,7 +201,8 @@ class AgentRunner:
         run there with ``RunStoppedError`` (a draining worker), to be carried on later.
         """
         attempt = Attempt(holder=new_holder(self.worker), stop=stop)
-        return await self._start(attempt, agent, input, tenant, run_id, state)
+        work = self._start(attempt, agent, input, tenant, run_id, state)
+        return await observe(self, attempt, AttemptKind.run, agent, tenant, run_id, work)
 
     def stream(
         self,
@@ -218,7 +219,8 @@ class AgentRunner:
 
         def start(events: EventSink) -> Coroutine[Any, Any, Run]:
             attempt = Attempt(holder=new_holder(self.worker), stop=stop, events=events)
-            return self._start(attempt, agent, input, tenant, run_id, state)
+            work = self._start(attempt, agent, input, tenant, run_id, state)
+            return observe(self, attempt, AttemptKind.run, agent, tenant, run_id, work)
 
         return stream_run(start, name=f"stream:{run_id or 'new run'}")
 
@@ -268,13 +270,13 @@ class AgentRunner:
     ) -> Run:
         """Carry a run on from its frontier, never making a side-effecting call twice.
 
-        ``on_frontier(checkpoint, plan, fence, holder)`` is called once the frontier is read
-        (and planned, unless it is finished or refused), before anything is carried on: the
-        CLI prints its summary there. ``holder`` is this attempt's holder id. Calls in doubt
-        whose tool has a reconciler are settled by it first. ``stop`` as for ``run``.
-        """
+        ``on_frontier(checkpoint, plan, fence, holder)`` (``holder``: this attempt's id) is
+        called once the frontier is read (and planned, unless finished or refused), before
+        anything is carried on: the CLI prints its summary there. Calls in doubt whose tool
+        has a reconciler are settled by it first. ``stop`` as for ``run``."""
         attempt = Attempt(holder=new_holder(self.worker), stop=stop)
-        return await self._resume(attempt, agent, run_id, tenant, on_frontier)
+        work = self._resume(attempt, agent, run_id, tenant, on_frontier)
+        return await observe(self, attempt, AttemptKind.resume, agent, tenant, run_id, work)
 
     def stream_resume(
         self,
@@ -290,7 +292,8 @@ class AgentRunner:
 
         def start(events: EventSink) -> Coroutine[Any, Any, Run]:
             attempt = Attempt(holder=new_holder(self.worker), stop=stop, events=events)
-            return self._resume(attempt, agent, run_id, tenant, on_frontier)
+            work = self._resume(attempt, agent, run_id, tenant, on_frontier)
+            return observe(self, attempt, AttemptKind.resume, agent, tenant, run_id, work)
 
         return stream_run(start, name=f"stream-resume:{run_id}")
 
@@ -395,10 +398,9 @@ class AgentRunner:
     async def cancel(
         self, run_id: str, *, tenant: str, by: str, reason: str | None = None
     ) -> Run | None:
-        """Cancel a run, audited: the request is recorded (who, when, why); the run's
-        holder ends it at its next boundary with a final ``cancelled`` frontier and sends
-        nothing more. A run nobody holds is ended here (its ``Run``); ``None`` when a live
-        holder will end it, or it never started."""
+        """Cancel a run, audited (who, when, why, recorded): its holder ends it at its next
+        boundary with a final ``cancelled`` frontier and sends nothing more. A run nobody
+        holds is ended here (its ``Run``); ``None`` when a live holder will, or none began."""
         check_ids(tenant=tenant, run_id=run_id)
         checkpoints = self._require_checkpoints()
         request = await request_cancel(
@@ -481,10 +483,8 @@ class AgentRunner:
 
 
 def _as_messages(input: str | Message | Sequence[Message]) -> list[Message]:
-    if isinstance(input, str):
-        return [Message.user(input)]
-    if isinstance(input, Message):
-        return [input]
+    if isinstance(input, str | Message):
+        return [Message.user(input) if isinstance(input, str) else input]
     return list(input)
 
 

@@ -1,0 +1,266 @@
+"""One attempt's spans: ``invoke_agent {agent}`` over it, ``chat {model}`` per model call
+and ``execute_tool {tool}`` per call beside them, made from the events the loop reports.
+
+Ids: the trace is the run's; the attempt is its fence (with a lease store) or, without
+one, the step it starts from; a model call is named by its iteration, a tool call by its
+iteration and call id. A resume links to the attempt whose frontier it continues (known
+by that frontier's fence, so only with a lease store).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, StatusCode, TraceFlags
+
+from tesserix_adk.run.events import (
+    AttemptResumed,
+    CallDisposition,
+    FrontierWritten,
+    ModelCallFinished,
+    ModelCallStarted,
+    RunEvent,
+    ToolCallAsked,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from tesserix_adk.run.observing import Watched
+from tesserix_adk.run.result import Run, RunStatus
+from tesserix_adk.telemetry.ids import span_id_of, trace_id_of
+
+if TYPE_CHECKING:
+    from tesserix_adk.telemetry.config import Telemetry
+
+__all__ = ["AttemptSpans", "ToolDisposition", "tool_disposition"]
+
+Attributes = Mapping[str, str | bool | int | float | Sequence[str]]
+
+
+class ToolDisposition(StrEnum):
+    """``tesserix.tool.disposition``: how a call's result came to be."""
+
+    dispatched = "dispatched"  # sent by this attempt: the only new execution
+    replayed = "replayed"  # an earlier attempt's recorded outcome
+    reconciled = "reconciled"  # the tool's reconciler said what happened
+    resolved = "resolved"  # a person said what happened (``tesserix resolve``)
+    refused = "refused"  # never sent
+
+
+def tool_disposition(event: ToolCallFinished) -> ToolDisposition:
+    """The span's disposition: ``settled`` told apart by who settled it."""
+    if event.disposition is CallDisposition.settled:
+        by = event.by or ""
+        return (
+            ToolDisposition.reconciled if by.startswith("reconciler:") else ToolDisposition.resolved
+        )
+    return ToolDisposition(event.disposition.value)
+
+
+class AttemptSpans:
+    """Hears one attempt's events (``run.observing.AttemptWatch``)."""
+
+    def __init__(self, telemetry: Telemetry, watched: Watched) -> None:
+        self._t = telemetry
+        self._w = watched
+        self._run_id = watched.run_id
+        self._started_ns = time.time_ns()
+        self._step_mark = time.monotonic()
+        self._root: Span | None = None
+        self._resumed: AttemptResumed | None = None
+        self._chat: Span | None = None
+        self._tools: dict[str, Span] = {}
+        self._arguments: dict[str, Mapping[str, Any]] = {}
+        # The caller's own span (a request handler's, say) is linked, not made the parent:
+        # the trace is the run's, whoever carries it.
+        caller = trace.get_current_span().get_span_context()
+        self._caller = caller if caller.is_valid else None
+
+    # --- events --------------------------------------------------------------------------
+
+    def event(self, event: RunEvent) -> None:
+        """Open, close or annotate the span the event is about."""
+        if self._run_id is None:
+            self._run_id = getattr(event, "run_id", None)
+        if isinstance(event, AttemptResumed) and self._root is None:
+            self._resumed = event
+        if isinstance(event, ModelCallStarted):
+            self._chat = self._child(
+                f"chat {event.model}" if event.model else "chat",
+                ("chat", event.iteration),
+                {"gen_ai.operation.name": "chat", **_model(event.model)},
+                SpanKind.CLIENT,
+            )
+        elif isinstance(event, ModelCallFinished):
+            self._model_finished(event)
+        elif isinstance(event, ToolCallAsked):
+            if self._t.capture_content:
+                self._arguments[event.call_id] = event.arguments
+        elif isinstance(event, ToolCallStarted):
+            self._tools[event.call_id] = self._tool_span(event.iteration, event.call_id, event.name)
+        elif isinstance(event, ToolCallFinished):
+            self._tool_finished(event)
+        elif isinstance(event, FrontierWritten):
+            now = time.monotonic()
+            self._t.instruments.step_duration.record(
+                now - self._step_mark,
+                {"gen_ai.agent.name": self._w.agent, "tesserix.boundary": event.boundary.value},
+            )
+            self._step_mark = now
+
+    def _model_finished(self, event: ModelCallFinished) -> None:
+        span = self._chat or self._child(
+            "chat", ("chat", event.iteration), {"gen_ai.operation.name": "chat"}, SpanKind.CLIENT
+        )
+        self._chat = None
+        if event.error is not None:
+            span.set_attribute("error.type", event.error)
+            span.set_status(StatusCode.ERROR)
+        else:
+            span.set_attribute("gen_ai.usage.input_tokens", event.input_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", event.output_tokens)
+            span.set_attribute("gen_ai.response.finish_reasons", [event.finish_reason or "stop"])
+        span.end()
+
+    def _tool_span(self, iteration: int, call_id: str, name: str) -> Span:
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": name,
+            "gen_ai.tool.call.id": call_id,
+            "tesserix.iteration": iteration,
+        }
+        arguments = self._arguments.pop(call_id, None)
+        if arguments is not None:
+            redactor = self._w.redactor
+            shown = json.dumps(redactor.value(dict(arguments)), sort_keys=True, default=str)
+            attributes["gen_ai.tool.call.arguments"] = redactor.text(shown)
+        return self._child(
+            f"execute_tool {name}", ("tool", iteration, call_id), attributes, SpanKind.INTERNAL
+        )
+
+    def _tool_finished(self, event: ToolCallFinished) -> None:
+        span = self._tools.pop(event.call_id, None)
+        if span is None:  # refused: never started, never sent
+            span = self._tool_span(event.iteration, event.call_id, event.name)
+        span.set_attribute("tesserix.tool.disposition", tool_disposition(event).value)
+        if event.is_error:
+            span.set_attribute("error.type", "tool_error")
+            span.set_status(StatusCode.ERROR)
+        span.end()
+
+    # --- the attempt ---------------------------------------------------------------------
+
+    def end(self, run: Run | None, error: BaseException | None) -> None:
+        """Close what is open; the attempt's span says how it ended."""
+        root = self._ensure_root()
+        failed = type(error).__name__ if error else "abandoned"
+        for span in self._tools.values():
+            # Started means sent (its claim was durable): it may have run, so it counts as
+            # an execution, its outcome unknown to this attempt.
+            span.set_attribute("tesserix.tool.disposition", ToolDisposition.dispatched.value)
+        for span in [*([self._chat] if self._chat else []), *self._tools.values()]:
+            span.set_attribute("error.type", failed)
+            span.set_status(StatusCode.ERROR)
+            span.end()
+        self._chat, self._tools = None, {}
+        attributes: dict[str, str] = {"gen_ai.agent.name": self._w.agent}
+        if run is not None:
+            attributes["tesserix.run.status"] = run.status.value
+            root.set_attribute("tesserix.run.status", run.status.value)
+            if run.status is RunStatus.failed:
+                root.set_status(StatusCode.ERROR)
+        else:
+            kind = type(error).__name__ if error is not None else "unknown"
+            attributes["error.type"] = kind
+            root.set_attribute("error.type", kind)
+            root.set_status(StatusCode.ERROR)
+        self._t.instruments.runs.add(1, attributes)
+        root.end()
+
+    def _attempt_number(self) -> int:
+        fence = self._w.attempt.fence
+        if fence is not None:
+            return fence
+        return 0 if self._resumed is None else self._resumed.step
+
+    def _ensure_root(self) -> Span:
+        if self._root is not None:
+            return self._root
+        tenant, run_id = self._w.tenant, self._run_id or "unknown"
+        number = self._attempt_number()
+        trace_id = trace_id_of(tenant, run_id)
+        links: list[Link] = []
+        previous = None if self._resumed is None else self._resumed.fence
+        # Only ids the kit chose can be linked to: they are the earlier attempt's too.
+        if previous is not None and previous != number and self._t.ids is not None:
+            linked = SpanContext(
+                trace_id=trace_id,
+                span_id=span_id_of(tenant, run_id, "attempt", previous),
+                is_remote=True,
+                trace_flags=TraceFlags(TraceFlags.SAMPLED),
+            )
+            links.append(Link(linked, {"tesserix.link": "continues"}))
+        if self._caller is not None:
+            links.append(Link(self._caller, {"tesserix.link": "caller"}))
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": self._w.agent,
+            "gen_ai.conversation.id": run_id,
+            "tesserix.tenant": tenant,
+            "tesserix.run.id": run_id,
+            "tesserix.attempt": number,
+            "tesserix.attempt.kind": self._w.kind.value,
+            "tesserix.attempt.streamed": self._w.streamed,
+            "tesserix.worker": self._w.worker,
+        }
+        if self._resumed is not None:
+            attributes["tesserix.resumed.step"] = self._resumed.step
+        self._expect(trace_id, span_id_of(tenant, run_id, "attempt", number))
+        try:
+            self._root = self._t.tracer.start_span(
+                f"invoke_agent {self._w.agent}",
+                context=otel_context.Context(),  # a root: the run's own trace
+                kind=SpanKind.INTERNAL,
+                attributes=attributes,
+                links=links,
+                start_time=self._started_ns,
+            )
+        finally:
+            self._clear()
+        return self._root
+
+    def _child(
+        self, name: str, what: tuple[str | int, ...], attributes: Attributes, kind: SpanKind
+    ) -> Span:
+        root = self._ensure_root()
+        tenant, run_id = self._w.tenant, self._run_id or "unknown"
+        self._expect(
+            trace_id_of(tenant, run_id),
+            span_id_of(tenant, run_id, "attempt", self._attempt_number(), *what),
+        )
+        try:
+            return self._t.tracer.start_span(
+                name,
+                context=trace.set_span_in_context(root, otel_context.Context()),
+                kind=kind,
+                attributes=attributes,
+            )
+        finally:
+            self._clear()
+
+    def _expect(self, trace_id: int, span_id: int) -> None:
+        if self._t.ids is not None:
+            self._t.ids.expect(trace_id, span_id)
+
+    def _clear(self) -> None:
+        if self._t.ids is not None:
+            self._t.ids.clear()
+
+
+def _model(model: str | None) -> dict[str, str]:
+    return {} if model is None else {"gen_ai.request.model": model}
