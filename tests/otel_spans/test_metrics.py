@@ -126,3 +126,15 @@ async def test_a_worker_counts_the_runs_it_takes_over_and_the_runs_it_parks() ->
         for p in otel.points("tesserix.runs")
     }
     assert statuses == {"IndeterminateToolCallError": 1, RunStatus.completed.value: 1}
+
+
+async def test_resuming_a_finished_run_does_not_count_it_again(airline: Airline) -> None:
+    otel, world = Pipeline(), World()
+    agent = booking_agent(airline)
+    await world.runner(otel).run(agent, "book", tenant=T, run_id="r1")
+    again = await world.runner(otel).resume(agent, "r1", tenant=T)
+    assert again.status is RunStatus.completed
+    (runs,) = otel.points("tesserix.runs")
+    assert runs.value == 1
+    resumed = [s for s in otel.named("invoke_agent") if s.attributes is not None]
+    assert [s.attributes["tesserix.attempt.carried"] for s in resumed] == [True, False]

@@ -73,6 +73,8 @@ class AttemptSpans:
         self._step_mark = time.monotonic()
         self._root: Span | None = None
         self._resumed: AttemptResumed | None = None
+        # Whether the attempt carried the run at all (a resume of a finished run does not).
+        self._carried = False
         self._chat: Span | None = None
         self._tools: dict[str, Span] = {}
         self._arguments: dict[str, Mapping[str, Any]] = {}
@@ -87,6 +89,7 @@ class AttemptSpans:
         """Open, close or annotate the span the event is about."""
         if self._run_id is None:
             self._run_id = getattr(event, "run_id", None)
+        self._carried = True
         if isinstance(event, AttemptResumed) and self._root is None:
             self._resumed = event
         if isinstance(event, ModelCallStarted):
@@ -169,6 +172,7 @@ class AttemptSpans:
             span.end()
         self._chat, self._tools = None, {}
         attributes: dict[str, str] = {"gen_ai.agent.name": self._w.agent}
+        root.set_attribute("tesserix.attempt.carried", self._carried)
         if run is not None:
             attributes["tesserix.run.status"] = run.status.value
             root.set_attribute("tesserix.run.status", run.status.value)
@@ -179,7 +183,10 @@ class AttemptSpans:
             attributes["error.type"] = kind
             root.set_attribute("error.type", kind)
             root.set_status(StatusCode.ERROR)
-        self._t.instruments.runs.add(1, attributes)
+        if self._carried or run is None:
+            # A run found already finished (or still waiting) was not carried: counting it
+            # again would count one run's end twice.
+            self._t.instruments.runs.add(1, attributes)
         root.end()
 
     def _attempt_number(self) -> int:
