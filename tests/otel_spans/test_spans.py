@@ -307,3 +307,35 @@ def test_importing_the_kit_loads_no_opentelemetry() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+async def test_a_call_to_an_unknown_tool_is_refused_never_an_execution(airline: Airline) -> None:
+    turns: list[Any] = [[("teleport", {"to": "JFK"})], "cannot"]
+    otel = Pipeline()
+    run = await World().runner(otel, turns).run(booking_agent(airline), "go", tenant=T, run_id="r")
+    assert run.status is RunStatus.completed
+    (span,) = otel.named("execute_tool teleport")
+    assert attrs(span)["tesserix.tool.disposition"] == "refused"
+    assert span.status.status_code is StatusCode.ERROR
+
+
+class _Broken:
+    """An observer that fails at everything it is asked."""
+
+    def watch(self, watched: Any) -> Any:
+        return self
+
+    def event(self, event: Any) -> None:
+        raise RuntimeError("the collector is down")
+
+    def end(self, run: Any, error: Any) -> None:
+        raise RuntimeError("the collector is down")
+
+
+async def test_a_failing_observer_never_fails_the_run(airline: Airline) -> None:
+    world = World()
+    runner = world.runner(Pipeline())
+    runner.telemetry = _Broken()
+    run = await runner.run(booking_agent(airline), "book", tenant=T, run_id="r1")
+    assert run.status is RunStatus.completed
+    assert airline.bookings == ["LH123"]
