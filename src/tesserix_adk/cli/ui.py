@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import Any
 
@@ -36,6 +37,10 @@ def add_ui_command(sub: Any, parents: Any = ()) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8765, help="the port (default 8765)")
     p.add_argument("--token", help=f"the token every request must carry (default ${TOKEN_ENV})")
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    """The signal uvicorn already stopped on, raised again: nothing more to do."""
 
 
 def _port(value: str) -> int:
@@ -83,5 +88,9 @@ def run_ui(args: argparse.Namespace, url: str) -> int:
         f"({'token required' if token else 'loopback, no token'}); Ctrl-C stops it\n"
     )
     sys.stdout.flush()
+    # uvicorn stops on SIGINT/SIGTERM, then raises the signal again for the handler it found;
+    # with this one that is the end of a clean stop (exit 0), not a death by signal.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stopped)
     server.run()
     return int(ExitCode.CARRIED_ON) if server.started else int(ExitCode.HELD)

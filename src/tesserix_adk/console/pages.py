@@ -146,6 +146,15 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
         )
         for m in cp.messages or ()
     ]
+    if cp.messages is None:
+        messages.append(
+            render(
+                "message.html",
+                role="",
+                content="the conversation is kept in the history store, not in this frontier",
+                calls="",
+            )
+        )
     approval: Markup | str = ""
     if d.approval is not None:
         a = d.approval
