@@ -5,9 +5,11 @@ run as a real subprocess against one SQLite store."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ import pytest
 from processes import AGENT, BACKENDS, TENANT, Site, held_open, store_url
 from tesserix_adk import AgentRunner, Checkpointer
 from tesserix_adk.stores.urls import open_stores
+
+SECRET = "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcd"
 
 NEW_INSTRUCTIONS = textwrap.dedent(
     """
@@ -130,7 +134,31 @@ def _in_process(site: Site, module: str, run_id: str, provider: Any = None) -> A
 
 def _carry_on(site: Site, run_id: str, *extra: str) -> Any:
     site.wait_lease_lapsed(run_id)
+    return _carry_on_now(site, run_id, *extra)
+
+
+def _carry_on_now(site: Site, run_id: str, *extra: str) -> Any:
     return site.tesserix("run", "--resume", run_id, "--tenant", TENANT, *extra)
+
+
+@contextlib.contextmanager
+def _held(site: Site, run_id: str) -> Iterator[None]:
+    """Another worker holds the run's lease meanwhile."""
+
+    async def acquire() -> Any:
+        async with open_stores(site.store) as stores:
+            return await stores.leases.acquire(TENANT, run_id, "someone-else", 60)
+
+    lease = asyncio.run(acquire())
+    try:
+        yield
+    finally:
+
+        async def release() -> None:
+            async with open_stores(site.store) as stores:
+                await stores.leases.release(lease)
+
+        asyncio.run(release())
 
 
 # --- show ---------------------------------------------------------------------------------
@@ -177,7 +205,8 @@ def test_show_names_who_resolved_a_call_and_who_approved_one(site: Site) -> None
     site.wait_lease_lapsed("r")
     resolved = site.tesserix(
         "resolve", "r", "--tenant", TENANT, "--call", "call_1_0",
-        "--outcome", '{"booking_id": "BK-1"}', "--by", "alice", "--json",
+        "--outcome", json.dumps({"booking_id": "BK-1", "seen": f"the key {SECRET} works"}),
+        "--by", "alice", "--json",
     )  # fmt: skip
     assert resolved.returncode == 0, resolved.stderr
     assert _json(resolved)["resolved_as"] == "completed" and _json(resolved)["by"] == "alice"
@@ -185,7 +214,9 @@ def test_show_names_who_resolved_a_call_and_who_approved_one(site: Site) -> None
     told = _json(site.tesserix("show", "r", "--tenant", TENANT, "--json"))
     book = next(c for c in told["calls"] if c["tool"] == "book_seat")
     assert book["disposition"] == "resolved" and book["by"] == "alice"
-    assert book["outcome"] == {"booking_id": "BK-1"}
+    assert book["outcome"]["booking_id"] == "BK-1"
+    assert SECRET not in json.dumps(told)  # the outcome is shown as stored: redacted
+    assert SECRET not in site.tesserix("show", "r", "--tenant", TENANT).stdout
 
     _, run = _in_process(site, "approving_agent", "rf")
     request = run.pending_approval.id
@@ -209,6 +240,12 @@ def test_show_names_who_resolved_a_call_and_who_approved_one(site: Site) -> None
 
 def test_json_on_inspect_steps_runs_and_schema_and_an_error_as_json(site: Site) -> None:
     site.kill_at("r", "model_call")
+    site.wait_lease_lapsed("r")
+    with _held(site, "r"):
+        lease = _json(site.tesserix("inspect", "r", "--tenant", TENANT, "--json"))["lease"]
+        assert lease["holder"] == "someone-else" and lease["expires_at"].endswith("Z")
+        runs_lease = _json(site.tesserix("runs", "--tenant", TENANT, "--json"))["runs"][0]
+        assert runs_lease["lease"]["expires_at"] == lease["expires_at"]
     seen = _json(site.tesserix("inspect", "r", "--tenant", TENANT, "--json"))
     for field in ("run_id", "status", "step", "written_at", "lease", "resume_claim", "reason"):
         assert field in seen
@@ -295,9 +332,14 @@ def test_accept_revision_carries_a_changed_revision_run_on_and_audits_it(site: S
     assert stuck.startswith("r ") and "needs agent revision sha256:" in stuck
     assert "--accept-revision" in stuck
     assert _carry_on(site, "r", "--agent", upgraded, "--accept-revision").returncode == 2
+    as_json = _carry_on(site, "r", "--agent", upgraded, "--json")
+    assert as_json.returncode == 4 and json.loads(as_json.stdout)["error"]["exit_code"] == 4
+    with _held(site, "r"):
+        held = _carry_on_now(site, "r", "--agent", upgraded, "--accept-revision", "--by", "x")
+        assert held.returncode == 3 and "someone-else" in held.stderr
     done = _carry_on(
         site, "r", "--agent", upgraded, "--accept-revision", "--by", "carol",
-        "--note", "instructions reworded only", "--json",
+        "--note", f"instructions reworded only; {SECRET}", "--json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     said = _json(done)
@@ -305,7 +347,10 @@ def test_accept_revision_carries_a_changed_revision_run_on_and_audits_it(site: S
     assert site.bookings("r") == 1
     told = _json(site.tesserix("show", "r", "--tenant", TENANT, "--json"))
     (accepted,) = told["accepted_revisions"]
-    assert accepted["by"] == "carol" and accepted["note"] == "instructions reworded only"
+    assert accepted["by"] == "carol"
+    assert accepted["note"].startswith("instructions reworded only;") and SECRET not in json.dumps(
+        told
+    )
     assert accepted["from_revision"] != accepted["to_revision"] == told["revision"]
     assert "accepted as" in site.tesserix("show", "r", "--tenant", TENANT).stdout
     assert site.tesserix("runs", "--tenant", TENANT, "--stuck", "--agent", upgraded).stdout == (
