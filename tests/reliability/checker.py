@@ -9,8 +9,10 @@ Per run, from the events alone (never from the stores the kit wrote):
   grants whose fences do not rise in the order they were granted;
 - **wrong refusals**: a refusal must name exactly the calls in doubt: every call whose own
   claim was acknowledged and whose completion was never even sent (it may have run), and
-  nothing but calls claimed and neither completed nor resolved. A run that ends any other
-  way than completed, or a refusal of another kind, counts here too;
+  nothing but calls claimed and neither completed nor resolved when the refusing process
+  took the run (a holder that lost it may record a call while the new one decides). A
+  run that ends any other way than completed, or a refusal of another kind, counts here
+  too;
 - **hangs**: a process the harness had to kill at its deadline;
 - and every run ends completed with each of its calls' effects exactly once.
 """
@@ -141,8 +143,15 @@ def _refusals(run: str, evs: list[Event], v: Verdict) -> None:
     complete_sent: set[str] = set()
     settled: set[str] = set()
     never_ran: set[str] = set()
+    # Per process, the calls in doubt at any moment since it took the run: what it may
+    # have read as in flight, even if their holder recorded them while it was deciding.
+    seen: dict[str, set[str]] = {}
     for e in evs:
-        if e.ev == "claim_sent":
+        if e.ev == "acquire_ok":
+            seen[e.proc] = sent - settled
+        elif e.ev == "claim_sent":
+            for doubts in seen.values():
+                doubts.add(e["key"])
             sent.add(e["key"])
             if e["key"] in never_ran:
                 # An operator said it never ran; this claim starts its story afresh.
@@ -165,7 +174,7 @@ def _refusals(run: str, evs: list[Event], v: Verdict) -> None:
         elif e.ev == "result" and e["verdict"] == "refused":
             named = set(e["keys"])
             must = acked - complete_sent - settled
-            may = sent - settled
+            may = (sent - settled) | seen.get(e.proc, set())
             if not must <= named or not named <= may:
                 v.wrong_refusals += 1
                 v.problems.append(

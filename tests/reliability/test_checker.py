@@ -86,6 +86,21 @@ def test_a_completed_call_named_in_a_refusal_is_a_wrong_refusal(tmp_path: Path) 
     assert verdict.wrong_refusals == 1, verdict.explain()
 
 
+def test_a_call_completed_after_the_refuser_took_the_run_may_be_named(tmp_path: Path) -> None:
+    # w2 took the run while k was in flight (w1 stalled past its ttl, or on SQLite a clock
+    # ahead took a live lease); w1 then recorded k (a complete is the holder's, not
+    # fenced) while w2 was deciding: w2 saw k in doubt, and naming it is no guess.
+    events = [
+        *CLEAN[:4],
+        ("w2", *_grant(2)),
+        *CLEAN[4:6],
+        ("w2", "result", {"verdict": "refused", "code": 4, "keys": ["k"]}),
+        ("w3", "result", {"verdict": "completed", "code": 0}),
+    ]
+    verdict = _history(tmp_path, events)
+    assert verdict.wrong_refusals == 0, verdict.explain()
+
+
 def test_a_run_that_never_completes_or_hangs_fails(tmp_path: Path) -> None:
     hang = ("harness", "hang", {"worker": "w1", "detail": "stack"})
     verdict = _history(tmp_path, [*CLEAN[:-1], hang])
