@@ -159,3 +159,12 @@ def _wait_for_file(path: Path, within: float) -> None:
 def run_id() -> str:
     """A run id no other test of the session uses (one dev server keeps them all)."""
     return f"run-{uuid.uuid4().hex[:8]}"
+
+
+async def pause(worker: WorkerProcess) -> None:
+    """SIGSTOP: the process is frozen (its heartbeats and lease renewals stop) but alive."""
+    worker.proc.send_signal(signal.SIGSTOP)
+
+
+async def unpause(worker: WorkerProcess) -> None:
+    worker.proc.send_signal(signal.SIGCONT)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
 from on_temporal import airline
 from on_temporal.helpers import fast_runner, world_stores
@@ -55,6 +55,10 @@ async def main(address: str, task_queue: str, agent_attr: str) -> None:
             activities=[activities.model_turn, activities.tool_call],
             # A killed worker's cached workflows go back to the shared queue in a second.
             sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
+            # A frozen worker (SIGSTOP) swallows one task per open poll until it times out:
+            # one poll, so it swallows one.
+            workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(2),
+            activity_task_poller_behavior=PollerBehaviorSimpleMaximum(1),
         )
         async with worker:
             print("ready", flush=True)

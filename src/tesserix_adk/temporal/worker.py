@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
@@ -55,11 +56,14 @@ async def start_run(
     options: ActivityOptions | None = None,
     approval_poll: float = 2.0,
     redactor: Redactor | None = None,
+    task_timeout: float | None = None,
 ) -> WorkflowHandle[Any, RunOutcome]:
     """Start ``agent`` on ``input`` as an ``AgentWorkflow`` whose workflow id is the kit's
     run id, pinned to the agent's revision; its handle. A run id used before is refused by
     the server (one run, one chain). The input enters Temporal's history redacted (by
-    ``redactor``, the kit's default masking without one), as ``submit`` stores it."""
+    ``redactor``, the kit's default masking without one), as ``submit`` stores it.
+    ``task_timeout``: seconds a workflow task may take (the server's default, 10 s, without
+    one) — how long a worker frozen mid-task holds the run up before another takes it."""
     check_ids(tenant=tenant, run_id=run_id)
     input = (redactor or Redactor()).text(input)
     start = RunInput(
@@ -80,4 +84,5 @@ async def start_run(
         task_queue=task_queue,
         result_type=RunOutcome,
         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        task_timeout=None if task_timeout is None else timedelta(seconds=task_timeout),
     )
