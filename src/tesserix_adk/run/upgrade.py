@@ -96,6 +96,9 @@ def revision_differences(
             now = getattr(tool, flag)
             if now != was:
                 found.append(f"{call}: {flag} was {was}, now {now}")
+        if (out.key is not None) != tool.keyed:
+            # The frontier's key (or its absence) decides how resume treats the call.
+            found.append(f"{call}: keyed was {out.key is not None}, now {tool.keyed}")
         if out.call.id in pending and not tool.requires_approval:
             found.append(f"{call}: requires_approval was True, now False")
     for rec in records:
