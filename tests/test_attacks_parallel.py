@@ -130,11 +130,6 @@ async def test_an_outcome_unknown_in_one_of_several_calls_leaves_only_it_in_doub
     assert sorted(effects.values()) == [1, 1, 1, 1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two calls of one turn raising ToolOutcomeUnknownError stop the run with the first "
-    "one's error only: the second call left in doubt is named nowhere in what the run raises",
-)
 async def test_two_outcomes_unknown_side_by_side_are_both_named_by_the_stopped_run() -> None:
     """Two calls of one turn lose their replies: the error the run stops with must say both
     are in doubt (as ``IndeterminateToolCallError`` does for calls found in doubt side by
@@ -185,12 +180,6 @@ async def test_an_outcome_unknown_under_n1_stops_the_turn_there() -> None:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a turn where one call is left in doubt (ToolOutcomeUnknownError) and a sibling's "
-    "claim never reached the store raises StoreUnavailableError (outcome_unknown False, "
-    "'certainly did not take effect') when the claim failed first: the doubt is hidden",
-)
 async def test_a_call_in_doubt_is_not_hidden_behind_a_siblings_certain_failure() -> None:
     """Call 0 is out (its reply will be lost); call 1's claim never reaches the store. The
     run stops once call 0 is done; what it raises must say an outcome is unknown."""
@@ -259,13 +248,6 @@ def _base_exception_turn(
     return idem, effects
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KeyboardInterrupt or SystemExit raised inside one tool escapes the event loop "
-    "(asyncio re-raises them from the task), so in_model_order never sees it and asyncio.run's "
-    "teardown cancels the sibling already sent: its claim is left in flight, in doubt, "
-    "instead of letting it finish and record what it did",
-)
 @pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
 def test_a_tool_raising_keyboardinterrupt_or_systemexit_cancels_no_started_sibling(
     exc_type: type[BaseException],
@@ -1403,12 +1385,6 @@ async def test_a_turn_with_a_call_in_doubt_resumes_at_any_width_sending_nothing_
 # --- N=1 as before ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="under N=1 each call now runs in a task of its own (a copied context), so a "
-    "context variable an async tool sets is no longer seen by the next call of the turn, "
-    "as it was when the sequential turn awaited each call in the run's own task",
-)
 async def test_n1_runs_each_async_call_in_the_runs_own_context_as_before() -> None:
     """Before parallel turns, the sequential turn awaited each async call directly: a
     context variable one call set (a session a client library keeps, say) was there for

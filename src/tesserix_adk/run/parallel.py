@@ -26,11 +26,40 @@ FirstError = Callable[[Sequence[BaseException]], BaseException]
 
 
 def first_error(errors: Sequence[BaseException]) -> BaseException:
-    """The first death stand-in if any call died, else the first error."""
-    for error in errors:
-        if not isinstance(error, Exception):
-            return error
-    return errors[0]
+    """The error a failed turn raises: the first death stand-in if any call died, else the
+    first call left in doubt (whether it ran is unknown), else the first error. The others
+    are attached as notes, so every failed call is named."""
+    chosen = next((e for e in errors if not isinstance(e, Exception)), None)
+    if chosen is None:
+        chosen = next((e for e in errors if _in_doubt(e)), errors[0])
+    for other in errors:
+        if other is not chosen:
+            notes = "".join(f" ({n})" for n in getattr(other, "__notes__", ()))
+            chosen.add_note(f"beside it: {type(other).__name__}: {other}{notes}")
+    return chosen
+
+
+def _in_doubt(error: BaseException) -> bool:
+    # An outcome unknown (a lost reply) or a refusal naming calls in doubt: raising a
+    # sibling's certain failure instead would say nothing is in doubt.
+    return bool(getattr(error, "outcome_unknown", False)) or hasattr(error, "calls")
+
+
+class _Escaped(Exception):
+    """A tool's ``KeyboardInterrupt`` or ``SystemExit``, carried as an ordinary failure:
+    raised in a task, asyncio would re-raise it out of the event loop at once, and the
+    loop's teardown would cancel the siblings already sent, leaving them in doubt."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+async def _carried(job: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await job()
+    except (KeyboardInterrupt, SystemExit) as exc:
+        raise _Escaped(exc) from exc
 
 
 async def in_model_order(
@@ -46,6 +75,10 @@ async def in_model_order(
     """
     if limit < 1:
         raise ValueError("limit must be at least 1")
+    if limit == 1:
+        # In the run's own task and context, one after the other: what a tool sets in a
+        # context variable is seen by the next call, as before parallel turns existed.
+        return [await job() for job in jobs]
     results: dict[int, T] = {}
     errors: list[BaseException] = []
     running: dict[asyncio.Task[T], int] = {}
@@ -53,7 +86,7 @@ async def in_model_order(
     try:
         while started < len(jobs) or running:
             while not errors and started < len(jobs) and len(running) < limit:
-                task = asyncio.ensure_future(jobs[started]())
+                task = asyncio.ensure_future(_carried(jobs[started]))
                 running[task] = started
                 started += 1
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -62,7 +95,7 @@ async def in_model_order(
                 if task.cancelled():
                     errors.append(asyncio.CancelledError())
                 elif (error := task.exception()) is not None:
-                    errors.append(error)
+                    errors.append(error.original if isinstance(error, _Escaped) else error)
                 else:
                     results[index] = task.result()
             if errors:
