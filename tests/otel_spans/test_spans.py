@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from typing import Any
+import time
+from typing import Any, cast
 
 import pytest
 from opentelemetry.trace import StatusCode
@@ -18,6 +19,9 @@ from run.helpers import at
 from tesserix_adk import (
     Agent,
     IndeterminateToolCallError,
+    LeaseLostError,
+    LeasePolicy,
+    MemoryIdempotencyStore,
     ProviderError,
     Reconciled,
     Redactor,
@@ -339,3 +343,32 @@ async def test_a_failing_observer_never_fails_the_run(airline: Airline) -> None:
     run = await runner.run(booking_agent(airline), "book", tenant=T, run_id="r1")
     assert run.status is RunStatus.completed
     assert airline.bookings == ["LH123"]
+
+
+async def test_a_call_its_lease_stopped_before_sending_is_not_an_execution(
+    airline: Airline,
+) -> None:
+    inner = MemoryIdempotencyStore()
+
+    class SlowClaims:
+        """The memory store, whose claim of book_seat holds the loop past the lease ttl
+        (as a stalled process would), so the lease lapses between claim and send."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        async def claim(self, key: str, **kwargs: Any) -> Any:
+            record = await inner.claim(key, **kwargs)
+            if kwargs.get("tool") == "book_seat":
+                time.sleep(0.35)  # noqa: ASYNC251  (blocking is the fault)
+            return record
+
+    otel, world = Pipeline(), World()
+    runner = world.runner(otel, lease_policy=LeasePolicy(ttl=0.3, renew_within=0.1))
+    runner.idempotency = cast(Any, SlowClaims())
+    with pytest.raises(LeaseLostError):
+        await runner.run(booking_agent(airline), "book", tenant=T, run_id="r1")
+    assert airline.bookings == []
+    (span,) = otel.named("execute_tool book_seat")
+    assert attrs(span)["tesserix.tool.disposition"] == "refused"
+    assert attrs(span)["error.type"] == "LeaseLostError"

@@ -43,7 +43,12 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.messages import Message, ToolCall, ToolOutcome
 from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.run.events import CallDisposition, ToolCallFinished, ToolCallStarted
+from tesserix_adk.run.events import (
+    CallDisposition,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolCallUnsent,
+)
 from tesserix_adk.run.parallel import first_error, in_model_order
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.state import RunState
@@ -178,6 +183,18 @@ def _finished_by(
     return outcome
 
 
+def _unsent(run: RunState, attempt: Attempt, oc: OutstandingCall, error: AdkError) -> None:
+    attempt.emit(
+        ToolCallUnsent(
+            run_id=run.run_id,
+            iteration=run.iteration,
+            call_id=oc.call.id,
+            name=oc.call.name,
+            error=type(error).__name__,
+        )
+    )
+
+
 async def call_tool(
     parts: RunParts, run: RunState, attempt: Attempt, tool: Tool, oc: OutstandingCall
 ) -> ToolOutcome:
@@ -202,6 +219,7 @@ async def call_tool(
         try:
             outcome = await _invoke(attempt, tool, oc.call, ctx)
         except _NotSent as stop:
+            _unsent(run, attempt, oc, stop.error)
             raise stop.error from None
         return _finished(run, attempt, oc, _told(parts, outcome), CallDisposition.dispatched)
     rec = await _claim(parts, run, attempt, tool, oc)
@@ -252,6 +270,7 @@ async def call_tool(
         except _NotSent as stop:
             # The lease check stopped the call before it started: nothing is in doubt, so
             # the claim goes rather than leave every later resume refusing it.
+            _unsent(run, attempt, oc, stop.error)
             await _release_unsent(parts, run, attempt, oc.key)
             raise stop.error from None
     recorded = await _recorded(parts, outcome)

@@ -28,6 +28,7 @@ __all__ = [
     "ToolCallAsked",
     "ToolCallFinished",
     "ToolCallStarted",
+    "ToolCallUnsent",
 ]
 
 
@@ -82,6 +83,18 @@ class ToolCallFinished:
     is_error: bool = False
     # Who settled it (``settled`` only): ``reconciler:<tool>`` or the person who resolved it.
     by: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallUnsent:
+    """A started call was stopped before it was sent (its lease lapsed): it has no result,
+    it never ran, and the run stops with ``error`` (the error's type name)."""
+
+    run_id: str
+    iteration: int
+    call_id: str
+    name: str
+    error: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,6 +157,7 @@ RunEvent = (
     | ModelCallStarted
     | ModelCallFinished
     | AttemptResumed
+    | ToolCallUnsent
 )
 
 # Called in the run's own task, so it must not block: a stream puts the event on a queue.

@@ -29,6 +29,7 @@ from tesserix_adk.run.events import (
     ToolCallAsked,
     ToolCallFinished,
     ToolCallStarted,
+    ToolCallUnsent,
 )
 from tesserix_adk.run.observing import Watched
 from tesserix_adk.run.result import Run, RunStatus
@@ -108,6 +109,8 @@ class AttemptSpans:
             self._tools[event.call_id] = self._tool_span(event.iteration, event.call_id, event.name)
         elif isinstance(event, ToolCallFinished):
             self._tool_finished(event)
+        elif isinstance(event, ToolCallUnsent):
+            self._tool_unsent(event)
         elif isinstance(event, FrontierWritten):
             now = time.monotonic()
             self._t.instruments.step_duration.record(
@@ -154,6 +157,15 @@ class AttemptSpans:
         if event.is_error:
             span.set_attribute("error.type", "tool_error")
             span.set_status(StatusCode.ERROR)
+        span.end()
+
+    def _tool_unsent(self, event: ToolCallUnsent) -> None:
+        span = self._tools.pop(event.call_id, None)
+        if span is None:
+            span = self._tool_span(event.iteration, event.call_id, event.name)
+        span.set_attribute("tesserix.tool.disposition", ToolDisposition.refused.value)
+        span.set_attribute("error.type", event.error)
+        span.set_status(StatusCode.ERROR)
         span.end()
 
     # --- the attempt ---------------------------------------------------------------------
