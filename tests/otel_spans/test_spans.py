@@ -372,3 +372,11 @@ async def test_a_call_its_lease_stopped_before_sending_is_not_an_execution(
     (span,) = otel.named("execute_tool book_seat")
     assert attrs(span)["tesserix.tool.disposition"] == "refused"
     assert attrs(span)["error.type"] == "LeaseLostError"
+
+
+async def test_a_run_whose_id_the_runner_picks_is_traced_under_that_id(airline: Airline) -> None:
+    otel = Pipeline()
+    run = await World().runner(otel).run(booking_agent(airline), "book", tenant=T)
+    (root,) = otel.named("invoke_agent")
+    assert attrs(root)["tesserix.run.id"] == run.run_id
+    assert {s.context.trace_id for s in otel.spans()} == {trace_id_of(T, run.run_id)}
