@@ -26,6 +26,7 @@ from on_temporal.helpers import (
 )
 from tesserix_adk import AgentRunner
 from tesserix_adk.checkpoint.continuation import ContinuationPolicy
+from tesserix_adk.stores.protocols import WorkState
 from tesserix_adk.temporal import start_run
 
 TENANT = airline.TENANT
@@ -91,6 +92,11 @@ async def test_a_waiting_run_resumes_when_tesserix_approve_decides(
                 outcome = await asyncio.wait_for(handle.result(), 30)
             assert outcome.status == "completed"
             assert [flight for flight, _ in airline.bookings()] == booked
+            # `tesserix approve` told the kit's work index the run wants a worker; the
+            # workflow took the decision, so no `tesserix worker` is left to take it too.
+            assert stores.work is not None
+            items = [i for i in await stores.work.items(TENANT) if i.run_id == rid]
+            assert all(i.state is WorkState.done for i in items), items
     done = await tesserix("inspect", rid, "--tenant", TENANT, "--json", "--store", url)
     assert json.loads(done.stdout)["status"] == "completed"
 

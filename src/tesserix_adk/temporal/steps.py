@@ -108,7 +108,10 @@ async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder:
             if cp.boundary in _OPEN and cp.iteration == step.iteration and not step.fold_only:
                 # This turn's model answer stands (a retried attempt, or a decision looked
                 # for): never ask the model again, its calls' keys are in the frontier.
-                return await _open_turn(parts, run, attempt, cp)
+                turn = await _open_turn(parts, run, attempt, cp)
+                if cp.pending_approval is not None and turn.kind is not StepKind.waiting:
+                    await _taken(runner, run)
+                return turn
             _check_handle(cp, step)
             if cp.boundary in _OPEN and cp.iteration == step.iteration - 1:
                 await _fold(parts, run, attempt, cp.outstanding, step)
@@ -124,6 +127,13 @@ async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder:
         if step.fold_only:
             return _standing(StepKind.folded, run)
         return await _ask_model(parts, run, attempt)
+
+
+async def _taken(runner: AgentRunner, run: RunState) -> None:
+    """``tesserix approve`` tells the kit's work index that the run wants a worker: this
+    workflow took the decision, so none of the kit's own workers is to take it as well."""
+    if runner.work is not None:
+        await runner.work.done(run.tenant, run.run_id)
 
 
 async def tool_call(
