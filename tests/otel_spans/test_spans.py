@@ -224,8 +224,8 @@ async def test_no_attribute_holds_an_idempotency_key_or_a_secret_from_the_argume
 ) -> None:
     @tool
     def book_seat(flight: str, note: str) -> dict[str, str]:
-        """Book a seat."""
-        return {"booking": "B1", "flight": flight}
+        """Book a seat; the airline's answer carries a token of its own."""
+        return {"booking": "B1", "flight": flight, "receipt": f"token {SECRET}"}
 
     otel, world = Pipeline(capture_content=capture), World()
     agent = Agent("booking", "Book.", [book_seat])
@@ -241,11 +241,14 @@ async def test_no_attribute_holds_an_idempotency_key_or_a_secret_from_the_argume
             assert key not in value
     (span,) = otel.named("execute_tool book_seat")
     shown = attrs(span).get("gen_ai.tool.call.arguments")
+    result = attrs(span).get("gen_ai.tool.call.result")
     if capture:
         assert json.loads(shown)["flight"] == "LH123"
         assert "[redacted:" in json.loads(shown)["note"]
+        assert json.loads(result)["booking"] == "B1"
+        assert "[redacted:" in json.loads(result)["receipt"]
     else:
-        assert shown is None
+        assert shown is None and result is None
 
 
 async def test_parallel_calls_are_sibling_tool_spans() -> None:

@@ -178,6 +178,7 @@ def _finished_by(
             disposition=disposition,
             is_error=outcome.is_error,
             by=by,
+            content=outcome.content,
         )
     )
     return outcome

@@ -83,6 +83,8 @@ class ToolCallFinished:
     is_error: bool = False
     # Who settled it (``settled`` only): ``reconciler:<tool>`` or the person who resolved it.
     by: str | None = None
+    # The result as the model is told it (JSON-able; a replayed one as it was recorded).
+    content: Any = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

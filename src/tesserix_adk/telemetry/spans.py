@@ -142,9 +142,7 @@ class AttemptSpans:
         }
         arguments = self._arguments.pop(call_id, None)
         if arguments is not None:
-            redactor = self._w.redactor
-            shown = json.dumps(redactor.value(dict(arguments)), sort_keys=True, default=str)
-            attributes["gen_ai.tool.call.arguments"] = redactor.text(shown)
+            attributes["gen_ai.tool.call.arguments"] = self._shown(dict(arguments))
         return self._child(
             f"execute_tool {name}", ("tool", iteration, call_id), attributes, SpanKind.INTERNAL
         )
@@ -154,6 +152,8 @@ class AttemptSpans:
         if span is None:  # refused: never started, never sent
             span = self._tool_span(event.iteration, event.call_id, event.name)
         span.set_attribute("tesserix.tool.disposition", tool_disposition(event).value)
+        if self._t.capture_content:
+            span.set_attribute("gen_ai.tool.call.result", self._shown(event.content))
         if event.is_error:
             span.set_attribute("error.type", "tool_error")
             span.set_status(StatusCode.ERROR)
@@ -167,6 +167,12 @@ class AttemptSpans:
         span.set_attribute("error.type", event.error)
         span.set_status(StatusCode.ERROR)
         span.end()
+
+    def _shown(self, content: Any) -> str:
+        """Content as an attribute may hold it: JSON, masked twice over (values by key
+        and shape, then the text), as everything the runner stores is."""
+        redactor = self._w.redactor
+        return redactor.text(json.dumps(redactor.value(content), sort_keys=True, default=str))
 
     # --- the attempt ---------------------------------------------------------------------
 
