@@ -85,7 +85,7 @@ async def test_a_two_turn_booking_run_makes_one_agent_span_with_its_model_and_to
     assert (tools[0].end_time or 0) <= (chats[1].start_time or 0)
 
 
-async def test_a_resume_replays_the_completed_call_and_links_to_the_attempt_it_continues(
+async def test_a_call_a_person_resolved_is_reported_resolved_and_the_resume_links_back(
     airline: Airline,
 ) -> None:
     otel, world = Pipeline(), World()
