@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -37,6 +38,20 @@ def add_ui_command(sub: Any, parents: Any = ()) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8765, help="the port (default 8765)")
     p.add_argument("--token", help=f"the token every request must carry (default ${TOKEN_ENV})")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a port in use is one sentence (and port 0
+    is a free one, printed)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _stopped(signum: int, frame: Any) -> None:
@@ -77,14 +92,23 @@ def run_ui(args: argparse.Namespace, url: str) -> int:
         return int(ExitCode.USAGE)
     from tesserix_adk.stores.urls import redact_url
 
+    try:
+        sock = _listen(args.host, args.port)
+    except OSError as exc:
+        sys.stderr.write(
+            f"tesserix: ui: cannot listen on {escaped(args.host)} port {args.port}: "
+            f"{escaped(exc.strerror or str(exc))}\n"
+        )
+        return int(ExitCode.HELD)
+    port = sock.getsockname()[1]
     app = create_app(url, token=token, loopback_only=loopback)
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level="warning", lifespan="on", access_log=False
+        app, log_level="warning", lifespan="on", access_log=False, ws="none", http="h11"
     )
     server = uvicorn.Server(config)
     shown = f"[{args.host}]" if ":" in args.host else args.host
     sys.stdout.write(
-        f"tesserix ui: serving {escaped(redact_url(url))} on http://{escaped(shown)}:{args.port}/ "
+        f"tesserix ui: serving {escaped(redact_url(url))} on http://{escaped(shown)}:{port}/ "
         f"({'token required' if token else 'loopback, no token'}); Ctrl-C stops it\n"
     )
     sys.stdout.flush()
@@ -92,5 +116,6 @@ def run_ui(args: argparse.Namespace, url: str) -> int:
     # with this one that is the end of a clean stop (exit 0), not a death by signal.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _stopped)
-    server.run()
+    with sock:
+        server.run(sockets=[sock])
     return int(ExitCode.CARRIED_ON) if server.started else int(ExitCode.HELD)
