@@ -28,6 +28,8 @@ from tesserix_adk.testing.faults import SimulatedCrash
 
 TENANT = "acme"
 OTHER = "globex"
+# A run id with markup, a quote and a slash in it: escaped in every page, still reachable.
+ODD_RUN = '<i>odd</i>"/run'
 SECRET = "sk-live-PLANTEDc0ns0leSecret0123456789"
 # A call whose arguments redaction changed is never sent from a frontier (nobody could say
 # what the masked value was), so the run an operator approves carries no secret...
@@ -109,6 +111,10 @@ async def seed(url: str, world: World) -> None:
             world.approver(), "book", tenant=OTHER, run_id="r-other"
         )
         assert other.status is RunStatus.waiting_approval
+        odd = await runner(stores, WAIT_TURNS).run(
+            world.approver(), "book", tenant=OTHER, run_id=ODD_RUN
+        )
+        assert odd.status is RunStatus.waiting_approval
 
 
 def free_port() -> int:

@@ -12,6 +12,7 @@ import sys
 import time
 
 import httpx
+import pytest
 from console_world import TENANT, free_port
 
 
@@ -35,42 +36,50 @@ def test_a_host_that_is_not_loopback_needs_a_token() -> None:
     assert done.stdout == ""
 
 
-def test_tesserix_ui_serves_the_console_until_stopped(store_url: str) -> None:
+@pytest.mark.parametrize("token", [None, "from-the-env"], ids=["no-token", "env-token"])
+def test_tesserix_ui_serves_the_console_until_stopped(store_url: str, token: str | None) -> None:
+    env = _env()
+    if token is not None:
+        env["TESSERIX_UI_TOKEN"] = token
     with subprocess.Popen(
         [sys.executable, "-m", "tesserix_adk", "ui", "--store", store_url, "--port", "0"],
-        env=_env(),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     ) as proc:
-        _serves(proc)
+        try:
+            _serves(proc, token)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     assert proc.returncode == 0
 
 
-def _serves(proc: subprocess.Popen[str]) -> None:
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        found = re.search(r"on http://127\.0\.0\.1:([0-9]+)/ \(loopback, no token\)", first)
-        assert found is not None, first
-        port = int(found.group(1))
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                page = httpx.get(f"http://127.0.0.1:{port}/t/{TENANT}/runs", timeout=5)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                assert time.monotonic() < deadline, "tesserix ui did not answer"
-                time.sleep(0.1)
-        assert page.status_code == 200 and "r-wait" in page.text and "r-park" in page.text
-    finally:
-        proc.send_signal(signal.SIGINT)
+def _serves(proc: subprocess.Popen[str], token: str | None) -> None:
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    said = "token required" if token else "loopback, no token"
+    found = re.search(rf"on http://127\.0\.0\.1:([0-9]+)/ \({said}\)", first)
+    assert found is not None, first
+    runs = f"http://127.0.0.1:{found.group(1)}/t/{TENANT}/runs"
+    deadline = time.monotonic() + 30
+    while True:
         try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            page = httpx.get(runs, timeout=5)
+            break
+        except httpx.TransportError:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "tesserix ui did not answer"
+            time.sleep(0.1)
+    if token is not None:
+        assert page.status_code == 303  # to the login form
+        page = httpx.get(runs, headers={"authorization": f"Bearer {token}"}, timeout=5)
+    assert page.status_code == 200 and "r-wait" in page.text and "r-park" in page.text
 
 
 def test_a_port_in_use_is_one_sentence_and_exit_3() -> None:

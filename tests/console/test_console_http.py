@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from console_world import OTHER, SECRET, TENANT, World, seed, served
+from console_world import ODD_RUN, OTHER, SECRET, TENANT, World, seed, served
 
 from tesserix_adk import open_stores
 from tesserix_adk.console import create_app
@@ -189,6 +189,18 @@ def test_resolve_deny_and_cancel_in_the_page_are_audited_as_the_cli_does(
             assert charge.status is RecordStatus.completed and charge.by == "carol"
 
     asyncio.run(audited())
+
+
+def test_an_id_with_markup_is_escaped_and_its_page_reachable(console: str) -> None:
+    with httpx.Client(base_url=console) as client:
+        listing = client.get(f"/t/{OTHER}/runs").text
+        assert ODD_RUN not in listing and "<i>" not in listing
+        assert "&lt;i&gt;odd&lt;/i&gt;&quot;/run" in listing
+        link = re.search(r'href="(/t/globex/runs/[^"]*odd[^"]*)"', listing)
+        assert link is not None
+        page = client.get(link.group(1))
+        assert page.status_code == 200 and 'id="approval"' in page.text
+        assert "<i>" not in page.text
 
 
 @pytest.mark.parametrize("how", ["header", "login"])

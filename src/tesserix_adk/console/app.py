@@ -199,9 +199,11 @@ def create_app(
         Route("/login", login_page, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/t/{tenant}/runs", guarded(runs_list)),
-        Route("/t/{tenant}/runs/{run}", guarded(run)),
-        Route("/t/{tenant}/runs/{run}/resolve", guarded(resolve, write=True), methods=["POST"]),
-        Route("/t/{tenant}/runs/{run}/cancel", guarded(cancel, write=True), methods=["POST"]),
+        Route("/t/{tenant}/runs/{run:path}", guarded(run), methods=["GET"]),
+        Route(
+            "/t/{tenant}/runs/{run:path}/resolve", guarded(resolve, write=True), methods=["POST"]
+        ),
+        Route("/t/{tenant}/runs/{run:path}/cancel", guarded(cancel, write=True), methods=["POST"]),
         Route("/t/{tenant}/approvals/{request}", guarded(approve, write=True), methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("tesserix_adk.console", "static")])),
     ]
