@@ -1110,17 +1110,8 @@ async def test_a_sync_call_that_finishes_after_the_run_is_cancelled_is_recorded(
     "limit",
     [
         pytest.param(1, id="n1"),
-        pytest.param(
-            2,
-            id="n2",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="two calls of one parallel turn whose key function gives them the same "
-                "business key are both sent: the second finds the first's in-flight claim "
-                "under its own holder and takes it for its own, so one claim covers two "
-                "dispatches (N=1 replays the first's outcome instead)",
-            ),
-        ),
+        pytest.param(2, id="n2"),
+        pytest.param(3, id="n3"),
     ],
 )
 async def test_calls_sharing_a_business_key_in_one_turn_are_sent_once(limit: int) -> None:

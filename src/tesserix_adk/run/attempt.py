@@ -199,6 +199,8 @@ class Attempt:
     # Asked at each boundary between turns: a reason to stop there (a draining worker), or
     # None to go on.
     stop: Callable[[], str | None] | None = None
+    # Keys this attempt is sending right now, each set once its call has its outcome.
+    sending: dict[str, asyncio.Event] = field(default_factory=dict)
     # Where a streamed run's events go (``AgentRunner.stream``); None: nobody listens.
     events: EventSink | None = None
 

@@ -199,7 +199,27 @@ def _unsent(run: RunState, attempt: Attempt, oc: OutstandingCall, error: AdkErro
 async def call_tool(
     parts: RunParts, run: RunState, attempt: Attempt, tool: Tool, oc: OutstandingCall
 ) -> ToolOutcome:
-    """One call through the dispatch unit; the outcome the model is told."""
+    """One call through the dispatch unit; the outcome the model is told.
+
+    Two calls of one attempt under one key (a key function that names the business
+    object, twice in a parallel turn) go one after the other: the claim is the attempt's
+    own either way, so only this keeps the second from being sent beside the first; it
+    then finds the first's outcome recorded and replays it."""
+    if oc.key is None:
+        return await _call_tool(parts, run, attempt, tool, oc)
+    while (busy := attempt.sending.get(oc.key)) is not None:
+        await busy.wait()
+    done = attempt.sending[oc.key] = asyncio.Event()
+    try:
+        return await _call_tool(parts, run, attempt, tool, oc)
+    finally:
+        del attempt.sending[oc.key]
+        done.set()
+
+
+async def _call_tool(
+    parts: RunParts, run: RunState, attempt: Attempt, tool: Tool, oc: OutstandingCall
+) -> ToolOutcome:
     ctx = ToolContext(
         tenant=run.tenant,
         run_id=run.run_id,
