@@ -64,6 +64,8 @@ def test_a_run_page_shows_its_frontier_steps_calls_and_what_it_waits_on(console:
         assert "indeterminate" in park  # the call's disposition in the plan
         assert "in_flight" in park  # the call's record
         assert 'class="resolve"' in park  # and a form to record what it did
+        conversation = park.split('id="messages"', 1)[1]
+        assert "<b>user</b> charge" in conversation and "charge_card" in conversation
         assert client.get(f"/t/{TENANT}/runs/nope").status_code == 404
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import quote
 
 from tesserix_adk.checkpoint.payload import CheckpointStatus
@@ -73,6 +75,10 @@ def _run_row(tenant: str, r: RunSummary) -> Markup:
     )
 
 
+def _call_item(tool: str, call: str, arguments: Mapping[str, Any]) -> Markup:
+    return render("call_item.html", tool=tool, call=call, arguments=shown_value(dict(arguments)))
+
+
 def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
     """One run: its frontier, plan, calls, steps, approval, parked reason and actions."""
     cp = d.checkpoint
@@ -132,28 +138,13 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
             content=shown_value(m.content if isinstance(m.content, str) else list(m.content))[
                 :2000
             ],
-            calls=join(
-                [
-                    render(
-                        "call_item.html",
-                        tool=c.name,
-                        call=c.id,
-                        arguments=shown_value(dict(c.arguments)),
-                    )
-                    for c in m.tool_calls
-                ]
-            ),
+            calls=join([_call_item(c.name, c.id, c.arguments) for c in m.tool_calls]),
         )
-        for m in cp.messages or ()
+        for m in d.messages
     ]
-    if cp.messages is None:
+    if d.transcript_problem is not None:
         messages.append(
-            render(
-                "message.html",
-                role="",
-                content="the conversation is kept in the history store, not in this frontier",
-                calls="",
-            )
+            render("message.html", role="unreadable", content=d.transcript_problem, calls="")
         )
     approval: Markup | str = ""
     if d.approval is not None:
@@ -164,17 +155,7 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
             requested=_when(a.requested_at),
             iteration=a.iteration,
             status=a.status,
-            calls=join(
-                [
-                    render(
-                        "call_item.html",
-                        tool=c.name,
-                        call=c.id,
-                        arguments=shown_value(dict(c.arguments)),
-                    )
-                    for c in a.calls
-                ]
-            ),
+            calls=join([_call_item(c.name, c.id, c.arguments) for c in a.calls]),
             action=tenant_path(tenant, "approvals", a.id),
             csrf=csrf,
         )

@@ -15,7 +15,8 @@ from typing import Any
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
-from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
+from tesserix_adk.errors import AdkError, CheckpointCorruptError, CheckpointFormatError
+from tesserix_adk.messages import Message
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import run_listing, step_history
 from tesserix_adk.stores.protocols import (
@@ -96,6 +97,9 @@ class RunDetail:
     approval: ApprovalRequest | None
     records: tuple[IdempotencyRecord, ...]
     steps: tuple[StepRow, ...]
+    messages: tuple[Message, ...] = ()
+    # Why the transcript could not be read (gone, damaged), or ``None``.
+    transcript_problem: str | None = None
 
 
 def key_digest(key: str | None) -> str:
@@ -153,9 +157,16 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
 
 async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | None:
     """The run page's data, or ``None`` when nothing is checkpointed under ``run_id``."""
-    cp = await Checkpointer.from_stores(stores).latest(tenant, run_id)
+    checkpointer = Checkpointer.from_stores(stores)
+    cp = await checkpointer.latest(tenant, run_id)
     if cp is None:
         return None
+    messages: tuple[Message, ...] = ()
+    problem = None
+    try:
+        messages = tuple(await checkpointer.messages(cp))
+    except AdkError as exc:  # the rest of the page still helps the operator
+        problem = str(exc)
     approval = None
     if cp.pending_approval is not None:
         approval = await stores.approvals.get(tenant, cp.pending_approval.id)
@@ -170,6 +181,8 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
             r for r in await stores.idempotency.records(tenant, run_id) if r.tool is not None
         ),
         steps=tuple(await _steps(stores, tenant, run_id)),
+        messages=messages,
+        transcript_problem=problem,
     )
 
 
