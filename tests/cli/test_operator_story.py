@@ -231,8 +231,11 @@ def test_show_names_who_resolved_a_call_and_who_approved_one(site: Site) -> None
     assert [(a["id"], a["status"], a["by"], a["note"]) for a in told["approvals"]] == [
         (request, "approved", "bob", "ok")
     ]
+    (refund,) = told["calls"]
+    assert refund["approval"] == {"request": request, "approved": True, "by": "bob"}
     text = site.tesserix("show", "rf", "--tenant", TENANT).stdout
     assert f"approval {request} approved by bob: ok" in text
+    assert "refund (call_0_0) key sha256:" in text and "approved by bob" in text
 
 
 # --- --json -------------------------------------------------------------------------------

@@ -206,4 +206,5 @@ def _line(row: dict[str, Any]) -> str:
         notes.append(escaped(blocked_by))
     updated = row["updated_at"] or "-"
     where = f"{row['status']} at step {row['step']}"
-    return f"{shown}  {escaped(row['agent'])}  {where}  {updated}  " + "  ".join(notes)
+    line = f"{shown}  {escaped(row['agent'])}  {where}  {updated}  " + "  ".join(notes)
+    return line.rstrip()

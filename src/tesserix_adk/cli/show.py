@@ -13,6 +13,7 @@ is rendered from it, so the two cannot drift.
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
@@ -28,7 +29,7 @@ from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.upgrade import accepted_revisions
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.protocols import IdempotencyRecord, StepHistory
+from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, StepHistory
 
 __all__ = ["run_show", "story"]
 
@@ -67,6 +68,13 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
     records = await stores.idempotency.records(tenant, run_id)
     calls = [r for r in records if r.tool is not None]
     fences = {s.step: s.fence for s in snapshots}
+    approvals = await _approvals(stores, tenant, snapshots)
+    decided = {
+        c["call_id"]: {"request": a["id"], "approved": a["status"] == "approved", "by": a["by"]}
+        for a in approvals
+        if a["status"] != "pending"
+        for c in a["calls"]
+    }
     first_result = _first_result_step(snapshots, transcript)
     plan = await plan_resume(cp, stores.idempotency)
     planned = {p.key: str(p.disposition) for p in plan.calls if p.key is not None}
@@ -100,11 +108,11 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
         "steps": [_step_json(s) for s in snapshots],
         "turns": _turns(transcript[:shown_until]),
         "calls": [
-            _call_json(r, planned, fences, first_result)
+            _call_json(r, planned, fences, first_result, decided)
             for r in calls
             if step is None or _in_view(r, transcript[:shown_until], snapshots[-1])
         ],
-        "approvals": await _approvals(stores, tenant, snapshots),
+        "approvals": approvals,
         "cancel": None
         if cancel is None
         else {"by": cancel.by, "at": when(cancel.at), "reason": cancel.reason},
@@ -221,7 +229,7 @@ def _disposition(
     """dispatched / replayed / reconciled / resolved, or where a call still stands."""
     if rec.by is not None:
         return "reconciled" if rec.by.startswith("reconciler:") else "resolved"
-    if rec.status.value != "completed":
+    if rec.status is not RecordStatus.completed:
         return str(rec.status)
     step = first_result.get(rec.call_id or "")
     if step is not None and rec.fence is not None:
@@ -236,6 +244,7 @@ def _call_json(
     planned: dict[str, str],
     fences: dict[int, int | None],
     first_result: dict[str, int],
+    decided: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     outcome: Any = None
     error = False
@@ -259,6 +268,7 @@ def _call_json(
         "completed_at": when(rec.completed_at),
         "expires_at": when(rec.expires_at),
         "by": rec.by,
+        "approval": decided.get(rec.call_id or ""),
         "outcome": outcome,
         "is_error": error,
     }
@@ -340,11 +350,14 @@ def render(told: dict[str, Any]) -> str:
     lines.append("turns:")
     for turn in t["turns"]:
         asked = ", ".join(f"{_e(c['tool'])} ({_e(c['call_id'])})" for c in turn["calls"])
-        said = f" says {_e(_short(turn['text']))!s}" if turn["text"] else ""
+        said = f" says {_e(_short(turn['text']))}" if turn["text"] else ""
         lines.append(f"  turn {turn['turn']}:{said}" + (f" asks {asked}" if asked else ""))
     lines.append("calls:")
     for c in t["calls"]:
         who = f" by {_e(c['by'])}" if c["by"] else ""
+        if c["approval"] is not None:
+            verdict = "approved" if c["approval"]["approved"] else "denied"
+            who += f", {verdict} by {_e(c['approval']['by'])}"
         lines.append(
             f"  {_e(c['tool'])} ({_e(c['call_id'])}) key {c['key_digest']}: {c['disposition']}"
             f"{who}; holder {_e(c['holder'])} fence {_e(c['fence'])}; outcome "
@@ -366,5 +379,5 @@ def render(told: dict[str, Any]) -> str:
 
 
 def _short(value: Any, limit: int = 160) -> str:
-    text = value if isinstance(value, str) else repr(value)
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"
