@@ -58,27 +58,27 @@ def create_app(
     def stores() -> Stores:
         return state["stores"]
 
-    def guarded(handler: Handler, *, write: bool = False) -> Handler:
+    def guarded(handler: Handler, *, write: bool = False, token: bool = True) -> Handler:
+        """``handler`` behind the Host and token checks (``token=False``: the login form's
+        own), and for ``write`` the CSRF and Origin checks; the browser's CSRF cookie is set
+        on its first page."""
+
         async def wrapped(request: Request) -> Response:
             csrf, new = csrf_of(request)
             request.state.csrf = csrf
             try:
+                guard.check_host(request)
+                if token:
+                    guard.check_token(request)
                 if write:
                     form = await _form(request)
                     request.state.form = form
-                    guard.check_write(request, form)
-                else:
-                    guard.check_read(request)
+                    guard.check_origin_and_csrf(request, form)
                 response = await handler(request)
             except Refusal as refusal:
                 if refusal.status == 401 and not write:
                     return RedirectResponse("/login", status_code=303)
-                response = _html(
-                    pages.page(
-                        "refused", render("error.html", heading="Refused", text=refusal.text)
-                    ),
-                    refusal.status,
-                )
+                response = _refused(refusal)
             if new:
                 response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict")
             return response
@@ -157,47 +157,21 @@ def create_app(
         return _result(tenant, run_id, "Cancel", await actions.carry_out(argv, stores()))
 
     async def login_form(request: Request) -> Response:
-        response = _html(pages.page("token", render("login.html", csrf=request.state.csrf)))
-        return response
+        return _html(pages.page("token", render("login.html", csrf=request.state.csrf)))
 
     async def login(request: Request) -> Response:
-        try:
-            form = await _form(request)
-            guard.check_write(request, form, login=True)
-        except Refusal as refusal:
-            return _html(
-                pages.page("refused", render("error.html", heading="Refused", text=refusal.text)),
-                refusal.status,
-            )
-        if guard.token is None or not secrets.compare_digest(
-            form.get("token", "").encode(), guard.token.encode()
-        ):
-            return _html(
-                pages.page(
-                    "refused",
-                    render(
-                        "error.html", heading="Refused", text="that is not this console's token"
-                    ),
-                ),
-                401,
-            )
+        given = request.state.form.get("token", "").encode()
+        if guard.token is None or not secrets.compare_digest(given, guard.token.encode()):
+            raise Refusal(401, "that is not this console's token")
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(TOKEN_COOKIE, guard.token, httponly=True, samesite="strict")
-        return response
-
-    async def login_page(request: Request) -> Response:
-        csrf, new = csrf_of(request)
-        request.state.csrf = csrf
-        response = await login_form(request)
-        if new:
-            response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict")
         return response
 
     routes: list[Any] = [
         Route("/", guarded(home)),
         Route("/tenant", guarded(tenant)),
-        Route("/login", login_page, methods=["GET"]),
-        Route("/login", login, methods=["POST"]),
+        Route("/login", guarded(login_form, token=False), methods=["GET"]),
+        Route("/login", guarded(login, write=True, token=False), methods=["POST"]),
         Route("/t/{tenant}/runs", guarded(runs_list)),
         Route("/t/{tenant}/runs/{run:path}", guarded(run), methods=["GET"]),
         Route(
@@ -208,6 +182,11 @@ def create_app(
         Mount("/static", StaticFiles(packages=[("tesserix_adk.console", "static")])),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _refused(refusal: Refusal) -> Response:
+    body = render("error.html", heading="Refused", text=refusal.text)
+    return _html(pages.page("refused", body), refusal.status)
 
 
 def _result(tenant: str, run_id: str, heading: str, done: actions.Done) -> Response:

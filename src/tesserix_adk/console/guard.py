@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from starlette.requests import Request
 
-__all__ = ["CSRF_COOKIE", "TOKEN_COOKIE", "Guard", "Refusal", "is_loopback"]
+__all__ = ["CSRF_COOKIE", "TOKEN_COOKIE", "Guard", "Refusal", "csrf_of", "is_loopback"]
 
 CSRF_COOKIE = "tesserix_csrf"
 TOKEN_COOKIE = "tesserix_token"
@@ -48,27 +48,26 @@ class Guard:
     token: str | None
     loopback_only: bool
 
-    def check_read(self, request: Request) -> None:
-        """Any request: the Host check, then the token."""
+    def check_host(self, request: Request) -> None:
+        """Served on loopback, the request must name a loopback host (DNS rebinding)."""
         host = request.headers.get("host", "")
         if self.loopback_only and not is_loopback(urlsplit(f"//{host}").hostname or ""):
             raise Refusal(421, "this console answers to loopback names only")
-        if self.token is not None and not self.has_token(request):
-            raise Refusal(401, "this console needs its token")
 
-    def has_token(self, request: Request) -> bool:
-        """The request carries the token (header or cookie)."""
-        assert self.token is not None
+    def check_token(self, request: Request) -> None:
+        """With a token set, the request carries it (header or cookie)."""
+        if self.token is None:
+            return
         given = request.cookies.get(TOKEN_COOKIE, "")
         auth = request.headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
             given = auth[7:].strip()
-        return secrets.compare_digest(given.encode(), self.token.encode())
+        if not secrets.compare_digest(given.encode(), self.token.encode()):
+            raise Refusal(401, "this console needs its token")
 
-    def check_write(self, request: Request, form: dict[str, str], *, login: bool = False) -> None:
-        """A state-changing request: the token (not for the login form), same origin, CSRF."""
-        if not login:
-            self.check_read(request)
+    def check_origin_and_csrf(self, request: Request, form: dict[str, str]) -> None:
+        """A state-changing request comes from a page of this console: same origin, and
+        the form's CSRF token is this browser's."""
         host = request.headers.get("host", "")
         origin = request.headers.get("origin") or request.headers.get("referer")
         if not origin or urlsplit(origin).netloc != host:
