@@ -617,21 +617,7 @@ def _spy_redactor(marker: str, loop_thread: int, on_loop: list[str]) -> Redactor
 
 
 @pytest.mark.parametrize(
-    "keyed",
-    [
-        pytest.param(True, id="keyed"),
-        pytest.param(
-            False,
-            id="unkeyed",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="an unkeyed call's result is redacted for the model (dispatch._told) on "
-                "the event loop whatever its size, while a keyed call's large result is "
-                "redacted in a worker thread: a large unkeyed result stalls its siblings and "
-                "the lease renewals",
-            ),
-        ),
-    ],
+    "keyed", [pytest.param(True, id="keyed"), pytest.param(False, id="unkeyed")]
 )
 async def test_a_large_result_is_redacted_off_the_event_loop_while_siblings_run(
     keyed: bool,

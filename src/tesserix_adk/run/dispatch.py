@@ -242,7 +242,7 @@ async def _call_tool(
         except _NotSent as stop:
             _unsent(run, attempt, oc, stop.error)
             raise stop.error from None
-        return _finished(run, attempt, oc, _told(parts, outcome), CallDisposition.dispatched)
+        return _finished(run, attempt, oc, await _told(parts, outcome), CallDisposition.dispatched)
     rec = await _claim(parts, run, attempt, tool, oc)
     if _held_elsewhere(rec, attempt) and not oc.redacted and _safe_to_resend(tool):
         # Another attempt's claim (an earlier one of this run, or a live run sharing a
@@ -324,9 +324,10 @@ async def _recorded(parts: RunParts, outcome: ToolOutcome) -> RecordedOutcome:
     return recorded_outcome(outcome, parts.redactor)
 
 
-def _told(parts: RunParts, outcome: ToolOutcome) -> ToolOutcome:
-    """What the model is told of an unkeyed call: what a record would have said."""
-    recorded = recorded_outcome(outcome, parts.redactor)
+async def _told(parts: RunParts, outcome: ToolOutcome) -> ToolOutcome:
+    """What the model is told of an unkeyed call: what a record would have said (redacted
+    off the event loop when large, as a keyed call's record is)."""
+    recorded = await _recorded(parts, outcome)
     return recorded.outcome if recorded.replaced else outcome
 
 
