@@ -5,9 +5,24 @@ from __future__ import annotations
 
 import dataclasses
 
-from tesserix_adk import Agent, Checkpoint, CheckpointStatus, PendingApproval, ToolCall, tool
+import pytest
+
+from booking import Airline, booking_agent
+from tesserix_adk import (
+    Agent,
+    AgentRunner,
+    Checkpoint,
+    CheckpointStatus,
+    PendingApproval,
+    ScriptedProvider,
+    ToolCall,
+    tool,
+)
 from tesserix_adk.checkpoint.payload import OutstandingCall
-from tesserix_adk.run.upgrade import revision_differences
+from tesserix_adk.errors import ResumeConflictError
+from tesserix_adk.run.attempt import RunClaim
+from tesserix_adk.run.upgrade import accept_revision, accepted_revisions, revision_differences
+from tesserix_adk.stores.urls import open_stores
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
 
 
@@ -113,3 +128,30 @@ def test_an_in_flight_record_whose_flags_changed_differs() -> None:
     ]
     done = dataclasses.replace(record, status=RecordStatus.completed)
     assert revision_differences(_frontier(), agent, [done]) == []  # settled: nothing to plan
+
+
+async def test_accepting_rewrites_the_frontier_once_and_a_live_resumer_refuses_it() -> None:
+    stores = open_stores("memory://")
+    airline = Airline()
+    turns = [[("book_seat", {"flight": "LH1"})], "Booked."]
+    old = booking_agent(airline, approval=True, revision="v1")
+    new = booking_agent(airline, approval=True, revision="v2")
+    runner = AgentRunner.from_stores(ScriptedProvider(turns), stores)
+    waiting = await runner.run(old, "book", tenant="t", run_id="r")
+    assert waiting.pending_approval is not None
+    before = await runner.checkpoints.latest("t", "r")  # type: ignore[union-attr]
+    other = RunClaim(stores.idempotency, tenant="t", run_id="r", holder="other", ttl=60)
+    await other.take()
+    with pytest.raises(ResumeConflictError):
+        await accept_revision(runner, new, "r", tenant="t", by="erin")
+    await other.release()
+    accepted = await accept_revision(runner, new, "r", tenant="t", by="erin", note="why")
+    assert accepted is not None and (accepted.from_revision, accepted.to_revision) == ("v1", "v2")
+    after = await runner.checkpoints.latest("t", "r")  # type: ignore[union-attr]
+    assert before is not None and after is not None
+    assert (after.agent_revision, after.step) == ("v2", before.step + 1)
+    assert after.pending_approval == before.pending_approval
+    assert after.outstanding == before.outstanding
+    assert await accept_revision(runner, new, "r", tenant="t", by="erin") is None
+    assert [a.by for a in await accepted_revisions(stores.idempotency, "t", "r")] == ["erin"]
+    assert airline.bookings == []  # accepting sends nothing

@@ -38,7 +38,7 @@ from tesserix_adk.errors import (
     StoreUnavailableError,
 )
 from tesserix_adk.messages import ToolOutcome
-from tesserix_adk.run.attempt import Attempt, new_holder
+from tesserix_adk.run.attempt import Attempt, RunClaim, new_holder
 from tesserix_adk.run.holding import holding
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.protocols import IdempotencyRecord, IdempotencyStore, RecordStatus
@@ -132,11 +132,42 @@ async def accept_revision(
     ``runner`` is the ``AgentRunner`` that resumes the run afterwards (its stores, lease
     policy and redactor are used here).
     """
+    idempotency = runner.idempotency
+    if runner.checkpoints is None:
+        raise ConfigurationError("accepting a revision needs a checkpoint store")
+    attempt = Attempt(holder=new_holder("accept-revision"))
+    # The resume claim as a resume takes it: without a lease store it alone keeps a live
+    # resumer from carrying the run on while its frontier is rewritten.
+    claim = RunClaim(
+        idempotency,
+        tenant=tenant,
+        run_id=run_id,
+        holder=attempt.holder,
+        ttl=runner.resume_claim_ttl,
+    )
+    await claim.take()
+    try:
+        return await _accept_held(
+            runner, agent, run_id, tenant=tenant, by=by, note=note, attempt=attempt
+        )
+    finally:
+        await claim.release()
+
+
+async def _accept_held(
+    runner: AgentRunner,
+    agent: Agent,
+    run_id: str,
+    *,
+    tenant: str,
+    by: str,
+    note: str | None,
+    attempt: Attempt,
+) -> RevisionAcceptance | None:
     checkpoints = runner.checkpoints
     idempotency = runner.idempotency
     redactor = runner.redactor
-    if checkpoints is None:
-        raise ConfigurationError("accepting a revision needs a checkpoint store")
+    assert checkpoints is not None
     sealed = [
         s
         for s in (
@@ -148,7 +179,6 @@ async def accept_revision(
         )
         if s is not None
     ]
-    attempt = Attempt(holder=new_holder(f"accept-revision-{by}"))
     async with holding(
         runner.leases, runner.lease_policy, sealed, attempt, tenant, run_id, resuming=True
     ):
