@@ -22,8 +22,8 @@ from tesserix_adk.checkpoint.payload import OutstandingCall
 from tesserix_adk.errors import ResumeConflictError
 from tesserix_adk.run.attempt import RunClaim
 from tesserix_adk.run.upgrade import accept_revision, accepted_revisions, revision_differences
-from tesserix_adk.stores.urls import open_stores
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
+from tesserix_adk.stores.urls import open_stores
 
 
 @tool
