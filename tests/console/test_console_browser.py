@@ -91,6 +91,9 @@ async def test_an_operator_approves_in_the_browser_and_the_run_carries_on(
                 said = await page.inner_text("#said")
                 assert "approved by alice" in said and "a worker carries it on" in said
                 await page.screenshot(path=str(shots / "3-approved.png"), full_page=True)
+                await page.click("text=Back to run")
+                decided = await page.inner_text("#approval")
+                assert "approved by alice" in decided and "checked with the customer" in decided
 
                 async with open_stores(url) as stores:
                     worker = Worker(
@@ -109,7 +112,7 @@ async def test_an_operator_approves_in_the_browser_and_the_run_carries_on(
                     assert (decided.by, decided.note) == ("alice", "checked with the customer")
                 assert len(world.bookings) == 1
 
-                await page.click("text=Back to run")
+                await page.reload()
                 await page.wait_for_selector("#status")
                 assert await page.inner_text("#status") == "completed"
                 await page.screenshot(path=str(shots / "4-completed.png"), full_page=True)

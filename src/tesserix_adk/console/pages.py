@@ -155,6 +155,9 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
             requested=_when(a.requested_at),
             iteration=a.iteration,
             status=a.status,
+            decided=""
+            if a.by is None
+            else f" by {a.by} at {_when(a.decided_at)} (UTC)" + (f": {a.note}" if a.note else ""),
             calls=join([_call_item(c.name, c.id, c.arguments) for c in a.calls]),
             action=tenant_path(tenant, "approvals", a.id),
             csrf=csrf,
