@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -207,6 +208,27 @@ def test_replay_from_a_step_with_a_stub_runs_as_a_new_run(airline: Airline) -> N
     assert "(replay of r@3) now completed" in out
     assert booking.STUB_CALLS == [{"flight": "LH123"}]
     assert airline.bookings == ["LH123"]  # from the original run only
+
+    stores = _stores()
+    _finished(stores, airline)
+    code, out, err = _replay(
+        stores,
+        airline,
+        "--from-step",
+        "3",
+        "--stub",
+        "book_seat=booking:fake_booking",
+        "--new-run-id",
+        "again",
+        "--json",
+    )
+    assert code == ExitCode.CARRIED_ON, err
+    replayed = json.loads(out)
+    assert (replayed["run_id"], replayed["replay_of"], replayed["status"]) == (
+        "again",
+        "r@3",
+        "completed",
+    )
 
 
 def test_replay_exit_codes(airline: Airline) -> None:
