@@ -93,3 +93,17 @@ def test_show_escapes_hostile_ids_and_keeps_tenants_apart() -> None:
     code, out, err = _show(stores, HOSTILE_RUN, "--tenant", "other")
     assert code == ExitCode.NOTHING_CHECKPOINTED and out == ""
     assert err.count("\n") == 1
+
+
+def test_runs_json_gives_an_unreadable_run_the_same_fields_as_the_others() -> None:
+    stores = open_stores("memory://")
+    _run(stores, "good")
+    asyncio.run(stores.checkpoints.put("acme", "bad", b"not a checkpoint", step=1))
+    out = io.StringIO()
+    assert frontier_main(["runs", "--tenant", "acme", "--json"], stores=stores, out=out) == 0
+    rows = {r["run_id"]: r for r in json.loads(out.getvalue())["runs"]}
+    assert rows["bad"]["status"] == "unreadable" and rows["bad"]["reason"]
+    assert set(rows["bad"]) == set(rows["good"])
+    text = io.StringIO()
+    assert frontier_main(["runs", "--tenant", "acme"], stores=stores, out=text) == 0
+    assert any(line.startswith("bad  unreadable: ") for line in text.getvalue().splitlines())

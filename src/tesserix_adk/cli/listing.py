@@ -30,6 +30,20 @@ __all__ = ["HEADER", "add_runs_arguments", "run_runs", "since_time"]
 
 HEADER = "RUN  AGENT  STATUS  UPDATED  NOTES"
 
+# The same fields as every other row, so a script reads each row the same way.
+_UNREADABLE: dict[str, Any] = {
+    "agent": None,
+    "revision": None,
+    "status": "unreadable",
+    "step": None,
+    "updated_at": None,
+    "in_flight": 0,
+    "lease": None,
+    "parked": None,
+    "blocked": None,
+    "output": None,
+}
+
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
 _UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -140,7 +154,7 @@ async def _rows(
         try:
             cp = await checkpointer.latest(args.tenant, run_id)
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
-            rows.append({"run_id": run_id, "status": "unreadable", "reason": str(exc)})
+            rows.append({**_UNREADABLE, "run_id": run_id, "reason": str(exc)})
             continue
         if cp is None:
             continue
