@@ -92,8 +92,8 @@ async def test_an_operator_approves_in_the_browser_and_the_run_carries_on(
                 assert "approved by alice" in said and "a worker carries it on" in said
                 await page.screenshot(path=str(shots / "3-approved.png"), full_page=True)
                 await page.click("text=Back to run")
-                decided = await page.inner_text("#approval")
-                assert "approved by alice" in decided and "checked with the customer" in decided
+                shown = await page.inner_text("#approval")
+                assert "approved by alice" in shown and "checked with the customer" in shown
 
                 async with open_stores(url) as stores:
                     worker = Worker(
