@@ -1047,12 +1047,6 @@ async def test_an_unkeyed_call_losing_its_reply_is_not_sent_again() -> None:
     assert sent["ping"] == 1 and sent["step"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a sync tool still running when the run is cancelled is waited for, but its "
-    "result is then thrown away: the call is left claimed in flight and the resume refuses "
-    "it as indeterminate although this process held its outcome",
-)
 async def test_a_sync_call_that_finishes_after_the_run_is_cancelled_is_recorded() -> None:
     """The run's task is cancelled while a sync call (in its worker thread, which cannot be
     stopped) is out; the turn waits for the thread to return, as it says. What the call
@@ -1269,12 +1263,6 @@ class _SlowCompletes(FaultyIdempotencyStore):
         return await super().complete(key, outcome, tenant=tenant, holder=holder)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run cancelled while a finished call's outcome is being recorded abandons the "
-    "record (the complete is not shielded, unlike the release of an unsent claim): the call "
-    "stays in flight, in doubt, though its outcome was in hand",
-)
 async def test_a_cancel_while_an_outcome_is_being_recorded_still_records_it() -> None:
     inner = MemoryIdempotencyStore()
     idem = _SlowCompletes(inner)

@@ -251,10 +251,21 @@ async def call_maybe_async(
     return result
 
 
+class ThreadReturned(asyncio.CancelledError):
+    """The cancellation of a sync tool's call, raised once its thread returned: what the
+    call did is known (``done``), so the dispatch unit records it before letting the
+    cancellation go on instead of leaving the call in doubt."""
+
+    def __init__(self, done: asyncio.Future[Any]) -> None:
+        super().__init__("cancelled while a sync tool ran; its thread has returned")
+        self.done = done
+
+
 async def _until_the_thread_returns(call: Callable[[], Any]) -> Any:
     """``call()`` in a worker thread. A thread cannot be cancelled: cancelled meanwhile,
-    this still waits for it to return before the cancellation goes on, so the run keeps
-    its lease (and its renewals) for as long as the call may still be sending."""
+    this still waits for it to return before the cancellation goes on (as
+    ``ThreadReturned``, carrying what it returned), so the run keeps its lease (and its
+    renewals) for as long as the call may still be sending."""
     done = asyncio.ensure_future(asyncio.to_thread(call))
     try:
         return await asyncio.shield(done)
@@ -262,9 +273,10 @@ async def _until_the_thread_returns(call: Callable[[], Any]) -> Any:
         while not done.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait({done})
-        if not done.cancelled():
-            done.exception()  # retrieved; the cancellation is what the caller gets
-        raise
+        if done.cancelled():
+            raise
+        done.exception()  # retrieved here; the dispatch unit reads it again from ``done``
+        raise ThreadReturned(done) from None
 
 
 def _in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:

@@ -16,6 +16,7 @@ arguments were masked in the frontier is never sent: the model is told why inste
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Mapping, Sequence
@@ -23,13 +24,10 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from tesserix_adk.checkpoint.checkpointer import OFF_LOOP_BYTES, text_weight
 from tesserix_adk.checkpoint.payload import (
     Grant,
     OutstandingCall,
-    RecordedOutcome,
     decode_outcome,
-    recorded_outcome,
 )
 from tesserix_adk.checkpoint.planning import PlannedCall, ToolDisposition
 from tesserix_adk.errors import (
@@ -37,8 +35,6 @@ from tesserix_adk.errors import (
     CheckpointCorruptError,
     IndeterminateToolCallError,
     StaleFenceError,
-    StoreReplyLostError,
-    StoreUnavailableError,
     ToolOutcomeUnknownError,
 )
 from tesserix_adk.messages import Message, ToolCall, ToolOutcome
@@ -51,9 +47,21 @@ from tesserix_adk.run.events import (
 )
 from tesserix_adk.run.parallel import first_error, in_model_order
 from tesserix_adk.run.parts import RunParts
+from tesserix_adk.run.recording import (
+    COMPLETE_TRIES,
+    claim,
+    complete,
+    read_back,
+    record,
+    redacted_record,
+    release_unsent,
+    returned_outcome,
+    to_the_end,
+    told,
+)
 from tesserix_adk.run.state import RunState
-from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
-from tesserix_adk.tools import Tool, ToolContext, accepts_ctx, call_maybe_async
+from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus
+from tesserix_adk.tools import ThreadReturned, Tool, ToolContext, accepts_ctx, call_maybe_async
 
 __all__ = ["COMPLETE_TRIES", "MASKED_CALL", "REFUSED_ARGUMENTS", "call_tool", "dispatch_turn"]
 
@@ -62,10 +70,6 @@ __all__ = ["COMPLETE_TRIES", "MASKED_CALL", "REFUSED_ARGUMENTS", "call_tool", "d
 REFUSED_ARGUMENTS = "__tesserix_refused__"
 
 _log = logging.getLogger("tesserix_adk.runner")
-
-# How often this attempt tries to record an outcome it still holds before giving up.
-COMPLETE_TRIES = 3
-_BACKOFF = (0.05, 0.2, 0.5)
 
 MASKED_CALL = (
     "not sent: its arguments held a secret, and the kit never stores secrets, so the "
@@ -242,15 +246,15 @@ async def _call_tool(
         except _NotSent as stop:
             _unsent(run, attempt, oc, stop.error)
             raise stop.error from None
-        return _finished(run, attempt, oc, await _told(parts, outcome), CallDisposition.dispatched)
-    rec = await _claim(parts, run, attempt, tool, oc)
+        return _finished(run, attempt, oc, await told(parts, outcome), CallDisposition.dispatched)
+    rec = await claim(parts, run, attempt, tool, oc)
     if _held_elsewhere(rec, attempt) and not oc.redacted and _safe_to_resend(tool):
         # Another attempt's claim (an earlier one of this run, or a live run sharing a
         # business key) on a call that may be sent again (no side effects, or the far side
         # deduplicates by our key): take it over, as a resume would; the other attempt
         # then finds its outcome recorded or keeps its own (see ``_complete``).
         attempt.takeover_keys.add(oc.key)
-        rec = await _claim(parts, run, attempt, tool, oc)
+        rec = await claim(parts, run, attempt, tool, oc)
     if rec.status is RecordStatus.completed and rec.outcome is not None:
         _started(run, attempt, oc)
         known = decode_outcome(rec.outcome, oc.call.id)
@@ -292,17 +296,27 @@ async def _call_tool(
             # The lease check stopped the call before it started: nothing is in doubt, so
             # the claim goes rather than leave every later resume refusing it.
             _unsent(run, attempt, oc, stop.error)
-            await _release_unsent(parts, run, attempt, oc.key)
+            await release_unsent(parts, run, attempt, oc.key)
             raise stop.error from None
-    recorded = await _recorded(parts, outcome)
+        except ThreadReturned as cancelled:
+            # Cancelled while a sync tool ran, and its thread has returned: what it did is
+            # known, so it is recorded (to the end, however often cancelled) and the
+            # cancellation goes on, rather than leaving the call in doubt.
+            returned = returned_outcome(oc.call, cancelled)
+            if returned is not None:
+                with contextlib.suppress(Exception):
+                    await to_the_end(record(parts, run, attempt, tool, oc, returned))
+            raise
+    # Cancelled while recording: the outcome is in hand, so the record is finished first.
+    recorded = await to_the_end(redacted_record(parts, outcome))
     try:
-        await _complete(parts, run, attempt, tool, oc, recorded.payload)
+        await to_the_end(complete(parts, run, attempt, tool, oc, recorded.payload))
     except StaleFenceError:
         if not _safe_to_resend(tool):
             raise
         # Taken over meanwhile by an attempt that sent it again (safe for this tool): what
         # it recorded is the answer, or ours while it has recorded nothing yet.
-        taken = await _read_back(parts, run, oc.key)
+        taken = await read_back(parts, run, oc.key)
         if taken is not None and taken.status is RecordStatus.completed and taken.outcome:
             return _finished(run, attempt, oc, decode_outcome(taken.outcome, oc.call.id), how)
     return _finished(run, attempt, oc, recorded.outcome if recorded.replaced else outcome, how)
@@ -316,134 +330,12 @@ def _safe_to_resend(tool: Tool) -> bool:
     return not tool.side_effects or tool.idempotent
 
 
-async def _recorded(parts: RunParts, outcome: ToolOutcome) -> RecordedOutcome:
-    """The outcome as the record keeps it; a large one is redacted in a worker thread so
-    the event loop keeps renewing leases meanwhile."""
-    if text_weight(outcome.content) > OFF_LOOP_BYTES:
-        return await asyncio.to_thread(recorded_outcome, outcome, parts.redactor)
-    return recorded_outcome(outcome, parts.redactor)
-
-
-async def _told(parts: RunParts, outcome: ToolOutcome) -> ToolOutcome:
-    """What the model is told of an unkeyed call: what a record would have said (redacted
-    off the event loop when large, as a keyed call's record is)."""
-    recorded = await _recorded(parts, outcome)
-    return recorded.outcome if recorded.replaced else outcome
-
-
-async def _claim(
-    parts: RunParts, run: RunState, attempt: Attempt, tool: Tool, oc: OutstandingCall
-) -> IdempotencyRecord:
-    assert oc.key is not None
-    try:
-        return await parts.idempotency.claim(
-            oc.key,
-            holder=attempt.holder,
-            tenant=run.tenant,
-            run_id=run.run_id,
-            iteration=run.iteration,
-            tool=tool.name,
-            call_id=oc.call.id,
-            flags=ToolFlags(side_effects=tool.side_effects, idempotent=tool.idempotent),
-            fence=attempt.fence,
-            takeover=oc.key in attempt.takeover_keys,
-        )
-    except StoreReplyLostError as exc:
-        lost: Exception = exc
-    except StoreUnavailableError:
-        # Said not to have taken effect; should a driver have misjudged that, dropping the
-        # claim (a no-op if absent) keeps a call never sent from being called in doubt.
-        await _release_unsent(parts, run, attempt, oc.key)
-        raise
-    except AdkError:
-        raise  # a stale fence, ...: nothing was claimed
-    except Exception as exc:
-        lost = exc  # a driver error the store did not translate: the outcome is unknown
-    rec = await _read_back(parts, run, oc.key)
-    if rec is not None and (
-        rec.status is RecordStatus.completed
-        or (rec.status is RecordStatus.in_flight and rec.holder == attempt.holder)
-    ):
-        return rec
-    # Perhaps applied, certainly not sent: drop the claim if it is there, so a retry does
-    # not find a claim of ours in doubt.
-    await _release_unsent(parts, run, attempt, oc.key)
-    raise StoreUnavailableError(
-        f"the claim of {tool.name} ({oc.call.id}) lost its reply and could not be read back, "
-        f"so it was not dispatched: {lost}"
-    ) from lost
-
-
-async def _complete(
-    parts: RunParts,
-    run: RunState,
-    attempt: Attempt,
-    tool: Tool,
-    oc: OutstandingCall,
-    payload: bytes,
-) -> None:
-    """Record the outcome, retrying while this attempt still holds it in memory."""
-    assert oc.key is not None
-    last: Exception | None = None
-    for attempt_no in range(COMPLETE_TRIES):
-        unknown = True  # whether the store may have applied it: then read it back
-        try:
-            await parts.idempotency.complete(
-                oc.key, payload, tenant=run.tenant, holder=attempt.holder
-            )
-            return
-        except StoreReplyLostError as exc:
-            last = exc
-        except StoreUnavailableError as exc:
-            last, unknown = exc, False
-        except AdkError:
-            raise
-        except Exception as exc:
-            last = exc
-        if unknown:
-            rec = await _read_back(parts, run, oc.key)
-            if rec is not None and rec.status is RecordStatus.completed:
-                return
-        if attempt_no + 1 < COMPLETE_TRIES:  # no wait after the last: the turn stops now
-            await asyncio.sleep(_BACKOFF[attempt_no])
-    raise StoreUnavailableError(
-        f"{tool.name} ({oc.call.id}) ran but its outcome could not be recorded after "
-        f"{COMPLETE_TRIES} tries ({last}); it stays claimed in flight, so a resume refuses it "
-        "as indeterminate until an operator records what happened (`tesserix resolve`)"
-    ) from last
-
-
-async def _release_unsent(parts: RunParts, run: RunState, attempt: Attempt, key: str) -> None:
-    """Drop this attempt's claim on a call it did not send (a no-op if there is none)."""
-    try:
-        await asyncio.shield(
-            parts.idempotency.release(
-                key, tenant=run.tenant, holder=attempt.holder, undispatched=True
-            )
-        )
-    except Exception as exc:  # then it stays in flight, and a resume says so
-        _log.warning("dropping the unsent claim %s failed: %r", key, exc)
-
-
 class _NotSent(Exception):
     """The guard refused right before the tool started: nothing was sent."""
 
     def __init__(self, error: AdkError) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-async def _read_back(parts: RunParts, run: RunState, key: str) -> IdempotencyRecord | None:
-    """The record as the store holds it now, or ``None`` if it cannot be read either."""
-    for attempt_no in range(COMPLETE_TRIES):
-        try:
-            found = await parts.idempotency.lookup([key], tenant=run.tenant)
-        except Exception as exc:
-            _log.warning("reading back %s failed: %r", key, exc)
-            await asyncio.sleep(_BACKOFF[attempt_no])
-            continue
-        return found.get(key)
-    return None
 
 
 async def _invoke(attempt: Attempt, tool: Tool, call: ToolCall, ctx: ToolContext) -> ToolOutcome:

@@ -1,0 +1,216 @@
+"""The record side of the dispatch unit: a call's claim, its outcome recorded, an unsent
+claim dropped, a record read back when a reply was lost.
+
+A claim or complete whose reply was lost (``StoreReplyLostError``, or a driver error the
+store did not translate) is settled by reading the record back, never by assuming; one
+that never reached the store (``StoreUnavailableError``) is not. An outcome in hand is
+recorded to the end even if the run is cancelled meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from pydantic_core import to_jsonable_python
+
+from tesserix_adk.checkpoint.checkpointer import OFF_LOOP_BYTES, text_weight
+from tesserix_adk.checkpoint.payload import OutstandingCall, RecordedOutcome, recorded_outcome
+from tesserix_adk.errors import (
+    AdkError,
+    StoreReplyLostError,
+    StoreUnavailableError,
+    ToolOutcomeUnknownError,
+)
+from tesserix_adk.messages import ToolCall, ToolOutcome
+from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.run.parts import RunParts
+from tesserix_adk.run.state import RunState
+from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
+from tesserix_adk.tools import ThreadReturned, Tool
+
+__all__ = [
+    "COMPLETE_TRIES",
+    "claim",
+    "complete",
+    "read_back",
+    "record",
+    "redacted_record",
+    "release_unsent",
+    "returned_outcome",
+    "to_the_end",
+    "told",
+]
+
+_log = logging.getLogger("tesserix_adk.runner")
+
+T = TypeVar("T")
+
+# How often this attempt tries to record an outcome it still holds before giving up.
+COMPLETE_TRIES = 3
+_BACKOFF = (0.05, 0.2, 0.5)
+
+
+async def claim(
+    parts: RunParts, run: RunState, attempt: Attempt, tool: Tool, oc: OutstandingCall
+) -> IdempotencyRecord:
+    assert oc.key is not None
+    try:
+        return await parts.idempotency.claim(
+            oc.key,
+            holder=attempt.holder,
+            tenant=run.tenant,
+            run_id=run.run_id,
+            iteration=run.iteration,
+            tool=tool.name,
+            call_id=oc.call.id,
+            flags=ToolFlags(side_effects=tool.side_effects, idempotent=tool.idempotent),
+            fence=attempt.fence,
+            takeover=oc.key in attempt.takeover_keys,
+        )
+    except StoreReplyLostError as exc:
+        lost: Exception = exc
+    except StoreUnavailableError:
+        # Said not to have taken effect; should a driver have misjudged that, dropping the
+        # claim (a no-op if absent) keeps a call never sent from being called in doubt.
+        await release_unsent(parts, run, attempt, oc.key)
+        raise
+    except AdkError:
+        raise  # a stale fence, ...: nothing was claimed
+    except Exception as exc:
+        lost = exc  # a driver error the store did not translate: the outcome is unknown
+    rec = await read_back(parts, run, oc.key)
+    if rec is not None and (
+        rec.status is RecordStatus.completed
+        or (rec.status is RecordStatus.in_flight and rec.holder == attempt.holder)
+    ):
+        return rec
+    # Perhaps applied, certainly not sent: drop the claim if it is there, so a retry does
+    # not find a claim of ours in doubt.
+    await release_unsent(parts, run, attempt, oc.key)
+    raise StoreUnavailableError(
+        f"the claim of {tool.name} ({oc.call.id}) lost its reply and could not be read back, "
+        f"so it was not dispatched: {lost}"
+    ) from lost
+
+
+async def complete(
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    tool: Tool,
+    oc: OutstandingCall,
+    payload: bytes,
+) -> None:
+    """Record the outcome, retrying while this attempt still holds it in memory."""
+    assert oc.key is not None
+    last: Exception | None = None
+    for attempt_no in range(COMPLETE_TRIES):
+        unknown = True  # whether the store may have applied it: then read it back
+        try:
+            await parts.idempotency.complete(
+                oc.key, payload, tenant=run.tenant, holder=attempt.holder
+            )
+            return
+        except StoreReplyLostError as exc:
+            last = exc
+        except StoreUnavailableError as exc:
+            last, unknown = exc, False
+        except AdkError:
+            raise
+        except Exception as exc:
+            last = exc
+        if unknown:
+            rec = await read_back(parts, run, oc.key)
+            if rec is not None and rec.status is RecordStatus.completed:
+                return
+        if attempt_no + 1 < COMPLETE_TRIES:  # no wait after the last: the turn stops now
+            await asyncio.sleep(_BACKOFF[attempt_no])
+    raise StoreUnavailableError(
+        f"{tool.name} ({oc.call.id}) ran but its outcome could not be recorded after "
+        f"{COMPLETE_TRIES} tries ({last}); it stays claimed in flight, so a resume refuses it "
+        "as indeterminate until an operator records what happened (`tesserix resolve`)"
+    ) from last
+
+
+async def release_unsent(parts: RunParts, run: RunState, attempt: Attempt, key: str) -> None:
+    """Drop this attempt's claim on a call it did not send (a no-op if there is none)."""
+    try:
+        await asyncio.shield(
+            parts.idempotency.release(
+                key, tenant=run.tenant, holder=attempt.holder, undispatched=True
+            )
+        )
+    except Exception as exc:  # then it stays in flight, and a resume says so
+        _log.warning("dropping the unsent claim %s failed: %r", key, exc)
+
+
+async def read_back(parts: RunParts, run: RunState, key: str) -> IdempotencyRecord | None:
+    """The record as the store holds it now, or ``None`` if it cannot be read either."""
+    for attempt_no in range(COMPLETE_TRIES):
+        try:
+            found = await parts.idempotency.lookup([key], tenant=run.tenant)
+        except Exception as exc:
+            _log.warning("reading back %s failed: %r", key, exc)
+            await asyncio.sleep(_BACKOFF[attempt_no])
+            continue
+        return found.get(key)
+    return None
+
+
+async def redacted_record(parts: RunParts, outcome: ToolOutcome) -> RecordedOutcome:
+    """The outcome as the record keeps it; a large one is redacted in a worker thread so
+    the event loop keeps renewing leases meanwhile."""
+    if text_weight(outcome.content) > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(recorded_outcome, outcome, parts.redactor)
+    return recorded_outcome(outcome, parts.redactor)
+
+
+async def told(parts: RunParts, outcome: ToolOutcome) -> ToolOutcome:
+    """What the model is told of an unkeyed call: what a record would have said (redacted
+    off the event loop when large, as a keyed call's record is)."""
+    recorded = await redacted_record(parts, outcome)
+    return recorded.outcome if recorded.replaced else outcome
+
+
+async def record(
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    tool: Tool,
+    oc: OutstandingCall,
+    outcome: ToolOutcome,
+) -> RecordedOutcome:
+    recorded = await redacted_record(parts, outcome)
+    await complete(parts, run, attempt, tool, oc, recorded.payload)
+    return recorded
+
+
+async def to_the_end(awaitable: Awaitable[T]) -> T:
+    """``awaitable`` finished even if the caller is cancelled meanwhile (then the
+    cancellation goes on once it has)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()  # retrieved; the cancellation is what the caller gets
+        raise
+
+
+def returned_outcome(call: ToolCall, cancelled: ThreadReturned) -> ToolOutcome | None:
+    """The outcome a sync tool's thread returned after its call was cancelled; ``None``
+    when it is unknown (a lost reply) or the thread died another way."""
+    error = cancelled.done.exception()
+    if error is None:
+        content = to_jsonable_python(cancelled.done.result(), fallback=str)
+        return ToolOutcome(call_id=call.id, content=content)
+    if isinstance(error, ToolOutcomeUnknownError) or not isinstance(error, Exception):
+        return None
+    return ToolOutcome(call_id=call.id, content=f"{type(error).__name__}: {error}", is_error=True)
