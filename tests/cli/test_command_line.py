@@ -269,3 +269,22 @@ def test_an_operator_name_with_a_newline_is_echoed_escaped() -> None:
     )
     assert code == ExitCode.CARRIED_ON
     assert len(out.getvalue().splitlines()) == 1 and "alice\\nrecorded" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["inspect", "--tenant", "acme", "--json"], ExitCode.USAGE),  # no run id
+        (["--store", "nosuch://x", "inspect", "r", "--tenant", "acme", "--json"], ExitCode.USAGE),
+    ],
+)
+def test_an_error_before_the_command_runs_is_json_too_under_json(
+    argv: list[str], code: ExitCode, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    assert main(argv) == int(code)
+    captured = capsys.readouterr()
+    error = json.loads(captured.out)["error"]
+    assert error["exit_code"] == int(code) and error["message"]
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err

@@ -29,6 +29,7 @@ from tesserix_adk.cli.commands import (
     run_command,
 )
 from tesserix_adk.cli.failures import ExitCode, UsageError, explain
+from tesserix_adk.cli.jsonout import emit, error_json
 from tesserix_adk.cli.text import sentence
 from tesserix_adk.cli.ui import add_ui_command
 
@@ -55,8 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HelpShown:
         return int(ExitCode.CARRIED_ON)
     except UsageError as exc:
-        sys.stderr.write(f"tesserix: {sentence(str(exc))}\n")
-        return int(ExitCode.USAGE)
+        return _failed(ExitCode.USAGE, f"tesserix: {sentence(str(exc))}", args_list)
     if args.command == "demo":
         from tesserix_adk.cli.demo import run_demo
 
@@ -78,9 +78,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         stores = open_stores(url)
     except Exception as exc:
         code, text = explain(exc)
-        sys.stderr.write(text + "\n")
-        return int(code)
+        return _failed(code, text, args_list)
     return run_command(args, stores=stores, agents={})
+
+
+def _failed(code: ExitCode, text: str, args_list: Sequence[str]) -> int:
+    """One sentence on stderr; under ``--json`` the error object on stdout too, as every
+    command prints its own failures (here the command never got to run)."""
+    sys.stderr.write(text + "\n")
+    if "--json" in args_list:
+        emit(sys.stdout, error_json(int(code), text.removeprefix("tesserix: ")))
+    return int(code)
 
 
 def _parser() -> argparse.ArgumentParser:
