@@ -153,12 +153,6 @@ async def _drain(stream: AsyncIterator[RunEvent]) -> list[RunEvent]:
 # --- streaming: tool-call arguments -------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Anthropic streaming parses input_json_delta with the SDK's partial-JSON mode, so "
-    "arguments that are truncated or carry trailing junk become a different, valid-looking "
-    "call and a side-effecting tool is dispatched with arguments the model never finished",
-)
 @pytest.mark.parametrize(
     "partial_json",
     ['{"amount": 10', '{"amount": 1, "memo": "rent for ma', '{"amount": 1} {"amount": 900}'],

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 try:
@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall, Usage
-from tesserix_adk.providers._common import MALFORMED_ARGUMENTS
+from tesserix_adk.providers._common import MALFORMED_ARGUMENTS, arguments_from_text
 from tesserix_adk.providers._sdk import SDKProvider, StreamCut, Streamed
 from tesserix_adk.providers.base import ModelRequest, TextSink
 from tesserix_adk.providers.pricing import Price, Prices
@@ -123,17 +123,24 @@ class AnthropicProvider(SDKProvider[anthropic.AsyncAnthropic]):
 
     async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Streamed:
         stopped = False
+        # The tool inputs as sent: the SDK's snapshot parses them leniently (a cut-off
+        # `{"amount": 10` reads as a whole object), so they are parsed again, strictly.
+        raw_inputs: dict[int, str] = {}
         async with self._client.messages.stream(**body) as stream:
             async for event in stream:
                 if event.type == "text":
                     on_text(event.text)
+                elif event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                    raw_inputs[event.index] = raw_inputs.get(event.index, "") + str(
+                        event.delta.partial_json
+                    )
                 elif event.type == "message_stop":
                     stopped = True
             if not stopped:
                 # The SDK hands out its snapshot however far the stream got.
                 raise StreamCut("no message_stop")
             wire = await stream.get_final_message()
-        message, usage = _read_message(wire)
+        message, usage = _read_message(wire, raw_inputs)
         return Streamed(message=message, usage=usage, model=str(wire.model))
 
 
@@ -222,15 +229,21 @@ def _text_only(message: Message) -> str:
 # --- the wire → our message ----------------------------------------------------------------
 
 
-def _read_message(wire: WireMessage) -> tuple[Message, Usage]:
+def _read_message(
+    wire: WireMessage, raw_inputs: Mapping[int, str] | None = None
+) -> tuple[Message, Usage]:
+    """Our message from the wire's; ``raw_inputs`` are the streamed tool inputs by block
+    index, which decide the arguments (parsed strictly) over the SDK's snapshot."""
     texts: list[str] = []
     calls: list[ToolCall] = []
-    for block in wire.content:
+    for index, block in enumerate(wire.content):
         if block.type == "text":
             texts.append(str(block.text))
         elif block.type == "tool_use":
             arguments = block.input
-            if not isinstance(arguments, dict):
+            if raw_inputs is not None and index in raw_inputs:
+                arguments = arguments_from_text(raw_inputs[index])
+            elif not isinstance(arguments, dict):
                 arguments = {MALFORMED_ARGUMENTS: json.dumps(arguments)}
             calls.append(ToolCall(id=str(block.id), name=str(block.name), arguments=arguments))
     usage = wire.usage
