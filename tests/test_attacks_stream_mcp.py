@@ -577,13 +577,6 @@ async def test_leaving_the_stream_mid_mcp_call_leaves_it_in_doubt_and_the_connec
     assert len(effects.keys()) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="arguments the model sent that are not a JSON object become "
-    "{'_malformed_arguments': raw}, which only a kit tool's own validation refuses; an MCP "
-    "tool sends them to the server as a real tools/call, and a server tool whose parameters "
-    "are optional runs its side effect with defaults",
-)
 async def test_malformed_model_arguments_are_never_sent_to_an_mcp_server(
     tmp_path: Path, model_server: ModelServer, openai: OpenAIProvider
 ) -> None:

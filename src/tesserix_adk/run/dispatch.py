@@ -38,6 +38,7 @@ from tesserix_adk.errors import (
     ToolOutcomeUnknownError,
 )
 from tesserix_adk.messages import Message, ToolCall, ToolOutcome
+from tesserix_adk.providers._common import MALFORMED_ARGUMENTS
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.events import (
     CallDisposition,
@@ -119,6 +120,14 @@ async def _answer(
     refused = oc.call.arguments.get(REFUSED_ARGUMENTS)
     if refused is not None:
         content = f"not sent: {refused}"
+    elif MALFORMED_ARGUMENTS in oc.call.arguments:
+        # Not one JSON object (cut short, trailing text): whatever a tool made of it would
+        # be a guess at what the model meant, and a tool elsewhere (an MCP server) may
+        # fill in defaults for what is missing.
+        content = (
+            "not sent: its arguments were not one JSON object; ask for the call again with "
+            "complete arguments"
+        )
     elif tool is None:
         content = f"unknown tool {oc.call.name!r}"
     elif tool.requires_approval and not _approved(grants.get(oc.call.id)):
