@@ -590,13 +590,6 @@ async def test_malformed_model_arguments_are_never_sent_to_an_mcp_server(
     assert _calls(tmp_path) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a server's JSON-RPC error answer with code -32000 or -32001 (the reserved "
-    "server-error range servers use for their own errors) is read as the SDK's "
-    "connection-closed or timeout code: an answered call is reported as a lost reply (left "
-    "in doubt), and after -32000 every later call is refused as if the connection were gone",
-)
 @pytest.mark.parametrize("code", ["-32000", "-32001"])
 async def test_an_error_the_server_answered_is_a_tool_error_not_a_lost_reply(
     tmp_path: Path, code: str
@@ -716,12 +709,6 @@ async def test_an_http_connection_dropped_mid_call_is_a_typed_lost_reply(tmp_pat
     assert len(calls) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an HTTP 502/504 to a tools/call (a gateway that forwarded the request and gave up "
-    "waiting) is MCPToolError, told to the model as an ordinary error answer; the model asks "
-    "again under a new key and the side-effecting call reaches the server twice",
-)
 @pytest.mark.parametrize("status", ["502", "504"])
 async def test_a_gateway_error_to_a_side_effecting_call_is_never_followed_by_a_second_send(
     status: str,

@@ -25,7 +25,10 @@ __all__ = ["MCPError", "MCPReplyLostError", "MCPToolError", "MCPUnavailableError
 
 
 class MCPError(AdkError):
-    """Something about an MCP server or one of its tools."""
+    """Something about an MCP server or one of its tools; ``outcome_unknown`` says whether
+    a call may have run all the same."""
+
+    outcome_unknown: bool = False
 
 
 class MCPToolError(MCPError):

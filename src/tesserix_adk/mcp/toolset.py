@@ -29,7 +29,14 @@ try:
     import mcp
     from mcp import Client, StdioServerParameters
     from mcp.shared.exceptions import MCPError as SdkError
-    from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, RequestParamsMeta
+    from mcp_types import (
+        CONNECTION_CLOSED,
+        INTERNAL_ERROR,
+        INVALID_REQUEST,
+        METHOD_NOT_FOUND,
+        REQUEST_TIMEOUT,
+        RequestParamsMeta,
+    )
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
     raise ImportError(
         'tesserix_adk.mcp needs the MCP SDK: pip install "tesserix-adk[mcp]"'
@@ -175,9 +182,10 @@ class MCPToolset:
         try:
             result = await client.call_tool(name, dict(arguments), meta=meta)
         except SdkError as exc:
-            if exc.code == CONNECTION_CLOSED:
+            stand_in = _stand_in(exc)
+            if stand_in == "closed":
                 self._lost = exc.message
-            if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+            if stand_in is not None:
                 raise self._reply_lost(name, exc) from exc
             # A JSON-RPC error answer (unknown tool, invalid params): the server said no.
             raise MCPToolError(f"{name}: {exc.message}") from exc
@@ -235,6 +243,30 @@ class MCPToolset:
     def __repr__(self) -> str:
         state = "connected" if self._client is not None else "not connected"
         return f"MCPToolset({self._where()}, {state})"
+
+
+# The errors the SDK makes up itself when no answer came, told apart from a server's own
+# JSON-RPC errors by code and text (the codes alone sit in the range servers use for their
+# own errors): the connection closed, the wait ran out, or an HTTP status with no JSON-RPC
+# error in its body — a gateway's 502 or 504 may come after the call was forwarded.
+_STAND_INS = {
+    (CONNECTION_CLOSED, "Connection closed"): "closed",
+    (INTERNAL_ERROR, "Server returned an error response"): "http",
+    (INVALID_REQUEST, "Session terminated"): "http",
+    (METHOD_NOT_FOUND, "Not Found"): "http",
+}
+
+
+def _stand_in(exc: SdkError) -> str | None:
+    """What kind of SDK stand-in ``exc`` is (the call may have run), or ``None`` for an
+    error the server answered."""
+    if (
+        exc.code == REQUEST_TIMEOUT
+        and exc.message.startswith("Request ")
+        and exc.message.endswith(" timed out")
+    ):
+        return "timeout"
+    return _STAND_INS.get((exc.code, exc.message))
 
 
 def _server_tool(listed: mcp.types.Tool) -> ServerTool:
