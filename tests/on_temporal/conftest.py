@@ -24,7 +24,7 @@ from temporalio.client import Client
 
 # Events in one execution's history after which the server suggests continue-as-new
 # (Temporal's default is 4 Ki events; a test of tens of steps stays far below it).
-SUGGEST_AFTER_EVENTS = 150
+SUGGEST_AFTER_EVENTS = 180
 
 
 @dataclass(frozen=True, slots=True)

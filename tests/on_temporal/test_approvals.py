@@ -89,7 +89,7 @@ async def test_a_waiting_run_resumes_when_tesserix_approve_decides(
                     url,
                 )
                 assert approved.returncode == 0, approved.stderr
-                outcome = await asyncio.wait_for(handle.result(), 30)
+                outcome = await asyncio.wait_for(handle.result(), 90)
             assert outcome.status == "completed"
             assert [flight for flight, _ in airline.bookings()] == booked
             # `tesserix approve` told the kit's work index the run wants a worker; the
@@ -134,7 +134,7 @@ async def test_a_long_wait_continues_as_new_carrying_the_pending_approval(
                     "approve", request, "--tenant", TENANT, "--by", "ops", "--store", url
                 )
                 assert approved.returncode == 0, approved.stderr
-                outcome = await asyncio.wait_for(handle.result(), 30)
+                outcome = await asyncio.wait_for(handle.result(), 90)
             assert outcome.status == "completed"
             assert "policy" in outcome.chain
             assert [flight for flight, _ in airline.bookings()] == ["LH123"]

@@ -75,7 +75,7 @@ async def test_a_run_submitted_on_temporal_is_carried_by_tesserix_worker(
             assert again.returncode == 0 and again.stdout.strip() == rid
             client = await Client.connect(temporal_server.address)
             outcome = await asyncio.wait_for(
-                client.get_workflow_handle(rid, result_type=RunOutcome).result(), 30
+                client.get_workflow_handle(rid, result_type=RunOutcome).result(), 90
             )
             assert outcome.status == "completed"
             assert len(airline.bookings()) == 1

@@ -49,8 +49,8 @@ async def test_a_sixty_step_run_continues_as_new_by_policy_and_by_suggestion(
                     run_id=rid,
                     task_queue=q,
                     options=FAST,
-                    # Ten one-call steps stay under the server's suggestion (150 events);
-                    # three-call steps reach it first.
+                    # Ten one-call steps (about 125 events) stay under the server's
+                    # suggestion (180 events); three-call steps reach it first.
                     continuation=ContinuationPolicy(max_steps=10),
                 )
                 outcome = await handle.result()

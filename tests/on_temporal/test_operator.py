@@ -67,7 +67,7 @@ async def test_tesserix_cancel_ends_a_waiting_temporal_run_with_nothing_sent(
                     url,
                 )
                 assert cancelled.returncode == 0, cancelled.stderr
-                outcome = await asyncio.wait_for(handle.result(), 30)
+                outcome = await asyncio.wait_for(handle.result(), 90)
             assert outcome.status == "cancelled"
             assert "ops" in (outcome.output or "")
             assert airline.bookings() == []

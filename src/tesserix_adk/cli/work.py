@@ -166,9 +166,14 @@ async def _submit(
     if on_temporal is not None:
         run_id = args.run_id or f"run_{secrets.token_hex(8)}"
         check_ids(tenant=args.tenant, run_id=run_id)
-        client = await on_temporal.connect(args.temporal, args.namespace)
         started = await on_temporal.submit(
-            client, agent, args.input, tenant=args.tenant, run_id=run_id, task_queue=args.task_queue
+            args.temporal,
+            args.namespace,
+            agent,
+            args.input,
+            tenant=args.tenant,
+            run_id=run_id,
+            task_queue=args.task_queue,
         )
         out.write(f"{escaped(started)}\n")
         return ExitCode.CARRIED_ON
@@ -236,7 +241,6 @@ async def _work_on_temporal(
     loaded: list[Agent],
     out: TextIO,
 ) -> ExitCode:
-    client = await on_temporal.connect(args.temporal, args.namespace)
     ttl = args.lease_ttl
     async with built_provider(args.provider, loaded[0], args.agent[0]) as provider:
         runner = AgentRunner.from_stores(
@@ -247,7 +251,8 @@ async def _work_on_temporal(
         )
         name = escaped(runner.worker)
         await on_temporal.serve(
-            client,
+            args.temporal,
+            args.namespace,
             runner=runner,
             agents=loaded,
             task_queue=args.task_queue,

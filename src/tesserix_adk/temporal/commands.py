@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from typing import TextIO
 
@@ -31,12 +32,16 @@ __all__ = ["connect", "serve", "submit"]
 async def connect(address: str, namespace: str) -> Client:
     """A client of the server at ``address``; a retryable ``AdkError`` (exit 3) when it
     cannot be reached."""
-    try:
-        return await Client.connect(address, namespace=namespace)
-    except Exception as exc:
-        reason = str(exc)
-    # Not chained: the SDK's error holds its native core, and one that outlives the event
-    # loop until the interpreter's exit crashes it there (SIGSEGV instead of exit 3).
+    # Asked first without the SDK: a failed connect leaves its native core's threads
+    # behind, and one that calls into Python while the interpreter exits aborts it
+    # (SIGABRT, now and then, instead of exit 3). A server that is down never gets there.
+    reason = await _unreachable(address)
+    if reason is None:
+        try:
+            return await Client.connect(address, namespace=namespace)
+        except Exception as exc:
+            reason = str(exc)
+    # Not chained: the SDK's error holds its native core, which must not outlive the loop.
     raise AdkError(
         f"the Temporal server at {address} cannot be reached ({reason}); start it or try "
         "again later",
@@ -44,17 +49,47 @@ async def connect(address: str, namespace: str) -> Client:
     )
 
 
+async def _unreachable(address: str) -> str | None:
+    """Why nothing listens at ``address`` (``host:port``), or ``None`` if something does."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return f"{address!r} is not HOST:PORT"
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 10)
+    except (OSError, TimeoutError) as exc:
+        return str(exc) or type(exc).__name__
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return None
+
+
 async def submit(
-    client: Client, agent: Agent, input: str, *, tenant: str, run_id: str, task_queue: str
+    address: str,
+    namespace: str,
+    agent: Agent,
+    input: str,
+    *,
+    tenant: str,
+    run_id: str,
+    task_queue: str,
 ) -> str:
     """Start the run as a workflow; the same run id twice makes one run (its id back)."""
-    with contextlib.suppress(WorkflowAlreadyStartedError):
-        await start_run(client, agent, input, tenant=tenant, run_id=run_id, task_queue=task_queue)
+
+    async def start() -> None:
+        client = await connect(address, namespace)
+        with contextlib.suppress(WorkflowAlreadyStartedError):
+            await start_run(
+                client, agent, input, tenant=tenant, run_id=run_id, task_queue=task_queue
+            )
+
+    await _dropping_the_client(start())
     return run_id
 
 
 async def serve(
-    client: Client,
+    address: str,
+    namespace: str,
     *,
     runner: AgentRunner,
     agents: Sequence[Agent],
@@ -64,6 +99,44 @@ async def serve(
     name: str,
 ) -> None:
     """Carry runs of ``agents`` from ``task_queue`` until SIGTERM or SIGINT."""
+
+    async def work() -> None:
+        client = await connect(address, namespace)
+        await _serve(
+            client,
+            runner=runner,
+            agents=agents,
+            task_queue=task_queue,
+            concurrency=concurrency,
+            out=out,
+            name=name,
+        )
+
+    await _dropping_the_client(work())
+
+
+async def _dropping_the_client(work: Awaitable[None]) -> None:
+    """Run ``work`` (which made the only client), then collect that client while the event
+    loop still runs: a client alive when the interpreter exits can crash it there (the SDK's
+    native threads call into Python while it finalizes; SIGSEGV or SIGABRT now and then
+    under load instead of the command's exit code)."""
+    try:
+        await work
+    finally:
+        del work
+        gc.collect()
+
+
+async def _serve(
+    client: Client,
+    *,
+    runner: AgentRunner,
+    agents: Sequence[Agent],
+    task_queue: str,
+    concurrency: int,
+    out: TextIO,
+    name: str,
+) -> None:
     worker = agent_worker(
         client,
         task_queue=task_queue,
