@@ -9,6 +9,7 @@ translated once, here, into ``tesserix_adk.mcp.errors``, saying whether a call w
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -42,10 +43,12 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
         'tesserix_adk.mcp needs the MCP SDK: pip install "tesserix-adk[mcp]"'
     ) from exc
 
-__all__ = ["MCPToolset"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "MCPToolset"]
 
 # Bounds the listing walk: a server whose cursor never ends cannot hang the connection.
 _MAX_LIST_PAGES = 100
+# Seconds to start or reach a server and list its tools.
+DEFAULT_CONNECT_TIMEOUT = 20.0
 
 
 class MCPToolset:
@@ -56,10 +59,13 @@ class MCPToolset:
     ``prefix`` goes in front of every tool's kit name (two servers with a tool of the same
     name); the server is still asked for its own name. ``call_timeout`` (seconds) bounds
     each call; one that runs out is ``MCPReplyLostError``, as the tool may have run.
+    ``connect_timeout`` (seconds, default ``DEFAULT_CONNECT_TIMEOUT``) bounds connecting and
+    listing: a server that does not answer in time is ``MCPUnavailableError``.
     """
 
     __slots__ = (
         "_client",
+        "_connect_timeout",
         "_lost",
         "_overrides",
         "_prefix",
@@ -76,9 +82,13 @@ class MCPToolset:
         overrides: Mapping[str, MCPToolOverride] | None = None,
         prefix: str = "",
         call_timeout: float | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         if call_timeout is not None and call_timeout <= 0:
             raise ConfigurationError("call_timeout must be positive")
+        if not 0 < connect_timeout < float("inf"):
+            raise ConfigurationError("connect_timeout must be a positive number of seconds")
+        self._connect_timeout = connect_timeout
         self._server = server
         self._overrides = dict(overrides or {})
         self._prefix = prefix
@@ -100,6 +110,7 @@ class MCPToolset:
         overrides: Mapping[str, MCPToolOverride] | None = None,
         prefix: str = "",
         call_timeout: float | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> MCPToolset:
         """A server the toolset starts as ``command *args`` and talks to over its stdin and
         stdout; ``env`` is added to the SDK's safe default environment. The process is
@@ -110,7 +121,13 @@ class MCPToolset:
             env=dict(env) if env is not None else None,
             cwd=cwd,
         )
-        return cls(params, overrides=overrides, prefix=prefix, call_timeout=call_timeout)
+        return cls(
+            params,
+            overrides=overrides,
+            prefix=prefix,
+            call_timeout=call_timeout,
+            connect_timeout=connect_timeout,
+        )
 
     @classmethod
     def http(
@@ -120,10 +137,17 @@ class MCPToolset:
         overrides: Mapping[str, MCPToolOverride] | None = None,
         prefix: str = "",
         call_timeout: float | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> MCPToolset:
         """A running server at ``url`` (its streamable HTTP endpoint, e.g.
         ``http://127.0.0.1:8000/mcp``)."""
-        return cls(url, overrides=overrides, prefix=prefix, call_timeout=call_timeout)
+        return cls(
+            url,
+            overrides=overrides,
+            prefix=prefix,
+            call_timeout=call_timeout,
+            connect_timeout=connect_timeout,
+        )
 
     @property
     def tools(self) -> tuple[MCPTool, ...]:
@@ -139,11 +163,14 @@ class MCPToolset:
             raise ConfigurationError(f"{self!r} is already connected")
         stack = AsyncExitStack()
         try:
-            # No response cache: every listing is the server's word now, never a stale one.
-            client = await stack.enter_async_context(
-                Client(self._server, read_timeout_seconds=self._timeout, cache=None)
-            )
-            listed = await self._listed(client)
+            # Bounded whatever call_timeout says: a server that never answers initialize,
+            # or whose listing the SDK cannot parse (and drops), would hang here for good.
+            async with asyncio.timeout(self._connect_timeout):
+                # No response cache: every listing is the server's word now, never stale.
+                client = await stack.enter_async_context(
+                    Client(self._server, read_timeout_seconds=self._timeout, cache=None)
+                )
+                listed = await self._listed(client)
             tools = self._kit_tools(listed)
         except BaseException as exc:
             await stack.aclose()
