@@ -696,12 +696,6 @@ def _http_mcp(mode: str) -> Iterator[tuple[str, list[dict[str, Any]]]]:
         thread.join(10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an HTTP MCP server that drops the connection during a tools/call makes the SDK's "
-    "transport task group fail: the run awaiting the call is cancelled (CancelledError, not "
-    "MCPReplyLostError) and leaving the toolset raises an untyped ExceptionGroup",
-)
 async def test_an_http_connection_dropped_mid_call_is_a_typed_lost_reply(tmp_path: Path) -> None:
     world = World()
     turns: list[Any] = [[("book_seat", {"flight": "LH1"})], "done"]

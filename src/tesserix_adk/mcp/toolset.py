@@ -10,11 +10,12 @@ translated once, here, into ``tesserix_adk.mcp.errors``, saying whether a call w
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from tesserix_adk.errors import AdkError, ConfigurationError
 from tesserix_adk.mcp.errors import MCPReplyLostError, MCPToolError, MCPUnavailableError
@@ -47,6 +48,8 @@ __all__ = ["DEFAULT_CONNECT_TIMEOUT", "MCPToolset"]
 
 # Bounds the listing walk: a server whose cursor never ends cannot hang the connection.
 _MAX_LIST_PAGES = 100
+T = TypeVar("T")
+
 # Seconds to start or reach a server and list its tools.
 DEFAULT_CONNECT_TIMEOUT = 20.0
 
@@ -65,12 +68,13 @@ class MCPToolset:
 
     __slots__ = (
         "_client",
+        "_closing",
         "_connect_timeout",
         "_lost",
         "_overrides",
+        "_owner",
         "_prefix",
         "_server",
-        "_stack",
         "_timeout",
         "_tools",
     )
@@ -93,7 +97,11 @@ class MCPToolset:
         self._overrides = dict(overrides or {})
         self._prefix = prefix
         self._timeout = call_timeout
-        self._stack: AsyncExitStack | None = None
+        # The task that holds the connection open: the SDK's task group lives in the task
+        # that enters the client, and a transport failure cancels whatever that task does;
+        # in a task of its own it cancels only the connection, never a run.
+        self._owner: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
         self._client: Client | None = None
         self._tools: tuple[MCPTool, ...] | None = None
         # Why the connection is known gone: a later call is then certainly not sent.
@@ -159,27 +167,55 @@ class MCPToolset:
         return self._tools
 
     async def __aenter__(self) -> MCPToolset:
-        if self._stack is not None:
+        if self._owner is not None:
             raise ConfigurationError(f"{self!r} is already connected")
-        stack = AsyncExitStack()
+        ready: asyncio.Future[tuple[Client, tuple[MCPTool, ...]]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._closing = asyncio.Event()
+        owner = asyncio.create_task(self._own(ready), name=f"mcp:{self._where()}")
         try:
-            # Bounded whatever call_timeout says: a server that never answers initialize,
-            # or whose listing the SDK cannot parse (and drops), would hang here for good.
-            async with asyncio.timeout(self._connect_timeout):
-                # No response cache: every listing is the server's word now, never stale.
-                client = await stack.enter_async_context(
-                    Client(self._server, read_timeout_seconds=self._timeout, cache=None)
-                )
-                listed = await self._listed(client)
-            tools = self._kit_tools(listed)
+            client, tools = await asyncio.shield(ready)
         except BaseException as exc:
-            await stack.aclose()
-            # The SDK's and the transports' errors are translated; the kit's own stand.
-            if isinstance(exc, Exception) and not isinstance(exc, AdkError):
+            self._closing.set()
+            owner.cancel()
+            with contextlib.suppress(BaseException):
+                await owner
+            # The SDK's and the transports' errors are translated; the kit's own stand
+            # (raised inside the SDK's task group, they come out in an exception group).
+            leaf = _leaf(exc)
+            if isinstance(leaf, AdkError):
+                raise leaf from exc
+            if isinstance(exc, Exception):
                 raise _connect_error(self._where(), exc) from exc
             raise
-        self._stack, self._client, self._tools, self._lost = stack, client, tools, None
+        self._owner, self._client, self._tools, self._lost = owner, client, tools, None
         return self
+
+    async def _own(self, ready: asyncio.Future[tuple[Client, tuple[MCPTool, ...]]]) -> None:
+        """Connect, list, hand the client over, and hold the connection until closing; a
+        failure after that is remembered (later calls are not sent), never raised."""
+        try:
+            async with AsyncExitStack() as stack:
+                # Bounded whatever call_timeout says: a server that never answers
+                # initialize, or whose listing the SDK cannot parse (and drops), would hang
+                # here for good.
+                async with asyncio.timeout(self._connect_timeout):
+                    # No response cache: every listing is the server's word now.
+                    client = await stack.enter_async_context(
+                        Client(self._server, read_timeout_seconds=self._timeout, cache=None)
+                    )
+                    listed = await self._listed(client)
+                ready.set_result((client, self._kit_tools(listed)))
+                await self._closing.wait()
+        except BaseException as exc:
+            if not ready.done():
+                if isinstance(exc, asyncio.CancelledError):
+                    ready.cancel()
+                else:
+                    ready.set_exception(exc)
+            elif not self._closing.is_set():
+                self._lost = _said(exc)
 
     async def __aexit__(
         self,
@@ -187,9 +223,11 @@ class MCPToolset:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        stack, self._stack, self._client, self._tools = self._stack, None, None, None
-        if stack is not None:
-            await stack.aclose()
+        owner, self._owner, self._client, self._tools = self._owner, None, None, None
+        if owner is not None:
+            self._closing.set()
+            with contextlib.suppress(Exception):
+                await owner
 
     async def call(self, name: str, arguments: Mapping[str, Any], *, key: str | None = None) -> Any:
         """Call the server's tool ``name`` (its own name, not prefixed) and answer the
@@ -207,7 +245,7 @@ class MCPToolset:
         # An open TypedDict (extra_items, PEP 728) that mypy does not read yet: hence the cast.
         meta = None if key is None else cast(RequestParamsMeta, {IDEMPOTENCY_KEY_META: key})
         try:
-            result = await client.call_tool(name, dict(arguments), meta=meta)
+            result = await self._answer(client.call_tool(name, dict(arguments), meta=meta))
         except SdkError as exc:
             stand_in = _stand_in(exc)
             if stand_in == "closed":
@@ -224,6 +262,26 @@ class MCPToolset:
         return outcome_of(
             result.content, is_error=result.is_error, structured=result.structured_content
         )
+
+    async def _answer(self, request: Coroutine[Any, Any, T]) -> T:
+        """``request``'s answer, or the connection's failure if it ended first (the
+        request was handed over: whether it reached the server, nobody can say)."""
+        owner = self._owner
+        sent = asyncio.ensure_future(request)
+        try:
+            waits: set[asyncio.Future[Any]] = {sent} if owner is None else {sent, owner}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            sent.cancel()
+            with contextlib.suppress(BaseException):
+                await sent
+            raise
+        if not sent.done():
+            sent.cancel()
+            with contextlib.suppress(BaseException):
+                await sent
+            raise ConnectionError(self._lost or "the connection ended")
+        return sent.result()
 
     def _reply_lost(self, name: str, exc: BaseException) -> MCPReplyLostError:
         return MCPReplyLostError(
