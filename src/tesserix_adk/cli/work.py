@@ -17,15 +17,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import signal
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.cli.failures import ExitCode, UsageError
+from tesserix_adk.cli.jsonout import emit
 from tesserix_adk.cli.loading import built_provider, load_agent
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import NoCheckpointError
@@ -33,6 +36,7 @@ from tesserix_adk.leases import LeasePolicy
 from tesserix_adk.run.ids import check_ids
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.timestamps import iso_time
 from tesserix_adk.worker import Worker
 
 __all__ = ["WORK_COMMANDS", "add_work_commands", "run_work_command"]
@@ -50,6 +54,7 @@ def add_work_commands(sub: Any, parents: Any = (), *, named: Any, seconds: Any) 
     p.add_argument("--tenant", required=True, type=named)
     p.add_argument("--input", required=True, help="the user's message (stored redacted)")
     p.add_argument("--run-id", type=named, help="the run's id (default: a new one)")
+    _add_json(p)
     _add_temporal(p, named)
     p = sub.add_parser(
         "worker",
@@ -67,6 +72,9 @@ def add_work_commands(sub: Any, parents: Any = (), *, named: Any, seconds: Any) 
         "--provider", type=named, help="module:attr of the model provider (all its runs)"
     )
     p.add_argument("--concurrency", type=_positive_int, default=8, metavar="N")
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per line: worker, at, message"
+    )
     p.add_argument("--worker", type=named, help="a name for this worker (a suffix is added)")
     p.add_argument("--lease-ttl", type=seconds, default=30.0, metavar="SECONDS")
     p.add_argument(
@@ -83,6 +91,11 @@ def add_work_commands(sub: Any, parents: Any = (), *, named: Any, seconds: Any) 
     p.add_argument("--tenant", required=True, type=named)
     p.add_argument("--by", required=True, type=named, help="who cancels")
     p.add_argument("--reason", help="why (secrets in it are masked before it is stored)")
+    _add_json(p)
+
+
+def _add_json(p: Any) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _add_temporal(p: Any, named: Any) -> None:
@@ -145,16 +158,36 @@ async def _cancel(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exit
     run = await runner.cancel(args.run, tenant=args.tenant, by=args.by, reason=args.reason)
     shown = escaped(args.run)
     if run is None and known is not None:
-        out.write(
+        state = "requested"
+        said = (
             f"cancel of run {shown} recorded, by {escaped(args.by)}; the worker holding it "
-            "stops it at its next boundary\n"
+            "stops it at its next boundary"
         )
     elif run is None:
-        out.write(f"run {shown} cancelled before it started, by {escaped(args.by)}\n")
+        state = "cancelled_before_start"
+        said = f"run {shown} cancelled before it started, by {escaped(args.by)}"
     elif run.status.value == "cancelled":
-        out.write(f"run {shown} cancelled, by {escaped(args.by)}: {escaped(run.output or '')}\n")
+        state = "cancelled"
+        said = f"run {shown} cancelled, by {escaped(args.by)}: {escaped(run.output or '')}"
     else:
-        out.write(f"run {shown} had already ended {run.status}; nothing to cancel\n")
+        state = "already_ended"
+        said = f"run {shown} had already ended {run.status}; nothing to cancel"
+    if args.json:
+        reason = None if args.reason is None else runner.redactor.text(args.reason)
+        emit(
+            out,
+            {
+                "run_id": args.run,
+                "tenant": args.tenant,
+                "by": args.by,
+                "reason": reason,
+                "state": state,
+                "status": None if run is None else run.status.value,
+                "at": iso_time(time.time()),
+            },
+        )
+    else:
+        out.write(said + "\n")
     return ExitCode.CARRIED_ON
 
 
@@ -175,13 +208,20 @@ async def _submit(
             run_id=run_id,
             task_queue=args.task_queue,
         )
-        out.write(f"{escaped(started)}\n")
+        _submitted(args, out, started, agent)
         return ExitCode.CARRIED_ON
     # Submitting calls no model: no provider is built.
     runner = AgentRunner.from_stores(_NoModel(), stores)
     run_id = await runner.submit(agent, args.input, tenant=args.tenant, run_id=args.run_id)
-    out.write(f"{escaped(run_id)}\n")
+    _submitted(args, out, run_id, agent)
     return ExitCode.CARRIED_ON
+
+
+def _submitted(args: argparse.Namespace, out: TextIO, run_id: str, agent: Agent) -> None:
+    if args.json:
+        emit(out, {"run_id": run_id, "tenant": args.tenant, "agent": agent.name})
+    else:
+        out.write(f"{escaped(run_id)}\n")
 
 
 class _NoModel:
@@ -223,14 +263,14 @@ async def _work(
             poll_interval=args.poll,
         )
         name = escaped(runner.worker)
-        with _printing(out, name), _draining_on_signals(worker, out, name):
-            out.write(
-                f"worker {name}: carrying runs of {', '.join(escaped(n) for n in names)}, "
-                f"{args.concurrency} at a time, lease ttl {ttl:g} s\n"
+        say = _sayer(out, name, json_lines=args.json)
+        with _printing(say), _draining_on_signals(worker, say):
+            say(
+                f"carrying runs of {', '.join(escaped(n) for n in names)}, "
+                f"{args.concurrency} at a time, lease ttl {ttl:g} s"
             )
-            out.flush()
             await worker.run()
-        out.write(f"worker {name}: stopped; {len(worker.carried)} run(s) taken\n")
+        say(f"stopped; {len(worker.carried)} run(s) taken")
     return ExitCode.CARRIED_ON
 
 
@@ -264,12 +304,39 @@ async def _work_on_temporal(
     return ExitCode.CARRIED_ON
 
 
+Say = Callable[[str], None]
+
+
+def _sayer(out: TextIO, name: str, *, json_lines: bool) -> Say:
+    """One line of the worker's on ``out``: ``worker NAME: text``, or a JSON object."""
+
+    def say(text: str) -> None:
+        if json_lines:
+            line = {"worker": name, "at": iso_time(time.time()), "message": text}
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        else:
+            out.write(f"worker {name}: {text}\n")
+        out.flush()
+
+    return say
+
+
+class _Saying(logging.Handler):
+    def __init__(self, say: Say) -> None:
+        super().__init__(logging.INFO)
+        self.say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.say(record.getMessage())
+        except Exception:
+            self.handleError(record)
+
+
 @contextlib.contextmanager
-def _printing(out: TextIO, name: str) -> Any:
-    """The worker's own log lines on ``out``, one per run event."""
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(logging.Formatter(f"worker {name}: %(message)s"))
-    handler.setLevel(logging.INFO)
+def _printing(say: Say) -> Any:
+    """The worker's own log lines, one per run event."""
+    handler = _Saying(say)
     log = logging.getLogger("tesserix_adk.worker")
     before = log.level, log.propagate
     log.addHandler(handler)
@@ -284,16 +351,12 @@ def _printing(out: TextIO, name: str) -> Any:
 
 
 @contextlib.contextmanager
-def _draining_on_signals(worker: Worker, out: TextIO, name: str) -> Any:
+def _draining_on_signals(worker: Worker, say: Say) -> Any:
     loop = asyncio.get_running_loop()
 
     def drain(signum: int) -> None:
         if not worker.draining:
-            out.write(
-                f"worker {name}: {signal.Signals(signum).name}: draining (runs stop at their "
-                "next boundary)\n"
-            )
-            out.flush()
+            say(f"{signal.Signals(signum).name}: draining (runs stop at their next boundary)")
         worker.drain()
 
     installed = []
