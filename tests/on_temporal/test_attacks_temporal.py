@@ -1,0 +1,488 @@
+"""Attacks on the Temporal integration's promises: a call that happened is never sent again,
+one in doubt is never guessed, nothing secret reaches Temporal's history, no payload nears
+Temporal's 2 MiB limit, the workflow replays deterministically, and the command line ends in
+one sentence with its documented exit code.
+
+Tests marked ``xfail(strict=True)`` are defects: each asserts the promise as it should hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.worker import Replayer
+
+from on_temporal import airline
+from on_temporal.conftest import DevServer
+from on_temporal.helpers import (
+    FAST,
+    TESTS,
+    fast_runner,
+    in_world,
+    queue,
+    run_id,
+    store_url,
+    tesserix,
+    worker_running,
+    world_stores,
+)
+from tesserix_adk import Agent, ScriptedProvider, ToolContext, tool
+from tesserix_adk.temporal import APPROVAL_SIGNAL, AgentWorkflow, start_run
+from tesserix_adk.testing.secrets import leaked_secrets, planted_secrets
+
+TENANT = airline.TENANT
+AGENT = "on_temporal.airline:agent"
+
+# Tools of this module's agents: each counts its sends in the world directory, so a second
+# send is seen whatever the kit recorded.
+
+
+def _sent(name: str) -> None:
+    with (airline.world() / f"{name}.sent").open("a") as f:
+        f.write("x\n")
+
+
+def _sends(name: str) -> int:
+    path = airline.world() / f"{name}.sent"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@tool(side_effects=False)
+def card_on_file(customer: str) -> str:
+    """The customer's card and credentials on file."""
+    return "card on file: " + " ".join(planted_secrets().values())
+
+
+@tool
+def export_report(name: str) -> str:
+    """Export a large report (a side effect: it is filed with the regulator)."""
+    _sent("export_report")
+    return "R" * (2 * 1024 * 1024 + 512 * 1024)
+
+
+@tool
+async def slow_async_booking(flight: str, ctx: ToolContext) -> str:
+    """Book a seat, then wait on the airline's slow confirmation."""
+    _sent("slow_async_booking")
+    await asyncio.sleep(float(os.environ.get("ATTACK_SLOW", "4")))
+    return f"B-{flight}"
+
+
+@tool
+def slow_sync_booking(flight: str, ctx: ToolContext) -> str:
+    """Book a seat on an airline that answers slowly."""
+    import time
+
+    _sent("slow_sync_booking")
+    time.sleep(float(os.environ.get("ATTACK_SLOW", "4")))
+    return f"B-{flight}"
+
+
+def _agent(*tools: Any) -> Agent:
+    return Agent("attacker", "Do what the user asks.", list(tools))
+
+
+async def _run(
+    server: DevServer,
+    world: Path,
+    agent: Agent,
+    turns: list[Any],
+    *,
+    within: float = 40.0,
+    **start: Any,
+) -> tuple[Any, Any]:
+    """Run ``agent`` on ``turns`` with an in-process worker; (outcome or error, handle)."""
+    client = await Client.connect(server.address)
+    async with await world_stores(world) as stores:
+        q = queue()
+        async with worker_running(client, fast_runner(ScriptedProvider(turns), stores), [agent], q):
+            handle = await start_run(
+                client,
+                agent,
+                start.pop("input", "go"),
+                tenant=TENANT,
+                run_id=start.pop("rid", None) or run_id(),
+                task_queue=q,
+                options=start.pop("options", FAST),
+                **start,
+            )
+            try:
+                outcome: Any = await asyncio.wait_for(handle.result(), within)
+            except (WorkflowFailureError, TimeoutError) as exc:
+                outcome = exc
+            finally:
+                # A run left going would keep this worker's queue busy: ended (a no-op on a
+                # closed workflow, whose error is ignored).
+                with contextlib.suppress(Exception):
+                    await handle.terminate("attack test over")
+    return outcome, handle
+
+
+# --- secrets -------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a tool's result crosses into Temporal's history unredacted (the ToolResult the "
+    "tool activity returns and the model activity's input carry it as the tool returned it), "
+    "though the kit's stores hold it masked",
+)
+async def test_a_secret_a_tool_returns_never_reaches_temporals_history(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    agent = _agent(card_on_file)
+    with in_world(tmp_path):
+        outcome, handle = await _run(
+            temporal_server,
+            tmp_path,
+            agent,
+            [[("card_on_file", {"customer": "c-1"})], "Done."],
+        )
+        history = await handle.fetch_history()
+    assert getattr(outcome, "status", None) == "completed", outcome
+    raw = b"".join(event.SerializeToString() for event in history.events)
+    assert b"card on file" in raw  # the result is there; only its secrets must be masked
+    assert leaked_secrets(raw) == []
+
+
+async def test_a_secret_in_a_tools_arguments_never_reaches_temporals_history(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    secret = " ".join(planted_secrets().values())
+    agent = _agent(card_on_file)
+    with in_world(tmp_path):
+        outcome, handle = await _run(
+            temporal_server,
+            tmp_path,
+            agent,
+            [[("card_on_file", {"customer": f"c-1 {secret}"})], "Done."],
+        )
+        history = await handle.fetch_history()
+    assert getattr(outcome, "status", None) == "completed", outcome
+    raw = b"".join(event.SerializeToString() for event in history.events)
+    # Arguments never cross (only the call's id does); the result is masked or not, but
+    # the arguments' own text must be absent.
+    assert b"c-1 " not in raw
+
+
+# --- determinism ---------------------------------------------------------------------------
+
+
+async def test_a_finished_runs_history_replays_without_nondeterminism(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    with in_world(tmp_path):
+        outcome, handle = await _run(
+            temporal_server, tmp_path, airline.agent, list(airline.BOOK_TURNS)
+        )
+        history = await handle.fetch_history()
+    assert getattr(outcome, "status", None) == "completed", outcome
+    result = await Replayer(workflows=[AgentWorkflow]).replay_workflow(
+        history, raise_on_replay_failure=False
+    )
+    assert result.replay_failure is None, result.replay_failure
+
+
+# --- payload size --------------------------------------------------------------------------
+
+
+async def test_a_tool_result_over_the_payload_limit_ends_the_run_and_is_sent_once(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    agent = _agent(export_report)
+    with in_world(tmp_path):
+        outcome, _ = await _run(
+            temporal_server,
+            tmp_path,
+            agent,
+            [[("export_report", {"name": "q3"})], "Filed."],
+            within=25.0,
+        )
+        sends = _sends("export_report")
+    assert sends == 1
+    # Either the transcript stays in the kit's stores (completed) or the run fails in words.
+    assert not isinstance(outcome, TimeoutError), "the run neither completed nor failed"
+    assert getattr(outcome, "status", None) == "completed", outcome
+
+
+# --- a tool slower than its start-to-close timeout ----------------------------------------
+
+
+@pytest.mark.parametrize("slow", [slow_async_booking, slow_sync_booking], ids=["async", "sync"])
+async def test_a_tool_slower_than_its_timeout_is_never_sent_twice(
+    temporal_server: DevServer, tmp_path: Path, slow: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Temporal times the first attempt out at 1.5 s and retries while it still runs (4 s).
+    monkeypatch.setenv("ATTACK_SLOW", "4")
+    agent = _agent(slow)
+    options = dataclasses.replace(FAST, tool_timeout=1.5)
+    with in_world(tmp_path):
+        outcome, _ = await _run(
+            temporal_server,
+            tmp_path,
+            agent,
+            [[(slow.name, {"flight": "LH123"})], "Booked."],
+            options=options,
+            within=30.0,
+        )
+        # Let a first attempt that was cancelled but not stopped finish what it does.
+        await asyncio.sleep(1.0)
+        sends = _sends(slow.name)
+    assert sends == 1
+    if isinstance(outcome, WorkflowFailureError):
+        # Refused as in doubt, naming the call: never guessed.
+        assert "IndeterminateToolCallError" in repr(outcome.cause), outcome.cause
+    else:
+        assert not isinstance(outcome, TimeoutError), "the run neither completed nor failed"
+
+
+# --- duplicate starts ----------------------------------------------------------------------
+
+
+async def test_a_second_start_with_the_same_run_id_is_refused(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    rid = run_id()
+    with in_world(tmp_path):
+        outcome, _ = await _run(
+            temporal_server, tmp_path, airline.agent, list(airline.BOOK_TURNS), rid=rid
+        )
+        assert getattr(outcome, "status", None) == "completed", outcome
+        client = await Client.connect(temporal_server.address)
+        with pytest.raises(WorkflowAlreadyStartedError):
+            await start_run(
+                client, airline.agent, "Book LH123", tenant=TENANT, run_id=rid, task_queue=queue()
+            )
+        assert len(airline.bookings()) == 1
+
+
+# --- approvals and signals ------------------------------------------------------------------
+
+
+async def _pending_request(stores: Any, rid: str) -> str:
+    runner = fast_runner(ScriptedProvider([]), stores)
+    assert runner.checkpoints is not None
+    async with asyncio.timeout(30):
+        while True:
+            cp = await runner.checkpoints.latest(TENANT, rid)
+            if cp is not None and cp.pending_approval is not None:
+                return cp.pending_approval.id
+            await asyncio.sleep(0.05)
+
+
+async def test_approval_signals_twice_and_for_another_run_change_nothing(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    rid, url = run_id(), store_url(tmp_path)
+    with in_world(tmp_path):
+        client = await Client.connect(temporal_server.address)
+        async with await world_stores(tmp_path) as stores:
+            q = queue()
+            async with worker_running(
+                client, fast_runner(airline.provider(), stores), [airline.approval_agent], q
+            ):
+                handle = await start_run(
+                    client,
+                    airline.approval_agent,
+                    "Book LH123",
+                    tenant=TENANT,
+                    run_id=rid,
+                    task_queue=q,
+                    options=FAST,
+                    approval_poll=0.3,
+                )
+                other = await start_run(
+                    client,
+                    airline.approval_agent,
+                    "Book LH123",
+                    tenant=TENANT,
+                    run_id=run_id(),
+                    task_queue=q,
+                    options=FAST,
+                    approval_poll=0.3,
+                )
+                request = await _pending_request(stores, rid)
+                await _pending_request(stores, other.id)
+                # Woken with nothing decided, twice: it looks, finds no decision, waits on.
+                await handle.signal(APPROVAL_SIGNAL)
+                await handle.signal(APPROVAL_SIGNAL)
+                await asyncio.sleep(1.0)
+                assert airline.bookings() == []
+                approved = await tesserix(
+                    "approve", request, "--tenant", TENANT, "--by", "ops", "--store", url
+                )
+                assert approved.returncode == 0, approved.stderr
+                # The decision of one run, signalled to another run: the other waits on.
+                await other.signal(APPROVAL_SIGNAL)
+                await handle.signal(APPROVAL_SIGNAL)
+                await handle.signal(APPROVAL_SIGNAL)
+                outcome = await asyncio.wait_for(handle.result(), 40)
+                await asyncio.sleep(1.0)
+                assert (await other.describe()).status is not None
+                still = (await other.describe()).status
+                await other.terminate("attack test over")
+        assert outcome.status == "completed"
+        assert len(airline.bookings()) == 1
+        assert still is not None and still.name == "RUNNING"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="after `tesserix approve` a Temporal run sits in the store's work index as wanting "
+    "a worker until the workflow's next look, so a kit `tesserix worker` on the same store "
+    "takes it and carries the run itself, beside (and against) its workflow",
+)
+async def test_a_kit_worker_on_the_same_store_leaves_an_approved_temporal_run_alone(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    rid, url = run_id(), store_url(tmp_path)
+    with in_world(tmp_path):
+        client = await Client.connect(temporal_server.address)
+        async with await world_stores(tmp_path) as stores:
+            q = queue()
+            async with worker_running(
+                client, fast_runner(airline.provider(), stores), [airline.approval_agent], q
+            ):
+                handle = await start_run(
+                    client,
+                    airline.approval_agent,
+                    "Book LH123",
+                    tenant=TENANT,
+                    run_id=rid,
+                    task_queue=q,
+                    options=FAST,
+                    # The workflow's next look at the approval store is a while off: the
+                    # window a kit worker has is this wide (2 s by default).
+                    approval_poll=20.0,
+                )
+                request = await _pending_request(stores, rid)
+                approved = await tesserix(
+                    "approve", request, "--tenant", TENANT, "--by", "ops", "--store", url
+                )
+                assert approved.returncode == 0, approved.stderr
+                kit = await asyncio.wait_for(
+                    tesserix(
+                        "worker",
+                        "--agent",
+                        "on_temporal.airline:approval_agent",
+                        "--provider",
+                        "on_temporal.airline:provider",
+                        "--exit-when-idle",
+                        "--store",
+                        url,
+                        env=_cli_env(),
+                    ),
+                    40,
+                )
+                await handle.signal(APPROVAL_SIGNAL)
+                try:
+                    outcome: Any = await asyncio.wait_for(handle.result(), 40)
+                except WorkflowFailureError as exc:
+                    outcome = exc
+        assert kit.returncode == 0, kit.stderr
+        # The Temporal run is its workflow's alone: it completes there, booking once.
+        assert len(airline.bookings()) == 1
+        assert getattr(outcome, "status", None) == "completed", (outcome, kit.stdout)
+        assert rid not in kit.stdout, kit.stdout
+
+
+# --- the command line ----------------------------------------------------------------------
+
+
+def _cli_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(TESTS)}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="`tesserix submit --temporal` to a namespace the server does not know prints a "
+    "traceback of the SDK's RPCError instead of one sentence with a documented exit code",
+)
+async def test_submit_to_an_unknown_namespace_is_one_sentence(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    done = await asyncio.wait_for(
+        tesserix(
+            "submit",
+            "--temporal",
+            temporal_server.address,
+            "--namespace",
+            "no-such-namespace",
+            "--task-queue",
+            queue(),
+            "--agent",
+            AGENT,
+            "--tenant",
+            TENANT,
+            "--input",
+            "hi",
+            "--store",
+            store_url(tmp_path),
+            env=_cli_env(),
+        ),
+        60,
+    )
+    assert done.returncode in (1, 2, 3), done
+    assert "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+async def test_submit_to_something_that_is_not_temporal_is_exit_3_in_one_sentence(
+    tmp_path: Path,
+) -> None:
+    # Redis listens on 6379 (the test services): the port answers, the protocol is wrong.
+    done = await asyncio.wait_for(
+        tesserix(
+            "submit",
+            "--temporal",
+            "127.0.0.1:6379",
+            "--task-queue",
+            "q",
+            "--agent",
+            AGENT,
+            "--tenant",
+            TENANT,
+            "--input",
+            "hi",
+            "--store",
+            store_url(tmp_path),
+            env=_cli_env(),
+        ),
+        60,
+    )
+    assert done.returncode == 3, done
+    assert "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+async def test_a_worker_for_an_unreachable_server_is_exit_3_in_one_sentence(
+    tmp_path: Path,
+) -> None:
+    done = await asyncio.wait_for(
+        tesserix(
+            "worker",
+            "--temporal",
+            "127.0.0.1:1",
+            "--task-queue",
+            "q",
+            "--agent",
+            AGENT,
+            "--provider",
+            "on_temporal.airline:provider",
+            "--store",
+            store_url(tmp_path),
+            env=_cli_env(),
+        ),
+        60,
+    )
+    assert done.returncode == 3, done
+    assert "cannot be reached" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
