@@ -31,6 +31,7 @@ from on_temporal.helpers import (
     run_id,
     store_url,
     tesserix,
+    wait_for_file,
     worker_running,
     world_stores,
 )
@@ -69,6 +70,13 @@ def export_report(name: str) -> str:
 
 
 @tool
+def export_chunk(name: str) -> str:
+    """Export one part of a report (a side effect), just under the kit's result cap."""
+    _sent("export_chunk")
+    return name[:1] * (900 * 1024)
+
+
+@tool
 async def slow_async_booking(flight: str, ctx: ToolContext) -> str:
     """Book a seat, then wait on the airline's slow confirmation."""
     _sent("slow_async_booking")
@@ -88,6 +96,10 @@ def slow_sync_booking(flight: str, ctx: ToolContext) -> str:
 
 def _agent(*tools: Any) -> Agent:
     return Agent("attacker", "Do what the user asks.", list(tools))
+
+
+# ``--agent on_temporal.test_attacks_temporal:slow_agent`` for the command line.
+slow_agent = _agent(slow_async_booking)
 
 
 async def _run(
@@ -213,6 +225,26 @@ async def test_a_tool_result_over_the_payload_limit_ends_the_run_and_is_sent_onc
     assert getattr(outcome, "status", None) == "completed", outcome
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="each tool result is capped at 1 MiB, but a turn's results cross together as the "
+    "next model activity's input, so three calls of 900 KB make a 2.7 MB payload Temporal "
+    "refuses: the workflow task fails over and over and the run never ends",
+)
+async def test_a_turn_whose_results_together_pass_the_payload_limit_still_ends(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    agent = _agent(export_chunk)
+    turns: list[Any] = [[("export_chunk", {"name": n}) for n in ("a", "b", "c")], "Exported."]
+    with in_world(tmp_path):
+        # The server's workflow task timeout is 10 s: by 12 s it has been tried twice.
+        outcome, _ = await _run(temporal_server, tmp_path, agent, turns, within=12.0)
+        sends = _sends("export_chunk")
+    assert sends == 3
+    assert not isinstance(outcome, TimeoutError), "the run neither completed nor failed"
+    assert getattr(outcome, "status", None) == "completed", outcome
+
+
 # --- a tool slower than its start-to-close timeout ----------------------------------------
 
 
@@ -242,6 +274,70 @@ async def test_a_tool_slower_than_its_timeout_is_never_sent_twice(
         assert "IndeterminateToolCallError" in repr(outcome.cause), outcome.cause
     else:
         assert not isinstance(outcome, TimeoutError), "the run neither completed nor failed"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="once a Temporal run failed as indeterminate and `tesserix resolve` settled the "
+    "call, `tesserix submit --temporal` with its run id exits 0 printing the id while nothing "
+    "runs: the closed workflow id is rejected (REJECT_DUPLICATE) and the refusal swallowed",
+)
+async def test_a_resolved_run_can_go_on_on_temporal_or_submit_says_it_cannot(
+    temporal_server: DevServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ATTACK_SLOW", "4")
+    rid, url, q = run_id(), store_url(tmp_path), queue()
+    options = dataclasses.replace(FAST, tool_timeout=1.5)
+    turns: list[Any] = [[("slow_async_booking", {"flight": "LH123"})], "Booked."]
+    with in_world(tmp_path):
+        outcome, _ = await _run(
+            temporal_server, tmp_path, slow_agent, turns, options=options, rid=rid
+        )
+        assert isinstance(outcome, WorkflowFailureError), outcome
+        assert "IndeterminateToolCallError" in repr(outcome.cause)
+        resolved = await tesserix(
+            "resolve",
+            rid,
+            "--tenant",
+            TENANT,
+            "--call",
+            "call_0_0",
+            "--outcome",
+            '"B-LH123"',
+            "--by",
+            "ops",
+            "--store",
+            url,
+            env=_cli_env(),
+        )
+        assert resolved.returncode == 0, resolved.stderr
+        again = await tesserix(
+            "submit",
+            "--temporal",
+            temporal_server.address,
+            "--task-queue",
+            q,
+            "--agent",
+            "on_temporal.test_attacks_temporal:slow_agent",
+            "--tenant",
+            TENANT,
+            "--input",
+            "go",
+            "--run-id",
+            rid,
+            "--store",
+            url,
+            env=_cli_env(),
+        )
+        client = await Client.connect(temporal_server.address)
+        latest = await client.get_workflow_handle(rid).describe()  # the newest execution
+        status = latest.status
+    assert status is not None
+    if again.returncode == 0:
+        # It printed the run id as started: then something must carry it.
+        assert status.name != "FAILED", (again.stdout, again.stderr)
+    else:
+        assert rid in again.stderr and len(again.stderr.strip().splitlines()) == 1
 
 
 # --- duplicate starts ----------------------------------------------------------------------
@@ -394,6 +490,43 @@ async def test_a_kit_worker_on_the_same_store_leaves_an_approved_temporal_run_al
         assert rid not in kit.stdout, kit.stdout
 
 
+async def test_tesserix_cancel_mid_turn_lets_the_call_in_hand_finish_and_sends_nothing_more(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    rid, url = run_id(), store_url(tmp_path)
+    turns: list[Any] = [
+        [("book_seat", {"flight": "LH123"})],
+        [("book_seat", {"flight": "UA456"})],
+        "Booked both.",
+    ]
+    with in_world(tmp_path):
+        (tmp_path / "hold_before").touch()
+        client = await Client.connect(temporal_server.address)
+        async with await world_stores(tmp_path) as stores:
+            q = queue()
+            async with worker_running(
+                client, fast_runner(ScriptedProvider(turns), stores), [airline.agent], q
+            ):
+                handle = await start_run(
+                    client,
+                    airline.agent,
+                    "Book LH123 and UA456",
+                    tenant=TENANT,
+                    run_id=rid,
+                    task_queue=q,
+                    options=FAST,
+                )
+                await wait_for_file(tmp_path / "entered")  # inside the first booking
+                cancelled = await tesserix(
+                    "cancel", rid, "--tenant", TENANT, "--by", "ops", "--store", url
+                )
+                assert cancelled.returncode == 0, cancelled.stderr
+                (tmp_path / "hold_before").unlink()
+                outcome = await asyncio.wait_for(handle.result(), 30)
+        assert outcome.status == "cancelled"
+        assert [flight for flight, _ in airline.bookings()] == ["LH123"]
+
+
 # --- the command line ----------------------------------------------------------------------
 
 
@@ -403,8 +536,9 @@ def _cli_env() -> dict[str, str]:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="`tesserix submit --temporal` to a namespace the server does not know prints a "
-    "traceback of the SDK's RPCError instead of one sentence with a documented exit code",
+    reason="`tesserix submit --temporal` to a namespace the server does not know is exit 4 "
+    "(must not be carried on, a person decides) with the SDK's bare `RPCError: ...`, not "
+    "exit 2 (a command line to fix) naming --namespace",
 )
 async def test_submit_to_an_unknown_namespace_is_one_sentence(
     temporal_server: DevServer, tmp_path: Path
@@ -430,7 +564,43 @@ async def test_submit_to_an_unknown_namespace_is_one_sentence(
         ),
         60,
     )
-    assert done.returncode in (1, 2, 3), done
+    assert done.returncode == 2, done
+    assert "no-such-namespace" in done.stderr and "RPCError" not in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="`tesserix worker --temporal` with a namespace the server does not know prints "
+    "its 'carrying runs' banner, then the SDK core's WARN log lines and a RuntimeError "
+    "carrying raw gRPC status bytes, exit 4: not one sentence, not a command line to fix",
+)
+async def test_a_worker_for_an_unknown_namespace_is_one_sentence_and_no_banner(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    done = await asyncio.wait_for(
+        tesserix(
+            "worker",
+            "--temporal",
+            temporal_server.address,
+            "--namespace",
+            "no-such-namespace",
+            "--task-queue",
+            queue(),
+            "--agent",
+            AGENT,
+            "--provider",
+            "on_temporal.airline:provider",
+            "--store",
+            store_url(tmp_path),
+            env=_cli_env(),
+        ),
+        60,
+    )
+    assert done.returncode == 2, done
+    assert "carrying runs" not in done.stdout, done.stdout
+    assert "no-such-namespace" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
