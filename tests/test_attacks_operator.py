@@ -19,6 +19,8 @@ import httpx
 import pytest
 
 from console.console_world import OTHER, SECRET, TENANT, World, seed, served
+from processes import TENANT as SITE_TENANT
+from processes import Site
 from tesserix_adk import Checkpointer, open_stores
 from tesserix_adk.console import create_app
 
@@ -333,3 +335,93 @@ def test_a_worker_never_imports_the_revision_upgrade() -> None:
         if "accept_revision(" in p.read_text(encoding="utf-8")
     )
     assert users == ["cli/resuming.py", "run/upgrade.py"], users
+
+
+# --- accepting a revision ----------------------------------------------------------------
+
+
+def _book(flight: str) -> str:
+    """Book."""
+    return flight
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an in-flight record whose tool lost its idempotency key in the new revision is "
+    "not named by revision_differences (its in-flight check compares side_effects and "
+    "idempotent only), so accept-revision lets a keyed call in doubt be planned as unkeyed",
+)
+def test_accept_revision_names_an_in_flight_call_whose_tool_lost_its_key() -> None:
+    from tesserix_adk import Agent, Checkpoint, CheckpointStatus, tool
+    from tesserix_adk.run.upgrade import revision_differences
+    from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
+
+    frontier = Checkpoint(
+        tenant="t",
+        run_id="r",
+        agent_name="a",
+        agent_revision="old",
+        step=3,
+        status=CheckpointStatus.running,
+        messages=(),
+    )
+    record = IdempotencyRecord(
+        key="k1:x",
+        status=RecordStatus.in_flight,
+        holder="h",
+        tenant="t",
+        run_id="r",
+        tool="book",
+        call_id="c1",
+        flags=ToolFlags(side_effects=True, idempotent=False),
+    )
+    keyed = Agent("a", "x", [tool(name="book")(_book)])
+    assert revision_differences(frontier, keyed, [record]) == []
+    unkeyed = Agent("a", "x", [tool(name="book", key=None)(_book)])
+    found = revision_differences(frontier, unkeyed, [record])
+    assert any("keyed" in text for text in found), found
+
+
+UPGRADED = """
+from tesserix_adk import Agent
+from tesserix_adk.cli.demo_agent import PROVIDER, book_seat, search_flights
+
+agent = Agent(
+    "booking",
+    "Find the flight the user asks for and book one seat on it, politely.",
+    [search_flights, book_seat],
+    max_iterations=6,
+)
+"""
+
+
+def test_two_operators_accepting_at_once_carry_the_run_on_once(tmp_path: Path) -> None:
+    site = Site(tmp_path)
+    (tmp_path / "attack_upgraded_agent.py").write_text(UPGRADED)
+    site.env = {**site.env, "PYTHONPATH": str(tmp_path)}
+    site.kill_at("r", "model_call")
+    site.wait_lease_lapsed("r")
+    command = [sys.executable, "-m", "tesserix_adk", "run", "--resume", "r"]
+    command += ["--tenant", SITE_TENANT, "--agent", "attack_upgraded_agent:agent"]
+    racers = [
+        subprocess.Popen(
+            [*command, "--accept-revision", "--by", who, "--json"],
+            env=site.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for who in ("alice", "bob")
+    ]
+    said = [p.communicate(timeout=60) for p in racers]
+    codes = [p.returncode for p in racers]
+    for (stdout, stderr), code in zip(said, codes, strict=True):
+        assert "Traceback" not in stderr and stderr.count("\n") <= 1, stderr
+        json.loads(stdout)  # valid JSON, an error object or the run
+        assert code in (0, 3), (code, stdout, stderr)
+    assert 0 in codes, said
+    assert site.bookings("r") == 1
+    shown = site.tesserix("show", "r", "--tenant", SITE_TENANT, "--json")
+    told = json.loads(shown.stdout)
+    assert told["status"] == "completed"
+    assert len(told["accepted_revisions"]) == 1, told["accepted_revisions"]
