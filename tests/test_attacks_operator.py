@@ -163,9 +163,16 @@ def test_console_a_secret_in_a_reason_is_masked_and_a_name_cannot_forge_lines(
         assert got.status_code == 200, got.text
         assert SECRET not in got.text and "\x1b" not in got.text
         assert SECRET not in client.get(f"/t/{OTHER}/runs/r-other").text
+    # The same audit trail as `tesserix cancel`: who (as typed, escaped where shown) and why.
     shown = _tesserix(store_url, "show", "r-other", "--tenant", OTHER, "--json")
     assert shown.returncode == 0, shown.stderr
     assert SECRET not in shown.stdout
+    told = json.loads(shown.stdout)
+    assert told["status"] == "cancelled"
+    assert told["cancel"]["by"] == "bob\x1b[31m\nforged"
+    assert told["cancel"]["reason"].startswith("key ")
+    text = _tesserix(store_url, "show", "r-other", "--tenant", OTHER)
+    assert text.returncode == 0 and "\x1b" not in text.stdout and SECRET not in text.stdout
 
 
 @pytest.mark.xfail(
@@ -217,6 +224,18 @@ def test_console_on_a_store_that_is_down_shows_no_traceback_or_password() -> Non
         assert got.status_code >= 500
         for text in ("Traceback", "hunter2pw", "psycopg", 'File "'):
             assert text not in got.text
+
+
+def test_console_on_a_store_that_never_answers_still_answers() -> None:
+    # A PostgreSQL that accepts and then says nothing: the page must come back, not hang.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"postgresql://postgres:hunter2pw@127.0.0.1:{silent.getsockname()[1]}/test"
+        with served(create_app(url)) as base, httpx.Client(base_url=base, timeout=60) as client:
+            got = client.get(f"/t/{TENANT}/runs")
+            assert got.status_code >= 500
+            assert "Traceback" not in got.text and "hunter2pw" not in got.text
 
 
 @pytest.mark.xfail(
