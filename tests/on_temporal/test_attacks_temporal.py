@@ -25,6 +25,7 @@ from on_temporal.conftest import DevServer
 from on_temporal.helpers import (
     FAST,
     TESTS,
+    WorkerProcess,
     fast_runner,
     in_world,
     queue,
@@ -74,6 +75,12 @@ def export_chunk(name: str) -> str:
     """Export one part of a report (a side effect), just under the kit's result cap."""
     _sent("export_chunk")
     return name[:1] * (900 * 1024)
+
+
+@tool(side_effects=False)
+def search_flights_in_cabin(origin: str, dest: str, cabin: str = "economy") -> list[str]:
+    """Find flights between two airports, in a cabin."""
+    return []
 
 
 @tool
@@ -338,6 +345,49 @@ async def test_a_resolved_run_can_go_on_on_temporal_or_submit_says_it_cannot(
         assert status.name != "FAILED", (again.stdout, again.stderr)
     else:
         assert rid in again.stderr and len(again.stderr.strip().splitlines()) == 1
+
+
+async def test_a_second_worker_with_a_changed_agent_refuses_the_run_and_sends_nothing(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    changed = Agent(
+        "airline",
+        "Book the flight the user asks for.",
+        [search_flights_in_cabin, airline.book_seat],
+    )
+    assert changed.revision != airline.agent.revision
+    rid, q = run_id(), queue()
+    with in_world(tmp_path):
+        (tmp_path / "hold_before").touch()
+        async with await world_stores(tmp_path) as stores:
+            client = await Client.connect(temporal_server.address)
+            first = await WorkerProcess.start(temporal_server.address, q, "agent")
+            try:
+                handle = await start_run(
+                    client,
+                    airline.agent,
+                    "Book LH123",
+                    tenant=TENANT,
+                    run_id=rid,
+                    task_queue=q,
+                    options=FAST,
+                    task_timeout=1.0,
+                )
+                await wait_for_file(tmp_path / "entered")  # claimed, about to book
+                await first.kill()
+            finally:
+                await first.stop()
+            (tmp_path / "hold_before").unlink()
+            async with worker_running(
+                client, fast_runner(ScriptedProvider([]), stores), [changed], q
+            ):
+                with pytest.raises(WorkflowFailureError) as failed:
+                    await asyncio.wait_for(handle.result(), 40)
+        booked = airline.bookings()
+    cause = repr(failed.value.cause)
+    assert "RevisionMismatchError" in cause, cause
+    assert airline.agent.revision in cause and changed.revision in cause
+    assert booked == []
 
 
 # --- duplicate starts ----------------------------------------------------------------------
