@@ -37,6 +37,7 @@ from on_temporal.helpers import (
     world_stores,
 )
 from tesserix_adk import Agent, ScriptedProvider, ToolContext, tool
+from tesserix_adk.checkpoint.continuation import ContinuationPolicy
 from tesserix_adk.temporal import APPROVAL_SIGNAL, AgentWorkflow, start_run
 from tesserix_adk.testing.secrets import leaked_secrets, planted_secrets
 
@@ -388,6 +389,46 @@ async def test_a_second_worker_with_a_changed_agent_refuses_the_run_and_sends_no
     assert "RevisionMismatchError" in cause, cause
     assert airline.agent.revision in cause and changed.revision in cause
     assert booked == []
+
+
+async def test_a_lost_reply_right_before_continue_as_new_is_replayed_across_the_chain(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    # The booking (iteration 1) is the second step: the policy continues-as-new right after
+    # it. Its worker is SIGKILLed with the call recorded and its reply to Temporal held.
+    rid, q = run_id(), queue()
+    with in_world(tmp_path):
+        (tmp_path / "hold_reply").touch()
+        async with await world_stores(tmp_path):
+            pass
+        client = await Client.connect(temporal_server.address)
+        first = await WorkerProcess.start(temporal_server.address, q, "agent")
+        try:
+            handle = await start_run(
+                client,
+                airline.agent,
+                "Book LH123",
+                tenant=TENANT,
+                run_id=rid,
+                task_queue=q,
+                options=FAST,
+                continuation=ContinuationPolicy(max_steps=2),
+                task_timeout=1.0,
+            )
+            await wait_for_file(tmp_path / "entered")
+            await first.kill()
+        finally:
+            await first.stop()
+        (tmp_path / "hold_reply").unlink()
+        second = await WorkerProcess.start(temporal_server.address, q, "agent")
+        try:
+            outcome = await asyncio.wait_for(handle.result(), 40)
+        finally:
+            await second.stop()
+        booked = airline.bookings()
+    assert outcome.status == "completed" and outcome.output == "Booked LH123."
+    assert "policy" in outcome.chain
+    assert [flight for flight, _ in booked] == ["LH123"]
 
 
 # --- duplicate starts ----------------------------------------------------------------------
