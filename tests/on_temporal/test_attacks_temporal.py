@@ -618,6 +618,59 @@ async def test_tesserix_cancel_mid_turn_lets_the_call_in_hand_finish_and_sends_n
         assert [flight for flight, _ in airline.bookings()] == ["LH123"]
 
 
+async def _kit_worker(url: str, agent: str) -> Any:
+    return await asyncio.wait_for(
+        tesserix(
+            "worker",
+            "--agent",
+            agent,
+            "--provider",
+            "on_temporal.airline:provider",
+            "--exit-when-idle",
+            "--store",
+            url,
+            env=_cli_env(),
+        ),
+        40,
+    )
+
+
+async def test_a_kit_worker_leaves_a_temporal_run_whose_worker_was_killed_alone(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    # The Temporal worker dies inside the booking (claimed, not sent); its lease lapses.
+    rid, q, url = run_id(), queue(), store_url(tmp_path)
+    with in_world(tmp_path):
+        (tmp_path / "hold_before").touch()
+        async with await world_stores(tmp_path):
+            pass
+        client = await Client.connect(temporal_server.address)
+        first = await WorkerProcess.start(temporal_server.address, q, "reconciled_agent")
+        try:
+            await start_run(
+                client,
+                airline.reconciled_agent,
+                "Book LH123",
+                tenant=TENANT,
+                run_id=rid,
+                task_queue=q,
+                options=FAST,
+            )
+            await wait_for_file(tmp_path / "entered")
+            await first.kill()
+        finally:
+            await first.stop()
+        (tmp_path / "hold_before").unlink()
+        await asyncio.sleep(2.5)  # past the lease's two seconds
+        kit = await _kit_worker(url, "on_temporal.airline:reconciled_agent")
+        booked = airline.bookings()
+        with contextlib.suppress(Exception):
+            await client.get_workflow_handle(rid).terminate("attack test over")
+    assert kit.returncode == 0, kit.stderr
+    assert rid not in kit.stdout, kit.stdout
+    assert booked == []
+
+
 # --- the command line ----------------------------------------------------------------------
 
 
