@@ -211,6 +211,35 @@ async def test_a_finished_runs_history_replays_without_nondeterminism(
     assert result.replay_failure is None, result.replay_failure
 
 
+async def test_every_execution_of_a_continued_chain_replays_without_nondeterminism(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    with in_world(tmp_path):
+        outcome, handle = await _run(
+            temporal_server,
+            tmp_path,
+            airline.agent,
+            list(airline.BOOK_TURNS),
+            continuation=ContinuationPolicy(max_steps=1),
+        )
+        assert getattr(outcome, "status", None) == "completed", outcome
+        assert len(outcome.chain) >= 2, outcome.chain
+        client = await Client.connect(temporal_server.address)
+        histories = []
+        execution: str | None = handle.first_execution_run_id
+        while execution:
+            history = await client.get_workflow_handle(handle.id, run_id=execution).fetch_history()
+            histories.append(history)
+            last = history.events[-1]
+            continued = last.workflow_execution_continued_as_new_event_attributes
+            execution = continued.new_execution_run_id or None
+    assert len(histories) == len(outcome.chain) + 1
+    replayer = Replayer(workflows=[AgentWorkflow])
+    for history in histories:
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert result.replay_failure is None, result.replay_failure
+
+
 # --- payload size --------------------------------------------------------------------------
 
 
