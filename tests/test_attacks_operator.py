@@ -175,11 +175,6 @@ def test_console_a_secret_in_a_reason_is_masked_and_a_name_cannot_forge_lines(
     assert text.returncode == 0 and "\x1b" not in text.stdout and SECRET not in text.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the /static mount is outside the guard: it answers any Host name and, on a "
-    "console with a token, serves without the token",
-)
 def test_console_static_files_are_behind_the_host_check_and_the_token(
     console: str, store_url: str
 ) -> None:
@@ -193,11 +188,6 @@ def test_console_static_files_are_behind_the_host_check_and_the_token(
         assert got.status_code in (401, 303)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a form's size is checked only after the whole body is read into memory, so a "
-    "POST announcing 500 MB is buffered (or waited for) instead of refused with 413",
-)
 def test_console_refuses_a_huge_body_before_reading_it(console: str) -> None:
     host = console.split("//", 1)[1]
     with httpx.Client(base_url=console) as client:
@@ -238,11 +228,6 @@ def test_console_on_a_store_that_never_answers_still_answers() -> None:
             assert "Traceback" not in got.text and "hunter2pw" not in got.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a store that is down is a bare 'Internal Server Error' (500, text/plain) "
-    "instead of a 503 page saying in one sentence that the store could not be reached",
-)
 def test_console_on_a_store_that_is_down_says_so() -> None:
     with served(create_app(DOWN)) as base, httpx.Client(base_url=base, timeout=30) as client:
         got = client.get(f"/t/{TENANT}/runs")
@@ -251,11 +236,6 @@ def test_console_on_a_store_that_is_down_says_so() -> None:
         assert "hunter2pw" not in got.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tenant in the address that is not UTF-8 (%FF, %FE) is silently read as the "
-    "tenant U+FFFD, so two different addresses name one tenant nobody typed",
-)
 def test_console_refuses_a_tenant_that_is_not_utf8(console: str) -> None:
     with httpx.Client(base_url=console) as client:
         for raw in ("%FF", "%FE%FD"):
@@ -334,11 +314,6 @@ def test_cli_a_store_that_is_down_is_exit_3_as_json_without_its_password() -> No
         assert json.loads(done.stdout)["error"]["exit_code"] == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`runs --status` takes any word: a typo (`--status parkd`) lists no runs with "
-    "exit 0 instead of a usage error, while a bad --since or --limit is refused",
-)
 def test_cli_an_unknown_status_filter_is_a_usage_error(store_url: str) -> None:
     done = _tesserix(store_url, "runs", "--tenant", TENANT, "--status", "parkd", "--json")
     assert done.returncode == 2, done.stdout
@@ -364,12 +339,6 @@ def _book(flight: str) -> str:
     return flight
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an in-flight record whose tool lost its idempotency key in the new revision is "
-    "not named by revision_differences (its in-flight check compares side_effects and "
-    "idempotent only), so accept-revision lets a keyed call in doubt be planned as unkeyed",
-)
 def test_accept_revision_names_an_in_flight_call_whose_tool_lost_its_key() -> None:
     from tesserix_adk import Agent, Checkpoint, CheckpointStatus, tool
     from tesserix_adk.run.upgrade import revision_differences

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
+from tesserix_adk.checkpoint.payload import CheckpointStatus
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import emit, lease_json, when
 from tesserix_adk.cli.reasons import blocked, failure_reason
@@ -86,7 +87,13 @@ def add_runs_arguments(p: argparse.ArgumentParser, named: Any) -> None:
         help="only parked runs, runs with calls in flight and no live lease, and runs that "
         "cannot be carried on (failed, refused, pinned to another agent revision)",
     )
-    p.add_argument("--status", action="append", default=[], help="only this status (repeatable)")
+    p.add_argument(
+        "--status",
+        action="append",
+        default=[],
+        choices=[s.value for s in CheckpointStatus],
+        help="only this status (repeatable)",
+    )
     p.add_argument(
         "--agent",
         type=named,

@@ -10,18 +10,20 @@ import contextlib
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Route
 from starlette.staticfiles import StaticFiles
 
+from tesserix_adk.cli.failures import explain
 from tesserix_adk.console import actions, pages
 from tesserix_adk.console.guard import CSRF_COOKIE, TOKEN_COOKIE, Guard, Refusal, csrf_of
 from tesserix_adk.console.reads import RunFilter, run_detail, runs
 from tesserix_adk.console.templates import render
+from tesserix_adk.errors import AdkError
 from tesserix_adk.stores.bundle import Stores
 
 __all__ = ["create_app"]
@@ -67,6 +69,7 @@ def create_app(
             csrf, new = csrf_of(request)
             request.state.csrf = csrf
             try:
+                _check_path(request)
                 guard.check_host(request)
                 if token:
                     guard.check_token(request)
@@ -79,6 +82,10 @@ def create_app(
                 if refusal.status == 401 and not write:
                     return RedirectResponse("/login", status_code=303)
                 response = _refused(refusal)
+            except AdkError as exc:
+                # A store down or slow: what the CLI would say (exit 3), never a bare 500.
+                _, text = explain(exc)
+                response = _refused(Refusal(503 if exc.retryable else 500, text))
             if new:
                 response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict")
             return response
@@ -167,6 +174,13 @@ def create_app(
         response.set_cookie(TOKEN_COOKIE, guard.token, httponly=True, samesite="strict")
         return response
 
+    files = StaticFiles(packages=[("tesserix_adk.console", "static")])
+
+    async def static(request: Request) -> Response:
+        # Behind the same Host and token checks as every page.
+        response: Response = await files.get_response(request.path_params["path"], request.scope)
+        return response
+
     routes: list[Any] = [
         Route("/", guarded(home)),
         Route("/tenant", guarded(tenant)),
@@ -179,9 +193,19 @@ def create_app(
         ),
         Route("/t/{tenant}/runs/{run:path}/cancel", guarded(cancel, write=True), methods=["POST"]),
         Route("/t/{tenant}/approvals/{request}", guarded(approve, write=True), methods=["POST"]),
-        Mount("/static", StaticFiles(packages=[("tesserix_adk.console", "static")])),
+        Route("/static/{path:path}", guarded(static)),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _check_path(request: Request) -> None:
+    """An address whose ids are not UTF-8 names no tenant or run: refused, never read as
+    the replacement character (two such addresses would be one tenant nobody typed)."""
+    raw = request.scope.get("raw_path") or request.url.path.encode()
+    try:
+        unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refusal(400, "that address is not UTF-8") from None
 
 
 def _refused(refusal: Refusal) -> Response:
@@ -213,10 +237,19 @@ def _html(text: str, status: int = 200) -> HTMLResponse:
 
 
 async def _form(request: Request) -> dict[str, str]:
-    """An ``application/x-www-form-urlencoded`` body (the console's only kind of form)."""
-    body = await request.body()
-    if len(body) > _MAX_FORM:
+    """An ``application/x-www-form-urlencoded`` body (the console's only kind of form),
+    refused past ``_MAX_FORM`` before more of it is read than that."""
+    declared = request.headers.get("content-length", "")
+    if declared.strip().isdigit() and int(declared) > _MAX_FORM:
         raise Refusal(413, "that form is too large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > _MAX_FORM:
+            raise Refusal(413, "that form is too large")
+        chunks.append(chunk)
+    body = b"".join(chunks)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
         raise Refusal(415, "the console takes forms only")

@@ -108,7 +108,11 @@ def revision_differences(
         tool = agent.tools.get(rec.tool)
         if tool is None:
             found.append(f"{call} (in flight): the tool no longer exists")
-        elif rec.flags is not None:
+            continue
+        if not tool.keyed:
+            # Its record is keyed; unkeyed now, a resume would treat the call another way.
+            found.append(f"{call} (in flight): keyed was True, now False")
+        if rec.flags is not None:
             for flag in ("side_effects", "idempotent"):
                 was, now = getattr(rec.flags, flag), getattr(tool, flag)
                 if was != now:
