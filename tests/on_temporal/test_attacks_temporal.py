@@ -149,12 +149,6 @@ async def _run(
 # --- secrets -------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool's result crosses into Temporal's history unredacted (the ToolResult the "
-    "tool activity returns and the model activity's input carry it as the tool returned it), "
-    "though the kit's stores hold it masked",
-)
 async def test_a_secret_a_tool_returns_never_reaches_temporals_history(
     temporal_server: DevServer, tmp_path: Path
 ) -> None:
@@ -169,7 +163,8 @@ async def test_a_secret_a_tool_returns_never_reaches_temporals_history(
         history = await handle.fetch_history()
     assert getattr(outcome, "status", None) == "completed", outcome
     raw = b"".join(event.SerializeToString() for event in history.events)
-    assert b"card on file" in raw  # the result is there; only its secrets must be masked
+    # A recorded result stays in the kit's store: it never crosses, masked or not.
+    assert b"card on file" not in raw
     assert leaked_secrets(raw) == []
 
 
@@ -262,12 +257,6 @@ async def test_a_tool_result_over_the_payload_limit_ends_the_run_and_is_sent_onc
     assert getattr(outcome, "status", None) == "completed", outcome
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="each tool result is capped at 1 MiB, but a turn's results cross together as the "
-    "next model activity's input, so three calls of 900 KB make a 2.7 MB payload Temporal "
-    "refuses: the workflow task fails over and over and the run never ends",
-)
 async def test_a_turn_whose_results_together_pass_the_payload_limit_still_ends(
     temporal_server: DevServer, tmp_path: Path
 ) -> None:
@@ -279,7 +268,10 @@ async def test_a_turn_whose_results_together_pass_the_payload_limit_still_ends(
         sends = _sends("export_chunk")
     assert sends == 3
     assert not isinstance(outcome, TimeoutError), "the run neither completed nor failed"
-    assert getattr(outcome, "status", None) == "completed", outcome
+    # Recorded results no longer cross Temporal, so the turn closes; its frontier is then
+    # over the kit's own max_bytes, which ends the run in words, as the kit's loop does.
+    if getattr(outcome, "status", None) != "completed":
+        assert "CheckpointTooLargeError" in repr(outcome) + repr(outcome.__cause__), outcome
 
 
 # --- a tool slower than its start-to-close timeout ----------------------------------------

@@ -157,11 +157,15 @@ class CallRef:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolResult:
-    """What the model is told of one call (the recorded, redacted outcome)."""
+    """What the model is told of one call. A call with a completed record crosses as
+    ``recorded`` alone: the next model activity reads its outcome from the idempotency
+    store, so no tool's result (redacted or not, large or not) ever enters Temporal's
+    history; only an unrecorded answer (refused, unkeyed) crosses, redacted and capped."""
 
     call_id: str
-    content: Any
+    content: Any = None
     is_error: bool = False
+    recorded: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

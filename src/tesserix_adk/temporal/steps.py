@@ -16,12 +16,18 @@ This module imports nothing of ``temporalio``; ``activities`` translates its err
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer, state_from_json
-from tesserix_adk.checkpoint.payload import Boundary, Checkpoint, Grant, OutstandingCall
+from tesserix_adk.checkpoint.payload import (
+    Boundary,
+    Checkpoint,
+    Grant,
+    OutstandingCall,
+    decode_outcome,
+)
 from tesserix_adk.checkpoint.planning import (
     PlannedCall,
     ResumePlan,
@@ -46,11 +52,12 @@ from tesserix_adk.run.dispatch import _answer
 from tesserix_adk.run.frontier import write_frontier
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.reconciling import reconcile_in_doubt
+from tesserix_adk.run.recording import redacted_record
 from tesserix_adk.run.result import RunStatus
 from tesserix_adk.run.resume import refuse_unresumable, restore
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.run.state import RunState
-from tesserix_adk.stores.protocols import HistoryHandle
+from tesserix_adk.stores.protocols import HistoryHandle, IdempotencyRecord, RecordStatus
 from tesserix_adk.temporal.shapes import (
     CallRef,
     ModelStep,
@@ -188,8 +195,13 @@ async def tool_call(
         else:
             await _settle_in_doubt(runner, agent, attempt, cp, oc)
         outcome = await _answer(parts, run, attempt, oc, {g.call_id: g for g in run.grants})
+        if oc.key is not None:
+            rec = (await parts.idempotency.lookup([oc.key], tenant=call.tenant)).get(oc.key)
+            if rec is not None and rec.status is RecordStatus.completed and rec.outcome:
+                return ToolResult(call_id=outcome.call_id, recorded=True)
+        told = await redacted_record(parts, outcome)
         return ToolResult(
-            call_id=outcome.call_id, content=outcome.content, is_error=outcome.is_error
+            call_id=outcome.call_id, content=told.outcome.content, is_error=told.outcome.is_error
         )
 
 
@@ -303,10 +315,9 @@ async def _fold(
             f"run {step.run_id!r}: no result for call(s) {', '.join(missing)} of iteration "
             f"{run.iteration}; the turn is not closed"
         )
-    outcomes = [
-        ToolOutcome(call_id=r.call_id, content=r.content, is_error=r.is_error)
-        for r in (told[oc.call.id] for oc in calls)
-    ]
+    keys = [oc.key for oc in calls if oc.key is not None and told[oc.call.id].recorded]
+    records = await parts.idempotency.lookup(keys, tenant=run.tenant) if keys else {}
+    outcomes = [_told(oc, told[oc.call.id], records, step) for oc in calls]
     run.messages.extend(Message.tool_result(o) for o in outcomes)
     run.observation = [
         {"call_id": oc.call.id, "tool": oc.call.name, "content": o.content, "is_error": o.is_error}
@@ -318,6 +329,25 @@ async def _fold(
     written = await write_frontier(parts, run, attempt, Boundary.after_tool_result, force=True)
     if not written:
         raise _not_written(parts, run)
+
+
+def _told(
+    oc: OutstandingCall,
+    result: ToolResult,
+    records: Mapping[str, IdempotencyRecord],
+    step: ModelStep,
+) -> ToolOutcome:
+    """A call's outcome for the transcript: from its record when it crossed as
+    ``recorded``, else as the tool activity answered it."""
+    if not result.recorded:
+        return ToolOutcome(call_id=result.call_id, content=result.content, is_error=result.is_error)
+    rec = None if oc.key is None else records.get(oc.key)
+    if rec is None or rec.status is not RecordStatus.completed or not rec.outcome:
+        raise CheckpointCorruptError(
+            f"run {step.run_id!r}: call {oc.call.id} was recorded, but its record is gone; "
+            "the turn is not closed"
+        )
+    return decode_outcome(rec.outcome, oc.call.id)
 
 
 async def _must_write(
