@@ -699,12 +699,6 @@ def _cli_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(TESTS)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`tesserix submit --temporal` to a namespace the server does not know is exit 4 "
-    "(must not be carried on, a person decides) with the SDK's bare `RPCError: ...`, not "
-    "exit 2 (a command line to fix) naming --namespace",
-)
 async def test_submit_to_an_unknown_namespace_is_one_sentence(
     temporal_server: DevServer, tmp_path: Path
 ) -> None:
@@ -735,12 +729,6 @@ async def test_submit_to_an_unknown_namespace_is_one_sentence(
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`tesserix worker --temporal` with a namespace the server does not know prints "
-    "its 'carrying runs' banner, then the SDK core's WARN log lines and a RuntimeError "
-    "carrying raw gRPC status bytes, exit 4: not one sentence, not a command line to fix",
-)
 async def test_a_worker_for_an_unknown_namespace_is_one_sentence_and_no_banner(
     temporal_server: DevServer, tmp_path: Path
 ) -> None:

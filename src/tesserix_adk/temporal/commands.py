@@ -18,11 +18,13 @@ from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from typing import TextIO
 
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.errors import AdkError
+from tesserix_adk.errors import AdkError, ConfigurationError
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.temporal.worker import agent_worker, start_run
 
@@ -38,15 +40,38 @@ async def connect(address: str, namespace: str) -> Client:
     reason = await _unreachable(address)
     if reason is None:
         try:
-            return await Client.connect(address, namespace=namespace)
+            client = await Client.connect(address, namespace=namespace)
         except Exception as exc:
             reason = str(exc)
+        else:
+            await _namespace_known(client, address, namespace)
+            return client
     # Not chained: the SDK's error holds its native core, which must not outlive the loop.
     raise AdkError(
         f"the Temporal server at {address} cannot be reached ({reason}); start it or try "
         "again later",
         retryable=True,
     )
+
+
+async def _namespace_known(client: Client, address: str, namespace: str) -> None:
+    """A namespace the server does not know is a command line to fix (exit 2), said before
+    a worker announces it is carrying anything."""
+    try:
+        await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=namespace)
+        )
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            raise ConfigurationError(
+                f"the Temporal server at {address} has no namespace {namespace!r}; name one "
+                "it has with --namespace"
+            ) from None
+        raise AdkError(
+            f"the Temporal server at {address} did not answer for namespace {namespace!r} "
+            f"({exc.message}); try again later",
+            retryable=True,
+        ) from None
 
 
 async def _unreachable(address: str) -> str | None:
