@@ -64,7 +64,14 @@ from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus
 from tesserix_adk.tools import ThreadReturned, Tool, ToolContext, accepts_ctx, call_maybe_async
 
-__all__ = ["COMPLETE_TRIES", "MASKED_CALL", "REFUSED_ARGUMENTS", "call_tool", "dispatch_turn"]
+__all__ = [
+    "COMPLETE_TRIES",
+    "MASKED_CALL",
+    "REFUSED_ARGUMENTS",
+    "call_tool",
+    "close_turn",
+    "dispatch_turn",
+]
 
 # Stands in for arguments the kit refused to carry (nested too deep); such a call is
 # answered with the reason, never sent.
@@ -89,6 +96,14 @@ async def dispatch_turn(
     grants = {g.call_id: g for g in run.grants}
     jobs = [functools.partial(_answer, parts, run, attempt, oc, grants) for oc in calls]
     outcomes = await in_model_order(jobs, run.agent.parallel_tool_calls, choose=_turn_error)
+    close_turn(run, calls, outcomes)
+
+
+def close_turn(
+    run: RunState, calls: Sequence[OutstandingCall], outcomes: Sequence[ToolOutcome]
+) -> None:
+    """The turn's results (``outcomes``, in the model's order) appended to the run, its
+    observation kept, and its grants settled: what ``after_tool_result`` writes."""
     run.messages.extend(Message.tool_result(outcome) for outcome in outcomes)
     run.observation = [
         {

@@ -48,7 +48,7 @@ from tesserix_adk.run import loop
 from tesserix_adk.run.approvals import ask_approval, take_decision
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.cancelling import cancel_requested
-from tesserix_adk.run.dispatch import _answer
+from tesserix_adk.run.dispatch import _answer, close_turn
 from tesserix_adk.run.frontier import write_frontier
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.reconciling import reconcile_in_doubt
@@ -317,15 +317,7 @@ async def _fold(
         )
     keys = [oc.key for oc in calls if oc.key is not None and told[oc.call.id].recorded]
     records = await parts.idempotency.lookup(keys, tenant=run.tenant) if keys else {}
-    outcomes = [_told(oc, told[oc.call.id], records, step) for oc in calls]
-    run.messages.extend(Message.tool_result(o) for o in outcomes)
-    run.observation = [
-        {"call_id": oc.call.id, "tool": oc.call.name, "content": o.content, "is_error": o.is_error}
-        for oc, o in zip(calls, outcomes, strict=True)
-    ]
-    answered = {c.call.id for c in calls}
-    settled = {g.request for g in run.grants if g.call_id in answered}
-    run.grants = [g for g in run.grants if g.call_id not in answered and g.request not in settled]
+    close_turn(run, calls, [_told(oc, told[oc.call.id], records, step) for oc in calls])
     written = await write_frontier(parts, run, attempt, Boundary.after_tool_result, force=True)
     if not written:
         raise _not_written(parts, run)
