@@ -2,7 +2,11 @@
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# One stamp per install: `make demo` installs the core only (the demo is offline and needs
+# no driver or SDK); `make test` installs [dev]. Each keeps its own stamp, so either still
+# knows what it installed after the other ran in the same .venv.
+STAMP := $(VENV)/.installed-dev
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test lint typecheck clean bench
 
@@ -15,6 +19,11 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
+# pydantic and the kit itself: no pip upgrade, no extras.
+$(DEMO_STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[demo]"
+	@touch $(DEMO_STAMP)
+
 # The console's browser tests drive Debian's Chromium; installed here when it is missing and
 # we may (root with apt), else those tests say why they skip.
 .PHONY: chromium
@@ -23,7 +32,7 @@ chromium:
 	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
 	    apt-get install -y -q chromium >/dev/null; }; }; } || echo "chromium not installed: the console's browser tests will skip" >&2
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/tesserix demo
 
 lint: $(STAMP)
