@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import pytest
 
 from booking import Airline
 from tesserix_adk.testing import FakeClock
+
+if TYPE_CHECKING:
+    from adapters.cluster import ThrowawayCluster
 
 
 @pytest.fixture
@@ -16,3 +22,13 @@ def airline() -> Airline:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ThrowawayCluster]:
+    """A three-master Redis Cluster of the session's own (AOF on every node), started on
+    first use and stopped at the end; skips without redis-server (fails under CI=true)."""
+    from adapters.cluster import redis_cluster as start_cluster
+
+    with start_cluster() as cluster:
+        yield cluster

@@ -1,7 +1,8 @@
 """``open_stores(url)``: the whole set of stores of one backend, named by a URL.
 
 ``memory://``, ``sqlite:///relative/path``, ``sqlite:////absolute/path`` (as in SQLAlchemy),
-``redis://`` / ``rediss://`` and ``postgresql://`` / ``postgres://``. Opening does no I/O:
+``redis://`` / ``rediss://`` (a Redis Cluster: ``redis+cluster://host:port,host:port/`` /
+``rediss+cluster://``) and ``postgresql://`` / ``postgres://``. Opening does no I/O:
 a backend touches its file or server on first use, and only ``create_schema()`` creates
 anything. Drivers are imported only for the scheme that needs them.
 """
@@ -18,7 +19,10 @@ from tesserix_adk.stores.bundle import Stores
 
 __all__ = ["open_stores", "redact_url"]
 
-_SCHEMES = "memory://, sqlite:///path, redis://, rediss://, postgresql:// or postgres://"
+_SCHEMES = (
+    "memory://, sqlite:///path, redis://, rediss://, redis+cluster://, rediss+cluster://, "
+    "postgresql:// or postgres://"
+)
 
 
 def open_stores(url: str) -> Stores:
@@ -39,7 +43,7 @@ def open_stores(url: str) -> Stores:
         return _open_memory(url, parts.netloc, parts.path, parts.query)
     if scheme == "sqlite":
         return _open_sqlite(url, parts.netloc, parts.path, parts.query)
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         return _open_adapter("redis", "open_redis_stores", url)
     if scheme in ("postgresql", "postgres"):
         return _open_adapter("postgres", "open_postgres_stores", url)
@@ -86,7 +90,14 @@ KIT_OPTIONS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "memory": ("keep_last",),
         "SQLite": ("keep_last", "synchronous"),
         "Redis": ("prefix", "allow_volatile", "keep_last"),
-        "PostgreSQL": ("keep_last", "pool_min", "pool_max", "timeout"),
+        "PostgreSQL": (
+            "keep_last",
+            "pool_min",
+            "pool_max",
+            "timeout",
+            "schema",
+            "prepare_threshold",
+        ),
     }
 )
 

@@ -7,14 +7,23 @@ of acknowledged writes; a killed Redis process loses nothing). RDB save points a
 volatile for this purpose: a crash rolls the server back to its last snapshot, fences and
 claims with it. ``RedisLeaseStore`` and ``RedisIdempotencyStore`` refuse any other server,
 or one with an ``allkeys-*`` eviction policy, unless they are built with
-``allow_volatile=True`` (URL ``?allow_volatile=true``).
+``allow_volatile=True`` (URL ``?allow_volatile=true``). On a Redis Cluster the check runs
+on every node.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from tesserix_adk.adapters.redis.connection import Client, ResponseError, _driver_errors
+from tesserix_adk.adapters.redis.connection import (
+    Client,
+    ClusterNode,
+    RedisCluster,
+    ResponseError,
+    _driver_errors,
+    cluster_nodes,
+)
 from tesserix_adk.errors import ConfigurationError
 
 __all__ = ["check_persistence"]
@@ -28,12 +37,53 @@ async def check_persistence(client: Client) -> None:
     crash and never evicts them: AOF on with ``appendfsync always`` or ``everysec`` (the
     latter may lose up to about one second of acknowledged writes to an OS crash or power
     loss, and says so in a warning), and no ``allkeys-*`` maxmemory-policy. RDB save points
-    alone do not count: a crash rolls the server back to its last snapshot."""
-    with _driver_errors("checking its persistence settings"):
-        persistence = await client.info("persistence")
-        memory = await client.info("memory")
+    alone do not count: a crash rolls the server back to its last snapshot.
+
+    On a Redis Cluster every node is checked, primaries and replicas (a replica becomes a
+    primary on failover), and one volatile node is enough to refuse."""
+    if isinstance(client, RedisCluster):
+        with _driver_errors("finding the nodes of the cluster to check their persistence"):
+            nodes = await cluster_nodes(client)
+        problems: list[str] = []
+        fsyncs: set[str | None] = set()
+        for node in nodes:
+            found, fsync = await _node_problems(client, node)
+            problems += [f"node {node.name} ({node.server_type}): {p}" for p in found]
+            fsyncs.add(fsync)
+        everysec = "everysec" in fsyncs
+    else:
+        problems, fsync = await _node_problems(client, None)
+        everysec = fsync == "everysec"
+    if problems:
+        server = (
+            "this Redis Cluster is" if isinstance(client, RedisCluster) else "this Redis server is"
+        )
+        raise ConfigurationError(
+            f"{server} not durable enough for leases and idempotency claims: "
+            + "; ".join(problems)
+            + ". Fix the server settings, or accept the risk with allow_volatile=true in the "
+            "store URL (allow_volatile=True in code)."
+        )
+    if everysec:
+        _log.warning(
+            "Redis runs appendfsync everysec: an OS crash or power loss can lose up to about "
+            "one second of acknowledged writes (a claim among them); appendfsync always "
+            "closes that window"
+        )
+
+
+async def _node_problems(client: Client, node: ClusterNode | None) -> tuple[list[str], str | None]:
+    """What keeps one server (``node`` of a cluster, or the one server) from being durable,
+    and its ``appendfsync`` (``None`` when it cannot be read)."""
+    target: dict[str, Any] = {} if node is None else {"target_nodes": node}
+    where = "checking its persistence settings"
+    if node is not None:
+        where = f"checking the persistence settings of node {node.name}"
+    with _driver_errors(where):
+        persistence = await client.info("persistence", **target)
+        memory = await client.info("memory", **target)
         try:
-            config = await client.config_get("appendfsync")
+            config = await client.config_get("appendfsync", **target)
             fsync: str | None = str(config.get("appendfsync", "")).lower()
         except ResponseError:
             # CONFIG is often renamed away on managed servers; then fsync cannot be known.
@@ -62,19 +112,7 @@ async def check_persistence(client: Client) -> None:
             f"its appendfsync is {fsync}, which leaves syncing to the OS and can lose many "
             f"seconds of acknowledged writes (use always, or everysec)"
         )
-    if problems:
-        raise ConfigurationError(
-            "this Redis server is not durable enough for leases and idempotency claims: "
-            + "; ".join(problems)
-            + ". Fix the server settings, or accept the risk with allow_volatile=true in the "
-            "store URL (allow_volatile=True in code)."
-        )
-    if fsync == "everysec":
-        _log.warning(
-            "Redis runs appendfsync everysec: an OS crash or power loss can lose up to about "
-            "one second of acknowledged writes (a claim among them); appendfsync always "
-            "closes that window"
-        )
+    return problems, fsync
 
 
 class _Durability:

@@ -15,7 +15,11 @@ from tesserix_adk.adapters.redis.base import (
     _text,
     _ttl_micros,
 )
-from tesserix_adk.adapters.redis.connection import Client, _driver_errors
+from tesserix_adk.adapters.redis.connection import (
+    Client,
+    _driver_errors,
+    read_hashes_with_clocks,
+)
 from tesserix_adk.adapters.redis.durability import _Durability
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX, _enc, _Keys
 from tesserix_adk.adapters.redis.lua import register
@@ -247,13 +251,9 @@ class RedisIdempotencyStore(_FencedRedisStore):
         """The live records at (tag, key) in one round trip, in the order given."""
         if not located:
             return []
-        async with self._client.pipeline(transaction=False) as pipe:
-            for tag, key in located:
-                pipe.hgetall(self._record_key(tag, key))
-            pipe.time()
-            *replies, (seconds, micros) = await pipe.execute()
-        now = int(seconds) * 1_000_000 + int(micros)
-        return [_record(fields) for fields in replies if fields and not _lapsed(fields, now)]
+        keys = [self._record_key(tag, key) for tag, key in located]
+        read = await read_hashes_with_clocks(self._client, keys)
+        return [_record(fields) for fields, now in read if fields and not _lapsed(fields, now)]
 
     async def lookup(self, keys: Sequence[str], *, tenant: str) -> dict[str, IdempotencyRecord]:
         """The tenant's live records of ``keys`` in two round trips whatever their number."""

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tesserix_adk.adapters.redis.approvals import RedisApprovalStore
 from tesserix_adk.adapters.redis.checkpoints import RedisCheckpointStore
-from tesserix_adk.adapters.redis.connection import _client_from_url
+from tesserix_adk.adapters.redis.connection import _client_from_url, is_cluster
 from tesserix_adk.adapters.redis.history import RedisHistoryStore
 from tesserix_adk.adapters.redis.idempotency import RedisIdempotencyStore
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX
@@ -46,6 +46,13 @@ def open_redis_stores(url: str) -> Stores:
     server without persistence or with an ``allkeys-*`` eviction policy) and ``keep_last``;
     the rest of the URL goes to ``redis.asyncio.from_url``. ``create_schema()`` and
     ``verify()`` check the server's persistence; ``aclose()`` closes the client.
+
+    ``redis+cluster://host:port,host:port/`` (``rediss+cluster://`` with TLS) opens the
+    stores on a Redis Cluster through those startup nodes, with the same options; the
+    persistence check then runs on every node. A cluster has no work index yet
+    (``Stores.work`` is ``None``): runs are started and resumed by the runner or
+    ``tesserix run``, but ``tesserix worker`` and submissions need a single server, since
+    the work index keeps global sorted sets that its scripts read beside each run's keys.
     """
     driver_url, options = _split_url(url)
     prefix = options.get("prefix", DEFAULT_PREFIX)
@@ -68,7 +75,11 @@ def open_redis_stores(url: str) -> Stores:
         history=RedisHistoryStore(client, prefix=prefix),
         ledger=RedisLedger(client, prefix=prefix),
         approvals=RedisApprovalStore(client, prefix=prefix),
-        work=RedisWorkIndex(client, prefix=prefix, allow_volatile=allow_volatile),
+        work=(
+            None
+            if is_cluster(client)
+            else RedisWorkIndex(client, prefix=prefix, allow_volatile=allow_volatile)
+        ),
         url=url,
         on_create_schema=check,
         on_verify=check,
