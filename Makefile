@@ -55,10 +55,12 @@ torture: $(STAMP)
 	if [ -f .torture-figures.json ]; then $(PY) tests/reliability/figures.py .torture-figures.json; rm -f .torture-figures.json; fi; \
 	exit $$status
 
+# Every backend and peer on one conversation (docs/performance.md); BENCH=--quick for a
+# couple of minutes. Figures and plots land in benchmarks/results/.
+BENCH ?=
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
-	$(PY) benchmarks/checkpoint_cost.py
-	$(PY) benchmarks/stores.py --quick
+	$(PY) benchmarks/turns.py $(BENCH)
 	$(PY) benchmarks/workers.py --quick
 
 clean:

@@ -11,7 +11,7 @@ both frontiers written. It prints the best wall time of ``--repeat`` runs with
 ratio, measured in the same process one after the other.
 
 Redis and PostgreSQL join with ``--stores memory,sqlite,redis,postgres`` (servers as in
-``benchmarks/stores.py``, each run in a key prefix or schema of its own).
+``benchmarks/servers.py``, each run in a key prefix or schema of its own).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from stores import postgres_corner, redis_corner  # the other benchmarks' server corners
+from servers import postgres_corner, redis_corner  # the benchmarks' server corners
+
 from tesserix_adk import (
     Agent,
     AgentRunner,

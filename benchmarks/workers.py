@@ -14,7 +14,8 @@ For each backend with a work index it prints:
   carrying 64 submitted two-call runs at concurrency 1, 8 and 32, and each as a ratio to
   concurrency 1 measured in the same run.
 
-Figures only, never asserts. Servers as in ``benchmarks/stores.py``.
+Figures only, never asserts. Servers as in ``benchmarks/servers.py`` (Redis: a throwaway
+AOF server).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stores import Unreachable, postgres_corner, redis_corner
+from servers import Unreachable, postgres_corner, redis_corner
+
 from tesserix_adk import AgentRunner, Checkpointer, LeasePolicy, Worker, open_stores
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"

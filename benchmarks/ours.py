@@ -1,0 +1,189 @@
+"""Our side of the benchmark: the conversation through the real ``AgentRunner``.
+
+A provider that answers the next turn at once, and a side-effecting, keyed tool (the
+default key) that answers the ~500-character result, so every turn is the whole durable
+path: the model call charged and checkpointed (``after_model_call``), the call claimed in
+the idempotency store before it is sent, its outcome recorded, the transcript appended
+and ``after_tool_result`` checkpointed, under a lease and its fence.
+
+A turn's cost is the time between two consecutive model calls. A process death is stood
+for by a ``BaseException`` raised from the provider (as the kit's tests do): the runner
+writes nothing more and the last frontier stays resumable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import secrets
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import conversation as conv
+
+from tesserix_adk import Agent, AgentRunner, Message, ToolCall, open_stores, tool
+from tesserix_adk.providers.base import ModelRequest, ModelResponse
+
+TENANT = "bench"
+RESUME_CLAIM_TTL = 0.2  # seconds
+
+Window = Callable[[], AbstractContextManager[Any]]
+
+
+class Died(BaseException):
+    """Stands for the death of the process holding the run."""
+
+
+@tool
+async def lookup(query: str, page: int) -> str:
+    """Look a page up (side-effecting and keyed: claimed before it is sent)."""
+    return conv.turn(page).result
+
+
+def agent(turns: int) -> Agent:
+    return Agent("bench", "Answer from the lookups.", [lookup], max_iterations=turns + 2)
+
+
+@dataclass
+class TurnsProvider:
+    """Answers turn after turn at once; stamps each call's time.
+
+    ``turns``: how many tool-calling turns before the final answer. ``die_at``: the model
+    call (0-based, counted from this provider's first) that raises ``Died`` instead.
+    ``window``: counted from call ``window_from`` to call ``window_from + window_turns``.
+    """
+
+    turns: int
+    die_at: int | None = None
+    window: Window | None = None
+    window_from: int = 0
+    window_turns: int = 0
+    probe: Callable[[int], None] | None = None
+    stamps: list[float] = field(default_factory=list)
+    _open: Any = None
+    counts: Any = None
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        self.stamps.append(time.perf_counter())
+        calls = len(self.stamps) - 1
+        if self.probe is not None:
+            self.probe(calls)
+        if self.window is not None:
+            if calls == self.window_from:
+                self._open = self.window()
+                self.counts = self._open.__enter__()
+            elif calls == self.window_from + self.window_turns and self._open is not None:
+                self._open.__exit__(None, None, None)
+                self._open = None
+        if self.die_at is not None and calls >= self.die_at:
+            raise Died
+        # The transcript is the input, then (assistant, tool) per turn: O(1) to read.
+        index = (len(request.messages) - 1) // 2
+        if index >= self.turns:
+            return ModelResponse(message=Message.assistant(conv.ANSWER))
+        turn = conv.turn(index)
+        call = ToolCall(id=turn.call_id, name=conv.TOOL, arguments=dict(turn.arguments))
+        return ModelResponse(message=Message.assistant("", [call]))
+
+
+@dataclass
+class Measured:
+    turn_seconds: list[float]  # one per turn
+    counts: Any = None
+    bytes_added: int | None = None
+
+
+async def run_turns(
+    url: str,
+    turns: int,
+    *,
+    window: Window | None = None,
+    window_turns: int = 0,
+    size: Callable[[], int] | None = None,
+    probe: Callable[[int], None] | None = None,
+) -> Measured:
+    """One run of ``turns`` turns to its final answer on a fresh run id."""
+    async with open_stores(url) as stores:
+        await stores.create_schema()
+        before = size() if size is not None else None
+        provider = TurnsProvider(
+            turns=turns,
+            window=window,
+            window_from=max(1, turns - window_turns - 1) if window else 0,
+            window_turns=window_turns,
+            probe=probe,
+        )
+        runner = AgentRunner.from_stores(provider, stores, worker="bench")
+        run_id = f"turns-{secrets.token_hex(6)}"
+        await runner.run(agent(turns), conv.QUESTION, tenant=TENANT, run_id=run_id)
+        stamps = provider.stamps
+    added = None if size is None or before is None else size() - before
+    return Measured(
+        turn_seconds=[b - a for a, b in itertools.pairwise(stamps)][:turns],
+        counts=provider.counts,
+        bytes_added=added,
+    )
+
+
+async def resume_costs(
+    url: str, turns: int, times: int, window: Window | None = None
+) -> tuple[list[float], Any, float]:
+    """A run stopped (its process dead) after ``turns`` turns, then resumed ``times`` times up
+    to its next model call: the seconds of each resume, the counts of one more resume
+    (``window``), and the seconds the ``turns`` turns took to build."""
+    async with open_stores(url) as stores:
+        await stores.create_schema()
+        runner_agent = agent(turns + times + 4)
+        run_id = f"resume-{secrets.token_hex(6)}"
+        started = time.perf_counter()
+        build = TurnsProvider(turns=turns + times + 4, die_at=turns)
+        with contextlib.suppress(Died):
+            await AgentRunner.from_stores(build, stores, worker="bench").run(
+                runner_agent, conv.QUESTION, tenant=TENANT, run_id=run_id
+            )
+        built = time.perf_counter() - started
+        seconds: list[float] = []
+        counts = None
+        for n in range(times + (1 if window else 0)):
+            provider = TurnsProvider(turns=turns + times + 4, die_at=0)
+            # The dead resume's claim keeps others out for its ttl: a short one, waited out.
+            runner = AgentRunner.from_stores(
+                provider, stores, worker="bench", resume_claim_ttl=RESUME_CLAIM_TTL
+            )
+            if n:
+                await asyncio.sleep(RESUME_CLAIM_TTL * 1.5)
+            counting = window() if window is not None and n == times else None
+            if counting is not None:
+                counts = counting.__enter__()
+            started = time.perf_counter()
+            with contextlib.suppress(Died):
+                await runner.resume(runner_agent, run_id, tenant=TENANT)
+            if counting is not None:
+                counting.__exit__(None, None, None)
+            if not provider.stamps:
+                raise RuntimeError("the resume never reached the model")
+            if counting is None:
+                seconds.append(provider.stamps[0] - started)
+    return seconds, counts, built
+
+
+async def throughput(url: str, runs: int, turns: int) -> float:
+    """Durable turns per second of ``runs`` concurrent runs of ``turns`` turns in this
+    process, one runner over one set of stores (as one worker carries them)."""
+    async with open_stores(url) as stores:
+        await stores.create_schema()
+        tag = secrets.token_hex(4)
+        runner = AgentRunner.from_stores(TurnsProvider(turns=turns), stores, worker="bench")
+        the_agent = agent(turns)
+        started = time.perf_counter()
+        await asyncio.gather(
+            *(
+                runner.run(the_agent, conv.QUESTION, tenant=TENANT, run_id=f"k{tag}-{n}")
+                for n in range(runs)
+            )
+        )
+        return runs * turns / (time.perf_counter() - started)

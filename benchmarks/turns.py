@@ -1,0 +1,506 @@
+"""A durable turn on every backend and against its peers, on one conversation: ratios
+measured in one run, never asserted.
+
+    python benchmarks/turns.py [--quick | --smoke] [--only sqlite-full,postgres,...]
+
+One turn is an assistant message with one tool call of ~500 characters of arguments and a
+~500-character result (``conversation.py``). Ours runs it end to end through the real
+``AgentRunner`` (``ours.py``) on memory, SQLite (``synchronous`` FULL, the default, and
+NORMAL), PostgreSQL and Redis (a throwaway server with ``appendonly yes`` and
+``appendfsync everysec`` or ``always``); beside it, on each backend, the raw floors (the
+turn in 2 or 3 commits with the plain driver), LangGraph (``SqliteSaver``,
+``PostgresSaver``) and DBOS steps (SQLite, PostgreSQL) (``peers.py``).
+
+Printed, each as ratios measured here:
+
+1. per turn: each backend's floor and frameworks run back to back, three times, the order
+   reversed every other time (ABBA), so drifting disk and CPU noise cancels in the ratios;
+   median and spread (min-max) of the three ratios;
+2. counts per turn, from an untimed pass (``counting.py``): commits (writing
+   transactions), transactions, statements, round trips, fsyncs, and bytes stored;
+3. flatness: our turn ~10 against the last turns of a long run;
+4. bytes: the stored size of one run on SQLite, ours against the floor, LangGraph, DBOS;
+5. resume: a run whose process died after 1,000 and 5,000 turns (``--quick``: 200 and
+   1,000), resumed up to its next model call, against LangGraph's ``get_state`` on the
+   same conversation; round trips per resume;
+6. concurrency: durable turns per second of K = 1 / 8 / 32 runs at once in this process.
+
+Plots go to ``benchmarks/results/`` (``--smoke`` writes none). The machine's other load
+shows in every absolute figure; the ratios are what to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import counting
+import ours
+import peers
+import report
+import servers
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+SQLITE = ("sqlite-full", "sqlite-normal")
+REDIS = ("redis-everysec", "redis-always")
+CONFIGS = ("memory", *SQLITE, "postgres", *REDIS)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    turns: int  # per timed run
+    reps: int
+    long: int  # the flatness run
+    window: int  # turns counted
+    bytes_turns: int  # the bytes run (and LangGraph's per-turn curve)
+    resume: tuple[int, ...]
+    resumes: int
+    ks: tuple[int, ...]
+    k_turns: int
+    peers: bool
+    configs: tuple[str, ...] = CONFIGS
+
+
+PROFILES = {
+    "smoke": Profile("smoke", 5, 1, 10, 3, 0, (6,), 1, (1, 2), 2, False, ("memory", "sqlite-full")),
+    "quick": Profile("quick", 30, 3, 200, 10, 100, (200, 1000), 3, (1, 8, 32), 6, True),
+    "full": Profile("full", 120, 3, 1000, 30, 400, (1000, 5000), 3, (1, 8, 32), 20, True),
+}
+
+SKIP = 3  # the first turns of a run (connections, caches) are left out of its median
+
+
+@dataclass
+class Results:
+    profile: str
+    commit: str
+    started: str
+    machine: str
+    notes: list[str] = field(default_factory=list)
+    # config -> who -> [median per-turn seconds per rep]
+    per_turn: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    # config -> who -> [ratio to floor2 per rep]
+    bytes_per_turn: dict[str, dict[str, float]] = field(default_factory=dict)
+    counts: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)
+    flat: dict[str, list[float]] = field(default_factory=dict)  # config -> per-turn seconds
+    lg_curve: list[float] = field(default_factory=list)
+    bytes_run: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    resume: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    resume_counts: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    throughput: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+# --- where each measurement runs ---------------------------------------------------------
+
+
+@dataclass
+class Place:
+    url: str
+    size: Callable[[], int]
+    path: str = ""  # SQLite
+    synchronous: str = "full"
+
+
+class Env:
+    """The temporary directory, the throwaway Redis servers and the PostgreSQL corner."""
+
+    def __init__(self, stack: contextlib.ExitStack, configs: tuple[str, ...]) -> None:
+        self.stack = stack
+        self.tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tesserix-turns-"))
+        self.redis: dict[str, servers.RedisServer] = {}
+        self.missing: dict[str, str] = {}
+        self.serial = 0
+        for config in configs:
+            if config in REDIS:
+                try:
+                    self.redis[config] = stack.enter_context(
+                        servers.redis_server(config.split("-")[1])
+                    )
+                except servers.Unreachable as exc:
+                    self.missing[config] = str(exc)
+            elif config == "postgres":
+                why = servers.postgres_reachable()
+                if why:
+                    self.missing[config] = why
+
+    @contextlib.contextmanager
+    def place(self, config: str) -> Iterator[Place]:
+        self.serial += 1
+        if config == "memory":
+            yield Place("memory://", lambda: 0)
+        elif config in SQLITE:
+            path = os.path.join(self.tmp, f"{config}-{self.serial}.sqlite3")
+            sync = config.split("-")[1]
+            query = "" if sync == "full" else "?synchronous=normal"  # FULL is the default
+            try:
+                yield Place(
+                    f"sqlite:///{path}{query}",
+                    lambda: peers.sqlite_stored_bytes(path),
+                    path=path,
+                    synchronous=sync,
+                )
+            finally:
+                for suffix in ("", "-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path + suffix)
+        elif config == "postgres":
+            with servers.postgres_schema() as (url, schema):
+                yield Place(url, lambda: servers.postgres_schema_bytes(schema))
+        elif config in REDIS:
+            server = self.redis[config]
+            prefix = f"b{self.serial}:"
+            yield Place(f"{server.url}?prefix={prefix}", lambda: _aof_size(server))
+        else:
+            raise ValueError(config)
+
+    def window(self, config: str) -> Callable[[], AbstractContextManager[Any]] | None:
+        if config in SQLITE:
+            return counting.sqlite_window
+        if config == "postgres":
+            return counting.postgres_window
+        if config in REDIS:
+            server = self.redis[config]
+            return lambda: _redis_window(server)
+        return None
+
+
+def _aof_size(server: servers.RedisServer) -> int:
+    import redis
+
+    with redis.Redis(port=server.port) as client:
+        return int(client.info("persistence")["aof_current_size"])
+
+
+@contextlib.contextmanager
+def _redis_window(server: servers.RedisServer) -> Iterator[counting.Counts]:
+    import redis
+
+    counts = counting.Counts()
+    with redis.Redis(port=server.port) as client:
+        before = counting.redis_commands(client.info("commandstats"))
+        with counting.redis_round_trips() as trips, counting.fsyncs(server.pid) as synced:
+            yield counts
+        counts.statements = counting.redis_commands(client.info("commandstats")) - before
+        counts.round_trips = trips[0]
+        counts.fsyncs = synced[0]
+
+
+# --- one measurement ---------------------------------------------------------------------
+
+
+def who_for(config: str, profile: Profile) -> list[str]:
+    if config == "memory":
+        return ["ours"]
+    names = ["floor2", "floor3", "ours"]
+    if profile.peers and config not in REDIS:
+        names.append("langgraph")
+        if config != "sqlite-normal":  # DBOS sets its SQLite file up its own way
+            names.append("dbos")
+    return names
+
+
+class Runner:
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.dbos: peers.Dbos | None = None
+        self.dbos_size: Callable[[], int] = lambda: 0
+        self.dbos_for = ""
+
+    def launch_dbos(self, config: str) -> peers.Dbos:
+        if self.dbos is not None and self.dbos_for == config:
+            return self.dbos
+        self.close_dbos()
+        if config == "postgres":
+            schema_cm = servers.postgres_schema()
+            _, schema = self.env.stack.enter_context(schema_cm)
+            self.dbos = peers.Dbos(servers.POSTGRES_URL, schema)
+            self.dbos_size = lambda: servers.postgres_schema_bytes(schema)
+        else:
+            path = os.path.join(self.env.tmp, f"dbos-{self.env.serial}.sqlite3")
+            self.env.serial += 1
+            self.dbos = peers.Dbos(f"sqlite:///{path}")
+            self.dbos_size = lambda: peers.sqlite_stored_bytes(path)
+        self.dbos_for = config
+        return self.dbos
+
+    def close_dbos(self) -> None:
+        if self.dbos is not None:
+            self.dbos.close()
+            self.dbos = None
+
+    def measure(
+        self,
+        config: str,
+        who: str,
+        turns: int,
+        *,
+        window: bool = False,
+        window_turns: int = 0,
+        probe_every: int = 0,
+    ) -> tuple[list[float], int | None, Any, list[tuple[int, int]]]:
+        """(seconds per turn, bytes the run added, counts, sampled (turn, bytes))."""
+        win = self.env.window(config) if window else None
+        samples: list[tuple[int, int]] = []
+        with self.env.place(config) as place:
+            size = place.size
+            if who == "dbos":
+                dbos = self.launch_dbos(config)
+                size = self.dbos_size
+            base = size()
+
+            def probe(call: int) -> None:
+                if probe_every and call % probe_every == 0:
+                    samples.append((call, size() - base))
+
+            probe_fn = probe if probe_every else None
+            if who == "ours":
+                m = asyncio.run(
+                    ours.run_turns(
+                        place.url,
+                        turns,
+                        window=win,
+                        window_turns=window_turns,
+                        size=size,
+                        probe=probe_fn,
+                    )
+                )
+                return m.turn_seconds, m.bytes_added, m.counts, samples
+            commits = 2 if who == "floor2" else 3
+            if who.startswith("floor"):
+                if config in SQLITE:
+                    st = peers.sqlite_floor(
+                        place.path, place.synchronous, commits, turns, win, window_turns, probe_fn
+                    )
+                elif config == "postgres":
+                    st = peers.postgres_floor(
+                        place.url, commits, turns, win, window_turns, probe_fn
+                    )
+                else:
+                    st = peers.redis_floor(
+                        self.env.redis[config].url, commits, turns, win, window_turns, probe_fn
+                    )
+            elif who == "langgraph":
+                saver_cm = (
+                    peers.langgraph_postgres(place.url)
+                    if config == "postgres"
+                    else peers.langgraph_sqlite(place.path, place.synchronous)
+                )
+                with saver_cm as saver:
+                    base = size()
+                    st = peers.langgraph_turns(saver, turns, win, window_turns, probe_fn)
+            else:
+                st = dbos.turns(turns, win, window_turns, probe_fn)
+            return st.per_turn(), size() - base, st.counts, samples
+
+
+def _median_turn(seconds: list[float]) -> float:
+    return statistics.median(seconds[SKIP:] if len(seconds) > SKIP + 2 else seconds)
+
+
+# --- the phases --------------------------------------------------------------------------
+
+
+def phase_per_turn(run: Runner, profile: Profile, res: Results, configs: list[str]) -> None:
+    for config in configs:
+        names = who_for(config, profile)
+        res.per_turn[config] = {n: [] for n in names}
+        res.bytes_per_turn[config] = {}
+        for rep in range(profile.reps):
+            order = names if rep % 2 == 0 else list(reversed(names))
+            for who in order:
+                seconds, added, _, _ = run.measure(config, who, profile.turns)
+                res.per_turn[config][who].append(_median_turn(seconds))
+                if rep == 0 and added is not None and config != "memory":
+                    res.bytes_per_turn[config][who] = added / profile.turns
+        run.close_dbos()
+        _say(f"  per turn: {config} done")
+
+
+def phase_flat(run: Runner, profile: Profile, res: Results, configs: list[str]) -> None:
+    for config in configs:
+        seconds, _, _, _ = run.measure(config, "ours", profile.long)
+        res.flat[config] = seconds
+    _say("  flatness done")
+
+
+def phase_bytes(run: Runner, profile: Profile, res: Results) -> None:
+    if not profile.bytes_turns:
+        return
+    every = max(1, profile.bytes_turns // 10)
+    config = "sqlite-normal"
+    for who in ("ours", "floor2", "langgraph", "dbos"):
+        if who in ("langgraph", "dbos") and not profile.peers:
+            continue
+        cfg = "sqlite-full" if who == "dbos" else config
+        seconds, added, _, samples = run.measure(cfg, who, profile.bytes_turns, probe_every=every)
+        samples.append((profile.bytes_turns, added or 0))
+        res.bytes_run[who] = samples
+        if who == "langgraph":
+            res.lg_curve = seconds
+    run.close_dbos()
+    _say("  bytes done")
+
+
+def phase_resume(run: Runner, profile: Profile, res: Results, configs: list[str]) -> None:
+    for config in configs:
+        if config not in ("memory", "sqlite-normal", "postgres", "redis-everysec"):
+            continue
+        res.resume[config] = {}
+        for turns in profile.resume:
+            with run.env.place(config) as place:
+                seconds, _, built = asyncio.run(
+                    ours.resume_costs(place.url, turns, profile.resumes)
+                )
+            res.resume[config][f"ours@{turns}"] = seconds
+            res.resume[config][f"build@{turns}"] = [built]
+            if profile.peers and config in ("sqlite-normal", "postgres"):
+                with run.env.place(config) as place:
+                    saver_cm = (
+                        peers.langgraph_postgres(place.url)
+                        if config == "postgres"
+                        else peers.langgraph_sqlite(place.path, place.synchronous)
+                    )
+                    with saver_cm as saver:
+                        res.resume[config][f"langgraph@{turns}"] = peers.langgraph_get_state(
+                            saver, turns, profile.resumes
+                        )
+        _say(f"  resume: {config} done")
+
+
+def phase_concurrency(run: Runner, profile: Profile, res: Results, configs: list[str]) -> None:
+    for config in configs:
+        if config not in ("sqlite-full", "sqlite-normal", "postgres"):
+            continue
+        res.throughput[config] = {}
+        for k in profile.ks:
+            with run.env.place(config) as place:
+                rate = asyncio.run(ours.throughput(place.url, k, profile.k_turns))
+            res.throughput[config][str(k)] = rate
+        _say(f"  concurrency: {config} done")
+
+
+def phase_counts(run: Runner, profile: Profile, res: Results, configs: list[str]) -> None:
+    counting.trace_sqlite()
+    if "postgres" in configs:
+        counting.trace_postgres()
+    w = profile.window
+    turns = w + 2 * SKIP
+    for config in configs:
+        if config == "memory":
+            continue
+        res.counts[config] = {}
+        for who in who_for(config, profile):
+            _, _, counts, _ = run.measure(config, who, turns, window=True, window_turns=w)
+            if counts is not None:
+                res.counts[config][who] = counts.per(w)
+        run.close_dbos()
+        win = run.env.window(config)
+        for turns_before in (max(2, profile.resume[0] // 10), profile.resume[0]):
+            with run.env.place(config) as place:
+                _, counts, _ = asyncio.run(ours.resume_costs(place.url, turns_before, 0, win))
+            if counts is not None:
+                res.resume_counts[f"{config}@{turns_before}"] = counts.per(1)
+        _say(f"  counts: {config} done")
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "log", "-1", "--format=%h %cI %s"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent,
+            check=True,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    head = out.stdout.strip()[:100]
+    return head + (" (+ uncommitted changes in src/)" if dirty.stdout.strip() else "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_true", help="a couple of minutes")
+    group.add_argument("--smoke", action="store_true", help="memory and SQLite, seconds")
+    parser.add_argument("--only", help="comma-separated configs: " + ", ".join(CONFIGS))
+    parser.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
+    args = parser.parse_args()
+    profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    counting.COUNT_FSYNCS = profile.name != "smoke"
+    configs = list(profile.configs)
+    if args.only:
+        configs = [c for c in args.only.split(",") if c]
+        unknown = set(configs) - set(CONFIGS)
+        if unknown:
+            parser.error(f"unknown configs: {', '.join(sorted(unknown))}")
+    res = Results(
+        profile=profile.name,
+        commit=_commit(),
+        started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        machine=f"{platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, SQLite {sqlite3.sqlite_version}",
+    )
+    if profile.peers:
+        for module, what in (("langgraph", "LangGraph"), ("dbos", "DBOS")):
+            try:
+                __import__(module)
+            except ImportError:
+                res.notes.append(f'{what} is not installed (pip install -e ".[bench]"): left out')
+    with contextlib.ExitStack() as stack:
+        env = Env(stack, tuple(configs))
+        for config, why in env.missing.items():
+            res.notes.append(f"{config} left out: {why}")
+            configs.remove(config)
+        run = Runner(env)
+        started = time.perf_counter()
+        _say(f"profile {profile.name} on {', '.join(configs)}")
+        phase_per_turn(run, profile, res, configs)
+        phase_flat(run, profile, res, configs)
+        phase_bytes(run, profile, res) if "sqlite-normal" in configs else None
+        phase_resume(run, profile, res, configs)
+        phase_concurrency(run, profile, res, configs)
+        phase_counts(run, profile, res, configs)
+        run.close_dbos()
+        res.notes.append(f"measured in {time.perf_counter() - started:.0f} s")
+    print(report.text(res, profile), flush=True)
+    if profile.name != "smoke" or args.out:
+        out = args.out or RESULTS
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"turns-{profile.name}.json").write_text(json.dumps(asdict(res), indent=1))
+        (out / f"turns-{profile.name}.md").write_text(report.markdown(res, profile))
+        if profile.name != "smoke":
+            report.plots(res, profile, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
