@@ -14,7 +14,7 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.errors import (
     AdkError,
@@ -28,6 +28,9 @@ from tesserix_adk.run.events import EventSink, RunEvent
 from tesserix_adk.stores.protocols import IdempotencyRecord, IdempotencyStore, RecordStatus
 from tesserix_adk.timestamps import iso_time
 from tesserix_adk.tools import canonical_json
+
+if TYPE_CHECKING:
+    from tesserix_adk.run.grouping import PendingGroup
 
 __all__ = ["RESUME_CLAIM_TTL", "AheadCall", "Attempt", "RunClaim", "new_holder", "run_claim_key"]
 
@@ -203,6 +206,10 @@ class Attempt:
     sending: dict[str, asyncio.Event] = field(default_factory=dict)
     # Where a streamed run's events go (``AgentRunner.stream``); None: nobody listens.
     events: EventSink | None = None
+    # The write group open right now (``run.grouping``), and whether writes may be grouped
+    # at all (not while a turn's calls go out side by side).
+    group: PendingGroup | None = None
+    folding: bool = True
 
     def emit(self, event: RunEvent) -> None:
         """Report ``event`` to whoever streams the run (a no-op when nobody does)."""

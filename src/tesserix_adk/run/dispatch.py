@@ -39,6 +39,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.messages import Message, ToolCall, ToolOutcome
 from tesserix_adk.providers._common import MALFORMED_ARGUMENTS
+from tesserix_adk.run import grouping
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.events import (
     CallDisposition,
@@ -95,7 +96,17 @@ async def dispatch_turn(
     ``run.parallel``); then it is raised, and nothing of the turn is appended."""
     grants = {g.call_id: g for g in run.grants}
     jobs = [functools.partial(_answer, parts, run, attempt, oc, grants) for oc in calls]
-    outcomes = await in_model_order(jobs, run.agent.parallel_tool_calls, choose=_turn_error)
+    side_by_side = run.agent.parallel_tool_calls > 1 and len(calls) > 1
+    if side_by_side:
+        # Calls in flight together share no transaction: each claim commits on its own.
+        await grouping.commit(attempt)
+        attempt.folding = False
+    try:
+        outcomes = await in_model_order(jobs, run.agent.parallel_tool_calls, choose=_turn_error)
+    finally:
+        attempt.folding = True
+    # The last outcome is durable at once, before the frontier is made (``run.grouping``).
+    await grouping.commit(attempt)
     close_turn(run, calls, outcomes)
 
 
@@ -264,6 +275,8 @@ async def _call_tool(
         if oc.redacted:
             masked = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
             return _finished(run, attempt, oc, masked, CallDisposition.refused)
+        # The frontier naming it is durable before it goes out.
+        await grouping.commit(attempt)
         _started(run, attempt, oc)
         try:
             outcome = await _invoke(attempt, tool, oc.call, ctx)
@@ -313,6 +326,8 @@ async def _call_tool(
         how = CallDisposition.refused
         outcome = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
     else:
+        # No claim, no dispatch: the claim (and what joined it) is durable first.
+        await grouping.commit(attempt)
         _started(run, attempt, oc)
         try:
             outcome = await _invoke(attempt, tool, oc.call, ctx)
@@ -333,6 +348,8 @@ async def _call_tool(
             raise
     # Cancelled while recording: the outcome is in hand, so the record is finished first.
     recorded = await to_the_end(redacted_record(parts, outcome))
+    # The outcome commits with the next call's claim, or at the turn's end.
+    await to_the_end(grouping.begin(parts.groups, attempt))
     try:
         await to_the_end(complete(parts, run, attempt, tool, oc, recorded.payload))
     except StaleFenceError:

@@ -21,6 +21,7 @@ from tesserix_adk.checkpoint.payload import (
 from tesserix_adk.errors import AdkError, CheckpointTooLargeError, StoreUnavailableError
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.events import FrontierWritten
+from tesserix_adk.run.grouping import announce
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.state import RunState
 
@@ -67,7 +68,7 @@ async def write_frontier(
         return False
     written = await checkpoints.write(frontier, cursor=run.cursor)
     if written:
-        attempt.emit(FrontierWritten(run_id=run.run_id, step=run.step, boundary=boundary))
+        announce(attempt, FrontierWritten(run_id=run.run_id, step=run.step, boundary=boundary))
     return written
 
 

@@ -37,6 +37,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.messages import Message, ToolCall
 from tesserix_adk.providers.base import ModelRequest, ModelResponse, StreamingProvider
+from tesserix_adk.run import grouping
 from tesserix_adk.run.approvals import ask_approval, take_decision
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.cancelling import cancel_requested
@@ -75,6 +76,8 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
         if run.iteration >= agent.max_iterations:
             return await _finish(parts, run, attempt, RunStatus.max_iterations)
         attempt.guard()
+        # Whatever the last turn left open is durable before the model hears of it.
+        await grouping.commit(attempt)
         response = await _call_model(parts, run, attempt)
         if isinstance(response, str):
             return await _finish(parts, run, attempt, RunStatus.failed, output=response)
@@ -274,6 +277,8 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
         ) from exc
     run.usage = run.usage + response.usage
     run.spent += response.cost_micros
+    # The charge, the frontier and the first claim commit together (``run.grouping``).
+    await grouping.begin(parts.groups, attempt)
     if parts.ledger is not None:
         attempt.guard()
         try:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.providers.base import Provider
-from tesserix_adk.stores.protocols import ApprovalStore, IdempotencyStore, Ledger
+from tesserix_adk.stores.protocols import ApprovalStore, GroupedWrites, IdempotencyStore, Ledger
 
 __all__ = ["RunParts"]
 
@@ -22,3 +22,5 @@ class RunParts:
     ledger: Ledger | None
     approvals: ApprovalStore | None
     redactor: Redactor
+    # The idempotency store's write groups, where its backend offers them (``run.grouping``).
+    groups: GroupedWrites | None = None

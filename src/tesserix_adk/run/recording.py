@@ -59,7 +59,7 @@ async def claim(
 ) -> IdempotencyRecord:
     assert oc.key is not None
     try:
-        return await parts.idempotency.claim(
+        taken = await parts.idempotency.claim(
             oc.key,
             holder=attempt.holder,
             tenant=run.tenant,
@@ -82,6 +82,11 @@ async def claim(
         raise  # a stale fence, ...: nothing was claimed
     except Exception as exc:
         lost = exc  # a driver error the store did not translate: the outcome is unknown
+    else:
+        if attempt.group is not None:
+            key = oc.key
+            attempt.group.undo.append(lambda: release_unsent(parts, run, attempt, key))
+        return taken
     rec = await read_back(parts, run, oc.key)
     if rec is not None and (
         rec.status is RecordStatus.completed
@@ -114,6 +119,9 @@ async def complete(
             await parts.idempotency.complete(
                 oc.key, payload, tenant=run.tenant, holder=attempt.holder
             )
+            if attempt.group is not None:
+                # Recorded in the open group: should it fail to commit, recorded again.
+                attempt.group.redo.append(lambda: complete(parts, run, attempt, tool, oc, payload))
             return
         except StoreReplyLostError as exc:
             last = exc

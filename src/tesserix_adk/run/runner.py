@@ -37,6 +37,7 @@ from tesserix_adk.providers.base import Provider
 from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_holder
 from tesserix_adk.run.cancelling import cancelled_frontier, request_cancel
 from tesserix_adk.run.events import EventSink, RunEvent
+from tesserix_adk.run.grouping import held_and_grouped
 from tesserix_adk.run.holding import holding
 from tesserix_adk.run.ids import MAX_ID_BYTES, check_ids, id_problem
 from tesserix_adk.run.loop import carry_on, run_loop
@@ -56,6 +57,7 @@ from tesserix_adk.run.state import RunState
 from tesserix_adk.run.streaming import stream_run
 from tesserix_adk.stores.protocols import (
     ApprovalStore,
+    GroupedWrites,
     HistoryStore,
     IdempotencyStore,
     LeaseStore,
@@ -156,6 +158,7 @@ class AgentRunner:
             ledger=self.ledger,
             approvals=self.approvals,
             redactor=self.redactor,
+            groups=self.idempotency if isinstance(self.idempotency, GroupedWrites) else None,
         )
 
     # --- public verbs --------------------------------------------------------------------
@@ -477,8 +480,11 @@ class AgentRunner:
         if self.checkpoints is not None:
             stores += [self.checkpoints.store, self.checkpoints.history]
         sealed = [s for s in stores if s is not None]
-        return holding(
-            self.leases, self.lease_policy, sealed, attempt, tenant, run_id, resuming=resuming
+        return held_and_grouped(
+            holding(
+                self.leases, self.lease_policy, sealed, attempt, tenant, run_id, resuming=resuming
+            ),
+            attempt,
         )
 
 

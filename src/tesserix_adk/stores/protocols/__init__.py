@@ -26,6 +26,7 @@ from tesserix_adk.stores.protocols.checkpoints import (
     StepHistory,
     StoredCheckpoint,
 )
+from tesserix_adk.stores.protocols.grouping import GroupedWrites, WriteGroup
 from tesserix_adk.stores.protocols.idempotency import (
     IdempotencyRecord,
     IdempotencyStore,
@@ -50,6 +51,7 @@ __all__ = [
     "CheckpointStore",
     "FencedStore",
     "FrontierWithHistory",
+    "GroupedWrites",
     "HistoryHandle",
     "HistoryStore",
     "IdempotencyRecord",
@@ -65,5 +67,6 @@ __all__ = [
     "WorkIndex",
     "WorkItem",
     "WorkState",
+    "WriteGroup",
     "chain_digest",
 ]

@@ -15,8 +15,7 @@ from tesserix_adk.stores.protocols import ApprovalRequest, ApprovalStatus
 from tesserix_adk.stores.rows import decoded, stored_calls
 from tesserix_adk.stores.sqlite.fencing import (
     FencedSqliteStore,
-    accept_fence,
-    check_fence,
+    fenced,
     sqlite_now,
 )
 
@@ -73,8 +72,7 @@ class SqliteApprovalStore(FencedSqliteStore):
         chosen = id
 
         def request(conn: sqlite3.Connection) -> ApprovalRequest:
-            check_fence(conn, _APPROVALS, tenant, run_id, fence)
-            accept_fence(conn, _APPROVALS, tenant, run_id, fence)
+            fenced(conn, _APPROVALS, tenant, run_id, fence)
             now = sqlite_now(conn)
             if chosen is not None:
                 existing = _get_approval(conn, chosen)

@@ -9,7 +9,7 @@ from typing import Any
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.stores.protocols import HistoryHandle, StoredCheckpoint
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
-from tesserix_adk.stores.sqlite.fencing import FencedSqliteStore, accept_fence, check_fence
+from tesserix_adk.stores.sqlite.fencing import FencedSqliteStore, fenced
 from tesserix_adk.stores.sqlite.history import SqliteHistoryStore, append_history
 
 __all__ = ["SqliteCheckpointStore"]
@@ -26,8 +26,7 @@ def _put_frontier(
     fence: int | None,
     keep_last: int | None,
 ) -> None:
-    check_fence(conn, _CHECKPOINTS, tenant, run_id, fence)
-    accept_fence(conn, _CHECKPOINTS, tenant, run_id, fence)
+    fenced(conn, _CHECKPOINTS, tenant, run_id, fence)
     row = (tenant, run_id, step, fence, data)
     conn.execute(
         "INSERT INTO adk_frontiers (tenant, run_id, step, fence, payload) "

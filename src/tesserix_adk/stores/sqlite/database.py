@@ -13,6 +13,11 @@ committed claim or frontier survives a power loss, not only a process death.
 *process* dies, but a power loss or OS crash may lose the last commits — a claim among them,
 which could let a call run twice. Choose it only where that is acceptable.
 
+Write groups (``protocols.grouping``): while a run has a group open, that run's writes go
+into one ``BEGIN IMMEDIATE`` transaction, each in a savepoint of its own (a write that
+fails is undone alone), committed by ``SqliteWriteGroup.commit``; everybody else's calls
+wait for that commit, since the one connection is inside the group's transaction till then.
+
 Nothing here creates a file, a directory or a table, except ``create_schema()`` (what
 ``tesserix schema apply`` runs).
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import sqlite3
 import weakref
@@ -37,9 +43,12 @@ from tesserix_adk.errors import (
     StoreReplyLostError,
     StoreUnavailableError,
 )
+from tesserix_adk.stores.grouping import OpenGroup, joined
 from tesserix_adk.stores.sqlite.schema import SqliteSchema, statements
 
-__all__ = ["SqliteDatabase"]
+__all__ = ["SqliteDatabase", "SqliteWriteGroup"]
+
+_log = logging.getLogger("tesserix_adk.stores.sqlite")
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 
@@ -88,6 +97,9 @@ class SqliteDatabase:
         # Only ever touched from the executor's one thread.
         self._conn: sqlite3.Connection | None = None
         self._closed = False
+        # Held by an open write group from its start to its commit (see the docstring).
+        self._group_lock = asyncio.Lock()
+        self._commits = 0
         # Read from the package's migration files now, so the first call cannot fail on it.
         self.schema = SqliteSchema.load()
 
@@ -99,16 +111,34 @@ class SqliteDatabase:
         """The ``open_stores`` URL of this file."""
         return _sqlite_url(self.path)
 
+    @property
+    def commits(self) -> int:
+        """How many transactions this process committed on the file (for counting in
+        tests and benchmarks)."""
+        return self._commits
+
     # --- running SQL ---------------------------------------------------------------------
 
     async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` in ``BEGIN IMMEDIATE``, in the worker thread; commit
-        if it returns, roll back if it raises."""
-        return await self._submit(functools.partial(self._transaction, fn, "BEGIN IMMEDIATE"))
+        if it returns, roll back if it raises. Inside the caller's open write group it runs
+        in the group's transaction instead, committed with the group."""
+        if joined(self) is not None:
+            return await self._submit(functools.partial(self._in_group, fn))
+        async with self._group_lock:
+            return await self._submit(functools.partial(self._transaction, fn, "BEGIN IMMEDIATE"))
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(connection)`` in a read transaction (one snapshot), in the worker thread."""
-        return await self._submit(functools.partial(self._transaction, fn, "BEGIN"))
+        """Run ``fn(connection)`` in a read transaction (one snapshot), in the worker thread
+        (inside the caller's open write group: in its transaction, seeing its writes)."""
+        if joined(self) is not None:
+            return await self._submit(functools.partial(self._in_group, fn))
+        async with self._group_lock:
+            return await self._submit(functools.partial(self._transaction, fn, "BEGIN"))
+
+    def write_group(self) -> SqliteWriteGroup:
+        """A new write group on this file (``protocols.grouping``)."""
+        return SqliteWriteGroup(self)
 
     async def create_schema(self) -> None:
         """Create the file, its directory and the tables (idempotent); set WAL mode.
@@ -161,6 +191,11 @@ class SqliteDatabase:
 
     def _transaction(self, fn: Callable[[sqlite3.Connection], T], begin: str) -> T:
         conn = self._connection()
+        if conn.in_transaction:
+            # A group whose owner vanished without committing: what it held is lost, as it
+            # would be had the process died there.
+            _log.warning("rolling back a write group left open on %s", self.path)
+            conn.execute("ROLLBACK")
         try:
             conn.execute(begin)
             result = fn(conn)
@@ -174,11 +209,44 @@ class SqliteDatabase:
                 if conn.in_transaction:
                     raise
                 raise _CommitInDoubt(exc) from exc
+            if begin != "BEGIN":
+                self._commits += 1
             return result
         finally:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
+
+    def _in_group(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` inside the open group's transaction (begun by the group's first call),
+        in a savepoint: a failing write is undone alone and the group goes on."""
+        conn = self._connection()
+        if not conn.in_transaction:
+            conn.execute("BEGIN IMMEDIATE")
+        conn.execute("SAVEPOINT adk_write")
+        try:
+            result = fn(conn)
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK TO adk_write")
+                conn.execute("RELEASE adk_write")
+            raise
+        conn.execute("RELEASE adk_write")
+        return result
+
+    def _commit_group(self) -> None:
+        conn = self._connection()
+        if not conn.in_transaction:
+            return  # nothing joined, or its first write could not begin
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            raise _CommitInDoubt(exc) from exc
+        self._commits += 1
 
     def _open(self, mode: str) -> sqlite3.Connection:
         uri = Path(self.path).as_uri() + f"?mode={mode}"
@@ -356,3 +424,31 @@ class SqliteDatabase:
         if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
             return self._missing()
         return StoreUnavailableError(f"the SQLite store {self.path} failed: {exc}")
+
+
+class SqliteWriteGroup(OpenGroup):
+    """A run's writes on one SQLite file, committed as one transaction."""
+
+    def __init__(self, database: SqliteDatabase) -> None:
+        super().__init__(database)
+        self.database = database
+
+    async def begin(self) -> None:
+        """Open the group for the current attempt: from here its writes on the file join
+        it, and everybody else's wait for its commit."""
+        await self.database._group_lock.acquire()
+        try:
+            self._enter()
+        except BaseException:
+            self.database._group_lock.release()
+            raise
+
+    async def commit(self) -> None:
+        """Commit what joined; the group is closed after, whatever happened."""
+        if not self.active:
+            return
+        try:
+            await self.database._submit(self.database._commit_group)
+        finally:
+            self._leave()
+            self.database._group_lock.release()

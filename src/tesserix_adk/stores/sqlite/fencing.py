@@ -11,9 +11,16 @@ from __future__ import annotations
 import sqlite3
 
 from tesserix_adk.stores._common import stale_fence, unsealable
-from tesserix_adk.stores.sqlite.database import SqliteDatabase
+from tesserix_adk.stores.sqlite.database import SqliteDatabase, SqliteWriteGroup
 
-__all__ = ["NOW_SQL", "FencedSqliteStore", "accept_fence", "check_fence", "sqlite_now"]
+__all__ = [
+    "NOW_SQL",
+    "FencedSqliteStore",
+    "accept_fence",
+    "check_fence",
+    "fenced",
+    "sqlite_now",
+]
 
 # SQLite's clock in epoch seconds. Python's SQLite (3.40) has no unixepoch('subsec').
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -46,28 +53,50 @@ def _seen_fence(conn: sqlite3.Connection, store: str, tenant: str, run_id: str) 
 
 def check_fence(
     conn: sqlite3.Connection, store: str, tenant: str, run_id: str, fence: int | None
-) -> None:
+) -> int | None:
     """Raise ``StaleFenceError`` if a write of kind ``store`` carrying ``fence`` must be
-    refused."""
-    highest = _seen_fence(conn, store, tenant, run_id)
-    if highest is None:
-        return
-    if fence is None or fence < highest:
+    refused; else the fence this kind has on record for the run (for ``accept_fence``)."""
+    own = _highest_fence(conn, store, tenant, run_id)
+    highest = own
+    leased = conn.execute(
+        "SELECT fence FROM adk_run_leases WHERE tenant = ? AND run_id = ?", (tenant, run_id)
+    ).fetchone()
+    if leased is not None:
+        highest = max(int(leased[0]), highest or 0)
+    if highest is not None and (fence is None or fence < highest):
         raise stale_fence("write", run_id, fence, highest)
+    return own
 
 
 def accept_fence(
-    conn: sqlite3.Connection, store: str, tenant: str, run_id: str, fence: int | None
+    conn: sqlite3.Connection,
+    store: str,
+    tenant: str,
+    run_id: str,
+    fence: int | None,
+    *,
+    recorded: int | None = None,
 ) -> None:
-    """Remember ``fence`` once a write of kind ``store`` carrying it was accepted."""
-    if fence is None:
+    """Remember ``fence`` once a write of kind ``store`` carrying it was accepted; only
+    when it rises above ``recorded`` (what ``check_fence`` returned), so the steady state of
+    a run rewrites no row."""
+    if fence is None or (recorded is not None and recorded >= fence):
         return
     conn.execute(
         "INSERT INTO adk_fences (store, tenant, run_id, fence) VALUES (?, ?, ?, ?) "
         "ON CONFLICT (store, tenant, run_id) "
-        "DO UPDATE SET fence = max(adk_fences.fence, excluded.fence)",
+        "DO UPDATE SET fence = excluded.fence WHERE excluded.fence > adk_fences.fence",
         (store, tenant, run_id, fence),
     )
+
+
+def fenced(
+    conn: sqlite3.Connection, store: str, tenant: str, run_id: str, fence: int | None
+) -> None:
+    """``check_fence`` then ``accept_fence``: a write of kind ``store`` carrying ``fence``
+    is let through and remembered, or refused."""
+    recorded = check_fence(conn, store, tenant, run_id, fence)
+    accept_fence(conn, store, tenant, run_id, fence, recorded=recorded)
 
 
 def _seal(conn: sqlite3.Connection, store: str, tenant: str, run_id: str, fence: int) -> None:
@@ -88,6 +117,11 @@ class FencedSqliteStore:
 
     def __init__(self, database: SqliteDatabase) -> None:
         self.database = database
+
+    def write_group(self) -> SqliteWriteGroup:
+        """A write group on the shared file: every store of the file joins it
+        (``protocols.grouping.GroupedWrites``)."""
+        return self.database.write_group()
 
     async def seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Raise the highest-seen fence for the run without writing data."""

@@ -38,14 +38,14 @@ def append_history(
     after: HistoryHandle | None,
 ) -> HistoryHandle:
     """Append ``items`` after the prefix ``after`` names, inside the caller's transaction."""
-    check_fence(conn, _HISTORY, tenant, run_id, fence)
+    recorded = check_fence(conn, _HISTORY, tenant, run_id, fence)
     count, digest = prefix_of(tenant, run_id, after)
     if not _prefix_resolves(conn, tenant, run_id, count, digest):
         raise HistoryUnavailableError(
             f"the transcript of run {run_id!r} no longer has the prefix of {count} "
             f"messages this append follows"
         )
-    accept_fence(conn, _HISTORY, tenant, run_id, fence)
+    accept_fence(conn, _HISTORY, tenant, run_id, fence, recorded=recorded)
     # A dead writer may have appended past ``after``; that tail is dropped.
     conn.execute(
         "DELETE FROM adk_history WHERE tenant = ? AND run_id = ? AND position > ?",

@@ -166,8 +166,9 @@ class SqliteIdempotencyStore(FencedSqliteStore):
             fence = None
 
         def claim(conn: sqlite3.Connection) -> IdempotencyRecord:
+            recorded = None
             if tool is not None:
-                check_fence(conn, _IDEMPOTENCY, tenant, run_id, fence)
+                recorded = check_fence(conn, _IDEMPOTENCY, tenant, run_id, fence)
             now = sqlite_now(conn)
             record, changed = after_claim(
                 _live_record(conn, tenant, key, now),
@@ -185,7 +186,7 @@ class SqliteIdempotencyStore(FencedSqliteStore):
                 takeover=takeover,
             )
             if tool is not None:
-                accept_fence(conn, _IDEMPOTENCY, tenant, run_id, fence)
+                accept_fence(conn, _IDEMPOTENCY, tenant, run_id, fence, recorded=recorded)
             if changed:
                 _save_record(conn, record)
             return record

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from tesserix_adk.messages import Usage
-from tesserix_adk.stores.sqlite.fencing import FencedSqliteStore, accept_fence, check_fence
+from tesserix_adk.stores.sqlite.fencing import FencedSqliteStore, fenced
 
 __all__ = ["SqliteLedger"]
 
@@ -23,8 +23,7 @@ class SqliteLedger(FencedSqliteStore):
         """Add a model call's cost and usage to the run."""
 
         def charge(conn: sqlite3.Connection) -> None:
-            check_fence(conn, _LEDGER, tenant, run_id, fence)
-            accept_fence(conn, _LEDGER, tenant, run_id, fence)
+            fenced(conn, _LEDGER, tenant, run_id, fence)
             conn.execute(
                 "INSERT INTO adk_ledger (tenant, run_id, micros, input_tokens, output_tokens) "
                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, run_id) DO UPDATE SET "

@@ -1,0 +1,138 @@
+"""A run's writes grouped into the fewest commits that keep the order the promises rest on.
+
+Between two moments when something leaves the process (a model call, a tool call), a run's
+writes need not each be durable on their own: they must be durable before the next thing
+leaves. On a backend that offers write groups (``GroupedWrites``, asked of the idempotency
+store; the stores sharing its database join), the runner opens a group once the model's
+answer is in and commits it right before anything is sent:
+
+- the ledger's charge, the ``after_model_call`` frontier (with its transcript append) and
+  the turn's first claim commit together, before the call goes out;
+- with several calls in a turn, one at a time, each call's outcome commits with the next
+  call's claim;
+- the turn's last outcome commits at once, on its own, and the ``after_tool_result``
+  frontier after it. Folding that outcome into the frontier's commit would save one commit
+  but widen the window in which a death leaves a call that ran in doubt (until an operator
+  decides) by the frontier's redaction and encoding: an outcome in hand is made durable
+  first.
+
+What this changes for a death: between the model's answer and the first call's claim,
+nothing of the turn is durable, so a resume asks the model again (as it did for a death
+before the charge); the charge, the frontier and the claim are all there or none is. A
+group that fails to commit stops the run retryably, after recording again, one by one, the
+outcomes it held and dropping the claims it held (none of those calls was sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tesserix_adk.errors import AdkError, StoreUnavailableError
+from tesserix_adk.run.events import RunEvent
+from tesserix_adk.stores.grouping import group_scope, in_scope
+from tesserix_adk.stores.protocols import GroupedWrites, WriteGroup
+
+if TYPE_CHECKING:
+    from tesserix_adk.run.attempt import Attempt
+
+__all__ = ["PendingGroup", "announce", "begin", "commit", "grouped", "held_and_grouped"]
+
+_log = logging.getLogger("tesserix_adk.runner")
+
+
+@dataclass(slots=True, eq=False)
+class PendingGroup:
+    """An open group and what the runner must do should its commit fail."""
+
+    group: WriteGroup
+    # Outcomes recorded in it: recorded again, one by one, if it fails.
+    redo: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # Claims taken in it (never sent): dropped again if it fails.
+    undo: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # What a listener hears once the group is durable, never before (``FrontierWritten``).
+    events: list[RunEvent] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def grouped(attempt: Attempt) -> AsyncIterator[None]:
+    """The scope of one attempt's groups; whatever is still open is committed on the way
+    out (shielded), and its failure raised unless the block already raises."""
+    with group_scope():
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await _shielded(commit(attempt))
+            raise
+        await _shielded(commit(attempt))
+
+
+@contextlib.asynccontextmanager
+async def held_and_grouped(
+    held: contextlib.AbstractAsyncContextManager[None], attempt: Attempt
+) -> AsyncIterator[None]:
+    """The run held (its lease), and inside that its write groups: the last group commits
+    before the lease goes."""
+    async with held, grouped(attempt):
+        yield
+
+
+async def begin(groups: GroupedWrites | None, attempt: Attempt) -> None:
+    """Open a group for the attempt's next writes, where the backend offers them and the
+    attempt is folding (one call at a time); a no-op if one is open already."""
+    if groups is None or attempt.group is not None or not attempt.folding or not in_scope():
+        return
+    group = groups.write_group()
+    await group.begin()
+    attempt.group = PendingGroup(group=group)
+
+
+async def commit(attempt: Attempt) -> None:
+    """Make the open group durable (a no-op without one): called before anything leaves
+    the process. A failure is cleaned up (see the module docstring), then raised as
+    ``StoreUnavailableError``: nothing more of the turn is sent."""
+    pending = attempt.group
+    if pending is None:
+        return
+    attempt.group = None
+    try:
+        await pending.group.commit()
+    except AdkError as exc:
+        _log.warning("a write group failed to commit: %s", exc)
+        for again in pending.redo:
+            await again()
+        for drop in pending.undo:
+            await drop()
+        raise StoreUnavailableError(
+            f"the run's writes could not be committed ({exc}); nothing more was sent, and "
+            "the run is resumable"
+        ) from exc
+    for event in pending.events:
+        attempt.emit(event)
+
+
+def announce(attempt: Attempt, event: RunEvent) -> None:
+    """Report ``event`` once what it reports is durable: now, or at the group's commit."""
+    if attempt.group is not None:
+        attempt.group.events.append(event)
+    else:
+        attempt.emit(event)
+
+
+async def _shielded(awaitable: Awaitable[None]) -> None:
+    task = asyncio.ensure_future(awaitable)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        # Waited for, never awaited: awaiting it would pass a second cancel on to it.
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()
+        raise

@@ -1,0 +1,228 @@
+"""A turn's writes in the fewest commits that keep the promises (``run.grouping``).
+
+On SQLite the stores share one file, so the charge, the ``after_model_call`` frontier and
+the first claim commit together; each outcome commits with the next call's claim; the
+turn's last outcome commits at once, then ``after_tool_result``. Every test here looks at
+the file through a second connection, as another process would, at the moment a tool runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tesserix_adk import (
+    Agent,
+    AgentRunner,
+    FrontierWritten,
+    ScriptedProvider,
+    ScriptedTurn,
+    tool,
+)
+from tesserix_adk.errors import StoreReplyLostError, StoreUnavailableError
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.memory import MemoryIdempotencyStore
+from tesserix_adk.stores.protocols import RecordStatus
+from tesserix_adk.stores.sqlite.database import SqliteDatabase
+from tesserix_adk.stores.urls import open_stores
+
+TENANT = "t"
+
+
+@pytest.fixture
+async def sqlite_stores(tmp_path: Path) -> AsyncIterator[Stores]:
+    stores = open_stores(f"sqlite:///{tmp_path / 'adk.sqlite3'}")
+    await stores.create_schema()
+    try:
+        yield stores
+    finally:
+        await stores.aclose()
+
+
+def _database(stores: Stores) -> SqliteDatabase:
+    database = stores.idempotency.database  # type: ignore[attr-defined]
+    assert isinstance(database, SqliteDatabase)
+    return database
+
+
+def _turns(calls_per_turn: int, turns: int) -> list[Any]:
+    script: list[Any] = [
+        ScriptedTurn(
+            calls=[("book", {"seat": f"{t}-{c}"}) for c in range(calls_per_turn)], cost_micros=5
+        )
+        for t in range(turns)
+    ]
+    return [*script, "done"]
+
+
+async def _commits_for(tmp_path: Path, name: str, calls_per_turn: int, turns: int) -> int:
+    @tool
+    def book(seat: str) -> str:
+        return f"booked {seat}"
+
+    stores = open_stores(f"sqlite:///{tmp_path / name}")
+    await stores.create_schema()
+    try:
+        runner = AgentRunner.from_stores(ScriptedProvider(_turns(calls_per_turn, turns)), stores)
+        agent = Agent("g", "book", tools=[book], max_iterations=50)
+        before = _database(stores).commits
+        run = await runner.run(agent, "go", tenant=TENANT, run_id="r")
+        assert run.status == "completed"
+        return _database(stores).commits - before
+    finally:
+        await stores.aclose()
+
+
+@pytest.mark.parametrize(("calls", "per_turn"), [(1, 3), (3, 5)])
+async def test_a_turn_commits_once_per_claim_plus_its_last_outcome_and_frontier_on_sqlite(
+    tmp_path: Path, calls: int, per_turn: int
+) -> None:
+    # One call: [charge + after_model_call + claim], [outcome], [after_tool_result]: 3 (it
+    # was 5). Three calls: the two middle outcomes ride on the next claims: 5 (it was 9).
+    short = await _commits_for(tmp_path, "a.sqlite3", calls, 2)
+    long = await _commits_for(tmp_path, "b.sqlite3", calls, 6)
+    assert (long - short) / 4 == per_turn
+
+
+async def test_each_claim_and_every_earlier_outcome_are_durable_before_a_call_is_sent(
+    sqlite_stores: Stores,
+) -> None:
+    path = _database(sqlite_stores).path
+    seen: list[tuple[str, dict[str, str], int | None]] = []
+
+    def look(seat: str) -> None:
+        # Another connection, as another process: only what is committed shows.
+        with sqlite3.connect(path) as other:
+            rows = other.execute(
+                "SELECT call_id, status FROM adk_idempotency WHERE run_id = 'r'"
+            ).fetchall()
+            step = other.execute("SELECT step FROM adk_frontiers WHERE run_id = 'r'").fetchone()
+        seen.append((seat, {str(c): str(s) for c, s in rows}, None if step is None else step[0]))
+
+    @tool
+    def book(seat: str) -> str:
+        look(seat)
+        return f"booked {seat}"
+
+    runner = AgentRunner.from_stores(ScriptedProvider(_turns(3, 2)), sqlite_stores)
+    run = await runner.run(Agent("g", "book", tools=[book]), "go", tenant=TENANT, run_id="r")
+    assert run.status == "completed"
+    in_flight, completed = RecordStatus.in_flight.value, RecordStatus.completed.value
+    for turn in range(2):
+        for call in range(3):
+            seat, records, step = seen[turn * 3 + call]
+            assert seat == f"{turn}-{call}"
+            # Its own claim, and every earlier call's outcome, already committed.
+            assert records[f"call_{turn}_{call}"] == in_flight
+            for earlier in range(call):
+                assert records[f"call_{turn}_{earlier}"] == completed
+            # The turn's after_model_call frontier committed with the first claim: steps
+            # are 1 (after_model_call) and 2 (after_tool_result) per turn.
+            assert step == 2 * turn + 1
+
+
+async def test_frontier_written_is_heard_only_once_the_frontier_is_durable(
+    sqlite_stores: Stores,
+) -> None:
+    path = _database(sqlite_stores).path
+
+    @tool
+    def book(seat: str) -> str:
+        return f"booked {seat}"
+
+    runner = AgentRunner.from_stores(ScriptedProvider(_turns(1, 2)), sqlite_stores)
+    heard: list[tuple[int, int | None]] = []
+    async for event in runner.stream(Agent("g", "b", tools=[book]), "go", tenant=TENANT):
+        if isinstance(event, FrontierWritten):
+            with sqlite3.connect(path) as other:
+                row = other.execute("SELECT max(step) FROM adk_checkpoint_steps").fetchone()
+            heard.append((event.step, row[0]))
+    assert [step for step, _ in heard] == [1, 2, 3, 4, 5]
+    assert all(durable is not None and durable >= step for step, durable in heard)
+
+
+async def test_another_run_on_the_same_file_is_not_held_up_or_joined(
+    sqlite_stores: Stores,
+) -> None:
+    @tool
+    async def book(seat: str) -> str:
+        await asyncio.sleep(0.01)
+        return f"booked {seat}"
+
+    runner = AgentRunner.from_stores(ScriptedProvider(_turns(2, 3)), sqlite_stores)
+    agent = Agent("g", "b", tools=[book])
+    runs = await asyncio.gather(
+        *(runner.run(agent, "go", tenant=TENANT, run_id=f"r{i}") for i in range(8))
+    )
+    assert [r.status for r in runs] == ["completed"] * 8
+    for i in range(8):
+        records = await sqlite_stores.idempotency.records(TENANT, f"r{i}")
+        assert len(records) == 6
+        assert {r.status for r in records} == {RecordStatus.completed}
+
+
+class _FailingGroup:
+    def __init__(self, store: GroupingMemoryStore) -> None:
+        self.store = store
+
+    async def begin(self) -> None:
+        return None
+
+    async def commit(self) -> None:
+        self.store.commits += 1
+        if self.store.commits == self.store.fail_at:
+            raise StoreReplyLostError("the commit's reply was lost")
+
+
+class GroupingMemoryStore(MemoryIdempotencyStore):
+    """A memory store that says it groups writes, and fails its ``fail_at``-th commit
+    (its writes are applied at once, so what the runner does after is what shows)."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+        self.commits = 0
+
+    def write_group(self) -> _FailingGroup:
+        return _FailingGroup(self)
+
+
+async def test_a_group_that_fails_to_commit_sends_nothing_more_and_drops_its_claims() -> None:
+    sent: list[str] = []
+
+    @tool
+    def book(seat: str) -> str:
+        sent.append(seat)
+        return f"booked {seat}"
+
+    # Commit 1 holds the first turn's claim of seat 0-0: it fails, so nothing is sent.
+    store = GroupingMemoryStore(fail_at=1)
+    runner = AgentRunner(ScriptedProvider(_turns(2, 1)), idempotency=store)
+    with pytest.raises(StoreUnavailableError, match="nothing more was sent"):
+        await runner.run(Agent("g", "b", tools=[book]), "go", tenant=TENANT, run_id="r")
+    assert sent == []
+    assert await store.records(TENANT, "r") == []
+
+
+async def test_a_group_that_fails_holding_an_outcome_records_it_again_and_stops() -> None:
+    sent: list[str] = []
+
+    @tool
+    def book(seat: str) -> str:
+        sent.append(seat)
+        return f"booked {seat}"
+
+    # Commit 2 holds seat 0-0's outcome and seat 0-1's claim.
+    store = GroupingMemoryStore(fail_at=2)
+    runner = AgentRunner(ScriptedProvider(_turns(2, 1)), idempotency=store)
+    with pytest.raises(StoreUnavailableError, match="nothing more was sent"):
+        await runner.run(Agent("g", "b", tools=[book]), "go", tenant=TENANT, run_id="r")
+    assert sent == ["0-0"]
+    records = {r.call_id: r for r in await store.records(TENANT, "r")}
+    assert records["call_0_0"].status is RecordStatus.completed
+    assert "call_0_1" not in records
