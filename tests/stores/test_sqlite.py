@@ -536,6 +536,33 @@ async def test_checkpoint_put_writes_one_step_row_and_one_frontier(
         ]
 
 
+async def test_a_frontier_is_stored_once_in_its_step_snapshot(database: SqliteDatabase) -> None:
+    store = SqliteCheckpointStore(database)
+    payload = b"a frontier of some size " * 40
+    for step in range(1, 6):
+        await store.put("acme", "run-1", payload + bytes([step]), step=step, fence=1)
+    with raw(Path(database.path)) as conn:
+        stored = conn.execute(
+            "SELECT (SELECT sum(length(payload)) FROM adk_frontiers), "
+            "(SELECT sum(length(payload)) FROM adk_checkpoint_steps)"
+        ).fetchone()
+    # Five snapshots, and the frontier row adds not one byte of payload to them.
+    assert stored == (0, 5 * (len(payload) + 1))
+    latest = await store.latest("acme", "run-1")
+    assert latest is not None and latest.step == 5 and latest.payload == payload + b"\x05"
+
+
+async def test_a_frontier_whose_snapshot_was_deleted_is_damaged_not_empty(
+    database: SqliteDatabase,
+) -> None:
+    store = SqliteCheckpointStore(database)
+    await store.put("acme", "run-1", b"frontier", step=1, fence=1)
+    with raw(Path(database.path)) as conn:
+        conn.execute("DELETE FROM adk_checkpoint_steps")
+    with pytest.raises(CheckpointCorruptError):
+        await Checkpointer(store).latest("acme", "run-1")
+
+
 async def test_frontier_and_transcript_are_written_in_one_transaction(
     database: SqliteDatabase, tmp_path: Path
 ) -> None:

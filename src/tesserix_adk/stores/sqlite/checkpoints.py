@@ -1,4 +1,10 @@
-"""SQLite checkpoints: one frontier row per run, plus step snapshots pruned to keep_last."""
+"""SQLite checkpoints: one frontier row per run, plus step snapshots pruned to keep_last.
+
+A frontier is stored once (schema version 5): its payload lives in its step snapshot, and
+the frontier row names the step with an empty payload, unless keep_last pruned that step
+(then the row keeps the payload). An empty payload whose snapshot is missing too reads as
+damaged, never as an empty frontier.
+"""
 
 from __future__ import annotations
 
@@ -27,27 +33,29 @@ def _put_frontier(
     keep_last: int | None,
 ) -> None:
     fenced(conn, _CHECKPOINTS, tenant, run_id, fence)
-    row = (tenant, run_id, step, fence, data)
-    conn.execute(
-        "INSERT INTO adk_frontiers (tenant, run_id, step, fence, payload) "
-        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, run_id) DO UPDATE SET "
-        "step = excluded.step, fence = excluded.fence, payload = excluded.payload",
-        row,
-    )
     conn.execute(
         "INSERT INTO adk_checkpoint_steps (tenant, run_id, step, fence, payload) "
         "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, run_id, step) DO UPDATE SET "
         "fence = excluded.fence, payload = excluded.payload",
-        row,
+        (tenant, run_id, step, fence, data),
     )
+    kept = True
     if keep_last is not None:
         # Below the keep_last-th highest step; NULL (nothing pruned) while fewer.
-        conn.execute(
+        pruned = conn.execute(
             "DELETE FROM adk_checkpoint_steps WHERE tenant = ? AND run_id = ? "
             "AND step < (SELECT step FROM adk_checkpoint_steps "
-            "WHERE tenant = ? AND run_id = ? ORDER BY step DESC LIMIT 1 OFFSET ?)",
+            "WHERE tenant = ? AND run_id = ? ORDER BY step DESC LIMIT 1 OFFSET ?) "
+            "RETURNING step",
             (tenant, run_id, tenant, run_id, keep_last - 1),
-        )
+        ).fetchall()
+        kept = (step,) not in pruned
+    conn.execute(
+        "INSERT INTO adk_frontiers (tenant, run_id, step, fence, payload) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, run_id) DO UPDATE SET "
+        "step = excluded.step, fence = excluded.fence, payload = excluded.payload",
+        (tenant, run_id, step, fence, b"" if kept else data),
+    )
 
 
 class SqliteCheckpointStore(FencedSqliteStore):
@@ -108,9 +116,16 @@ class SqliteCheckpointStore(FencedSqliteStore):
 
         def latest(conn: sqlite3.Connection) -> StoredCheckpoint | None:
             row = conn.execute(
-                "SELECT payload, step, fence FROM adk_frontiers WHERE tenant = ? AND run_id = ?",
+                "SELECT CASE WHEN length(f.payload) > 0 THEN f.payload ELSE s.payload END, "
+                "f.step, f.fence FROM adk_frontiers AS f LEFT JOIN adk_checkpoint_steps AS s "
+                "ON s.tenant = f.tenant AND s.run_id = f.run_id AND s.step = f.step "
+                "WHERE f.tenant = ? AND f.run_id = ?",
                 (tenant, run_id),
             ).fetchone()
+            if row is not None and row[0] is None:
+                # Its snapshot is gone (deleted by hand): the frontier cannot be read, and
+                # an empty one is never made up.
+                row = (b"", row[1], row[2])
             return None if row is None else _stored_checkpoint(row)
 
         return await self.database.read(latest)
