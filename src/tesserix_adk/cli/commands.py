@@ -27,7 +27,7 @@ from tesserix_adk.cli.failures import ExitCode, UsageError, exit_code_for, expla
 from tesserix_adk.cli.frontier import run_frontier_command
 from tesserix_adk.cli.jsonout import emit, error_json
 from tesserix_adk.cli.listing import add_runs_arguments
-from tesserix_adk.cli.loading import load_agent, load_provider
+from tesserix_adk.cli.loading import ProviderSource, load_agent, load_provider
 from tesserix_adk.cli.resuming import run_resume_command
 from tesserix_adk.cli.work import WORK_COMMANDS, add_work_commands, run_work_command
 from tesserix_adk.leases import NEVER_RAN_MARGIN
@@ -155,6 +155,12 @@ def add_frontier_commands(sub: Any, parents: Parents = ()) -> None:
     p.add_argument("--by", required=True, type=_named, help="who decides")
     p.add_argument("--deny", action="store_true")
     p.add_argument("--note", help="why (secrets in it are masked before it is stored)")
+    p.add_argument(
+        "--agent",
+        type=_named,
+        metavar="module:attr",
+        help="the run's agent, to print the exact `tesserix run --resume` that carries it on",
+    )
     _json(p)
     p = sub.add_parser(
         "resolve",
@@ -201,13 +207,19 @@ def resume_main(
     *,
     stores: Stores,
     agents: Mapping[str, Agent],
+    provider: ProviderSource = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """``run --resume RUN`` (and ``replay``): take the lease and carry the run on."""
+    """``run --resume RUN`` (and ``replay``): take the lease and carry the run on.
+
+    ``provider`` is the model for agents the product names (``--agent NAME``): a provider,
+    or a class or factory called with no arguments (then closed when the command ends).
+    ``--provider module:attr`` overrides it; without either, an agent given as
+    ``module:attr`` takes its module's ``PROVIDER``, else its ``model``."""
     parser = new_parser(description="Carry checkpointed runs on.")
     add_resume_commands(_subcommands(parser))
-    return _main(parser, argv, stores=stores, agents=agents, out=out, err=err)
+    return _main(parser, argv, stores=stores, agents=agents, out=out, err=err, provider=provider)
 
 
 def add_worker_commands(sub: Any, parents: Parents = ()) -> None:
@@ -288,6 +300,7 @@ def _main(
     agents: Mapping[str, Agent],
     out: TextIO | None,
     err: TextIO | None,
+    provider: ProviderSource = None,
 ) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
@@ -302,7 +315,7 @@ def _main(
             args = parser.parse_args(list(argv))
         wants_json[0] = bool(getattr(args, "json", False))
         if args.command in RESUME_COMMANDS:
-            return run_resume_command(args, stores, agents, out)
+            return run_resume_command(args, stores, agents, out, provider=provider)
         if args.command in WORK_COMMANDS:
             return run_work_command(args, stores, agents, out)
         return run_frontier_command(args, stores, out)

@@ -7,16 +7,23 @@ from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.checkpoint.planning import ResumePlan
 from tesserix_adk.cli.reasons import failure_reason
 from tesserix_adk.cli.text import escaped
+from tesserix_adk.stores.protocols import ApprovalRequest, ApprovalStatus
 
 __all__ = ["describe"]
 
 
 def describe(
-    checkpoint: Checkpoint, *, plan: ResumePlan | None = None, spent: int | None = None
+    checkpoint: Checkpoint,
+    *,
+    plan: ResumePlan | None = None,
+    spent: int | None = None,
+    approval: ApprovalRequest | None = None,
 ) -> str:
     """Three lines about the run (who, how far, where it stands), then one per planned call.
 
     ``spent`` is the ledger's figure; without it the frontier's (reporting-only) one is shown.
+    ``approval`` is the request the frontier waits on, as the approval store has it now:
+    once a person decided it, the third line says so instead of "waiting on approval".
     """
     cp = checkpoint
     micros = cp.micros if spent is None else spent
@@ -24,7 +31,7 @@ def describe(
         f"run {escaped(cp.run_id)}  tenant {escaped(cp.tenant)}  agent {escaped(cp.agent_name)}",
         f"iteration {cp.iteration}  {cp.usage.input_tokens} in, {cp.usage.output_tokens} out  "
         f"{micros} micros",
-        _where(cp),
+        _where(cp, approval),
     ]
     if cp.replay_of:
         lines.append(f"replay of {escaped(cp.replay_of)}")
@@ -34,11 +41,21 @@ def describe(
     return "\n".join(lines)
 
 
-def _where(cp: Checkpoint) -> str:
+def _where(cp: Checkpoint, approval: ApprovalRequest | None) -> str:
     if cp.status is CheckpointStatus.tombstone:
         return f"tombstone at step {cp.step}: {escaped(str(cp.reason))}"
     if cp.status is CheckpointStatus.waiting_approval and cp.pending_approval is not None:
-        return f"waiting on approval {escaped(cp.pending_approval.id)}"
+        asked = cp.pending_approval.id
+        if (
+            approval is not None
+            and approval.id == asked
+            and approval.status is not ApprovalStatus.pending
+        ):
+            return (
+                f"approval {escaped(asked)} {approval.status} by {escaped(approval.by or '?')}; "
+                "a resume carries it on"
+            )
+        return f"waiting on approval {escaped(asked)}"
     if cp.status is CheckpointStatus.failed:
         return f"failed at step {cp.step}: {escaped(str(failure_reason(cp)))}"
     if cp.status.finished:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import secrets
+import shlex
 import time
 from typing import Any, TextIO
 
@@ -34,6 +36,7 @@ from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import step_history
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, WorkState
+from tesserix_adk.stores.urls import redact_url
 from tesserix_adk.timestamps import iso_time
 
 __all__ = ["RESOLVE_LEASE_TTL", "run_frontier_command"]
@@ -41,6 +44,8 @@ __all__ = ["RESOLVE_LEASE_TTL", "run_frontier_command"]
 # Long enough for one resolution; short enough that a resolver killed half-way holds the
 # run up only briefly (its lease lapses by the store's clock).
 RESOLVE_LEASE_TTL = 30.0
+
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_./:=@%+,-]+")
 
 _STEPS_HEADER = "step  boundary           iteration  status            written              bytes\n"
 
@@ -134,12 +139,7 @@ async def _approve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
         ) from exc
     run = escaped(decided.run_id)
     woken = await _wake(stores, args.tenant, decided.run_id, WorkState.decided)
-    then = (
-        "a worker carries it on"
-        if woken
-        else f"carry it on with `tesserix run --resume {run} --tenant {escaped(args.tenant)} "
-        "--agent module:attr`"
-    )
+    then = await _carry_on_with(args, stores, decided.run_id, woken)
     if getattr(args, "json", False):
         emit(
             out,
@@ -160,6 +160,36 @@ async def _approve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
         f"for run {run}; {then}\n"
     )
     return ExitCode.CARRIED_ON
+
+
+async def _carry_on_with(args: argparse.Namespace, stores: Stores, run_id: str, woken: bool) -> str:
+    """What carries the run on now: a running ``tesserix worker``, or the exact resume
+    command (``--agent`` as given to ``approve``; else a placeholder naming the agent)."""
+    agent = getattr(args, "agent", None)
+    if agent is None:
+        cp = None
+        with contextlib.suppress(CheckpointCorruptError, CheckpointFormatError):
+            cp = await Checkpointer.from_stores(stores).latest(args.tenant, run_id)
+        name = "" if cp is None else f" of agent {escaped(cp.agent_name)!r}"
+        agent = "MODULE:ATTR"
+        hint = (
+            f" (MODULE:ATTR: where the agent{name} is defined, e.g. my_agent:agent; "
+            "`approve --agent` prints the whole command)"
+        )
+    else:
+        hint = ""
+    parts = ["tesserix", "run", "--resume", run_id, "--tenant", args.tenant, "--agent", agent]
+    store = getattr(args, "store", None)
+    if store:  # as given, a password masked (this line may land in a log)
+        parts[1:1] = ["--store", redact_url(store)]
+    command = " ".join(_shell_word(p) for p in parts)
+    worker = "a running `tesserix worker` carries it on, or " if woken else ""
+    return f"{worker}carry it on with `{command}`{hint}"
+
+
+def _shell_word(word: str) -> str:
+    """A word a shell reads back as it is (an id with control characters is escaped)."""
+    return escaped(word) if _PLAIN_WORD.fullmatch(word) else shlex.quote(escaped(word))
 
 
 async def _wake(stores: Stores, tenant: str, run_id: str, state: WorkState) -> bool:

@@ -1,5 +1,10 @@
 """``tesserix inspect RUN``: a run's frontier and plan, what holds it, and why it stands
-where it stands; takes no lease."""
+where it stands; takes no lease.
+
+Exit 0 whenever the run could be read (whatever a resume would do with it), 1 when nothing
+is checkpointed, 4 when it cannot be read: the frontier, or the transcript it names (the
+frontier is printed first then, as far as it goes, and the sentence says why a resume
+refuses)."""
 
 from __future__ import annotations
 
@@ -14,12 +19,28 @@ from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import claim_json, emit, key_digest, lease_json, when
 from tesserix_adk.cli.reasons import failure_reason, parked_item
 from tesserix_adk.cli.text import escaped
-from tesserix_adk.errors import NoCheckpointError
+from tesserix_adk.errors import (
+    CheckpointCorruptError,
+    HistoryUnavailableError,
+    NoCheckpointError,
+)
 from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.protocols import IdempotencyRecord, RunLease, WorkItem
+from tesserix_adk.stores.protocols import (
+    ApprovalRequest,
+    IdempotencyRecord,
+    RunLease,
+    WorkItem,
+)
 
-__all__ = ["held_by", "inspect_json", "run_inspect"]
+__all__ = ["asked_approval", "held_by", "inspect_json", "run_inspect"]
+
+
+async def asked_approval(stores: Stores, cp: Checkpoint) -> ApprovalRequest | None:
+    """The approval request the frontier waits on, as the approval store has it now."""
+    if cp.pending_approval is None:
+        return None
+    return await stores.approvals.get(cp.tenant, cp.pending_approval.id)
 
 
 def held_by(lease: RunLease) -> str:
@@ -32,11 +53,20 @@ def held_by(lease: RunLease) -> str:
 
 async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
     """Print the run's frontier and plan (text, or JSON with ``args.json``)."""
-    cp = await Checkpointer.from_stores(stores).latest(args.tenant, args.run)
+    checkpointer = Checkpointer.from_stores(stores)
+    cp = await checkpointer.latest(args.tenant, args.run)
     if cp is None:
         raise NoCheckpointError(
             f"nothing is checkpointed under run {args.run!r} for tenant {args.tenant!r}"
         )
+    unreadable: Exception | None = None
+    if not cp.is_tombstone:
+        try:  # what a resume reads first: a transcript it cannot read refuses it (exit 4)
+            await checkpointer.messages(cp)
+        except (CheckpointCorruptError, HistoryUnavailableError) as exc:
+            unreadable = exc
+    if unreadable is not None and args.json:
+        raise _cannot_be_carried_on(unreadable)
     plan = await plan_resume(cp, stores.idempotency)
     spent = await stores.ledger.spent(args.tenant, args.run)
     lease = await stores.leases.current(args.tenant, args.run)
@@ -46,7 +76,8 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
         claim = (await stores.idempotency.lookup([key], tenant=args.tenant)).get(key)
         emit(out, inspect_json(cp, plan, spent, lease, parked, claim))
         return ExitCode.CARRIED_ON
-    out.write(describe(cp, plan=plan, spent=spent) + "\n")
+    approval = await asked_approval(stores, cp)
+    out.write(describe(cp, plan=plan, spent=spent, approval=approval) + "\n")
     if lease is not None:
         out.write(held_by(lease) + "\n")
     if parked is not None:
@@ -54,7 +85,17 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
             f"parked: {escaped(parked.reason or '')}; a worker takes it again once you resolve, "
             "approve or cancel\n"
         )
+    if unreadable is not None:
+        raise _cannot_be_carried_on(unreadable)
     return ExitCode.CARRIED_ON
+
+
+def _cannot_be_carried_on(exc: Exception) -> Exception:
+    """The transcript's error, saying what it means for the run (exit 4, as for a resume)."""
+    said = f"{exc}; the run cannot be carried on (a resume refuses it, exit 4)"
+    if isinstance(exc, HistoryUnavailableError):
+        return HistoryUnavailableError(said)
+    return CheckpointCorruptError(said)
 
 
 def inspect_json(

@@ -8,13 +8,16 @@ from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.checkpoint.payload import Checkpoint
+from tesserix_adk.checkpoint.checkpointer import Checkpointer
+from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.checkpoint.planning import ResumePlan
 from tesserix_adk.cli.describe import describe
 from tesserix_adk.cli.failures import ExitCode, UsageError
+from tesserix_adk.cli.inspecting import asked_approval
 from tesserix_adk.cli.jsonout import emit, when
-from tesserix_adk.cli.loading import built_provider, import_ref, load_agent
+from tesserix_adk.cli.loading import ProviderSource, built_provider, import_ref, load_agent
 from tesserix_adk.cli.text import escaped
+from tesserix_adk.errors import RunFailedError
 from tesserix_adk.run.result import Run
 from tesserix_adk.run.upgrade import RevisionAcceptance, accept_revision
 from tesserix_adk.runner import AgentRunner, RunStatus
@@ -24,11 +27,16 @@ __all__ = ["run_resume_command"]
 
 
 async def run_resume_command(
-    args: argparse.Namespace, stores: Stores, agents: Mapping[str, Agent], out: TextIO
+    args: argparse.Namespace,
+    stores: Stores,
+    agents: Mapping[str, Agent],
+    out: TextIO,
+    *,
+    provider: ProviderSource = None,
 ) -> ExitCode:
-    """Run the parsed ``run``/``replay``."""
+    """Run the parsed ``run``/``replay``; ``provider`` is the product's (``resume_main``)."""
     if args.command == "replay":
-        return await _replay(args, stores, agents, out)
+        return await _replay(args, stores, agents, out, provider)
     if not args.resume:
         raise UsageError("`run` only carries existing runs on: pass --resume RUN")
     accepting = getattr(args, "accept_revision", False)
@@ -38,8 +46,13 @@ async def run_resume_command(
         raise UsageError("--by and --note go with --accept-revision")
     as_json = getattr(args, "json", False)
     agent = load_agent(args.agent, agents)
-    async with built_provider(args.provider, agent, args.agent) as provider:
-        runner = AgentRunner.from_stores(provider, stores, worker=args.worker)
+    seen = await Checkpointer.from_stores(stores).latest(args.tenant, args.resume)
+    if seen is not None and not accepting and await _already_ended(seen, args, stores, out):
+        return ExitCode.CARRIED_ON
+    # The decision on the approval it waits on, for the summary.
+    approval = None if seen is None else await asked_approval(stores, seen)
+    async with built_provider(args.provider, agent, args.agent, default=provider) as model:
+        runner = AgentRunner.from_stores(model, stores, worker=args.worker)
         accepted: RevisionAcceptance | None = None
         if accepting:
             accepted = await accept_revision(
@@ -54,7 +67,7 @@ async def run_resume_command(
             held.update(holder=holder, fence=fence)
             if as_json:
                 return
-            out.write(describe(cp, plan=plan, spent=spent) + "\n")
+            out.write(describe(cp, plan=plan, spent=spent, approval=approval) + "\n")
             holding = f"fence {fence}" if fence is not None else "no lease store"
             out.write(f"holding the run as {escaped(holder)} ({holding})\n")
             out.flush()
@@ -87,6 +100,7 @@ def _run_json(
         "pending_approval": None if run.pending_approval is None else run.pending_approval.id,
         "holder": held.get("holder"),
         "fence": held.get("fence"),
+        "carried_on": True,
         "accepted_revision": None
         if accepted is None
         else {
@@ -100,11 +114,57 @@ def _run_json(
     }
 
 
+async def _already_ended(
+    cp: Checkpoint, args: argparse.Namespace, stores: Stores, out: TextIO
+) -> bool:
+    """A run whose frontier says it ended is not carried on: say so without taking a lease
+    (an ended frontier is the run's last, so reading it unheld is safe). ``True`` when it
+    ended well; a run that ended ``failed`` raises ``RunFailedError`` (exit 4)."""
+    if cp.is_tombstone or not cp.status.finished:
+        return False  # the runner reads it again under the lease and says what it finds
+    spent = await stores.ledger.spent(args.tenant, args.resume)
+    if cp.status is CheckpointStatus.failed:
+        if not getattr(args, "json", False):
+            out.write(describe(cp, spent=spent) + "\n")
+        raise RunFailedError(
+            f"run {args.resume!r} ended failed at step {cp.step}; nothing was done (no lease "
+            "taken, nothing sent)"
+        )
+    if getattr(args, "json", False):
+        emit(
+            out,
+            {
+                "run_id": cp.run_id,
+                "status": str(cp.status),
+                "iteration": cp.iteration,
+                "spent_micros": spent,
+                "output": cp.output,
+                "reason": None,
+                "pending_approval": None,
+                "holder": None,
+                "fence": None,
+                "accepted_revision": None,
+                "carried_on": False,
+            },
+        )
+        return True
+    out.write(describe(cp, spent=spent) + "\n")
+    out.write(
+        f"nothing was done: run {escaped(cp.run_id)} already ended {cp.status} at step "
+        f"{cp.step} (no lease taken, nothing sent)\n"
+    )
+    return True
+
+
 async def _replay(
-    args: argparse.Namespace, stores: Stores, agents: Mapping[str, Agent], out: TextIO
+    args: argparse.Namespace,
+    stores: Stores,
+    agents: Mapping[str, Agent],
+    out: TextIO,
+    default: ProviderSource,
 ) -> ExitCode:
     agent = load_agent(args.agent, agents)
-    async with built_provider(args.provider, agent, args.agent) as provider:
+    async with built_provider(args.provider, agent, args.agent, default=default) as provider:
         stubs: dict[str, Callable[..., Any]] = {}
         for spec in args.stub:
             name, sep, ref = spec.partition("=")
