@@ -13,9 +13,10 @@ Python's backtracking engine as written, on the text between placeholders.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,11 @@ _MAX_PASSES = 4
 
 # JSON text nested in a string nested in JSON text …: deeper levels are masked as free text.
 _MAX_JSON_DEPTH = 8
+
+# How many recent texts a redactor remembers the masking of, and up to what length (a
+# larger text is masked anew each time rather than held in memory).
+_MEMO_ENTRIES = 128
+_MEMO_MAX_CHARS = 16 * 1024
 
 # Every hint of every rule (patterns, key words, validation messages), for one quick look at
 # a string no rule can touch.
@@ -78,6 +84,7 @@ class Redactor:
     enabled: bool = True
     _rules: tuple[_Rule, ...] = field(init=False, repr=False, compare=False)
     _extra: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+    _memo: Callable[[str], str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.extra_patterns, str):
@@ -96,6 +103,10 @@ class Redactor:
         object.__setattr__(self, "extra_patterns", patterns)
         object.__setattr__(self, "_rules", _builtin_rules())
         object.__setattr__(self, "_extra", tuple(compiled))
+        # The same text reaches redaction several times on its way into a run (a tool's
+        # result: its record, the transcript, the frontier's observation; a call's
+        # arguments: the transcript and the outstanding call): it is scanned once.
+        object.__setattr__(self, "_memo", functools.lru_cache(maxsize=_MEMO_ENTRIES)(self._scan))
 
     def text(self, value: str) -> str:
         """``value`` with every secret in it masked; JSON text stays JSON text."""
@@ -125,6 +136,11 @@ class Redactor:
     def _text(self, value: str, depth: int) -> str:
         if len(value) < _SHORTEST_SECRET:
             return value
+        if depth == 0 and len(value) <= _MEMO_MAX_CHARS:
+            return self._memo(value)
+        return self._scan(value, depth)
+
+    def _scan(self, value: str, depth: int = 0) -> str:
         if depth < _MAX_JSON_DEPTH and _JSON_START.match(value):
             masked = self._json_text(value, depth)
             if masked is not None:
