@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -349,10 +352,52 @@ def test_schema_show_prints_the_ddl(site: Site) -> None:
     assert done.returncode == 0 and "CREATE TABLE" in done.stdout
 
 
-def test_demo_exits_0_and_states_one_booking_per_act(tmp_path: Path) -> None:
-    site = Site(tmp_path)
-    done = site.tesserix("demo")
+def test_demo_exits_0_with_one_booking_per_act_and_keep_prints_commands_that_work(
+    tmp_path: Path,
+) -> None:
+    """``demo --keep DIR``: the store and the airline stay, and every command it prints to
+    explore them runs as printed (a shell, the console script on PATH, from another
+    directory)."""
+    kept = tmp_path / "kept"
+    env = {k: v for k, v in os.environ.items() if k not in ("ADK_STORE", "ADK_DEMO_AIRLINE")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    done = subprocess.run(
+        [sys.executable, "-m", "tesserix_adk", "demo", "--keep", str(kept)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "airline holds 1 booking(s) for run-1" in done.stdout
     assert "airline holds 1 booking(s) for run-2" in done.stdout
     assert "(exit 4)" in done.stdout
+    assert (kept / "adk.sqlite3").is_file() and (kept / "airline.sqlite3").is_file()
+    told = done.stdout.split("Explore them:\n", 1)[1].splitlines()
+    commands = [line.strip() for line in told if line.startswith("  ")]
+    assert sum(c.startswith("tesserix ") for c in commands) >= 4
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    outputs = []
+    for command in commands:
+        ran = subprocess.run(
+            ["bash", "-c", command],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ran.returncode == 0, f"{command}: {ran.stdout}{ran.stderr}"
+        outputs.append(ran.stdout)
+    assert any("run-1" in o and "run-2" in o for o in outputs)  # runs
+    assert any("nothing was done" in o for o in outputs)  # run --resume of a finished run
+    assert sum(o.count("LH400") for o in outputs if "Ada Lovelace" in o) >= 2  # the airline
+    again = subprocess.run(
+        [sys.executable, "-m", "tesserix_adk", "demo", "--keep", str(kept)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 2 and again.stderr.count("\n") == 1

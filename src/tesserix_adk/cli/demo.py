@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from tesserix_adk.cli.demo_agent import AIRLINE_ENV, airline_bookings, create_airline
@@ -108,16 +108,30 @@ class _Demo:
         return n
 
 
+_BOOKINGS = "SELECT id, run_id, flight, passenger FROM bookings"
+
 _PAUSES = {
     "booked": "seat booked and recorded, next checkpoint not yet written",
     "in_flight": "inside book_seat: the airline booked it, the kit has no outcome",
 }
 
 
-def run_demo(argv: Sequence[str] = ()) -> int:
-    """Run both acts; 0 only if each ends with exactly one booking."""
-    keep = "--keep" in argv
-    workdir = Path(tempfile.mkdtemp(prefix="tesserix-demo-"))
+def run_demo(*, keep: str | None = None) -> int:
+    """Run both acts; 0 only if each ends with exactly one booking.
+
+    ``keep``: a directory to leave the store and the airline in (``""``: the temporary
+    one), with the commands to explore them printed at the end; ``None`` removes them."""
+    if keep:
+        workdir = Path(keep).expanduser().resolve()
+        if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
+            sys.stderr.write(
+                f"tesserix demo: {keep!r} is not a new or empty directory; pass one for the "
+                "demo's store and airline\n"
+            )
+            return 2
+        workdir.mkdir(parents=True, exist_ok=True)
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="tesserix-demo-"))
     demo = _Demo(workdir)
     started = time.monotonic()
     try:
@@ -139,9 +153,35 @@ def run_demo(argv: Sequence[str] = ()) -> int:
             f"Both runs carried on after SIGKILL with exactly one booking each "
             f"({time.monotonic() - started:.1f} s)."
         )
+        if keep is not None:
+            _explore(demo)
         return 0
     demo.say("Something is wrong: a run did not end with exactly one booking.")
     return 1
+
+
+def _explore(demo: _Demo) -> None:
+    """The commands that look at what the demo left behind (each exits 0)."""
+    store = _quote(demo.store)
+    demo.say()
+    demo.say(f"The store and the airline are kept in {demo.workdir}. Explore them:")
+    if sys.prefix != sys.base_prefix and os.environ.get("VIRTUAL_ENV") != sys.prefix:
+        # Started as .venv/bin/tesserix (make demo): put the kit's commands on PATH first.
+        demo.say(f"  . {_quote(str(Path(sys.prefix) / 'bin' / 'activate'))}")
+    for command in (
+        "runs --tenant demo",
+        "show run-1 --tenant demo",
+        "inspect run-2 --tenant demo",
+        "steps run-2 --tenant demo",
+        f"run --resume run-1 --tenant demo --agent {AGENT}",
+    ):
+        demo.say(f"  tesserix {command} --store {store}")
+    look = (
+        f'import sqlite3; print(*sqlite3.connect("{demo.airline}").execute("{_BOOKINGS}"), '
+        'sep="\\n")'
+    )
+    demo.say(f"  python -c {shlex.quote(look)}")
+    demo.say("(the last `run --resume` does nothing: the run already completed)")
 
 
 def _act_one(demo: _Demo) -> int:

@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from tesserix_adk.cli.demo import run_demo
 
-        return run_demo(["--keep"] if args.keep else [])
+        return run_demo(keep=args.keep)
     from tesserix_adk.stores.urls import open_stores
 
     url = args.store or os.environ.get("ADK_STORE") or DEFAULT_STORE
@@ -114,7 +114,14 @@ def _parser() -> argparse.ArgumentParser:
         help="a run dies with SIGKILL and carries on with one booking (offline, temporary files)",
         description="Two acts with real OS processes against a temporary SQLite store.",
     )
-    demo.add_argument("--keep", action="store_true", help="keep the temporary files")
+    demo.add_argument(
+        "--keep",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="leave the store and the airline in DIR (a new or empty directory; without DIR, "
+        "in the temporary one) and print the commands to explore them",
+    )
     add_ui_command(sub, parents=[store_after])
     return parser
 
