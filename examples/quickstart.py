@@ -1,14 +1,17 @@
 """The README's quick start, runnable offline: a run dies after booking, a new runner resumes.
 
-    python examples/quickstart.py [STORE_URL]      # default: a SQLite file in a temp dir
+    .venv/bin/python examples/quickstart.py [STORE_URL]   # default: a SQLite file in a temp dir
 
-Works unchanged with ``memory://``, ``sqlite:///…``, ``redis://…?allow_volatile=true`` or
-``postgresql://…`` — only the URL changes.
+It prints the store it used and the run's id; run it again with that URL and it starts a new
+run (a new id) in the same store, beside the first. Works unchanged with ``memory://``,
+``sqlite:///…``, ``redis://…?allow_volatile=true`` or ``postgresql://…`` — only the URL
+changes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import sys
 import tempfile
 
@@ -43,8 +46,10 @@ TURNS = [
 
 
 async def main(url: str) -> int:
+    run_id = f"run-{secrets.token_hex(3)}"  # a run id is the run's identity: one per run
+    print(f"store {url}; run {run_id}")
     async with open_stores(url) as stores:
-        await stores.create_schema()  # once per store; `tesserix schema apply` does the same
+        await stores.create_schema()  # idempotent; `tesserix schema apply` does the same
 
         def runner() -> AgentRunner:  # what each new process builds
             return AgentRunner(
@@ -57,15 +62,17 @@ async def main(url: str) -> int:
             )
 
         try:
-            await runner().run(agent, "book me FRA to JFK", tenant="acme", run_id="run_1")
+            await runner().run(agent, "book me FRA to JFK", tenant="acme", run_id=run_id)
         except SimulatedCrash as death:
             print(f"died: {death}")
         try:
-            await runner().resume(agent, "run_1", tenant="acme")
+            await runner().resume(agent, run_id, tenant="acme")
         except Exception as refused:  # the booking was in flight: nobody can say it ran
             print(f"resume refused ({type(refused).__name__}): {refused}")
         print(f"airline holds {len(BOOKINGS)} booking(s)")
-        return 0 if len(BOOKINGS) == 1 else 1
+    if not url.startswith("memory:"):
+        print(f"look at it: tesserix inspect {run_id} --tenant acme --store {url}")
+    return 0 if len(BOOKINGS) == 1 else 1
 
 
 if __name__ == "__main__":
