@@ -129,17 +129,22 @@ def raw_client(cluster: ThrowawayCluster) -> RedisCluster:
     return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in cluster.ports])
 
 
-async def delete_prefixed(cluster: ThrowawayCluster, prefix: str) -> list[bytes]:
-    """Delete every key under ``prefix`` on every master; the keys deleted."""
+async def delete_prefixed(
+    cluster: ThrowawayCluster, prefix: str, client: RedisCluster | None = None
+) -> list[bytes]:
+    """Delete every key under ``prefix`` on every master (through ``client``, or a client
+    of its own); the keys deleted."""
     assert not any(c in prefix for c in "*?[]\\")
-    client = raw_client(cluster)
+    own = client is None
+    client = raw_client(cluster) if client is None else client
     try:
         found = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
-        for key in found:
-            await client.delete(key)
+        if found:
+            await client.delete(*found)  # split by slot, and sent to each slot's node
         return found
     finally:
-        await client.aclose()
+        if own:
+            await client.aclose()
 
 
 @asynccontextmanager
@@ -159,6 +164,7 @@ async def cluster_stores(
         yield stores
     finally:
         try:
-            await stores.aclose()
+            # The stores' own client knows the cluster already: no second discovery.
+            await delete_prefixed(cluster, prefix, stores.checkpoints._client)  # type: ignore[attr-defined]
         finally:
-            await delete_prefixed(cluster, prefix)
+            await stores.aclose()
