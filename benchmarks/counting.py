@@ -7,7 +7,8 @@ own, so the counting never slows a timed turn.
   (``BEGIN``/``COMMIT`` apart). A transaction is a round trip (one hop to the kit's thread).
 - PostgreSQL: every psycopg connection gets a libpq protocol trace; a transaction is a
   ``ReadyForQuery`` back to idle, a writing transaction one that ran ``INSERT``, ``UPDATE``,
-  ``DELETE`` or ``MERGE`` (also inside a CTE), a round trip one ``Sync`` or simple ``Query``.
+  ``DELETE`` or ``MERGE`` (also inside a CTE), a round trip each time the client, having
+  sent (one message or a pipeline's batch), reads replies.
 - Redis: ``INFO commandstats`` deltas on the benchmark's own server, and the commands or
   pipelines the client sends (counted on its connection class).
 - fsyncs: ``strace -c`` attached to this process (SQLite) or to the Redis server, when
@@ -133,6 +134,7 @@ class _PgTrace:
         self.unnamed = ""
         self.current = ""
         self.wrote = False
+        self.last_side = ""
         self.path: str | None = None
 
     def start(self) -> None:
@@ -176,6 +178,10 @@ class _PgTrace:
         if len(parts) < 3:
             return
         side, kind, rest = parts[0], parts[2], parts[3] if len(parts) > 3 else ""
+        # A round trip: the client sent (a batch, in pipeline mode) and now reads replies.
+        if side == "B" and self.last_side == "F" and counts is not None:
+            counts.round_trips = (counts.round_trips or 0) + 1
+        self.last_side = side
         quoted = re.findall(r'"((?:[^"]|"")*)"', rest, re.DOTALL)
         if side == "F" and kind == "Parse" and len(quoted) >= 2:
             self.names[quoted[0]] = quoted[1]
@@ -186,10 +192,7 @@ class _PgTrace:
         elif side == "F" and kind == "Execute":
             self._statement(self.current, counts)
         elif side == "F" and kind == "Query" and quoted:
-            counts.round_trips = (counts.round_trips or 0) + 1
             self._statement(quoted[0], counts)
-        elif side == "F" and kind == "Sync":
-            counts.round_trips = (counts.round_trips or 0) + 1
         elif side == "B" and kind == "ReadyForQuery" and rest.strip() == "I":
             counts.transactions = (counts.transactions or 0) + 1
             if self.wrote:
@@ -263,7 +266,7 @@ def postgres_window() -> Iterator[Counts]:
 
 @contextlib.contextmanager
 def redis_round_trips() -> Iterator[list[int]]:
-    """Commands or pipelines the asyncio client sends while the block runs."""
+    """Commands or pipelines the clients (asyncio and sync) send while the block runs."""
     from redis.asyncio.connection import AbstractConnection
 
     count = [0]
@@ -273,11 +276,21 @@ def redis_round_trips() -> Iterator[list[int]]:
         count[0] += 1
         return await original(self, *args, **kwargs)
 
+    from redis.connection import AbstractConnection as SyncConnection
+
+    sync_original = SyncConnection.send_packed_command
+
+    def sync_counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return sync_original(self, *args, **kwargs)
+
     AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+    SyncConnection.send_packed_command = sync_counted  # type: ignore[method-assign]
     try:
         yield count
     finally:
         AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
+        SyncConnection.send_packed_command = sync_original  # type: ignore[method-assign]
 
 
 def redis_commands(info: dict[str, Any]) -> int:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import secrets
+import statistics
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -187,3 +188,42 @@ async def throughput(url: str, runs: int, turns: int) -> float:
             )
         )
         return runs * turns / (time.perf_counter() - started)
+
+
+async def flatness(
+    url: str, turns: int, chunks: int, short: int
+) -> tuple[list[float], list[tuple[int, float, float]]]:
+    """One long run of ``turns`` turns carried in ``chunks`` pieces (its process dies at
+    the end of each and the next resumes it), and after each piece a fresh run of
+    ``short`` turns, so the late turns are timed right beside early ones.
+
+    Returns the long run's seconds per turn and, per piece, (turns so far, median seconds
+    of the piece's last turns, median seconds of the fresh run's turns)."""
+    size = turns // chunks
+    late: list[float] = []
+    pairs: list[tuple[int, float, float]] = []
+    async with open_stores(url) as stores:
+        await stores.create_schema()
+        long_agent = agent(turns + 2)
+        run_id = f"long-{secrets.token_hex(6)}"
+        for piece in range(chunks):
+            provider = TurnsProvider(turns=turns + 2, die_at=size)
+            runner = AgentRunner.from_stores(
+                provider, stores, worker="bench", resume_claim_ttl=RESUME_CLAIM_TTL
+            )
+            with contextlib.suppress(Died):
+                if piece == 0:
+                    await runner.run(long_agent, conv.QUESTION, tenant=TENANT, run_id=run_id)
+                else:
+                    await asyncio.sleep(RESUME_CLAIM_TTL * 1.5)
+                    await runner.resume(long_agent, run_id, tenant=TENANT)
+            seconds = [b - a for a, b in itertools.pairwise(provider.stamps)]
+            late += seconds
+            fresh = TurnsProvider(turns=short)
+            await AgentRunner.from_stores(fresh, stores, worker="bench").run(
+                agent(short), conv.QUESTION, tenant=TENANT, run_id=f"{run_id}-{piece}"
+            )
+            early = [b - a for a, b in itertools.pairwise(fresh.stamps)][2:short]
+            tail = seconds[-min(len(seconds), 20) :]
+            pairs.append(((piece + 1) * size, statistics.median(tail), statistics.median(early)))
+    return late, pairs

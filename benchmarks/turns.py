@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import platform
 import sqlite3
@@ -79,10 +80,12 @@ class Profile:
 
 
 PROFILES = {
-    "smoke": Profile("smoke", 5, 1, 10, 3, 0, (6,), 1, (1, 2), 2, False, ("memory", "sqlite-full")),
-    "quick": Profile("quick", 30, 3, 200, 10, 100, (200, 1000), 3, (1, 8, 32), 6, True),
-    "full": Profile("full", 120, 3, 1000, 30, 400, (1000, 5000), 3, (1, 8, 32), 20, True),
+    "smoke": Profile("smoke", 4, 1, 6, 2, 0, (4,), 1, (1, 2), 2, False, ("memory", "sqlite-full")),
+    "quick": Profile("quick", 20, 3, 100, 10, 100, (100, 400), 3, (1, 8, 32), 5, True),
+    "full": Profile("full", 100, 3, 1000, 30, 400, (1000, 5000), 3, (1, 8, 32), 20, True),
 }
+# A longer resume run is left out (and said so) when building it would take longer than this.
+RESUME_BUDGET = {"smoke": 30.0, "quick": 45.0, "full": 150.0}
 
 SKIP = 3  # the first turns of a run (connections, caches) are left out of its median
 
@@ -100,6 +103,8 @@ class Results:
     bytes_per_turn: dict[str, dict[str, float]] = field(default_factory=dict)
     counts: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)
     flat: dict[str, list[float]] = field(default_factory=dict)  # config -> per-turn seconds
+    # config -> [(turns so far, late turns' median, a fresh run's median right after)]
+    flat_pairs: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)
     lg_curve: list[float] = field(default_factory=list)
     bytes_run: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     resume: dict[str, dict[str, list[float]]] = field(default_factory=dict)
@@ -266,7 +271,8 @@ class Runner:
             base = size()
 
             def probe(call: int) -> None:
-                if probe_every and call % probe_every == 0:
+                # The run's end is measured once it closed; the probes sample on the way.
+                if probe_every and call % probe_every == 0 and call < turns:
                     samples.append((call, size() - base))
 
             probe_fn = probe if probe_every else None
@@ -334,9 +340,13 @@ def phase_per_turn(run: Runner, profile: Profile, res: Results, configs: list[st
 
 
 def phase_flat(run: Runner, profile: Profile, res: Results, configs: list[str]) -> None:
+    chunks = min(10, max(2, profile.long // 20))
     for config in configs:
-        seconds, _, _, _ = run.measure(config, "ours", profile.long)
+        with run.env.place(config) as place:
+            short = 5 if profile.name == "smoke" else 25
+            seconds, pairs = asyncio.run(ours.flatness(place.url, profile.long, chunks, short))
         res.flat[config] = seconds
+        res.flat_pairs[config] = pairs
     _say("  flatness done")
 
 
@@ -363,11 +373,19 @@ def phase_resume(run: Runner, profile: Profile, res: Results, configs: list[str]
         if config not in ("memory", "sqlite-normal", "postgres", "redis-everysec"):
             continue
         res.resume[config] = {}
+        built_rate = 0.0  # seconds per turn to build the previous run
         for turns in profile.resume:
+            if built_rate * turns > RESUME_BUDGET[profile.name]:
+                res.notes.append(
+                    f"resume at {turns:,} turns left out on {config}: building the run would "
+                    f"take ~{built_rate * turns:.0f} s at this machine's pace"
+                )
+                continue
             with run.env.place(config) as place:
                 seconds, _, built = asyncio.run(
                     ours.resume_costs(place.url, turns, profile.resumes)
                 )
+            built_rate = built / turns
             res.resume[config][f"ours@{turns}"] = seconds
             res.resume[config][f"build@{turns}"] = [built]
             if profile.peers and config in ("sqlite-normal", "postgres"):
@@ -420,8 +438,11 @@ def phase_counts(run: Runner, profile: Profile, res: Results, configs: list[str]
         _say(f"  counts: {config} done")
 
 
+_T0 = time.perf_counter()
+
+
 def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    print(f"{time.perf_counter() - _T0:6.1f} s {text}", file=sys.stderr, flush=True)
 
 
 def _commit() -> str:
@@ -437,12 +458,12 @@ def _commit() -> str:
             ["git", "status", "--porcelain", "--", "src"],
             capture_output=True,
             text=True,
-            cwd=Path(__file__).resolve().parent,
+            cwd=Path(__file__).resolve().parent.parent,
             check=True,
         )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    head = out.stdout.strip()[:100]
+    head = out.stdout.strip()[:80]
     return head + (" (+ uncommitted changes in src/)" if dirty.stdout.strip() else "")
 
 
@@ -456,6 +477,8 @@ def main() -> int:
     args = parser.parse_args()
     profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"]
     counting.COUNT_FSYNCS = profile.name != "smoke"
+    # The kit warns about Redis everysec on every opening; said once, in the notes.
+    logging.getLogger("tesserix_adk").setLevel(logging.ERROR)
     configs = list(profile.configs)
     if args.only:
         configs = [c for c in args.only.split(",") if c]
@@ -475,6 +498,11 @@ def main() -> int:
                 __import__(module)
             except ImportError:
                 res.notes.append(f'{what} is not installed (pip install -e ".[bench]"): left out')
+    if any(c in REDIS for c in configs):
+        res.notes.append(
+            "Redis: throwaway servers with appendonly yes; redis-everysec may lose about one "
+            "second of acknowledged writes on power loss, redis-always fsyncs before replying"
+        )
     with contextlib.ExitStack() as stack:
         env = Env(stack, tuple(configs))
         for config, why in env.missing.items():
