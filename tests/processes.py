@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import pytest
 
 from adapters import services
+from adapters.cluster import ThrowawayCluster, delete_prefixed
 from tesserix_adk.cli.demo_agent import AIRLINE_ENV, airline_bookings, create_airline
 from tesserix_adk.stores.urls import open_stores
 
@@ -28,17 +29,24 @@ BACKENDS = [
     pytest.param("redis", id="redis", marks=pytest.mark.redis),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
+# A three-master Redis Cluster of the session's own: added to the representative crash tests
+# only (it needs the ``redis_cluster`` fixture; see ``store_url``).
+REDIS_CLUSTER = pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis)
 
 T = TypeVar("T")
 
 
 @asynccontextmanager
-async def store_url(backend: str, tmp: Path) -> AsyncIterator[str]:
+async def store_url(
+    backend: str, tmp: Path, cluster: ThrowawayCluster | None = None
+) -> AsyncIterator[str]:
     """A store URL on ``backend`` that no other test shares, cleaned up afterwards.
 
     SQLite: a file in ``tmp``. Redis: a fresh key prefix (its keys deleted after), with
     ``allow_volatile=true`` because the local server runs without persistence. PostgreSQL: a
-    fresh schema chosen with ``options=-csearch_path%3D…`` (dropped CASCADE after). The URL
+    fresh schema chosen with ``options=-csearch_path%3D…`` (dropped CASCADE after). Redis
+    Cluster: a fresh key prefix on ``cluster`` (whose nodes keep AOF, so no
+    ``allow_volatile``), its keys deleted after. The URL
     is plain text, so it passes through a subprocess's argv and environment unchanged. An
     unreachable server skips the test (fails it under CI=true). No schema is applied here.
     """
@@ -57,6 +65,13 @@ async def store_url(backend: str, tmp: Path) -> AsyncIterator[str]:
     elif backend == "postgres":
         async with services.postgres_schema() as schema:
             yield services.schema_url(schema)
+    elif backend == "redis-cluster":
+        assert cluster is not None, "the redis-cluster backend needs the redis_cluster fixture"
+        prefix = services.redis_prefix()
+        try:
+            yield services.with_query(cluster.url, prefix=prefix)
+        finally:
+            await delete_prefixed(cluster, prefix)
     else:
         raise ValueError(f"unknown backend {backend!r}")
 

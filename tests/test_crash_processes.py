@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import BACKENDS, Site, held_open, store_url
+from processes import BACKENDS, REDIS_CLUSTER, Site, held_open, store_url
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
 
@@ -26,14 +26,23 @@ def _resume(site: Site, run_id: str) -> tuple[int, str]:
     return proc.returncode, out + err
 
 
+# The representative crash tests run on a Redis Cluster too (each costs a cluster's worth
+# of CI time, so not every one does).
+ALSO_ON_A_CLUSTER = pytest.mark.parametrize("site", [*BACKENDS, REDIS_CLUSTER], indirect=True)
+
+
 @pytest.fixture(params=BACKENDS)
 def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
     """The test's store (a fresh SQLite file, Redis prefix or PostgreSQL schema, with the
     schema applied) and airline; the Redis keys or the schema are removed afterwards."""
-    with held_open(store_url(request.param, tmp_path)) as url:
+    cluster = None
+    if request.param == "redis-cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+    with held_open(store_url(request.param, tmp_path, cluster)) as url:
         yield Site(tmp_path, url)
 
 
+@ALSO_ON_A_CLUSTER
 def test_killed_after_book_seat_completed_resumes_with_the_outcome_replayed(site: Site) -> None:
     site.kill_at("r1", "booked")
     assert site.bookings("r1") == 1
@@ -44,6 +53,7 @@ def test_killed_after_book_seat_completed_resumes_with_the_outcome_replayed(site
     assert site.bookings("r1") == 1
 
 
+@ALSO_ON_A_CLUSTER
 def test_killed_while_book_seat_in_flight_refuses_naming_it(site: Site) -> None:
     site.kill_at("r2", "in_flight")
     assert site.bookings("r2") == 1
@@ -88,6 +98,7 @@ def test_twenty_processes_race_to_resume_and_exactly_one_carries_the_run(site: S
     assert site.bookings("race") == 1
 
 
+@ALSO_ON_A_CLUSTER
 def test_worker_paused_past_its_ttl_is_refused_by_the_fence_after_sigcont(site: Site) -> None:
     first = site.worker("stop", "--pause", "stop_before_put", "--lease-ttl", "1")
     assert first.stdout is not None
