@@ -53,15 +53,25 @@ def test_timeout_is_a_kit_option_of_the_url() -> None:
             open_postgres_stores(services.with_query(services.POSTGRES_URL, timeout=bad))
 
 
-async def test_connections_carry_statement_and_lock_timeouts_and_keepalives(pg_url: str) -> None:
+async def test_statements_carry_statement_and_lock_timeouts_and_connections_keepalives(
+    pg_url: str,
+) -> None:
     async with _stores(services.with_query(pg_url, timeout="4")) as stores:
         await stores.create_schema()
         database = stores.leases.database  # type: ignore[attr-defined]
+        # What a statement of the stores runs under: its own transaction's settings.
+        row = await database.row(
+            "reading the bounds",
+            "SELECT current_setting('statement_timeout') AS statement, "
+            "current_setting('lock_timeout') AS lock",
+            {},
+        )
         async with database.pool.connection() as conn:
-            statement = (await (await conn.execute("SHOW statement_timeout")).fetchone())[0]
-            lock = (await (await conn.execute("SHOW lock_timeout")).fetchone())[0]
             params = conn.info.get_parameters()
-        assert statement not in ("0", "") and lock not in ("0", "")
+            # Set LOCAL, so nothing stays behind on a server connection a pooler shares.
+            session = (await (await conn.execute("SHOW statement_timeout")).fetchone())[0]
+        assert row["statement"] == "3200ms" and row["lock"] == "2400ms"
+        assert session == "0"
         assert params.get("keepalives") == "1"
         assert "keepalives_idle" in params and "tcp_user_timeout" in params
 
@@ -118,6 +128,7 @@ async def test_a_reply_that_never_comes_hits_the_client_deadline_outcome_unknown
         ):
             await direct.create_schema()
             await via.leases.current(T, "warm-up")  # the pool's one connection is open
+            # BEGIN, the statement and COMMIT go out together: their replies are lost.
             proxy.drop_next_reply(then="hang")
             with pytest.raises(StoreReplyLostError) as lost:
                 await _bounded(via.leases.acquire(T, R, "worker-a", 30))
@@ -140,6 +151,7 @@ async def test_a_connection_lost_mid_statement_is_outcome_unknown(pg_schema: str
         ):
             await direct.create_schema()
             await via.idempotency.lookup(["warm-up"], tenant=T)
+            # BEGIN, the statement and COMMIT go out together: their replies are lost.
             proxy.drop_next_reply(then="close")
             with pytest.raises(StoreReplyLostError):
                 await _bounded(

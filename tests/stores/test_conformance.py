@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from adapters.cluster import ThrowawayCluster, cluster_stores
+from adapters.pooler import pooled_postgres_stores
 from adapters.services import postgres_stores, redis_stores
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
@@ -165,6 +166,17 @@ async def open_postgres(
         yield _store_set(opened)
 
 
+@asynccontextmanager
+async def open_postgres_pgbouncer(
+    clock: FakeClock | None, keep_last: int | None, tmp_path: Path
+) -> AsyncIterator[StoreSet]:
+    # The same, through a PgBouncer of the test's own in transaction mode: each statement
+    # may reach another server connection (schema= and prepare_threshold=none in the URL).
+    assert clock is None
+    async with pooled_postgres_stores(keep_last=keep_last) as opened:
+        yield _store_set(opened)
+
+
 def _store_set(opened: Stores) -> StoreSet:
     return StoreSet(
         checkpoints=opened.checkpoints,
@@ -303,6 +315,9 @@ BACKENDS: dict[str, Backend] = {
     ),
     "postgres": Backend(
         open=open_postgres, runs_on_fake_clock=False, count_round_trips=count_postgres
+    ),
+    "postgres-pgbouncer": Backend(
+        open=open_postgres_pgbouncer, runs_on_fake_clock=False, count_round_trips=count_postgres
     ),
 }
 

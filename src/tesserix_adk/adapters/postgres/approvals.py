@@ -51,7 +51,7 @@ class PostgresApprovalStore(FencedStore):
     """An ``ApprovalStore`` in ``adk_approvals``; ids are unique across the table."""
 
     def __init__(self, database: PostgresDatabase) -> None:
-        self._sql = _SQL.load("approvals")
+        self._sql = _SQL.load("approvals", database.schema.schema)
         super().__init__(database, seal=self._sql.seal)
 
     async def request(

@@ -37,7 +37,7 @@ class PostgresCheckpointStore(FencedStore):
     def __init__(self, database: PostgresDatabase, *, keep_last: int | None = None) -> None:
         if keep_last is not None and keep_last < 1:
             raise ConfigurationError(f"keep_last must be at least 1, got {keep_last}")
-        self._sql = _SQL.load("checkpoints")
+        self._sql = _SQL.load("checkpoints", database.schema.schema)
         super().__init__(database, seal=self._sql.seal)
         self.keep_last = keep_last
 

@@ -1,38 +1,46 @@
 """The database the PostgreSQL stores share: a psycopg 3 pool, its bounds, and driver errors.
 
-``PostgresDatabase`` owns an ``AsyncConnectionPool`` (opened on first use) whose connections
-are pinned to autocommit at READ COMMITTED: every statement is its own transaction, so no
-refusal ever leaves one open. Every decision — a fence, a claim, a lease — is one statement;
-time that decides anything is the server's ``clock_timestamp()``, never the caller's. It also
-applies and checks the schema (``schema.py``): ``create_schema()`` (what ``tesserix schema
-apply`` runs) does, idempotently and safely from several processes at once (an advisory lock
-serialises it); ``verify()`` checks the version. Tables live in the first schema of the
-connection's search_path, which a URL chooses with ``options=-csearch_path%3D<schema>``.
+``PostgresDatabase`` owns an ``AsyncConnectionPool`` (opened on first use). Every call is one
+transaction of its own, begun as ``BEGIN ISOLATION LEVEL READ COMMITTED`` with its
+``statement_timeout`` and ``lock_timeout`` set ``LOCAL``: nothing the kit needs lives in the
+session, so a transaction pooler (PgBouncer, a managed pooler) that hands each transaction
+to another server connection, or a server or pooler whose default isolation is
+SERIALIZABLE, changes nothing, and the kit leaves no setting behind on a shared server
+connection. Every decision — a fence, a claim, a lease — is one statement; time that decides
+anything is the server's ``clock_timestamp()``, never the caller's. It also applies and
+checks the schema (``schema.py``): ``create_schema()`` (what ``tesserix schema apply`` runs)
+does, idempotently and safely from several processes at once (an advisory lock serialises
+it), and changes nothing (so needs no CREATE privilege) when the schema is already current;
+``verify()`` checks the version. Tables live in the schema the URL's ``schema=`` names, else
+in the first schema of the connection's search_path.
 
 Bounds. Every call has a client-side deadline, ``timeout`` seconds (URL ``?timeout=``,
 default 5 s, kept well below the default 30 s lease ttl), for getting a connection and again
-for the statement. Each pooled connection sets ``statement_timeout`` and ``lock_timeout``
-below that deadline (so the server cancels, and rolls back, a statement it can before the
-client gives up on it) and TCP keepalives with ``tcp_user_timeout`` (so a dead peer is
-noticed); options given in the URL win. Errors say whether the outcome is unknown: no
-connection could be had, or the server cancelled or rolled the statement back
+for the statement. Each transaction sets ``statement_timeout`` and ``lock_timeout`` below
+that deadline (so the server cancels, and rolls back, a statement it can before the client
+gives up on it); each connection has TCP keepalives with ``tcp_user_timeout`` (so a dead
+peer is noticed); options given in the URL win. Errors say whether the outcome is unknown:
+no connection could be had, or the server cancelled or rolled the statement back
 (``statement_timeout``, ``lock_timeout``, a deadlock) — ``StoreUnavailableError``; the
 statement was sent and then the connection was lost or the deadline passed —
-``StoreReplyLostError``.
+``StoreReplyLostError``. A refusal that is a setting to fix (a role, password or database
+that does not exist, a pooler refusing a startup parameter, a missing privilege) is a
+``ConfigurationError``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
 try:
     import psycopg
     from psycopg import errors as pg_errors
     from psycopg.conninfo import conninfo_to_dict
+    from psycopg.pq import TransactionStatus
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
@@ -42,6 +50,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     ) from exc
 
 from tesserix_adk.adapters.postgres.schema import APPLY, SCHEMA_LOCK_CLASS, TABLES, Schema
+from tesserix_adk.adapters.postgres.statements import qualified_tables, qualify
 from tesserix_adk.errors import ConfigurationError, StoreReplyLostError, StoreUnavailableError
 
 __all__ = ["DEFAULT_TIMEOUT", "Pool", "PostgresDatabase", "Row"]
@@ -51,16 +60,31 @@ Row = dict[str, Any]
 
 # Seconds: the client-side deadline of every call, unless the URL says ``timeout=``.
 DEFAULT_TIMEOUT = 5.0
+# psycopg's own default: a statement is prepared on the server from its fifth execution.
+PREPARE_THRESHOLD = 5
 # The server's own bounds, as fractions of the deadline: a statement the server can cancel
 # is cancelled (and rolled back, outcome known) before the client stops waiting for it.
 _STATEMENT_SHARE = 0.8
 _LOCK_SHARE = 0.6
 
+# A connection refused for one of these is a setting to fix, not an outage: by the server
+# (unknown database or role, bad password, no CONNECT privilege) or by a pooler (PgBouncer's
+# words for an unknown database or user, and for a startup parameter it does not pass on).
 _MISCONFIGURED = (
     "does not exist",
     "authentication failed",
     "no pg_hba.conf entry",
     "password is required",
+    "permission denied",
+    "no such database",
+    "no such user",
+    "is not permitted to log in",
+    "unsupported startup parameter",
+)
+# What to do instead when a pooler refuses the ``options`` startup parameter.
+_NO_OPTIONS = (
+    "; a transaction pooler takes no options= startup parameter: name the schema with the "
+    "URL's schema= option and turn prepared statements off with prepare_threshold=none"
 )
 
 
@@ -110,22 +134,66 @@ def _driver_errors(action: str) -> Iterator[_Call]:
         ) from exc
 
 
-def _configurer(timeout: float) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
+def _begin(timeout: float) -> tuple[str, ...]:
+    """The statements that open every transaction: READ COMMITTED whatever the server's or
+    the pooler's default, and the server's own bounds for this transaction only."""
     statement_ms = max(1, int(timeout * _STATEMENT_SHARE * 1000))
     lock_ms = max(1, int(timeout * _LOCK_SHARE * 1000))
+    return (
+        "BEGIN ISOLATION LEVEL READ COMMITTED",
+        f"SELECT set_config('statement_timeout', '{statement_ms}', true), "
+        f"set_config('lock_timeout', '{lock_ms}', true)",
+    )
 
-    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
-        # Pinned on every pooled connection: each statement commits on its own, at READ
-        # COMMITTED whatever the server's default, and explicit transactions use it too.
+
+async def _autocommit(conn: psycopg.AsyncConnection[Any]) -> None:
+    # Each call begins and ends its own transaction (``_transaction``); no session setting.
+    await conn.set_autocommit(True)
+
+
+async def _roll_back(conn: psycopg.AsyncConnection[Any]) -> None:
+    # After a failure, if the connection can still say so (a broken one the pool drops).
+    if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        with suppress(psycopg.Error):
+            await conn.execute("ROLLBACK", prepare=False)
+
+
+@asynccontextmanager
+async def _transaction(
+    conn: psycopg.AsyncConnection[Any], begin: tuple[str, ...]
+) -> AsyncIterator[None]:
+    """One transaction on ``conn``: ``begin``, the body, COMMIT; ROLLBACK if the body
+    fails."""
+    if not conn.autocommit:  # a pool built by hand: psycopg would begin one of its own
         await conn.set_autocommit(True)
-        await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
-        await conn.execute(
-            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED"
-        )
-        await conn.execute(f"SET statement_timeout = {statement_ms}")
-        await conn.execute(f"SET lock_timeout = {lock_ms}")
+    # Several statements in one string, no parameters: one round trip, never prepared.
+    await conn.execute("; ".join(begin), prepare=False)
+    try:
+        yield
+    except BaseException:
+        await _roll_back(conn)
+        raise
+    await conn.execute("COMMIT", prepare=False)
 
-    return configure
+
+async def _alone(
+    conn: psycopg.AsyncConnection[Any], begin: tuple[str, ...], sql: str, params: Mapping[str, Any]
+) -> list[Row]:
+    """``sql`` in a transaction of its own, sent with its ``begin`` and COMMIT in one
+    pipeline (one round trip); its rows."""
+    if not conn.autocommit:
+        await conn.set_autocommit(True)
+    try:
+        async with conn.pipeline() as pipeline, conn.cursor(row_factory=dict_row) as cur:
+            for statement in begin:
+                await conn.execute(statement, prepare=False)
+            await cur.execute(sql, params)
+            await conn.execute("COMMIT", prepare=False)
+            await pipeline.sync()
+            return await cur.fetchall() if cur.description is not None else []
+    except BaseException:
+        await _roll_back(conn)
+        raise
 
 
 def _socket_options(conninfo: str, timeout: float) -> dict[str, Any]:
@@ -147,7 +215,13 @@ class PostgresDatabase:
     """A connection pool the stores share, opened on first use; schema and lifetime."""
 
     def __init__(
-        self, pool: Pool, *, conninfo: str | None = None, timeout: float = DEFAULT_TIMEOUT
+        self,
+        pool: Pool,
+        *,
+        conninfo: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        schema: str | None = None,
+        prepare_threshold: int | None = PREPARE_THRESHOLD,
     ) -> None:
         if not (timeout > 0 and math.isfinite(timeout)):
             raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout}")
@@ -155,8 +229,14 @@ class PostgresDatabase:
         self.conninfo = conninfo
         # Seconds each call may wait for a connection, and then for its statement's reply.
         self.timeout = float(timeout)
-        # The schema this kit applies and reads, from the package's migrations/ folder.
-        self.schema = Schema.load()
+        # The schema this kit applies and reads, from the package's migrations/ folder, its
+        # tables qualified by ``schema`` when one is named (checked: ConfigurationError).
+        self.schema = Schema.load(schema)
+        self.tables = qualified_tables(schema)
+        # Executions of a statement before psycopg prepares it on the server; None: never
+        # (what a transaction pooler needs, as prepared statements live in one session).
+        self.prepare_threshold = prepare_threshold
+        self._begin = _begin(self.timeout)
         self._opening = asyncio.Lock()
         self._closed = False
 
@@ -168,11 +248,14 @@ class PostgresDatabase:
         pool_min: int = 1,
         pool_max: int = 4,
         timeout: float = DEFAULT_TIMEOUT,
+        schema: str | None = None,
+        prepare_threshold: int | None = PREPARE_THRESHOLD,
     ) -> PostgresDatabase:
         """A database over a new pool on ``conninfo`` (a URL or key=value string); no I/O.
 
-        Its connections carry ``statement_timeout``/``lock_timeout`` below ``timeout`` and
-        TCP keepalives (a pool built by hand gets only the client-side deadline)."""
+        ``schema`` qualifies the kit's tables (else the search_path decides);
+        ``prepare_threshold=None`` never prepares a statement (behind a transaction pooler).
+        Its connections carry TCP keepalives (a pool built by hand does not)."""
         if pool_min < 0 or pool_max < 1 or pool_max < pool_min:
             raise ConfigurationError(
                 f"pool_min must be at least 0 and pool_max at least 1 and at least pool_min, "
@@ -180,19 +263,32 @@ class PostgresDatabase:
             )
         if not (timeout > 0 and math.isfinite(timeout)):
             raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout}")
+        if prepare_threshold is not None and prepare_threshold < 0:
+            raise ConfigurationError(
+                f"prepare_threshold must be None or at least 0, got {prepare_threshold}"
+            )
         pool: Pool = AsyncConnectionPool(
             conninfo,
-            kwargs=_socket_options(conninfo, timeout),
+            kwargs={
+                **_socket_options(conninfo, timeout),
+                "prepare_threshold": prepare_threshold,
+            },
             min_size=pool_min,
             max_size=pool_max,
             open=False,
-            configure=_configurer(timeout),
+            configure=_autocommit,
             # How long a statement waits for a connection: a stopped server should fail a
             # write as unavailable soon, so the live run can carry on without it.
             timeout=timeout,
             name="tesserix-adk",
         )
-        return cls(pool, conninfo=conninfo, timeout=timeout)
+        return cls(
+            pool,
+            conninfo=conninfo,
+            timeout=timeout,
+            schema=schema,
+            prepare_threshold=prepare_threshold,
+        )
 
     async def _open(self) -> None:
         if self._closed:
@@ -210,12 +306,18 @@ class PostgresDatabase:
             return
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self.conninfo, autocommit=True, **_socket_options(self.conninfo, self.timeout)
+                self.conninfo,
+                autocommit=True,
+                prepare_threshold=self.prepare_threshold,
+                **_socket_options(self.conninfo, self.timeout),
             )
         except psycopg.OperationalError as exc:
             text = " ".join(str(exc).split())
             if any(mark in text for mark in _MISCONFIGURED):
-                raise ConfigurationError(f"PostgreSQL refused the connection: {text}") from exc
+                hint = _NO_OPTIONS if "unsupported startup parameter" in text else ""
+                raise ConfigurationError(
+                    f"PostgreSQL refused the connection: {text}{hint}"
+                ) from exc
             raise
         await conn.close()
 
@@ -224,15 +326,11 @@ class PostgresDatabase:
         most ``timeout`` for a connection and ``timeout`` for the reply."""
         with _driver_errors(action) as call:
             await self._open()
-            async with (
-                self.pool.connection(timeout=self.timeout) as conn,
-                conn.cursor(row_factory=dict_row) as cur,
-            ):
+            async with self.pool.connection(timeout=self.timeout) as conn:
                 call.sent = True
                 try:
                     async with asyncio.timeout(self.timeout):
-                        await cur.execute(sql, params)
-                        return await cur.fetchall() if cur.description is not None else []
+                        return await _alone(conn, self._begin, sql, params)
                 except TimeoutError as exc:
                     raise StoreReplyLostError(
                         f"PostgreSQL did not answer {action} within {self.timeout:g} s; the "
@@ -245,71 +343,101 @@ class PostgresDatabase:
         return rows[0] if rows else None
 
     async def create_schema(self) -> None:
-        """Create or upgrade the tables in the search_path's first schema; idempotent, and
-        safe to run from several processes at once."""
+        """Create or upgrade the tables in the URL's ``schema=`` (else the search_path's
+        first schema); idempotent, safe to run from several processes at once, and a no-op
+        that needs no CREATE privilege when the schema is already at this kit's version."""
         with _driver_errors("applying the schema") as call:
             await self._open()
-            async with self.pool.connection(timeout=self.timeout) as conn, conn.transaction():
+            async with (
+                self.pool.connection(timeout=self.timeout) as conn,
+                _transaction(conn, self._begin),
+            ):
                 call.sent = True
-                cur = await conn.execute("SELECT current_schema()")
-                found = await cur.fetchone()
-                schema = None if found is None else found[0]
-                if schema is None:
-                    raise ConfigurationError(
-                        "no schema of the connection's search_path exists; create it first "
-                        "(CREATE SCHEMA …) or choose another with options=-csearch_path%3D…"
-                    )
+                schema = await self._target_schema(conn)
                 await conn.execute(
-                    "SELECT pg_advisory_xact_lock(%s::integer, hashtext(current_schema()))",
-                    (SCHEMA_LOCK_CLASS,),
+                    "SELECT pg_advisory_xact_lock(%s::integer, hashtext(%s))",
+                    (SCHEMA_LOCK_CLASS, schema),
                 )
-                await conn.execute(self.schema.version_table)
-                cur = await conn.execute("SELECT version FROM adk_schema_version WHERE id = 1")
-                found = await cur.fetchone()
-                version = 0 if found is None else int(found[0])
+                cur = await conn.execute(
+                    "SELECT t FROM unnest(%s::text[]) AS t WHERE to_regclass(t) IS NULL",
+                    (list(self.tables),),
+                )
+                missing = [row[0] for row in await cur.fetchall()]
+                version = 0
+                if self.tables[0] not in missing:
+                    cur = await conn.execute(self._version_query)
+                    found = await cur.fetchone()
+                    version = 0 if found is None else int(found[0])
                 if version > self.schema.version:
                     raise ConfigurationError(
                         f"schema {schema!r} is at version {version}, newer than the "
                         f"{self.schema.version} this tesserix-adk applies; upgrade tesserix-adk"
                     )
-                cur = await conn.execute(
-                    "SELECT count(*) FROM unnest(%s::text[]) AS t WHERE to_regclass(t) IS NULL",
-                    (list(TABLES),),
-                )
-                missing = await cur.fetchone()
+                if version == self.schema.version and not missing:
+                    return  # current: nothing to create, so no CREATE privilege is needed
+                await conn.execute(self.schema.version_table)
                 # A table dropped by hand is put back: every migration is idempotent, so
                 # running them all again repairs it without touching what is there.
-                start = 0 if missing is not None and missing[0] else version
+                start = 0 if missing else version
                 for migration in self.schema.migrations[start:]:
                     await conn.execute(migration)
                 await conn.execute(
-                    "INSERT INTO adk_schema_version (id, version) VALUES (1, %s::integer) "
-                    "ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, "
-                    "applied_at = clock_timestamp()",
+                    qualify(
+                        "INSERT INTO adk_schema_version (id, version) VALUES (1, %s::integer) "
+                        "ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, "
+                        "applied_at = clock_timestamp()",
+                        self.schema.schema,
+                    ),
                     (self.schema.version,),
                 )
+
+    @property
+    def _version_query(self) -> str:
+        return qualify("SELECT version FROM adk_schema_version WHERE id = 1", self.schema.schema)
+
+    async def _target_schema(self, conn: psycopg.AsyncConnection[Any]) -> str:
+        """The schema the tables are in: the one ``schema=`` names, which must exist, or
+        the search_path's first that exists."""
+        named = self.schema.schema
+        if named is not None:
+            cur = await conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE nspname = %s", (named,)
+            )
+            if await cur.fetchone() is None:
+                raise ConfigurationError(
+                    f"the schema {named!r} the store URL names does not exist; create it "
+                    f'first (CREATE SCHEMA "{named}"), as a role that may'
+                )
+            return named
+        cur = await conn.execute("SELECT current_schema()")
+        found = await cur.fetchone()
+        if found is None or found[0] is None:
+            raise ConfigurationError(
+                "no schema of the connection's search_path exists; create it first "
+                "(CREATE SCHEMA …) or name one with the store URL's schema= option"
+            )
+        return str(found[0])
 
     async def verify(self) -> None:
         """Check every table is there at this kit's schema version (``ConfigurationError``
         naming ``tesserix schema apply`` if not)."""
         row = await self.row(
             "checking the schema",
-            "SELECT current_schema() AS schema, "
+            "SELECT coalesce(%(schema)s::text, current_schema()) AS schema, "
             "array(SELECT t FROM unnest(%(tables)s::text[]) AS t "
             "      WHERE to_regclass(t) IS NULL) AS missing",
-            {"tables": list(TABLES)},
+            {"schema": self.schema.schema, "tables": list(self.tables)},
         )
         assert row is not None
         where = f"schema {row['schema']!r}" if row["schema"] else "the search_path"
-        missing: list[str] = list(row["missing"])
+        bare = dict(zip(self.tables, TABLES, strict=True))
+        missing: list[str] = [bare[t] for t in row["missing"]]
         if "adk_schema_version" in missing:
             raise ConfigurationError(
                 f"the tesserix-adk schema is missing from {where} (this kit needs version "
                 f"{self.schema.version}); {APPLY}"
             )
-        found = await self.row(
-            "checking the schema", "SELECT version FROM adk_schema_version WHERE id = 1", {}
-        )
+        found = await self.row("checking the schema", self._version_query, {})
         version = 0 if found is None else int(found["version"])
         if version > self.schema.version:
             raise ConfigurationError(

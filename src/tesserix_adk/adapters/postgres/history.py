@@ -42,7 +42,7 @@ class PostgresHistoryStore(FencedStore):
     """
 
     def __init__(self, database: PostgresDatabase) -> None:
-        self._sql = _SQL.load("history")
+        self._sql = _SQL.load("history", database.schema.schema)
         super().__init__(database, seal=self._sql.seal)
 
     async def append(

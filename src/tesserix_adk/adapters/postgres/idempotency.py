@@ -66,7 +66,7 @@ class PostgresIdempotencyStore(FencedStore):
     statement."""
 
     def __init__(self, database: PostgresDatabase) -> None:
-        self._sql = _SQL.load("idempotency")
+        self._sql = _SQL.load("idempotency", database.schema.schema)
         super().__init__(database, seal=self._sql.seal)
 
     async def claim(

@@ -38,7 +38,7 @@ class PostgresLeaseStore:
 
     def __init__(self, database: PostgresDatabase) -> None:
         self.database = database
-        self._sql = _SQL.load("leases")
+        self._sql = _SQL.load("leases", database.schema.schema)
 
     async def acquire(self, tenant: str, run_id: str, holder: str, ttl: float) -> RunLease:
         """Take the run (raising its fence) or raise ``LeaseHeldError`` naming the holder."""

@@ -23,7 +23,7 @@ class PostgresLedger(FencedStore):
     """A ``Ledger`` in ``adk_ledger``: micros and tokens per run."""
 
     def __init__(self, database: PostgresDatabase) -> None:
-        self._sql = _SQL.load("ledger")
+        self._sql = _SQL.load("ledger", database.schema.schema)
         super().__init__(database, seal=self._sql.seal)
 
     async def charge(

@@ -1,9 +1,9 @@
 """``open_postgres_stores(url)``: the six PostgreSQL stores and the work index on one pool,
 named by a URL.
 
-The kit's own options (``keep_last``, ``pool_min``, ``pool_max``, ``timeout``) are taken out
-of the URL's query by ``stores.urls.store_options`` (another backend's option is refused);
-everything else is handed to psycopg byte for byte.
+The kit's own options (``keep_last``, ``pool_min``, ``pool_max``, ``timeout``, ``schema``,
+``prepare_threshold``) are taken out of the URL's query by ``stores.urls.store_options``
+(another backend's option is refused); everything else is handed to psycopg byte for byte.
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ from psycopg.conninfo import conninfo_to_dict
 
 from tesserix_adk.adapters.postgres.approvals import PostgresApprovalStore
 from tesserix_adk.adapters.postgres.checkpoints import PostgresCheckpointStore
-from tesserix_adk.adapters.postgres.connection import DEFAULT_TIMEOUT, PostgresDatabase
+from tesserix_adk.adapters.postgres.connection import (
+    DEFAULT_TIMEOUT,
+    PREPARE_THRESHOLD,
+    PostgresDatabase,
+)
 from tesserix_adk.adapters.postgres.history import PostgresHistoryStore
 from tesserix_adk.adapters.postgres.idempotency import PostgresIdempotencyStore
 from tesserix_adk.adapters.postgres.leases import PostgresLeaseStore
@@ -53,6 +57,14 @@ def _whole(name: str, raw: str, *, least: int) -> int:
     return value
 
 
+def _prepare_threshold(raw: str | None) -> int | None:
+    if raw is None:
+        return PREPARE_THRESHOLD
+    if raw.strip().lower() == "none":
+        return None
+    return _whole("prepare_threshold", raw, least=0)
+
+
 def _split_url(url: str) -> tuple[str, dict[str, str]]:
     """The URL for psycopg and the kit's own options, taken out of its query.
 
@@ -75,9 +87,13 @@ def open_postgres_stores(url: str) -> Stores:
     I/O until first use.
 
     Options in the query: ``keep_last``, ``pool_min`` (default 1), ``pool_max`` (default
-    4) and ``timeout`` (seconds, default 5: the client-side deadline of every call, kept
-    below the lease ttl; the server's statement and lock timeouts are set below it);
-    everything else goes to psycopg (e.g. ``options=-csearch_path%3Dmy_schema``).
+    4), ``timeout`` (seconds, default 5: the client-side deadline of every call, kept
+    below the lease ttl; the server's statement and lock timeouts are set below it),
+    ``schema`` (the schema the kit's tables are in, qualified in every statement: no
+    startup parameter, so it works behind a pooler; default: the search_path's first) and
+    ``prepare_threshold`` (``none``: never prepare a statement on the server, which a
+    transaction pooler needs; or after how many executions, default 5); everything else
+    goes to psycopg (e.g. ``options=-csearch_path%3Dmy_schema`` on a direct connection).
     ``create_schema()`` applies ``EXPECTED_CHECKPOINT_SCHEMA``; ``verify()`` checks it;
     ``aclose()`` closes the pool.
     """
@@ -91,7 +107,12 @@ def open_postgres_stores(url: str) -> Stores:
         else DEFAULT_TIMEOUT
     )
     database = PostgresDatabase.from_url(
-        conninfo, pool_min=pool_min, pool_max=pool_max, timeout=timeout
+        conninfo,
+        pool_min=pool_min,
+        pool_max=pool_max,
+        timeout=timeout,
+        schema=options.get("schema"),
+        prepare_threshold=_prepare_threshold(options.get("prepare_threshold")),
     )
     return Stores(
         checkpoints=PostgresCheckpointStore(database, keep_last=keep_last),

@@ -18,22 +18,9 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-from tesserix_adk.adapters.postgres.statements import PACKAGE
+from tesserix_adk.adapters.postgres.statements import PACKAGE, TABLES, qualify
 
 __all__ = ["APPLY", "SCHEMA_LOCK_CLASS", "TABLES", "Schema"]
-
-TABLES = (
-    "adk_schema_version",
-    "adk_fences",
-    "adk_checkpoints",
-    "adk_checkpoint_steps",
-    "adk_run_leases",
-    "adk_idempotency",
-    "adk_history",
-    "adk_ledger",
-    "adk_approvals",
-    "adk_work",
-)
 
 # Serialises create_schema() per schema: (this class, hash of the schema name).
 SCHEMA_LOCK_CLASS = 0x7E55E12
@@ -50,23 +37,29 @@ class Schema:
 
     version_table: str
     migrations: tuple[str, ...]
+    # The schema the tables are qualified by (the URL's ``schema=``); None: the search_path's.
+    schema: str | None = None
 
     @classmethod
-    def load(cls) -> Schema:
-        """Read the schema from the package's ``migrations/`` folder."""
+    def load(cls, schema: str | None = None) -> Schema:
+        """Read the schema from the package's ``migrations/`` folder, its tables qualified
+        by ``schema`` when one is given (the URL's ``schema=``)."""
         folder = resources.files(PACKAGE).joinpath("migrations")
         numbered: dict[int, str] = {}
         for entry in folder.iterdir():
             found = _MIGRATION.fullmatch(entry.name)
             if found is not None:
-                numbered[int(found.group(1))] = entry.read_text(encoding="utf-8")
+                numbered[int(found.group(1))] = qualify(entry.read_text(encoding="utf-8"), schema)
         if sorted(numbered) != list(range(1, len(numbered) + 1)):
             raise RuntimeError(
                 f"the PostgreSQL migrations shipped are not numbered 1, 2, …: {sorted(numbered)}"
             )
         return cls(
-            version_table=folder.joinpath("version_table.sql").read_text(encoding="utf-8"),
+            version_table=qualify(
+                folder.joinpath("version_table.sql").read_text(encoding="utf-8"), schema
+            ),
             migrations=tuple(numbered[n] for n in sorted(numbered)),
+            schema=schema,
         )
 
     @property
@@ -85,7 +78,10 @@ class Schema:
             + self.version_table
             + "\n"
             + "\n".join(self.migrations)
-            + f"\nINSERT INTO adk_schema_version (id, version) VALUES (1, {self.version})\n"
-            "    ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, "
-            "applied_at = clock_timestamp();\n"
+            + qualify(
+                f"\nINSERT INTO adk_schema_version (id, version) VALUES (1, {self.version})\n"
+                "    ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, "
+                "applied_at = clock_timestamp();\n",
+                self.schema,
+            )
         )

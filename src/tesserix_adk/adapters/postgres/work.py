@@ -75,7 +75,7 @@ class PostgresWorkIndex:
             raise ValueError(f"scan must be at least 0, got {scan}")
         self.database = database
         self.scan = scan
-        self._sql = _SQL.load("work")
+        self._sql = _SQL.load("work", database.schema.schema)
 
     async def submit(self, tenant: str, run_id: str, *, agent: str, input: bytes) -> bool:
         """Record a run as submitted; ``False`` (nothing written) when the run is known."""
