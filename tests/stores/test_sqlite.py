@@ -305,7 +305,8 @@ async def test_a_version_2_file_is_migrated_to_tenant_scoped_records_and_keeps_t
                 "AND tbl_name = 'adk_idempotency'"
             )
         ]
-        assert "adk_idempotency_run" in index_names
+        # A run's records are found by index (since version 5, by run and iteration).
+        assert "adk_idempotency_run_iteration" in index_names
         with pytest.raises(sqlite3.IntegrityError, match="NOT NULL"):
             _insert_record(migrated, None)
 
@@ -377,7 +378,7 @@ async def test_schema_apply_on_a_current_file_puts_back_a_table_dropped_by_hand(
         )
     with raw(path) as conn:
         conn.execute("DROP TABLE adk_approvals")
-        conn.execute("DROP INDEX adk_idempotency_run")
+        conn.execute("DROP INDEX adk_idempotency_run_iteration")
     async with open_sqlite_stores(path) as stores:
         await stores.create_schema()
         assert (await stores.idempotency.lookup(["k1"], tenant="acme"))["k1"].holder == "w"

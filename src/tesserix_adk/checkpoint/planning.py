@@ -19,7 +19,12 @@ from typing import Any
 
 from tesserix_adk.checkpoint.payload import Boundary, Checkpoint
 from tesserix_adk.errors import IndeterminateToolCallError
-from tesserix_adk.stores.protocols import IdempotencyRecord, IdempotencyStore, RecordStatus
+from tesserix_adk.stores.protocols import (
+    IdempotencyRecord,
+    IdempotencyStore,
+    RecordsFrom,
+    RecordStatus,
+)
 
 __all__ = [
     "PlannedCall",
@@ -89,12 +94,19 @@ class ResumePlan:
 
 
 async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> ResumePlan:
-    """Decide, with one batched look-up and one scan of the run's records, what ran."""
+    """Decide, with one batched look-up and one read of the run's records, what ran (from
+    the frontier's iteration on, outcomes left out, where the store offers ``RecordsFrom``)."""
     if checkpoint.status.finished or checkpoint.is_tombstone:
         return ResumePlan()
     keys = [oc.key for oc in checkpoint.outstanding if oc.key is not None]
     found = await idempotency.lookup(keys, tenant=checkpoint.tenant) if keys else {}
-    records = await idempotency.records(checkpoint.tenant, checkpoint.run_id)
+    if isinstance(idempotency, RecordsFrom):
+        # Only records at the frontier's iteration or later can be ahead of it.
+        records = await idempotency.records_from(
+            checkpoint.tenant, checkpoint.run_id, checkpoint.iteration
+        )
+    else:
+        records = await idempotency.records(checkpoint.tenant, checkpoint.run_id)
     completed: list[PlannedCall] = []
     to_dispatch: list[PlannedCall] = []
     indeterminate: list[PlannedCall] = []

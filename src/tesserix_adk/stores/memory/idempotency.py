@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -123,6 +124,9 @@ class MemoryIdempotencyStore:
 
     async def records(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
         """Every live record of the run, by (iteration, since, key); the run claim first."""
+        return self._of_run(tenant, run_id)
+
+    def _of_run(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
         now = self._clock()
         mine = [
             record
@@ -134,6 +138,16 @@ class MemoryIdempotencyStore:
         return sorted(
             mine, key=lambda r: (-1 if r.iteration is None else r.iteration, r.since, r.key)
         )
+
+    async def records_from(
+        self, tenant: str, run_id: str, iteration: int
+    ) -> list[IdempotencyRecord]:
+        """The run's live tool-call records from ``iteration`` on, outcomes left out."""
+        return [
+            dataclasses.replace(r, outcome=None)
+            for r in self._of_run(tenant, run_id)
+            if r.tool is not None and r.iteration is not None and r.iteration >= iteration
+        ]
 
     async def resolve(
         self,

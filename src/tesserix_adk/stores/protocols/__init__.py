@@ -30,6 +30,7 @@ from tesserix_adk.stores.protocols.grouping import GroupedWrites, WriteGroup
 from tesserix_adk.stores.protocols.idempotency import (
     IdempotencyRecord,
     IdempotencyStore,
+    RecordsFrom,
     RecordStatus,
     ToolFlags,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "LeaseStore",
     "Ledger",
     "RecordStatus",
+    "RecordsFrom",
     "RunLease",
     "RunListing",
     "StepHistory",

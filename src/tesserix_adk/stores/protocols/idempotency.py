@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-__all__ = ["IdempotencyRecord", "IdempotencyStore", "RecordStatus", "ToolFlags"]
+__all__ = ["IdempotencyRecord", "IdempotencyStore", "RecordStatus", "RecordsFrom", "ToolFlags"]
 
 
 class RecordStatus(StrEnum):
@@ -146,4 +146,18 @@ class IdempotencyStore(Protocol):
 
     async def seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Raise the highest-seen fence for the run without writing data."""
+        ...
+
+
+@runtime_checkable
+class RecordsFrom(Protocol):
+    """A store that reads a run's tool-call records from an iteration on, without their
+    outcomes: what planning a resume needs, however long the run already is. Optional:
+    planning reads ``records`` where a store lacks it."""
+
+    async def records_from(
+        self, tenant: str, run_id: str, iteration: int
+    ) -> list[IdempotencyRecord]:
+        """The live tool-call records of the run whose iteration is ``iteration`` or later,
+        ordered as ``records`` orders them, each with ``outcome`` left out (``None``)."""
         ...

@@ -268,6 +268,25 @@ class SqliteIdempotencyStore(FencedSqliteStore):
             mine, key=lambda r: (-1 if r.iteration is None else r.iteration, r.since, r.key)
         )
 
+    async def records_from(
+        self, tenant: str, run_id: str, iteration: int
+    ) -> list[IdempotencyRecord]:
+        """The run's live tool-call records from ``iteration`` on, outcomes left out: the
+        run's index by iteration reads those rows alone, however long the run is."""
+        columns = _RECORD_COLUMNS.replace("outcome", "NULL")
+
+        def records_from(conn: sqlite3.Connection) -> list[IdempotencyRecord]:
+            rows = conn.execute(
+                f"SELECT {columns} FROM adk_idempotency "
+                f"WHERE tenant = ? AND run_id = ? AND iteration >= ? AND tool IS NOT NULL "
+                f"AND {_LIVE_SQL}",
+                (tenant, run_id, iteration),
+            ).fetchall()
+            return [_record_from_row(row) for row in rows]
+
+        mine = await self.database.read(records_from)
+        return sorted(mine, key=lambda r: (r.iteration or 0, r.since, r.key))
+
     async def resolve(
         self,
         key: str,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tesserix_adk.errors import StaleFenceError
-from tesserix_adk.stores.protocols import IdempotencyStore, RecordStatus
+from tesserix_adk.stores.protocols import IdempotencyStore, RecordsFrom, RecordStatus
 from tesserix_adk.testing._support import ClockedConformance
 from tesserix_adk.testing.clock import FakeClock
 from tesserix_adk.testing.costs import check_lookup_is_batched, check_plan_calls
@@ -65,3 +67,27 @@ class LookupChecks(ClockedConformance):
         records = await idempotency_store.records(T, R)
         assert [r.key for r in records] == ["run", "k-first", "k-second"]
         assert await idempotency_store.records(T, "nobody") == []
+
+    async def test_records_from_an_iteration_leave_out_earlier_ones_and_outcomes(
+        self, idempotency_store: IdempotencyStore
+    ) -> None:
+        if not isinstance(idempotency_store, RecordsFrom):
+            pytest.skip(f"{type(idempotency_store).__name__} does not offer RecordsFrom")
+        await _run_claim(idempotency_store, "the-run", "worker-a", ttl=300)
+        for iteration in range(5):
+            key = f"call-{iteration}"
+            await _claim(idempotency_store, key, "worker-a", iteration=iteration)
+            if iteration % 2 == 0:
+                await idempotency_store.complete(key, b"booked", tenant=T, holder="worker-a")
+        found = await idempotency_store.records_from(T, R, 2)
+        assert [(r.key, r.status) for r in found] == [
+            ("call-2", RecordStatus.completed),
+            ("call-3", RecordStatus.in_flight),
+            ("call-4", RecordStatus.completed),
+        ]
+        assert all(r.outcome is None for r in found)
+        whole = {r.key: r for r in await idempotency_store.records(T, R)}
+        for record in found:
+            assert record == dataclasses.replace(whole[record.key], outcome=None)
+        assert await idempotency_store.records_from(T, R, 5) == []
+        assert await idempotency_store.records_from("another tenant", R, 0) == []

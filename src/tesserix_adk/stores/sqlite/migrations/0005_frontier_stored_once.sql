@@ -1,6 +1,0 @@
--- Version 5: a frontier is stored once. Its step snapshot in adk_checkpoint_steps holds the
--- payload, and the adk_frontiers row says which step is the frontier, with an empty payload;
--- only when keep_last pruned the frontier's own step (a run rewound below the steps it
--- kept) does the row keep the payload itself. Rows written before version 5 keep theirs and
--- are read as they are. No table changes: the version rises so that a kit from before,
--- which would read the empty payload as a damaged frontier, says to upgrade instead.
