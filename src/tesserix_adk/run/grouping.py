@@ -88,7 +88,13 @@ async def begin(groups: GroupedWrites | None, attempt: Attempt) -> None:
     if groups is None or attempt.group is not None or not attempt.folding or not in_scope():
         return
     group = groups.write_group()
-    await group.begin()
+    try:
+        await group.begin()
+    except Exception as exc:
+        # Grouping only saves commits: without it every write commits on its own, as
+        # always (an outcome in hand is then still recorded).
+        _log.warning("writes not grouped: opening a write group failed: %r", exc)
+        return
     attempt.group = PendingGroup(group=group)
 
 
