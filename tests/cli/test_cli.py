@@ -270,6 +270,44 @@ def test_approval_from_another_process_then_resume_finishes_the_run(
     assert refunds.read_text() == "o-42\n"
 
 
+def test_approve_prints_a_resume_command_that_works_when_pasted(site: Site, tmp_path: Path) -> None:
+    (tmp_path / "refund_agent.py").write_text(APPROVAL_AGENT)
+    refunds = tmp_path / "refunds.txt"
+
+    async def start() -> str:
+        sys.path.insert(0, str(tmp_path))
+        import refund_agent  # type: ignore[import-not-found]
+
+        from tesserix_adk import AgentRunner
+
+        async with open_stores(site.store) as stores:
+            runner = AgentRunner.from_stores(refund_agent.PROVIDER, stores)
+            run = await runner.run(refund_agent.agent, "refund o-42", tenant=TENANT, run_id="rp")
+            assert run.pending_approval is not None
+            return run.pending_approval.id
+
+    request = asyncio.run(start())
+    # As an operator types it: no ADK_STORE, the store on the command line.
+    env = {k: v for k, v in site.env.items() if k != "ADK_STORE"}
+    env["REFUNDS_FILE"] = str(refunds)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    approve = ["approve", request, "--tenant", TENANT, "--by", "alice", "--store", site.store]
+    vague = site.tesserix(*approve, env=env)
+    assert vague.returncode == 0, vague.stderr
+    assert "--agent MODULE:ATTR" in vague.stdout and "'refunds'" in vague.stdout
+    exact = site.tesserix(*approve, "--agent", "refund_agent:agent", env=env)
+    assert exact.returncode == 0, exact.stderr
+    pasted = next(w for w in exact.stdout.split("`") if w.startswith("tesserix run "))
+    assert "--agent refund_agent:agent" in pasted
+    done = subprocess.run(
+        ["bash", "-c", pasted], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"approval {request} approved by alice; a resume carries it on" in done.stdout
+    assert "now completed" in done.stdout
+    assert refunds.read_text() == "o-42\n"
+
+
 def test_resolve_records_the_operator_and_finishes_the_run(site: Site) -> None:
     site.kill_at("r", "in_flight")
     site.wait_lease_lapsed("r")

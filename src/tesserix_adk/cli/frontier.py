@@ -181,7 +181,7 @@ async def _carry_on_with(args: argparse.Namespace, stores: Stores, run_id: str, 
     parts = ["tesserix", "run", "--resume", run_id, "--tenant", args.tenant, "--agent", agent]
     store = getattr(args, "store", None)
     if store:  # as given, a password masked (this line may land in a log)
-        parts[1:1] = ["--store", redact_url(store)]
+        parts += ["--store", redact_url(store)]
     command = " ".join(_shell_word(p) for p in parts)
     worker = "a running `tesserix worker` carries it on, or " if woken else ""
     return f"{worker}carry it on with `{command}`{hint}"
