@@ -17,6 +17,7 @@ import pytest
 
 from adapters import services
 from adapters.cluster import ThrowawayCluster, delete_prefixed
+from adapters.pooler import pgbouncer
 from tesserix_adk.cli.demo_agent import AIRLINE_ENV, airline_bookings, create_airline
 from tesserix_adk.stores.urls import open_stores
 
@@ -32,6 +33,11 @@ BACKENDS = [
 # A three-master Redis Cluster of the session's own: added to the representative crash tests
 # only (it needs the ``redis_cluster`` fixture; see ``store_url``).
 REDIS_CLUSTER = pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis)
+# The test PostgreSQL behind a PgBouncer of the test's own in transaction mode (the URL names
+# its schema with schema= and turns prepared statements off): the representative tests only.
+POSTGRES_PGBOUNCER = pytest.param(
+    "postgres-pgbouncer", id="postgres-pgbouncer", marks=pytest.mark.postgres
+)
 
 T = TypeVar("T")
 
@@ -46,7 +52,8 @@ async def store_url(
     ``allow_volatile=true`` because the local server runs without persistence. PostgreSQL: a
     fresh schema chosen with ``options=-csearch_path%3D…`` (dropped CASCADE after). Redis
     Cluster: a fresh key prefix on ``cluster`` (whose nodes keep AOF, so no
-    ``allow_volatile``), its keys deleted after. The URL
+    ``allow_volatile``), its keys deleted after. PostgreSQL behind PgBouncer: a fresh schema
+    named by ``schema=``, through a PgBouncer started for the test (stopped after). The URL
     is plain text, so it passes through a subprocess's argv and environment unchanged. An
     unreachable server skips the test (fails it under CI=true). No schema is applied here.
     """
@@ -65,6 +72,10 @@ async def store_url(
     elif backend == "postgres":
         async with services.postgres_schema() as schema:
             yield services.schema_url(schema)
+    elif backend == "postgres-pgbouncer":
+        async with services.postgres_schema() as schema:
+            with pgbouncer() as bouncer:
+                yield bouncer.stores_url(schema)
     elif backend == "redis-cluster":
         assert cluster is not None, "the redis-cluster backend needs the redis_cluster fixture"
         prefix = services.redis_prefix()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import BACKENDS, REDIS_CLUSTER, Site, held_open, store_url
+from processes import BACKENDS, POSTGRES_PGBOUNCER, REDIS_CLUSTER, Site, held_open, store_url
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
 
@@ -26,9 +26,11 @@ def _resume(site: Site, run_id: str) -> tuple[int, str]:
     return proc.returncode, out + err
 
 
-# The representative crash tests run on a Redis Cluster too (each costs a cluster's worth
-# of CI time, so not every one does).
-ALSO_ON_A_CLUSTER = pytest.mark.parametrize("site", [*BACKENDS, REDIS_CLUSTER], indirect=True)
+# The representative crash tests run on a Redis Cluster too, and on PostgreSQL behind
+# PgBouncer (each costs a server's worth of CI time, so not every one does).
+ALSO_ON_A_CLUSTER = pytest.mark.parametrize(
+    "site", [*BACKENDS, REDIS_CLUSTER, POSTGRES_PGBOUNCER], indirect=True
+)
 
 
 @pytest.fixture(params=BACKENDS)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import BACKENDS, store_url
+from processes import BACKENDS, POSTGRES_PGBOUNCER, store_url
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.urls import open_stores
 
@@ -139,6 +139,7 @@ async def racers(url: str) -> AsyncIterator[list[Racer]]:
         await stop_racers(racers)
 
 
+@pytest.mark.parametrize("url", [*BACKENDS, POSTGRES_PGBOUNCER], indirect=True)
 async def test_twenty_processes_acquiring_one_lease_at_once_have_exactly_one_winner(
     url: str, racers: list[Racer]
 ) -> None:
