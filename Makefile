@@ -32,6 +32,15 @@ chromium:
 	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
 	    apt-get install -y -q chromium >/dev/null; }; }; } || echo "chromium not installed: the console's browser tests will skip" >&2
 
+# The PostgreSQL pooler tests start Debian's PgBouncer (in /usr/sbin); installed here when it
+# is missing and we may (root with apt), else those tests say why they skip (under CI=true
+# they fail instead).
+.PHONY: pgbouncer
+pgbouncer:
+	@{ command -v pgbouncer || test -x /usr/sbin/pgbouncer; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get install -y -q pgbouncer >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
+	    apt-get install -y -q pgbouncer >/dev/null; }; }; } || echo "pgbouncer not installed: the PostgreSQL pooler tests will skip" >&2
+
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/tesserix demo
 
@@ -42,7 +51,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict src
 
-test: lint typecheck chromium
+test: lint typecheck chromium pgbouncer
 	$(PY) -m pytest -q
 
 # The full reliability profile (tests/reliability, docs/reliability.md); ends with one line
