@@ -255,3 +255,33 @@ def test_console_with_a_missing_agent_file_exits_2_in_one_sentence(
     err = capsys.readouterr().err
     assert code == ExitCode.USAGE
     assert err.count("\n") == 1 and "TypeError" not in err and "package" not in err
+
+
+# --- demo --keep without DIR --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keep", [None, "", "DIR"])
+def test_demo_keeps_its_files_exactly_when_asked(
+    keep: str | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The acts themselves run real processes (tests/cli/test_cli.py); here they are
+    stand-ins, so only what happens to the files is checked."""
+    from tesserix_adk.cli import demo
+
+    monkeypatch.setattr(demo, "_act_one", lambda d: 1)
+    monkeypatch.setattr(demo, "_act_two", lambda d: 1)
+    monkeypatch.setattr(demo._Demo, "tesserix", lambda self, *args: None)
+    monkeypatch.setattr(demo.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "temporary"))
+    (tmp_path / "temporary").mkdir()
+    wanted = str(tmp_path / "kept") if keep == "DIR" else keep
+    assert demo.run_demo(keep=wanted) == 0
+    out = capsys.readouterr().out
+    where = tmp_path / ("kept" if keep == "DIR" else "temporary")
+    if keep is None:
+        assert not where.exists() and "Explore them" not in out
+    else:
+        assert (where / "airline.sqlite3").is_file()
+        assert f"kept in {where}. Explore them:" in out

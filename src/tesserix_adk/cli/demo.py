@@ -145,7 +145,7 @@ def run_demo(*, keep: str | None = None) -> int:
         sys.stderr.write(f"tesserix demo: {exc}\n")
         return 1
     finally:
-        if not keep:
+        if keep is None:
             shutil.rmtree(workdir, ignore_errors=True)
     demo.say()
     if ones == [1, 1]:
