@@ -162,6 +162,12 @@ def test_inspect_after_a_decision_no_longer_says_waiting(airline: Airline, deny:
     decided = "denied" if deny else "approved"
     assert f"approval {request} {decided} by alice" in out
     assert "a resume carries it on" in out
+    code, out, _ = _frontier(stores, "inspect", "r", "--tenant", "acme", "--json")
+    import json
+
+    told = json.loads(out)["approval"]
+    assert (told["id"], told["status"], told["by"]) == (request, decided, "alice")
+    assert told["decided_at"].endswith("Z")
 
 
 # --- inspect on a damaged transcript ------------------------------------------------------

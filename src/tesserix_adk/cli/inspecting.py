@@ -71,12 +71,12 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
     spent = await stores.ledger.spent(args.tenant, args.run)
     lease = await stores.leases.current(args.tenant, args.run)
     parked = await parked_item(stores, args.tenant, args.run)
+    approval = await asked_approval(stores, cp)
     if args.json:
         key = run_claim_key(args.tenant, args.run)
         claim = (await stores.idempotency.lookup([key], tenant=args.tenant)).get(key)
-        emit(out, inspect_json(cp, plan, spent, lease, parked, claim))
+        emit(out, inspect_json(cp, plan, spent, lease, parked, claim, approval=approval))
         return ExitCode.CARRIED_ON
-    approval = await asked_approval(stores, cp)
     out.write(describe(cp, plan=plan, spent=spent, approval=approval) + "\n")
     if lease is not None:
         out.write(held_by(lease) + "\n")
@@ -105,9 +105,11 @@ def inspect_json(
     lease: RunLease | None,
     parked: WorkItem | None,
     claim: IdempotencyRecord | None,
+    *,
+    approval: ApprovalRequest | None = None,
 ) -> dict[str, Any]:
     """The fields of ``inspect --json`` (json escapes control characters: ids go in as
-    they are)."""
+    they are). ``approval``: the request the frontier waits on, as decided so far."""
     return {
         "run_id": cp.run_id,
         "tenant": cp.tenant,
@@ -121,6 +123,14 @@ def inspect_json(
         "usage": {"input_tokens": cp.usage.input_tokens, "output_tokens": cp.usage.output_tokens},
         "spent_micros": spent,
         "pending_approval": None if cp.pending_approval is None else cp.pending_approval.id,
+        "approval": None
+        if approval is None
+        else {
+            "id": approval.id,
+            "status": str(approval.status),
+            "by": approval.by,
+            "decided_at": when(approval.decided_at),
+        },
         "output": cp.output,
         "reason": failure_reason(cp, parked),
         "parked": None if parked is None else parked.reason,
