@@ -84,7 +84,53 @@ def _key(run: str, turn: conv.Turn) -> str:
     return hashlib.sha256(f"{run}|{turn.index}|{conv.TOOL}|{canonical}".encode()).hexdigest()
 
 
-# --- SQLite floor ------------------------------------------------------------------------
+# --- the floors --------------------------------------------------------------------------
+
+
+class Floor:
+    """A floor that writes one turn at a time (``turn(i)``), so a framework's turns can be
+    interleaved with it turn by turn; ``close()`` when done."""
+
+    def __init__(self, commits: int) -> None:
+        self.commits = commits
+        self.run = uuid.uuid4().hex
+        self.step = 0
+
+    def turn(self, i: int) -> None:
+        turn = conv.turn(i)
+        key = _key(self.run, turn)
+        self.step += 1
+        self._first(i, turn, key, _frontier(self.step, i, key))
+        self.step += 1
+        self._second(i, turn, key, _frontier(self.step, i, None))
+
+    def _first(self, i: int, turn: conv.Turn, key: str, frontier: bytes) -> None:
+        raise NotImplementedError
+
+    def _second(self, i: int, turn: conv.Turn, key: str, frontier: bytes) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def _floor_turns(
+    floor: Floor,
+    turns: int,
+    window: Window | None,
+    window_turns: int,
+    probe: Callable[[int], None] | None,
+) -> Stamper:
+    try:
+        stamp = Stamper(turns, window, window_turns, probe)
+        for i in range(turns):
+            stamp()
+            floor.turn(i)
+        stamp()
+        return stamp
+    finally:
+        floor.close()
+
 
 _SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS transcript (run TEXT, seq INTEGER, body BLOB, PRIMARY KEY (run, seq));
@@ -97,6 +143,46 @@ _UPSERT_FRONTIER = (
 )
 
 
+class SqliteFloor(Floor):
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` with plain ``sqlite3``, WAL, ``synchronous`` as asked."""
+
+    def __init__(self, path: str, synchronous: str, commits: int) -> None:
+        super().__init__(commits)
+        self.conn = sqlite3.connect(path, isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        self.conn.executescript(_SQLITE_SCHEMA)
+
+    def _first(self, i: int, turn: conv.Turn, key: str, frontier: bytes) -> None:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "INSERT INTO transcript VALUES (?, ?, ?)", (self.run, 2 * i + 1, turn.assistant_json())
+        )
+        conn.execute(_UPSERT_FRONTIER, (self.run, self.step, frontier))
+        if self.commits == 3:
+            conn.execute("COMMIT")
+            conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO records VALUES (?, ?, 'in_flight', NULL)", (key, self.run))
+        conn.execute("COMMIT")
+
+    def _second(self, i: int, turn: conv.Turn, key: str, frontier: bytes) -> None:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "UPDATE records SET state = 'completed', outcome = ? WHERE key = ?",
+            (turn.result.encode(), key),
+        )
+        conn.execute(
+            "INSERT INTO transcript VALUES (?, ?, ?)", (self.run, 2 * i + 2, turn.result_json())
+        )
+        conn.execute(_UPSERT_FRONTIER, (self.run, self.step, frontier))
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def sqlite_floor(
     path: str,
     synchronous: str,
@@ -107,44 +193,7 @@ def sqlite_floor(
     probe: Callable[[int], None] | None = None,
 ) -> Stamper:
     """``turns`` turns in ``commits`` (2 or 3) commits each with plain ``sqlite3``."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-        conn.executescript(_SQLITE_SCHEMA)
-        run = uuid.uuid4().hex
-        stamp = Stamper(turns, window, window_turns, probe)
-        step = 0
-        for i in range(turns):
-            stamp()
-            turn = conv.turn(i)
-            key = _key(run, turn)
-            step += 1
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "INSERT INTO transcript VALUES (?, ?, ?)", (run, 2 * i + 1, turn.assistant_json())
-            )
-            conn.execute(_UPSERT_FRONTIER, (run, step, _frontier(step, i, key)))
-            if commits == 3:
-                conn.execute("COMMIT")
-                conn.execute("BEGIN IMMEDIATE")
-            conn.execute("INSERT INTO records VALUES (?, ?, 'in_flight', NULL)", (key, run))
-            conn.execute("COMMIT")
-            step += 1
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "UPDATE records SET state = 'completed', outcome = ? WHERE key = ?",
-                (turn.result.encode(), key),
-            )
-            conn.execute(
-                "INSERT INTO transcript VALUES (?, ?, ?)", (run, 2 * i + 2, turn.result_json())
-            )
-            conn.execute(_UPSERT_FRONTIER, (run, step, _frontier(step, i, None)))
-            conn.execute("COMMIT")
-        stamp()
-        return stamp
-    finally:
-        conn.close()
+    return _floor_turns(SqliteFloor(path, synchronous, commits), turns, window, window_turns, probe)
 
 
 def sqlite_stored_bytes(path: str) -> int:
@@ -159,8 +208,6 @@ def sqlite_stored_bytes(path: str) -> int:
     finally:
         conn.close()
 
-
-# --- PostgreSQL floor --------------------------------------------------------------------
 
 _PG_SCHEMA = """
 CREATE TABLE IF NOT EXISTS transcript (run text, seq int, body bytea, PRIMARY KEY (run, seq));
@@ -186,6 +233,36 @@ _PG_SECOND = (
 )
 
 
+class PostgresFloor(Floor):
+    """Each commit one autocommitted statement (a CTE), one round trip, with psycopg."""
+
+    def __init__(self, url: str, commits: int) -> None:
+        import psycopg
+
+        super().__init__(commits)
+        self.conn = psycopg.connect(url, autocommit=True)
+        for ddl in _PG_SCHEMA.split(";"):
+            self.conn.execute(ddl)
+
+    def _first(self, i: int, turn: conv.Turn, key: str, frontier: bytes) -> None:
+        args = {"run": self.run, "seq": 2 * i + 1, "body": turn.assistant_json(),
+                "step": self.step, "frontier": frontier, "key": key}  # fmt: skip
+        if self.commits == 3:
+            self.conn.execute(_PG_FIRST_3, args, prepare=True)
+            self.conn.execute(_PG_CLAIM, args, prepare=True)
+        else:
+            self.conn.execute(_PG_FIRST_2, args, prepare=True)
+
+    def _second(self, i: int, turn: conv.Turn, key: str, frontier: bytes) -> None:
+        args = {"run": self.run, "seq": 2 * i + 2, "body": turn.result_json(),
+                "step": self.step, "frontier": frontier, "key": key,
+                "outcome": turn.result.encode()}  # fmt: skip
+        self.conn.execute(_PG_SECOND, args, prepare=True)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def postgres_floor(
     url: str,
     commits: int,
@@ -195,48 +272,38 @@ def postgres_floor(
     probe: Callable[[int], None] | None = None,
 ) -> Stamper:
     """``turns`` turns in ``commits`` (2 or 3) autocommitted statements each with psycopg."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        for ddl in _PG_SCHEMA.split(";"):
-            conn.execute(ddl)
-        run = uuid.uuid4().hex
-        stamp = Stamper(turns, window, window_turns, probe)
-        step = 0
-        for i in range(turns):
-            stamp()
-            turn = conv.turn(i)
-            key = _key(run, turn)
-            step += 1
-            first = {
-                "run": run,
-                "seq": 2 * i + 1,
-                "body": turn.assistant_json(),
-                "step": step,
-                "frontier": _frontier(step, i, key),
-                "key": key,
-            }
-            if commits == 3:
-                conn.execute(_PG_FIRST_3, first, prepare=True)
-                conn.execute(_PG_CLAIM, first, prepare=True)
-            else:
-                conn.execute(_PG_FIRST_2, first, prepare=True)
-            step += 1
-            second = {
-                "run": run,
-                "seq": 2 * i + 2,
-                "body": turn.result_json(),
-                "step": step,
-                "frontier": _frontier(step, i, None),
-                "key": key,
-                "outcome": turn.result.encode(),
-            }
-            conn.execute(_PG_SECOND, second, prepare=True)
-        stamp()
-        return stamp
+    return _floor_turns(PostgresFloor(url, commits), turns, window, window_turns, probe)
 
 
-# --- Redis floor -------------------------------------------------------------------------
+class RedisFloor(Floor):
+    """Each commit one ``MULTI``/``EXEC`` pipeline with redis-py."""
+
+    def __init__(self, url: str, commits: int) -> None:
+        import redis
+
+        super().__init__(commits)
+        self.client = redis.Redis.from_url(url)
+        self.tag = f"floor:{{{self.run}}}"
+
+    def _first(self, i: int, turn: conv.Turn, key: str, frontier: bytes) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.rpush(f"{self.tag}:transcript", turn.assistant_json())
+        pipe.set(f"{self.tag}:frontier", frontier)
+        if self.commits == 3:
+            pipe.execute()
+            pipe = self.client.pipeline(transaction=True)
+        pipe.hset(f"{self.tag}:records", key, b"in_flight")
+        pipe.execute()
+
+    def _second(self, i: int, turn: conv.Turn, key: str, frontier: bytes) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(f"{self.tag}:records", key, b"completed:" + turn.result.encode())
+        pipe.rpush(f"{self.tag}:transcript", turn.result_json())
+        pipe.set(f"{self.tag}:frontier", frontier)
+        pipe.execute()
+
+    def close(self) -> None:
+        self.client.close()
 
 
 def redis_floor(
@@ -248,37 +315,7 @@ def redis_floor(
     probe: Callable[[int], None] | None = None,
 ) -> Stamper:
     """``turns`` turns in ``commits`` (2 or 3) MULTI/EXEC pipelines each with redis-py."""
-    import redis
-
-    client = redis.Redis.from_url(url)
-    try:
-        run = uuid.uuid4().hex
-        tag = f"floor:{{{run}}}"
-        stamp = Stamper(turns, window, window_turns, probe)
-        step = 0
-        for i in range(turns):
-            stamp()
-            turn = conv.turn(i)
-            key = _key(run, turn)
-            step += 1
-            pipe = client.pipeline(transaction=True)
-            pipe.rpush(f"{tag}:transcript", turn.assistant_json())
-            pipe.set(f"{tag}:frontier", _frontier(step, i, key))
-            if commits == 3:
-                pipe.execute()
-                pipe = client.pipeline(transaction=True)
-            pipe.hset(f"{tag}:records", key, b"in_flight")
-            pipe.execute()
-            step += 1
-            pipe = client.pipeline(transaction=True)
-            pipe.hset(f"{tag}:records", key, b"completed:" + turn.result.encode())
-            pipe.rpush(f"{tag}:transcript", turn.result_json())
-            pipe.set(f"{tag}:frontier", _frontier(step, i, None))
-            pipe.execute()
-        stamp()
-        return stamp
-    finally:
-        client.close()
+    return _floor_turns(RedisFloor(url, commits), turns, window, window_turns, probe)
 
 
 # --- LangGraph ---------------------------------------------------------------------------

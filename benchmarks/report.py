@@ -28,10 +28,22 @@ def _ratio(values: list[float]) -> str:
 
 
 def _ratios(res: Any, config: str, top: str, bottom: str) -> list[float] | None:
+    """Per rep: ``top``/``bottom`` where each is "who" (its own turns) or "who:floorN".
+
+    A framework against ours compares each one's ratio to its own interleaved floor, so
+    the machine's drift between the two runs cancels too."""
     row = res.per_turn.get(config, {})
+    if top == "ours" and bottom.startswith("floor"):
+        reps = row.get("ours", [])
+        if not reps or bottom not in reps[0]:
+            return None
+        return [r["own"] / r[bottom] for r in reps]
     if top not in row or bottom not in row:
         return None
-    return [a / b for a, b in zip(row[top], row[bottom], strict=True)]
+    return [
+        a["own"] / a["floor2"] / (b["own"] / b["floor2"])
+        for a, b in zip(row[top], row[bottom], strict=True)
+    ]
 
 
 def _window(seconds: list[float], centre: int, half: int = 10) -> float:
@@ -60,8 +72,12 @@ def rows(res: Any, profile: Any) -> list[tuple[str, list[list[str]], list[str]]]
     ]
     table = []
     for config, row in res.per_turn.items():
-        ours = statistics.median(row["ours"])
-        floors = [statistics.median(row[f]) for f in ("floor2", "floor3") if f in row]
+        ours = statistics.median(r["own"] for r in row["ours"])
+        floors = [
+            statistics.median(r[f] for r in row["ours"])
+            for f in ("floor2", "floor3")
+            if f in row["ours"][0]
+        ]
         cells = [config, _ms(ours), " / ".join(_ms(f) for f in floors) or "\u2014"]
         for top, bottom in (
             ("ours", "floor2"),
@@ -76,8 +92,8 @@ def rows(res: Any, profile: Any) -> list[tuple[str, list[list[str]], list[str]]]
         table.append(cells)
     out.append(
         (
-            f"Per turn, median of {profile.reps} interleaved runs of {profile.turns} "
-            "turns (ratio: median, min\u2013max)",
+            f"Per turn, {profile.reps} runs of {profile.turns} turns, each turn interleaved with "
+            "one turn of each floor (ratio: median, min\u2013max)",
             table,
             header,
         )
@@ -241,6 +257,11 @@ def text(res: Any, profile: Any) -> str:
         widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(len(header))]
         for r in [header, *table]:
             lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
+    goals = targets(res, profile)
+    if goals:
+        lines += ["", "Against issue 18's targets"]
+        width = max(len(g[0]) for g in goals)
+        lines += [f"  {g[0]:<{width}}  {g[1]}  [{g[2]}]" for g in goals]
     lines += ["", *(f"note: {n}" for n in res.notes)]
     return "\n".join(lines)
 
@@ -258,6 +279,16 @@ def markdown(res: Any, profile: Any) -> str:
             "|" + " --- |" * len(header),
         ]
         lines += ["| " + " | ".join(map(str, r)) + " |" for r in table]
+    goals = targets(res, profile)
+    if goals:
+        lines += [
+            "",
+            "**Against issue 18's targets**",
+            "",
+            "| target | measured | |",
+            "| --- | --- | --- |",
+            *(f"| {a} | {b} | {c} |" for a, b, c in goals),
+        ]
     lines += ["", *(f"- {n}" for n in res.notes)]
     return "\n".join(lines) + "\n"
 
@@ -344,3 +375,103 @@ def plots(res: Any, profile: Any, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "throughput.png")
         plt.close(fig)
+
+
+def targets(res: Any, profile: Any) -> list[list[str]]:
+    """Issue 18's targets against this run's figures: [target, measured, met]."""
+    out: list[list[str]] = []
+
+    def verdict(ok: bool | None) -> str:
+        return "\u2014" if ok is None else ("met" if ok else "not met")
+
+    for config, limit in TARGET_FLOOR.items():
+        r = _ratios(res, config, "ours", "floor2")
+        r3 = _ratios(res, config, "ours", "floor3")
+        if r is None:
+            continue
+        mid = statistics.median(r)
+        extra = "" if r3 is None else f" (vs the 3-commit floor {statistics.median(r3):.2f}\u00d7)"
+        out.append(
+            [
+                f"{config}: per turn \u2264 {limit}\u00d7 the raw floor",
+                f"{_ratio(r)} the 2-commit floor{extra}",
+                verdict(mid <= limit),
+            ]
+        )
+    for config, pairs in res.flat_pairs.items():
+        _, late, early = pairs[-1]
+        out.append(
+            [
+                f"{config}: flat within 1.2\u00d7 from turn ~10 to {pairs[-1][0]:,}",
+                f"{late / early:.2f}\u00d7",
+                verdict(late / early <= 1.2),
+            ]
+        )
+    if res.bytes_run:
+        final = {who: samples[-1] for who, samples in res.bytes_run.items()}
+        if "ours" in final:
+            turns, ours = final["ours"]
+            if "langgraph" in final:
+                ratio = final["langgraph"][1] / ours
+                out.append(
+                    [
+                        f"bytes \u2265 300\u00d7 fewer than LangGraph SqliteSaver at {turns} turns",
+                        f"{ratio:,.0f}\u00d7",
+                        verdict(ratio >= 300),
+                    ]
+                )
+            out.append(
+                [
+                    "bytes \u2264 1.5 KB per turn on SQLite",
+                    f"{ours / turns:,.0f} B",
+                    verdict(ours / turns <= 1500),
+                ]
+            )
+    by_config: dict[str, list[float]] = {}
+    for key, c in res.resume_counts.items():
+        if c.get("round_trips") is not None:
+            by_config.setdefault(key.split("@")[0], []).append(c["round_trips"])
+    for config, trips in by_config.items():
+        same = len(set(trips)) == 1
+        out.append(
+            [
+                f"{config}: resume round trips constant",
+                " / ".join(f"{t:.0f}" for t in trips) + " (short / longer run)",
+                verdict(same),
+            ]
+        )
+    for config, by in res.resume.items():
+        big = max(profile.resume)
+        mine, lg = by.get(f"ours@{big}"), by.get(f"langgraph@{big}")
+        if mine and lg:
+            ratio = statistics.median(mine) / statistics.median(lg)
+            out.append(
+                [
+                    f"{config}: resume at {big:,} turns \u2264 2\u00d7 LangGraph get_state",
+                    f"{ratio:.1f}\u00d7",
+                    verdict(ratio <= 2),
+                ]
+            )
+    for config in ("sqlite-normal", "postgres", "sqlite-full"):
+        by = res.throughput.get(config)
+        if by:
+            ratio = by[str(profile.ks[-1])] / by[str(profile.ks[0])]
+            out.append(
+                [
+                    f"{config}: \u2265 4\u00d7 durable steps/s from K = {profile.ks[0]} to "
+                    f"{profile.ks[-1]}",
+                    f"{ratio:.2f}\u00d7",
+                    verdict(ratio >= 4),
+                ]
+            )
+    for config in ("sqlite-full", "postgres"):
+        c = res.counts.get(config, {})
+        if "ours" in c and "floor2" in c and c["ours"].get("commits") is not None:
+            out.append(
+                [
+                    f"{config}: commits per turn (the safety argument needs 2)",
+                    f"{c['ours']['commits']:.2f}",
+                    verdict(c["ours"]["commits"] <= 2),
+                ]
+            )
+    return out

@@ -13,9 +13,11 @@ turn in 2 or 3 commits with the plain driver), LangGraph (``SqliteSaver``,
 
 Printed, each as ratios measured here:
 
-1. per turn: each backend's floor and frameworks run back to back, three times, the order
-   reversed every other time (ABBA), so drifting disk and CPU noise cancels in the ratios;
-   median and spread (min-max) of the three ratios;
+1. per turn: each of our turns (and LangGraph's, DBOS's) is interleaved with one turn of
+   the 2-commit and one of the 3-commit floor on the same backend (on files or schemas of
+   their own), so the disk and CPU noise of a shared machine hits both alike; three runs,
+   the frameworks' order reversed every other run; median and spread (min-max) of the
+   three ratios. LangGraph or DBOS against ours divides their ratios to their own floors;
 2. counts per turn, from an untimed pass (``counting.py``): commits (writing
    transactions), transactions, statements, round trips, fsyncs, and bytes stored;
 3. flatness: our turn ~10 against the last turns of a long run;
@@ -97,9 +99,9 @@ class Results:
     started: str
     machine: str
     notes: list[str] = field(default_factory=list)
-    # config -> who -> [median per-turn seconds per rep]
-    per_turn: dict[str, dict[str, list[float]]] = field(default_factory=dict)
-    # config -> who -> [ratio to floor2 per rep]
+    # config -> who -> per rep {"own", "floor2", "floor3"}: median seconds per turn, the
+    # floors' turns interleaved with who's
+    per_turn: dict[str, dict[str, list[dict[str, float]]]] = field(default_factory=dict)
     bytes_per_turn: dict[str, dict[str, float]] = field(default_factory=dict)
     counts: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)
     flat: dict[str, list[float]] = field(default_factory=dict)  # config -> per-turn seconds
@@ -259,8 +261,11 @@ class Runner:
         window: bool = False,
         window_turns: int = 0,
         probe_every: int = 0,
+        beside: Callable[[int], None] | None = None,
     ) -> tuple[list[float], int | None, Any, list[tuple[int, int]]]:
-        """(seconds per turn, bytes the run added, counts, sampled (turn, bytes))."""
+        """(seconds per turn, bytes the run added, counts, sampled (turn, bytes)).
+
+        ``beside(i)`` runs right before turn ``i`` (a floor's turn, interleaved)."""
         win = self.env.window(config) if window else None
         samples: list[tuple[int, int]] = []
         with self.env.place(config) as place:
@@ -274,8 +279,10 @@ class Runner:
                 # The run's end is measured once it closed; the probes sample on the way.
                 if probe_every and call % probe_every == 0 and call < turns:
                     samples.append((call, size() - base))
+                if beside is not None and call < turns:
+                    beside(call)
 
-            probe_fn = probe if probe_every else None
+            probe_fn = probe if probe_every or beside else None
             if who == "ours":
                 m = asyncio.run(
                     ours.run_turns(
@@ -323,18 +330,53 @@ def _median_turn(seconds: list[float]) -> float:
 # --- the phases --------------------------------------------------------------------------
 
 
+def _floor(run: Runner, config: str, place: Place, commits: int) -> peers.Floor:
+    if config in SQLITE:
+        return peers.SqliteFloor(place.path, place.synchronous, commits)
+    if config == "postgres":
+        return peers.PostgresFloor(place.url, commits)
+    return peers.RedisFloor(run.env.redis[config].url, commits)
+
+
+def paired(run: Runner, config: str, who: str, turns: int) -> dict[str, float]:
+    """``who``'s turns with a 2-commit and a 3-commit floor turn right before each (on
+    files or schemas of their own): the median seconds per turn of each."""
+    if config == "memory":
+        seconds, _, _, _ = run.measure(config, who, turns)
+        return {"own": _median_turn(seconds)}
+    with run.env.place(config) as place2, run.env.place(config) as place3:
+        floors = [_floor(run, config, place2, 2), _floor(run, config, place3, 3)]
+        spent: list[list[float]] = [[], []]
+
+        def beside(i: int) -> None:
+            # Alternate which floor goes first, so neither always follows our turn.
+            order = (0, 1) if i % 2 == 0 else (1, 0)
+            for n in order:
+                started = time.perf_counter()
+                floors[n].turn(i)
+                spent[n].append(time.perf_counter() - started)
+
+        try:
+            seconds, _, _, _ = run.measure(config, who, turns, beside=beside)
+        finally:
+            for floor in floors:
+                floor.close()
+    own = [s - a - b for s, a, b in zip(seconds, spent[0], spent[1], strict=False)]
+    return {
+        "own": _median_turn(own),
+        "floor2": _median_turn(spent[0]),
+        "floor3": _median_turn(spent[1]),
+    }
+
+
 def phase_per_turn(run: Runner, profile: Profile, res: Results, configs: list[str]) -> None:
     for config in configs:
-        names = who_for(config, profile)
+        names = [w for w in who_for(config, profile) if not w.startswith("floor")]
         res.per_turn[config] = {n: [] for n in names}
-        res.bytes_per_turn[config] = {}
         for rep in range(profile.reps):
             order = names if rep % 2 == 0 else list(reversed(names))
             for who in order:
-                seconds, added, _, _ = run.measure(config, who, profile.turns)
-                res.per_turn[config][who].append(_median_turn(seconds))
-                if rep == 0 and added is not None and config != "memory":
-                    res.bytes_per_turn[config][who] = added / profile.turns
+                res.per_turn[config][who].append(paired(run, config, who, profile.turns))
         run.close_dbos()
         _say(f"  per turn: {config} done")
 
@@ -424,10 +466,13 @@ def phase_counts(run: Runner, profile: Profile, res: Results, configs: list[str]
         if config == "memory":
             continue
         res.counts[config] = {}
+        res.bytes_per_turn[config] = {}
         for who in who_for(config, profile):
-            _, _, counts, _ = run.measure(config, who, turns, window=True, window_turns=w)
+            _, added, counts, _ = run.measure(config, who, turns, window=True, window_turns=w)
             if counts is not None:
                 res.counts[config][who] = counts.per(w)
+            if added is not None:
+                res.bytes_per_turn[config][who] = added / turns
         run.close_dbos()
         win = run.env.window(config)
         for turns_before in (max(2, profile.resume[0] // 10), profile.resume[0]):
