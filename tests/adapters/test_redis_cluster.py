@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from adapters.cluster import ThrowawayCluster, cluster_stores, raw_client, redis_cluster
 from adapters.services import redis_prefix, with_query
@@ -91,6 +92,19 @@ async def test_an_unreachable_cluster_is_unavailable_not_a_driver_error() -> Non
     assert type(caught.value) is StoreUnavailableError  # nothing was sent: not "reply lost"
 
 
+async def test_discovering_the_clusters_layout_is_no_command_sent_for_a_kit_call(
+    redis_cluster: ThrowawayCluster,
+) -> None:
+    # CLUSTER SLOTS and the like go out on first use: a failure right after them, before
+    # the call's own command, must still say that nothing of the call was sent.
+    async with open_stores(redis_cluster.url) as stores:
+        client = stores.leases._client  # type: ignore[attr-defined]
+        with pytest.raises(StoreUnavailableError) as caught, _driver_errors("testing"):
+            await client.initialize()
+            raise RedisConnectionError("refused before the call's command left")
+    assert type(caught.value) is StoreUnavailableError
+
+
 # --- keys and slots ------------------------------------------------------------------------
 
 
@@ -143,7 +157,7 @@ async def test_a_key_claimed_by_two_runs_is_a_clear_cross_slot_error(stores: Sto
     with pytest.raises(ConfigurationError, match="CROSSSLOT") as caught:
         await _claim(stores, "shared", "run-b")
     assert not caught.value.retryable
-    assert "different slots" in str(caught.value) and "nothing was written" in str(caught.value)
+    assert "different slots" in str(caught.value) and "refused whole" in str(caught.value)
     [record] = (await stores.idempotency.lookup(["shared"], tenant=T)).values()
     assert (record.run_id, record.status) == ("run-a", RecordStatus.in_flight)
 

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 try:
     import redis.asyncio as aioredis
-    from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
     from redis.asyncio.connection import SSLConnection, parse_url
     from redis.commands.core import AsyncScript
     from redis.exceptions import (
@@ -244,18 +244,33 @@ def _mark_existing(connections: Sequence[Any]) -> None:
 _discovering: ContextVar[bool] = ContextVar("tesserix_adk_redis_discovering", default=False)
 
 
-class _QuietNodesManager(NodesManager):
-    """A cluster client's discovery of the cluster's layout (``CLUSTER SLOTS`` on first use
-    and after a ``MOVED``) sends commands of its own, which are no command of a kit call."""
+class _Discovers:
+    """Mixed into a cluster client's nodes manager and commands parser: their
+    ``initialize`` (``CLUSTER SLOTS`` on first use and after a ``MOVED``, ``COMMAND`` once)
+    sends commands of its own, which are no command of a kit call."""
 
     __slots__ = ()
 
-    async def initialize(self, *args: Any, **kwargs: Any) -> None:
+    async def initialize(self, *args: Any, **kwargs: Any) -> Any:
         token = _discovering.set(True)
         try:
-            await super().initialize(*args, **kwargs)
+            return await super().initialize(*args, **kwargs)  # type: ignore[misc]
         finally:
             _discovering.reset(token)
+
+
+_DISCOVERING: dict[type[Any], type[Any]] = {}
+
+
+def _quiet(obj: Any) -> None:
+    """Make ``obj``'s ``initialize`` mark nothing as sent (idempotent)."""
+    cls = type(obj)
+    if issubclass(cls, _Discovers):
+        return
+    if cls not in _DISCOVERING:
+        # Only a method override is added (no slots), so the object's layout is unchanged.
+        _DISCOVERING[cls] = type(f"Discovering{cls.__name__}", (_Discovers, cls), {"__slots__": ()})
+    obj.__class__ = _DISCOVERING[cls]
 
 
 def _track_cluster_sends(client: RedisCluster) -> None:
@@ -264,8 +279,8 @@ def _track_cluster_sends(client: RedisCluster) -> None:
     kwargs = client.connection_kwargs
     kwargs["connection_class"] = _marking(kwargs["connection_class"])
     manager = client.nodes_manager
-    if not isinstance(manager, _QuietNodesManager):
-        manager.__class__ = _QuietNodesManager
+    _quiet(manager)
+    _quiet(client.commands_parser)
     nodes = [*manager.startup_nodes.values(), *manager.nodes_cache.values()]
     for node in nodes:
         node.connection_class = _marking(node.connection_class)
@@ -389,7 +404,8 @@ def _driver_errors(action: str) -> Iterator[None]:
 def _cross_slot(action: str, exc: Exception) -> ConfigurationError:
     return ConfigurationError(
         f"Redis Cluster refused {action}: its keys hash to different slots (CROSSSLOT), so "
-        f"no one node can decide over them; nothing was written. Every key of a run shares "
+        f"no one node can decide over them, and the command was refused whole. Every key of "
+        f"a run shares "
         f"the run's hash tag; a custom idempotency key reused by another run of the tenant "
         f"brings two runs' keys into one call, which a cluster cannot serve ({exc})",
         retryable=False,
