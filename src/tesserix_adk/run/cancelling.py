@@ -5,10 +5,18 @@ no tool, as a resume claim is), so it is durable on every backend and needs no s
 its own; its outcome says who asked, when and why. The holder carrying the run finds it at
 the next boundary between turns and ends the run there with a final ``cancelled``
 frontier, dispatching nothing more; a run nobody holds is ended by whoever asked.
+
+The same boundary hears an interrupt a store driver lost: a cancellation of the task
+carrying the run (Ctrl-C is ``asyncio.run`` cancelling its main task) that an await
+swallowed, as Python 3.11's ``asyncio.wait_for`` does when the awaited result is in by the
+time the cancelled caller wakes (redis-py sends every command through one). The task still
+says it is being cancelled, so the run raises ``CancelledError`` there rather than carry
+on to completion.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import time
@@ -93,9 +101,11 @@ async def request_cancel(
 async def cancel_requested(
     idempotency: IdempotencyStore, tenant: str, run_id: str
 ) -> CancelRequest | None:
-    """The run's recorded cancel request, or ``None``."""
+    """The run's recorded cancel request, or ``None``; ``CancelledError`` if the task
+    asking is being cancelled, however an await on the way lost the cancellation."""
     key = cancel_key(tenant, run_id)
     rec = (await idempotency.lookup([key], tenant=tenant)).get(key)
+    _cancellation_kept()
     if rec is None or rec.status is not RecordStatus.completed or rec.outcome is None:
         return None
     content = decode_outcome(bytes(rec.outcome), "cancel").content
@@ -108,6 +118,14 @@ async def cancel_requested(
         at=float(at) if isinstance(at, (int, float)) else 0.0,
         reason=reason if isinstance(reason, str) else None,
     )
+
+
+def _cancellation_kept() -> None:
+    """Raise ``CancelledError`` if the current task was asked to cancel and an await lost
+    it (nothing uncancelled it): the run stops at this boundary instead of running on."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError("the run was cancelled (an await on the way lost it)")
 
 
 async def cancelled_frontier(
