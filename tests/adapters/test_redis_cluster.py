@@ -71,12 +71,23 @@ async def test_a_cluster_url_opens_every_store_on_one_cluster_client_naming_each
         await stores.aclose()
 
 
+def test_a_rediss_cluster_url_connects_to_every_node_with_tls() -> None:
+    from redis.asyncio.connection import SSLConnection
+
+    stores = open_stores("rediss+cluster://127.0.0.1:7001,127.0.0.1:7002/")
+    client = stores.leases._client  # type: ignore[attr-defined]
+    assert issubclass(client.connection_kwargs["connection_class"], SSLConnection)
+    for node in client.nodes_manager.startup_nodes.values():
+        assert issubclass(node.connection_class, SSLConnection)
+
+
 @pytest.mark.parametrize(
     "url",
     [
         "redis+cluster://127.0.0.1:7001/3",  # a cluster has database 0 only
         "redis+cluster://127.0.0.1:notaport/",
         "redis+cluster://127.0.0.1:7001/?no_such_driver_option=1",
+        "redis+cluster://127.0.0.1:7001/?read_from_replicas=true",  # replicas lag
     ],
 )
 def test_a_cluster_url_the_driver_cannot_use_is_a_configuration_error(url: str) -> None:

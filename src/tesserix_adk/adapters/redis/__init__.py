@@ -1,12 +1,14 @@
-"""Redis stores: every protocol of ``stores.protocols`` on one Redis server (``redis.asyncio``).
+"""Redis stores: every protocol of ``stores.protocols`` on one Redis server (``redis.asyncio``),
+or all but the work index on a Redis Cluster (``redis+cluster://`` URLs, ``RedisCluster``).
 
 Where each part lives: ``keys`` draws the key layout (every key of a run shares one hash
 tag, so one script decides over all of them); ``lua`` loads the scripts, one file each
 under ``scripts/``, that make every decision atomically by the server's clock;
 ``durability`` says which servers keep fences and claims across a crash; ``connection``
 builds the client and translates its errors into the kit's, saying whether an outcome is
-unknown; one module per store; ``work`` is the work index (global sorted sets read from
-their heads, a single server's layout for now); ``opening`` reads a store URL.
+unknown, and reads each cluster node's clock; one module per store; ``work`` is the work
+index (global sorted sets read from their heads, a single server's layout for now);
+``opening`` reads a store URL.
 """
 
 from __future__ import annotations

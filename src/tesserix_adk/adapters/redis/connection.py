@@ -149,6 +149,14 @@ def _cluster_from_url(url: str) -> RedisCluster:
         del options["host"], options["port"]
         if options.pop("connection_class", None) is SSLConnection:
             options["ssl"] = True
+        for name in ("read_from_replicas", "load_balancing_strategy"):
+            if name in options:
+                # A replica lags its primary: a frontier or a record read there may be
+                # stale, and the kit reads in order to decide.
+                raise ConfigurationError(
+                    f"{name} is refused in a Redis Cluster store URL: the stores read from "
+                    "primaries only, since a replica's copy may lag the decisions made"
+                )
         client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], **options)
     except (ValueError, TypeError, RedisError, RedisClusterException) as exc:
         raise ConfigurationError(f"cannot read the Redis Cluster store URL: {exc}") from exc

@@ -32,12 +32,21 @@ the hash tag ``{<tenant>:<run>}``, so one script can decide over all of them ato
 
 No key that holds a fence or a record ever has a TTL.
 
+On a Redis Cluster every script runs on the node of the run's slot. Two kinds of key are
+not per run, and each is only ever read or written on its own, never in a script beside a
+run's keys: ``idem-key:{<tenant>:<key>}`` (which run holds a record) and
+``approval-id:{<id>}`` (which run holds a request). The one exception is a custom
+idempotency key that two runs of a tenant claim: the record lives under the first run's
+tag, the fences under the second's, and a cluster refuses that script (``CROSSSLOT``,
+reported as a ``ConfigurationError``).
+
 The work index keys (``adk:work:*``) are global, one per server, and the scripts that find
 work read each candidate's ``:work`` and ``:lease`` hash by a name built from its tag, keys
-they cannot declare in ``KEYS``. That is sound on one server; Redis Cluster will need a hash
-tag scheme for them (the due index split by slot, say ``adk:{work:<n>}:due:*`` with runs
-placed in a shard's slot by their tag, and a lease mirror or a per-shard scan) before these
-scripts can run there.
+they cannot declare in ``KEYS``. That is sound on one server, so a cluster's stores have no
+work index (``Stores.work`` is ``None``). A cluster would need a hash tag scheme for them
+(the due index split by slot, say ``adk:{work:<n>}:due:*`` with runs placed in a shard's
+slot by their tag, and a lease mirror or a per-shard scan) before these scripts can run
+there.
 """
 
 from __future__ import annotations
