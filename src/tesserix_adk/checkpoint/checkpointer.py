@@ -138,10 +138,16 @@ class Checkpointer:
             return False
         return True
 
-    async def _write(self, frontier: Checkpoint, cursor: TranscriptCursor) -> None:
+    def encodes_off_loop(self, frontier: Checkpoint, cursor: TranscriptCursor) -> bool:
+        """Whether writing ``frontier`` redacts and encodes enough to do it in a worker
+        thread (a while: nothing should wait on this run's writes meanwhile)."""
         messages = frontier.messages or ()
         fresh = messages[cursor.persisted :] if self.history is not None else messages
-        if _weight(fresh, frontier) > OFF_LOOP_BYTES:
+        return _weight(fresh, frontier) > OFF_LOOP_BYTES
+
+    async def _write(self, frontier: Checkpoint, cursor: TranscriptCursor) -> None:
+        frontier_messages = frontier.messages or ()
+        if self.encodes_off_loop(frontier, cursor):
             # Redacting and encoding a large payload takes a while even in linear time: in
             # a worker thread the event loop keeps renewing leases in the meantime.
             new, frontier, payload = await asyncio.to_thread(self._encoded, frontier, cursor)
@@ -186,7 +192,7 @@ class Checkpointer:
                 frontier.tenant, frontier.run_id, payload, step=frontier.step, fence=frontier.fence
             )
         cursor.handle = expected
-        cursor.persisted = len(messages)
+        cursor.persisted = len(frontier_messages)
 
     def _encoded(
         self, frontier: Checkpoint, cursor: TranscriptCursor

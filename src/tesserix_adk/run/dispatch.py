@@ -62,6 +62,7 @@ from tesserix_adk.run.recording import (
     told,
 )
 from tesserix_adk.run.state import RunState
+from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus
 from tesserix_adk.tools import ThreadReturned, Tool, ToolContext, accepts_ctx, call_maybe_async
 
@@ -397,12 +398,14 @@ async def _invoke(attempt: Attempt, tool: Tool, call: ToolCall, ctx: ToolContext
         if stub is not None:
             guard()
             args = dict(call.arguments)
-            value = await call_maybe_async(
-                stub, args, ctx if accepts_ctx(stub) else None, thread=True
-            )
+            with outside_scope():
+                value = await call_maybe_async(
+                    stub, args, ctx if accepts_ctx(stub) else None, thread=True
+                )
             result = _stub_result(value)
         else:
-            result = await tool.invoke(call.arguments, ctx, guard=guard)
+            with outside_scope():
+                result = await tool.invoke(call.arguments, ctx, guard=guard)
         return ToolOutcome(call_id=call.id, content=to_jsonable_python(result, fallback=str))
     except ToolOutcomeUnknownError as exc:
         # Sent, and whether it took effect is unknown: told to the model as an error it

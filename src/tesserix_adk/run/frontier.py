@@ -19,6 +19,7 @@ from tesserix_adk.checkpoint.payload import (
     PendingApproval,
 )
 from tesserix_adk.errors import AdkError, CheckpointTooLargeError, StoreUnavailableError
+from tesserix_adk.run import grouping
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.events import FrontierWritten
 from tesserix_adk.run.grouping import announce
@@ -66,6 +67,10 @@ async def write_frontier(
         checkpoints.last_error = redacted_error(exc, parts.redactor)
         _log.warning("run %s: state not checkpointed: %s", run.run_id, checkpoints.last_error)
         return False
+    if attempt.group is not None and checkpoints.encodes_off_loop(frontier, run.cursor):
+        # A while of redacting and encoding: what the group holds commits first, so no
+        # lease renewal and no other writer waits on this run's open transaction.
+        await grouping.commit(attempt)
     written = await checkpoints.write(frontier, cursor=run.cursor)
     if written:
         announce(attempt, FrontierWritten(run_id=run.run_id, step=run.step, boundary=boundary))

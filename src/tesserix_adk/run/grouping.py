@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tesserix_adk.errors import AdkError, StoreUnavailableError
+from tesserix_adk.errors import AdkError, StoreReplyLostError, StoreUnavailableError
 from tesserix_adk.run.events import RunEvent
 from tesserix_adk.stores.grouping import group_scope, in_scope
 from tesserix_adk.stores.protocols import GroupedWrites, WriteGroup
@@ -52,6 +52,8 @@ class PendingGroup:
     group: WriteGroup
     # Outcomes recorded in it: recorded again, one by one, if it fails.
     redo: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # Writes made again only if it certainly failed (a charge must not count twice).
+    retry: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # Claims taken in it (never sent): dropped again if it fails.
     undo: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # What a listener hears once the group is durable, never before (``FrontierWritten``).
@@ -110,10 +112,15 @@ async def commit(attempt: Attempt) -> None:
         await pending.group.commit()
     except AdkError as exc:
         _log.warning("a write group failed to commit: %s", exc)
-        for again in pending.redo:
-            await again()
-        for drop in pending.undo:
-            await drop()
+        certain = not isinstance(exc, StoreReplyLostError)
+        first: Exception | None = None
+        for step in [*pending.redo, *(pending.retry if certain else ()), *pending.undo]:
+            try:
+                await step()
+            except Exception as again:  # each step is tried; the first failure is told
+                first = first or again
+        if first is not None:
+            raise first from exc
         raise StoreUnavailableError(
             f"the run's writes could not be committed ({exc}); nothing more was sent, and "
             "the run is resumable"

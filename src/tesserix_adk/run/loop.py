@@ -281,14 +281,22 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
     await grouping.begin(parts.groups, attempt)
     if parts.ledger is not None:
         attempt.guard()
-        try:
-            await parts.ledger.charge(
-                run.tenant, run.run_id, response.cost_micros, response.usage, fence=attempt.fence
-            )
-        except AdkError:
-            raise
-        except Exception as exc:
-            raise StoreUnavailableError(f"the ledger is unreachable: {exc}") from exc
+        ledger, fence = parts.ledger, attempt.fence
+
+        async def charge() -> None:
+            try:
+                await ledger.charge(
+                    run.tenant, run.run_id, response.cost_micros, response.usage, fence=fence
+                )
+            except AdkError:
+                raise
+            except Exception as exc:
+                raise StoreUnavailableError(f"the ledger is unreachable: {exc}") from exc
+
+        await charge()
+        if attempt.group is not None:
+            # Charged again should the group certainly not commit: a model call is paid.
+            attempt.group.retry.append(charge)
     return response
 
 

@@ -23,6 +23,7 @@ from tesserix_adk.messages import ToolCall, ToolOutcome
 from tesserix_adk.reconcile import Reconciled, ReconciledAs
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.parts import RunParts
+from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.tools import Tool, ToolContext
 
 __all__ = ["RECONCILE_TIMEOUT", "reconcile_in_doubt"]
@@ -101,17 +102,8 @@ async def _ask(
     )
     reconcile = tool.reconcile
     try:
-        if inspect.iscoroutinefunction(reconcile):
-            result: Any = await asyncio.wait_for(reconcile(call, ctx), RECONCILE_TIMEOUT)
-        else:
-            # A sync reconciler asks a remote system: off the loop, so leases keep renewing,
-            # and in a daemon thread, so one that hangs past its timeout cannot hold up a
-            # draining worker's exit.
-            result = await asyncio.wait_for(
-                _in_daemon_thread(reconcile, call, ctx), RECONCILE_TIMEOUT
-            )
-            if inspect.isawaitable(result):
-                result = await asyncio.wait_for(result, RECONCILE_TIMEOUT)
+        with outside_scope():
+            result = await _reconciled(reconcile, call, ctx)
     except Exception as exc:
         _log.warning(
             "run %s: the reconciler of %s failed (%s: %s); the call stays in doubt",
@@ -129,6 +121,19 @@ async def _ask(
             type(result).__name__,
         )
         return Reconciled.unknown()
+    return result
+
+
+async def _reconciled(reconcile: Any, call: ToolCall, ctx: ToolContext) -> Any:
+    """What ``reconcile`` says of ``call``, within ``RECONCILE_TIMEOUT``."""
+    if inspect.iscoroutinefunction(reconcile):
+        return await asyncio.wait_for(reconcile(call, ctx), RECONCILE_TIMEOUT)
+    # A sync reconciler asks a remote system: off the loop, so leases keep renewing, and in
+    # a daemon thread, so one that hangs past its timeout cannot hold up a draining
+    # worker's exit.
+    result = await asyncio.wait_for(_in_daemon_thread(reconcile, call, ctx), RECONCILE_TIMEOUT)
+    if inspect.isawaitable(result):
+        result = await asyncio.wait_for(result, RECONCILE_TIMEOUT)
     return result
 
 

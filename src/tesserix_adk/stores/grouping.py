@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-__all__ = ["GroupScope", "OpenGroup", "group_scope", "in_scope", "joined"]
+__all__ = ["GroupScope", "OpenGroup", "group_scope", "in_scope", "joined", "outside_scope"]
 
 
 @dataclass(slots=True, eq=False)
@@ -35,6 +35,17 @@ def group_scope() -> Iterator[GroupScope]:
     token = _SCOPE.set(scope)
     try:
         yield scope
+    finally:
+        _SCOPE.reset(token)
+
+
+@contextlib.contextmanager
+def outside_scope() -> Iterator[None]:
+    """Run the user's code (a tool, a reconciler) outside the attempt's scope: a task it
+    starts, which may outlive the call, never joins a group the run opens later."""
+    token = _SCOPE.set(None)
+    try:
+        yield
     finally:
         _SCOPE.reset(token)
 

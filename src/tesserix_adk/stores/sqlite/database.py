@@ -97,8 +97,11 @@ class SqliteDatabase:
         # Only ever touched from the executor's one thread.
         self._conn: sqlite3.Connection | None = None
         self._closed = False
-        # Held by an open write group from its start to its commit (see the docstring).
-        self._group_lock = asyncio.Lock()
+        # Held by an open write group from its start to its commit (see the docstring); one
+        # per event loop, as the stores may be used under one asyncio.run after another.
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
         self._commits = 0
         # Read from the package's migration files now, so the first call cannot fail on it.
         self.schema = SqliteSchema.load()
@@ -123,22 +126,32 @@ class SqliteDatabase:
         """Run ``fn(connection)`` in ``BEGIN IMMEDIATE``, in the worker thread; commit
         if it returns, roll back if it raises. Inside the caller's open write group it runs
         in the group's transaction instead, committed with the group."""
-        if joined(self) is not None:
-            return await self._submit(functools.partial(self._in_group, fn))
-        async with self._group_lock:
+        group = joined(self)
+        if isinstance(group, SqliteWriteGroup):
+            return await self._submit(functools.partial(self._in_group, group, fn))
+        async with self.group_lock():
             return await self._submit(functools.partial(self._transaction, fn, "BEGIN IMMEDIATE"))
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` in a read transaction (one snapshot), in the worker thread
         (inside the caller's open write group: in its transaction, seeing its writes)."""
-        if joined(self) is not None:
-            return await self._submit(functools.partial(self._in_group, fn))
-        async with self._group_lock:
+        group = joined(self)
+        if isinstance(group, SqliteWriteGroup):
+            return await self._submit(functools.partial(self._in_group, group, fn))
+        async with self.group_lock():
             return await self._submit(functools.partial(self._transaction, fn, "BEGIN"))
 
     def write_group(self) -> SqliteWriteGroup:
         """A new write group on this file (``protocols.grouping``)."""
         return SqliteWriteGroup(self)
+
+    def group_lock(self) -> asyncio.Lock:
+        """The lock an open write group holds on this file, for the running event loop."""
+        loop = asyncio.get_running_loop()
+        lock = self._locks.get(loop)
+        if lock is None:
+            lock = self._locks[loop] = asyncio.Lock()
+        return lock
 
     async def create_schema(self) -> None:
         """Create the file, its directory and the tables (idempotent); set WAL mode.
@@ -217,24 +230,41 @@ class SqliteDatabase:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
 
-    def _in_group(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _in_group(self, group: SqliteWriteGroup, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn`` inside the open group's transaction (begun by the group's first call),
-        in a savepoint: a failing write is undone alone and the group goes on."""
+        in a savepoint: a failing write is undone alone and the group goes on, unless
+        SQLite rolled the whole transaction back (then the group is lost: see ``lost``)."""
+        if group.lost is not None:
+            raise StoreUnavailableError(group.lost)
         conn = self._connection()
         if not conn.in_transaction:
+            if group.begun:
+                # Never a fresh transaction nobody commits after the group's own ended.
+                group.lost = f"the write group on {self.path} had already ended"
+                raise StoreUnavailableError(group.lost)
             conn.execute("BEGIN IMMEDIATE")
+            group.begun = True
         conn.execute("SAVEPOINT adk_write")
         try:
             result = fn(conn)
-        except BaseException:
+        except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK TO adk_write")
                 conn.execute("RELEASE adk_write")
+            else:
+                # SQLite ended the whole transaction (a full disk, an I/O error): what
+                # joined before is gone, and nothing more may join as if it were not.
+                group.lost = (
+                    f"SQLite rolled back the write group on {self.path} ({exc}); nothing of "
+                    "it was committed"
+                )
             raise
         conn.execute("RELEASE adk_write")
         return result
 
-    def _commit_group(self) -> None:
+    def _commit_group(self, group: SqliteWriteGroup) -> None:
+        if group.lost is not None:
+            raise StoreUnavailableError(group.lost)
         conn = self._connection()
         if not conn.in_transaction:
             return  # nothing joined, or its first write could not begin
@@ -432,23 +462,34 @@ class SqliteWriteGroup(OpenGroup):
     def __init__(self, database: SqliteDatabase) -> None:
         super().__init__(database)
         self.database = database
+        # Touched only in the database's thread: whether the group's transaction began,
+        # and why it is lost if SQLite rolled it back.
+        self.begun = False
+        self.lost: str | None = None
+        self._lock: asyncio.Lock | None = None
 
     async def begin(self) -> None:
         """Open the group for the current attempt: from here its writes on the file join
         it, and everybody else's wait for its commit."""
-        await self.database._group_lock.acquire()
+        lock = self.database.group_lock()
+        await lock.acquire()
+        self._lock = lock
         try:
             self._enter()
         except BaseException:
-            self.database._group_lock.release()
+            self._lock = None
+            lock.release()
             raise
 
     async def commit(self) -> None:
         """Commit what joined; the group is closed after, whatever happened."""
-        if not self.active:
+        if not self.active or self._lock is None:
             return
+        lock, self._lock = self._lock, None
+        # Closed to late writes first: one that comes now waits for the lock, and so runs
+        # after the COMMIT in a transaction of its own, never in one nobody commits.
+        self._leave()
         try:
-            await self.database._submit(self.database._commit_group)
+            await self.database._submit(functools.partial(self.database._commit_group, self))
         finally:
-            self._leave()
-            self.database._group_lock.release()
+            lock.release()
