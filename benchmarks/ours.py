@@ -190,40 +190,110 @@ async def throughput(url: str, runs: int, turns: int) -> float:
         return runs * turns / (time.perf_counter() - started)
 
 
+class _Baton:
+    """Two runs in one process taking turns strictly: while the long run hands over, the
+    fresh run does exactly one turn and hands back. Neither works while the other does."""
+
+    def __init__(self) -> None:
+        self.long_go = asyncio.Event()
+        self.fresh_go = asyncio.Event()
+        self.done = False
+        self.long_turn = 0  # the long run's turn, for the fresh run's turns to be placed by
+
+
+@dataclass
+class _Alternating:
+    """A provider whose turns' costs are measured from its return to its next call, so
+    time spent waiting for the other run is left out."""
+
+    turns: int
+    baton: _Baton
+    fresh: bool
+    hand_over: Callable[[int], bool] = lambda call: False
+    entered: list[float] = field(default_factory=list)
+    returned: list[float] = field(default_factory=list)
+    at: list[int] = field(default_factory=list)
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        self.entered.append(time.perf_counter())
+        baton = self.baton
+        index = (len(request.messages) - 1) // 2
+        if not self.fresh:
+            baton.long_turn = index
+        self.at.append(baton.long_turn)
+        if self.fresh:
+            baton.long_go.set()  # the turn the long run waited for is done
+            await baton.fresh_go.wait()
+            baton.fresh_go.clear()
+            if baton.done:
+                raise Died
+        elif self.hand_over(index):
+            baton.long_go.clear()
+            baton.fresh_go.set()
+            await baton.long_go.wait()
+        self.returned.append(time.perf_counter())
+        if index >= self.turns:
+            return ModelResponse(message=Message.assistant(conv.ANSWER))
+        turn = conv.turn(index)
+        call = ToolCall(id=turn.call_id, name=conv.TOOL, arguments=dict(turn.arguments))
+        return ModelResponse(message=Message.assistant("", [call]))
+
+    def costs(self) -> list[tuple[int, int, float]]:
+        """(turn index, the long run's turn then, seconds) of each tool-calling turn."""
+        return [
+            (i, self.at[i], self.entered[i + 1] - self.returned[i])
+            for i in range(len(self.entered) - 1)
+        ]
+
+
 async def flatness(
-    url: str, turns: int, chunks: int, short: int
+    url: str, turns: int, pieces: int, short: int, window: int = 20
 ) -> tuple[list[float], list[tuple[int, float, float]]]:
-    """One long run of ``turns`` turns carried in ``chunks`` pieces (its process dies at
-    the end of each and the next resumes it), and after each piece a fresh run of
-    ``short`` turns, so the late turns are timed right beside early ones.
+    """One long run of ``turns`` turns; in the last ``window`` turns of each of its
+    ``pieces``, every turn alternates with a turn of fresh runs of ``short`` turns in the
+    same process and stores, so late turns are timed right beside early ones.
 
     Returns the long run's seconds per turn and, per piece, (turns so far, median seconds
-    of the piece's last turns, median seconds of the fresh run's turns)."""
-    size = turns // chunks
-    late: list[float] = []
-    pairs: list[tuple[int, float, float]] = []
+    of the long run's turns in the window, median of the fresh runs' turns in it)."""
+    size = turns // pieces
+    window = min(window, size)
+
+    def in_window(index: int) -> bool:
+        return index % size >= size - window
+
+    baton = _Baton()
+    long_provider = _Alternating(turns, baton, fresh=False, hand_over=in_window)
+    fresh_costs: list[tuple[int, float]] = []  # (long run's turn then, seconds)
     async with open_stores(url) as stores:
         await stores.create_schema()
-        long_agent = agent(turns + 2)
-        run_id = f"long-{secrets.token_hex(6)}"
-        for piece in range(chunks):
-            provider = TurnsProvider(turns=turns + 2, die_at=size)
-            runner = AgentRunner.from_stores(
-                provider, stores, worker="bench", resume_claim_ttl=RESUME_CLAIM_TTL
-            )
-            with contextlib.suppress(Died):
-                if piece == 0:
-                    await runner.run(long_agent, conv.QUESTION, tenant=TENANT, run_id=run_id)
-                else:
-                    await asyncio.sleep(RESUME_CLAIM_TTL * 1.5)
-                    await runner.resume(long_agent, run_id, tenant=TENANT)
-            seconds = [b - a for a, b in itertools.pairwise(provider.stamps)]
-            late += seconds
-            fresh = TurnsProvider(turns=short)
-            await AgentRunner.from_stores(fresh, stores, worker="bench").run(
-                agent(short), conv.QUESTION, tenant=TENANT, run_id=f"{run_id}-{piece}"
-            )
-            early = [b - a for a, b in itertools.pairwise(fresh.stamps)][2:short]
-            tail = seconds[-min(len(seconds), 20) :]
-            pairs.append(((piece + 1) * size, statistics.median(tail), statistics.median(early)))
-    return late, pairs
+        tag = secrets.token_hex(6)
+
+        async def fresh_runs() -> None:
+            n = 0
+            while not baton.done:
+                provider = _Alternating(short, baton, fresh=True)
+                runner = AgentRunner.from_stores(provider, stores, worker="bench")
+                with contextlib.suppress(Died):
+                    await runner.run(agent(short), conv.QUESTION, tenant=TENANT,
+                                     run_id=f"fresh-{tag}-{n}")  # fmt: skip
+                fresh_costs.extend((at, c) for i, at, c in provider.costs() if i >= 2)
+                n += 1
+
+        async def long_run() -> None:
+            try:
+                runner = AgentRunner.from_stores(long_provider, stores, worker="bench")
+                await runner.run(agent(turns), conv.QUESTION, tenant=TENANT, run_id=f"long-{tag}")
+            finally:
+                baton.done = True
+                baton.fresh_go.set()
+
+        await asyncio.gather(long_run(), fresh_runs())
+    costs = long_provider.costs()
+    pairs = []
+    for piece in range(1, pieces + 1):
+        end = piece * size
+        mine = [c for i, _, c in costs if end - window <= i < end]
+        beside = [c for at, c in fresh_costs if end - window <= at < end]
+        if mine and beside:
+            pairs.append((end, statistics.median(mine), statistics.median(beside)))
+    return [c for _, _, c in costs], pairs

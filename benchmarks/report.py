@@ -130,7 +130,7 @@ def rows(res: Any, profile: Any) -> list[tuple[str, list[list[str]], list[str]]]
         )
     )
 
-    header = ["backend", "turns ~3-25 (fresh run)", f"last 20 of {profile.long}", "ratio", "target"]
+    header = ["backend", "fresh runs' turns", f"last 20 of {profile.long}", "ratio", "target"]
     table = []
     for config, pairs in res.flat_pairs.items():
         _, late, early = pairs[-1]
@@ -150,8 +150,8 @@ def rows(res: Any, profile: Any) -> list[tuple[str, list[list[str]], list[str]]]
         )
     out.append(
         (
-            "Flatness: the last turns of a long run (carried in pieces) against a fresh "
-            "run's turns timed right after them",
+            "Flatness: the last 20 turns of a long run, each alternating with a turn of a "
+            "fresh run (its turns 3-25) in the same process and store",
             table,
             header,
         )

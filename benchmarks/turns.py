@@ -20,7 +20,8 @@ Printed, each as ratios measured here:
    three ratios. LangGraph or DBOS against ours divides their ratios to their own floors;
 2. counts per turn, from an untimed pass (``counting.py``): commits (writing
    transactions), transactions, statements, round trips, fsyncs, and bytes stored;
-3. flatness: our turn ~10 against the last turns of a long run;
+3. flatness: the last turns of a long run, each alternating with a turn of fresh runs in
+   the same process and store, so turn ~1,000 is timed beside turns ~3-25;
 4. bytes: the stored size of one run on SQLite, ours against the floor, LangGraph, DBOS;
 5. resume: a run whose process died after 1,000 and 5,000 turns (``--quick``: 200 and
    1,000), resumed up to its next model call, against LangGraph's ``get_state`` on the
@@ -382,11 +383,11 @@ def phase_per_turn(run: Runner, profile: Profile, res: Results, configs: list[st
 
 
 def phase_flat(run: Runner, profile: Profile, res: Results, configs: list[str]) -> None:
-    chunks = min(10, max(2, profile.long // 20))
+    pieces = min(10, max(2, profile.long // 20))
     for config in configs:
         with run.env.place(config) as place:
             short = 5 if profile.name == "smoke" else 25
-            seconds, pairs = asyncio.run(ours.flatness(place.url, profile.long, chunks, short))
+            seconds, pairs = asyncio.run(ours.flatness(place.url, profile.long, pieces, short))
         res.flat[config] = seconds
         res.flat_pairs[config] = pairs
     _say("  flatness done")
