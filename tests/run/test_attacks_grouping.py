@@ -129,16 +129,13 @@ def _hooked(stores: Stores) -> HookLedger:
     return ledger
 
 
-# --- defects ------------------------------------------------------------------------------
+# --- defects found at 49b2095, fixed since: regression tests ---------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="SqliteDatabase._group_lock is an asyncio.Lock made in __init__: once runs "
-    "contend for it on one event loop, stores reused under another asyncio.run raise "
-    "RuntimeError (bound to a different event loop) where they used to work",
-)
+# Found at 49b2095, fixed in 4939a14: SqliteDatabase._group_lock is an asyncio.Lock made
+# in __init__: once runs contend for it on one event loop, stores reused under another
+# asyncio.run raise RuntimeError (bound to a different event loop) where they used to
+# work
 def test_stores_reused_across_event_loops_keep_working_once_runs_contend_in_each(
     path: str,
 ) -> None:
@@ -192,13 +189,10 @@ def _slow_runner(stores: Stores, script: list[Any]) -> AgentRunner:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=LeaseLostError,
-    reason="the write group opened before the ledger charge stays open (holding the "
-    "database lock) while the after_model_call frontier is encoded off the loop, so the "
-    "run's own lease renewal waits behind it and the lease lapses (LeaseLostError)",
-)
+# Found at 49b2095, fixed in 4939a14: the write group opened before the ledger charge
+# stays open (holding the database lock) while the after_model_call frontier is encoded
+# off the loop, so the run's own lease renewal waits behind it and the lease lapses
+# (LeaseLostError)
 async def test_the_lease_keeps_renewing_while_a_large_frontier_is_encoded_off_the_loop(
     stores: Stores,
 ) -> None:
@@ -218,13 +212,9 @@ async def test_the_lease_keeps_renewing_while_a_large_frontier_is_encoded_off_th
     assert sent == ["1"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the group's BEGIN IMMEDIATE (taken at the ledger charge) holds the file's write "
-    "lock while the after_model_call frontier is encoded off the loop, so another process's "
-    "writes wait out busy_timeout and fail 'locked'",
-)
+# Found at 49b2095, fixed in 4939a14: the group's BEGIN IMMEDIATE (taken at the ledger
+# charge) holds the file's write lock while the after_model_call frontier is encoded off
+# the loop, so another process's writes wait out busy_timeout and fail 'locked'
 async def test_another_process_can_write_while_a_large_frontier_is_encoded(
     stores: Stores, path: str
 ) -> None:
@@ -280,14 +270,11 @@ def _interrupted(conn: sqlite3.Connection) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="_in_group carries on after a write whose error made SQLite roll back the whole "
-    "group transaction (conn.in_transaction False): the outcome of a call that ran, held "
-    "in the group, is silently lost, the next write opens a fresh transaction that commits, "
-    "and no redo runs, so a resume refuses that call as indeterminate",
-)
+# Found at 49b2095, fixed in 4939a14: _in_group carries on after a write whose error
+# made SQLite roll back the whole group transaction (conn.in_transaction False): the
+# outcome of a call that ran, held in the group, is silently lost, the next write opens
+# a fresh transaction that commits, and no redo runs, so a resume refuses that call as
+# indeterminate
 async def test_an_outcome_held_in_a_group_survives_a_later_write_sqlite_aborts(
     stores: Stores, path: str
 ) -> None:
@@ -329,13 +316,10 @@ class AbortingCheckpoints(SqliteCheckpointStore):
         return await super().put_with_history(*args, **kwargs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a checkpoint write that SQLite aborts with the group's transaction takes the "
-    "group's ledger charge with it; the checkpoint failure is tolerated and the group goes "
-    "on in a fresh transaction, so the run completes with a model call never charged",
-)
+# Found at 49b2095, fixed in 4939a14: a checkpoint write that SQLite aborts with the
+# group's transaction takes the group's ledger charge with it; the checkpoint failure is
+# tolerated and the group goes on in a fresh transaction, so the run completes with a
+# model call never charged
 async def test_a_frontier_write_sqlite_aborts_does_not_take_the_turns_charge_with_it(
     stores: Stores, path: str
 ) -> None:
@@ -362,13 +346,10 @@ async def test_a_frontier_write_sqlite_aborts_does_not_take_the_turns_charge_wit
     assert all(micros == 7 for micros in charged_when_sent), charged_when_sent
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a task a tool spawns inherits the attempt's GroupScope, so a write of another "
-    "run it makes while this run's group is open joins that group: it returns before it "
-    "is durable, and is lost if this run's group is rolled back or its process dies",
-)
+# Found at 49b2095, fixed in 4939a14: a task a tool spawns inherits the attempt's
+# GroupScope, so a write of another run it makes while this run's group is open joins
+# that group: it returns before it is durable, and is lost if this run's group is rolled
+# back or its process dies
 async def test_another_runs_write_from_a_tools_background_task_is_durable_when_it_returns(
     stores: Stores, path: str
 ) -> None:
@@ -408,13 +389,10 @@ async def test_another_runs_write_from_a_tools_background_task_is_durable_when_i
     assert durable_on_return == [True]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a write that joins the group (joined() still sees it active) after the group's "
-    "COMMIT was submitted runs after it in a fresh BEGIN IMMEDIATE nobody commits: it "
-    "returns success, then the next plain write rolls it back ('a write group left open')",
-)
+# Found at 49b2095, fixed in 4939a14: a write that joins the group (joined() still sees
+# it active) after the group's COMMIT was submitted runs after it in a fresh BEGIN
+# IMMEDIATE nobody commits: it returns success, then the next plain write rolls it back
+# ('a write group left open')
 async def test_a_write_that_lands_while_the_group_commits_is_not_lost(
     stores: Stores, path: str
 ) -> None:
