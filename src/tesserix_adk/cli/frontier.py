@@ -183,8 +183,8 @@ async def _carry_on_with(args: argparse.Namespace, stores: Stores, run_id: str, 
     if store:  # as given, a password masked (this line may land in a log)
         parts += ["--store", redact_url(store)]
     command = " ".join(_shell_word(p) for p in parts)
-    worker = "a running `tesserix worker` carries it on, or " if woken else ""
-    return f"{worker}carry it on with `{command}`{hint}"
+    worker = "a worker carries it on (a running `tesserix worker`), or " if woken else ""
+    return f"{worker}carry it on now with `{command}`{hint}"
 
 
 def _shell_word(word: str) -> str:
