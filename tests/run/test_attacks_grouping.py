@@ -859,3 +859,77 @@ async def test_a_replay_of_a_grouped_run_leaves_the_original_alone_and_nothing_h
     assert after == before
     assert set(_records(path, replayed.run_id).values()) == {RecordStatus.completed.value}
     await _lock_is_free(stores)
+
+
+class PausingClaims(SqliteIdempotencyStore):
+    """After each call's claim (taken inside the run's open group), lets another thread's
+    event loop make one call on the same stores before the group commits."""
+
+    go: threading.Event
+    done: threading.Event
+
+    async def claim(self, key: str, **kwargs: Any) -> Any:
+        taken = await super().claim(key, **kwargs)
+        if kwargs.get("tool") is not None and not self.go.is_set():
+            self.go.set()
+            await asyncio.to_thread(self.done.wait, 5)
+        return taken
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="4939a14 made the group lock one asyncio.Lock per event loop, so a call on the "
+    "same stores from another thread's loop no longer waits for an open group: its plain "
+    "transaction ROLLBACKs the group ('left open'), and _commit_group, finding no "
+    "transaction, returns as if nothing joined, so the tool goes out with no claim durable",
+)
+async def test_a_claim_is_durable_when_sent_while_another_threads_loop_uses_the_stores(
+    stores: Stores, path: str
+) -> None:
+    claims = PausingClaims(_db(stores))
+    claims.go, claims.done = threading.Event(), threading.Event()
+    stores.idempotency = claims
+    other_thread: list[str] = []
+
+    def another_loop() -> None:
+        # E.g. a Worker in a thread of its own, or a sync web framework's per-thread loop,
+        # sharing the process's one open_stores bundle.
+        claims.go.wait(LIMIT)
+
+        async def look() -> None:
+            await asyncio.wait_for(stores.leases.current(TENANT, "elsewhere"), 2)
+
+        try:
+            asyncio.run(look())
+            other_thread.append("looked")
+        except BaseException as exc:  # what it met is reported, not raised in a thread
+            other_thread.append(repr(exc))
+        finally:
+            claims.done.set()
+
+    claimed_when_sent: list[str | None] = []
+
+    @tool
+    def book(seat: str) -> str:
+        claimed_when_sent.append(_records(path, "r").get("call_0_0"))
+        return f"booked {seat}"
+
+    thread = threading.Thread(target=another_loop, daemon=True)
+    thread.start()
+    try:
+        runner = AgentRunner.from_stores(
+            ScriptedProvider(_script([("book", {"seat": "1"})])), stores
+        )
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                runner.run(Agent("g", "b", tools=[book]), "go", tenant=TENANT, run_id="r"), LIMIT
+            )
+    finally:
+        claims.go.set()
+        await asyncio.to_thread(thread.join, LIMIT)
+    # No claim, no dispatch: whatever another loop did meanwhile.
+    assert claimed_when_sent in ([], [RecordStatus.in_flight.value]), (
+        claimed_when_sent,
+        other_thread,
+    )
