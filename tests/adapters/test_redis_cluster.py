@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -17,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from adapters.cluster import ThrowawayCluster, cluster_stores, raw_client, redis_cluster
 from adapters.services import redis_prefix, with_query
 from tesserix_adk.adapters.redis.connection import _driver_errors
+from tesserix_adk.adapters.redis.keys import _Keys
 from tesserix_adk.errors import ConfigurationError, StoreUnavailableError
 from tesserix_adk.messages import ToolCall, Usage
 from tesserix_adk.stores.bundle import Stores
@@ -233,3 +236,48 @@ async def test_the_persistence_check_refuses_a_cluster_with_two_volatile_primari
         async with open_stores(allowed) as stores:
             await stores.create_schema()
             assert (await stores.leases.acquire(T, R, "w1", ttl=30)).fence == 1
+
+
+async def test_a_plain_url_on_a_cluster_node_says_to_name_the_cluster(
+    redis_cluster: ThrowawayCluster,
+) -> None:
+    # A run whose slot another node serves: the node answers MOVED to a plain client.
+    client = raw_client(redis_cluster)
+    try:
+        await client.initialize()
+        run_id = next(
+            f"run-{i}"
+            for i in range(100)
+            if client.get_node_from_key(f"{{acme:run-{i}}}").port != redis_cluster.ports[0]
+        )
+    finally:
+        await client.aclose()
+    prefix = redis_prefix()
+    url = f"redis://127.0.0.1:{redis_cluster.ports[0]}/0?prefix={prefix}&allow_volatile=true"
+    async with open_stores(url) as stores:
+        with pytest.raises(ConfigurationError, match=r"redis\+cluster://") as caught:
+            await stores.leases.acquire(T, run_id, "w1", ttl=30)
+    assert "Redis Cluster" in str(caught.value)
+    assert not caught.value.retryable
+
+
+# --- every key of a run in its slot, whatever the ids -----------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prefix=st.text(max_size=12).filter(lambda p: "{" not in p and "}" not in p),
+    tenant=st.text(max_size=20),
+    run_id=st.text(max_size=20),
+    name=st.text(max_size=20),
+)
+def test_every_key_named_for_a_run_hashes_to_the_runs_slot(
+    prefix: str, tenant: str, run_id: str, name: str
+) -> None:
+    # Oracle: Redis hashes a key by its first {…} (when not empty), as redis-py's key_slot
+    # does; a run's slot is that of its tag. Ids with braces or colons must not move it.
+    keys = _Keys(prefix)
+    tag = _Keys.tag(tenant, run_id)
+    run_slot = key_slot(tag.encode())
+    assert key_slot(keys.run(tenant, run_id, name).encode()) == run_slot
+    assert key_slot(keys.tagged(tag, f"idem:rec:{name}").encode()) == run_slot

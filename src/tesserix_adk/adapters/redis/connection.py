@@ -34,6 +34,7 @@ try:
     from redis.asyncio.connection import SSLConnection, parse_url
     from redis.commands.core import AsyncScript
     from redis.exceptions import (
+        AskError,
         AuthenticationError,
         BusyLoadingError,
         ClusterCrossSlotError,
@@ -357,6 +358,14 @@ def _driver_errors(action: str) -> Iterator[None]:
         raise ConfigurationError(f"Redis refused the credentials while {action}: {exc}") from exc
     except (ClusterCrossSlotError, CrossSlotTransactionError) as exc:
         raise _cross_slot(action, exc) from exc
+    except AskError as exc:
+        # A cluster client follows MOVED and ASK itself; a single-server client hears them
+        # from a node of a cluster it was pointed at, for every key another node serves.
+        raise ConfigurationError(
+            f"Redis redirected {action} to another node ({type(exc).__name__} {exc}): the "
+            "server is a node of a Redis Cluster, which a redis:// URL cannot follow; name "
+            "the cluster with redis+cluster://host:port,host:port/ instead"
+        ) from exc
     except _TRANSIENT_ERRORS as exc:
         raise StoreUnavailableError(
             f"Redis refused {action} for now ({type(exc).__name__}): {exc}", retryable=True
