@@ -256,7 +256,7 @@ async def flatness(
     Returns the long run's seconds per turn and, per piece, (turns so far, median seconds
     of the long run's turns in the window, median of the fresh runs' turns in it)."""
     size = turns // pieces
-    window = min(window, size)
+    window = size if size <= 10 else min(window, size // 2)
 
     def in_window(index: int) -> bool:
         return index % size >= size - window

@@ -130,9 +130,11 @@ def rows(res: Any, profile: Any) -> list[tuple[str, list[list[str]], list[str]]]
         )
     )
 
-    header = ["backend", "fresh runs' turns", f"last 20 of {profile.long}", "ratio", "target"]
+    header = ["backend", "fresh runs' turns", f"turns before {profile.long:,}", "ratio", "target"]
     table = []
     for config, pairs in res.flat_pairs.items():
+        if not pairs:
+            continue
         _, late, early = pairs[-1]
         table.append(
             [config, _ms(early), _ms(late), f"{late / early:.2f}\u00d7", "\u2264 1.2\u00d7"]
@@ -150,8 +152,8 @@ def rows(res: Any, profile: Any) -> list[tuple[str, list[list[str]], list[str]]]
         )
     out.append(
         (
-            "Flatness: the last 20 turns of a long run, each alternating with a turn of a "
-            "fresh run (its turns 3-25) in the same process and store",
+            "Flatness: a long run's last turns, each alternating with a turn of fresh runs "
+            "(their turns 3-25) in the same process and store",
             table,
             header,
         )
@@ -399,6 +401,8 @@ def targets(res: Any, profile: Any) -> list[list[str]]:
             ]
         )
     for config, pairs in res.flat_pairs.items():
+        if not pairs:
+            continue
         _, late, early = pairs[-1]
         out.append(
             [

@@ -84,7 +84,7 @@ class Profile:
 
 PROFILES = {
     "smoke": Profile("smoke", 4, 1, 6, 2, 0, (4,), 1, (1, 2), 2, False, ("memory", "sqlite-full")),
-    "quick": Profile("quick", 20, 3, 100, 10, 100, (100, 400), 3, (1, 8, 32), 5, True),
+    "quick": Profile("quick", 20, 3, 100, 10, 100, (100, 300), 3, (1, 8, 32), 5, True),
     "full": Profile("full", 60, 3, 1000, 30, 400, (1000, 5000), 3, (1, 8, 32), 10, True),
 }
 # A longer resume run is left out (and said so) when building it would take longer than this.
