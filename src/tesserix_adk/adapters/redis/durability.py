@@ -44,12 +44,15 @@ async def check_persistence(client: Client) -> None:
     if isinstance(client, RedisCluster):
         with _driver_errors("finding the nodes of the cluster to check their persistence"):
             nodes = await cluster_nodes(client)
-        problems: list[str] = []
+        # Each problem once, with the nodes that have it.
+        where: dict[str, list[str]] = {}
         fsyncs: set[str | None] = set()
         for node in nodes:
             found, fsync = await _node_problems(client, node)
-            problems += [f"node {node.name} ({node.server_type}): {p}" for p in found]
+            for problem in found:
+                where.setdefault(problem, []).append(f"{node.name} ({node.server_type})")
             fsyncs.add(fsync)
+        problems = [f"{p} — on node(s) {', '.join(names)}" for p, names in where.items()]
         everysec = "everysec" in fsyncs
     else:
         problems, fsync = await _node_problems(client, None)
