@@ -25,6 +25,7 @@ from tesserix_adk import (
     Agent,
     AgentRunner,
     FrontierWritten,
+    Reconciled,
     RunFinished,
     ScriptedProvider,
     ScriptedTurn,
@@ -933,3 +934,86 @@ async def test_a_claim_is_durable_when_sent_while_another_threads_loop_uses_the_
         claimed_when_sent,
         other_thread,
     )
+
+
+async def test_a_tool_carrying_sub_runs_on_the_same_stores_never_waits_on_its_own_group(
+    stores: Stores, path: str
+) -> None:
+    """Agent as a tool: the tool awaits a sub-run (and starts another in the background) on
+    the very stores its run's groups use; neither may wait on a group its parent holds."""
+    booked: list[str] = []
+
+    @tool
+    def book(seat: str) -> str:
+        booked.append(seat)
+        return f"booked {seat}"
+
+    child = Agent("child", "b", tools=[book])
+    background: list[asyncio.Task[Any]] = []
+
+    @tool
+    async def delegate(seat: str) -> str:
+        inner = AgentRunner.from_stores(
+            ScriptedProvider(_script([("book", {"seat": seat})])), stores
+        )
+        run = await inner.run(child, "go", tenant=TENANT, run_id=f"sub-{seat}")
+        later = AgentRunner.from_stores(
+            ScriptedProvider(_script([("book", {"seat": f"bg-{seat}"})])), stores
+        )
+        background.append(
+            asyncio.create_task(later.run(child, "go", tenant=TENANT, run_id=f"bg-{seat}"))
+        )
+        return str(run.status)
+
+    parent = Agent("parent", "d", tools=[delegate], parallel_tool_calls=2)
+    script = _script(
+        [("delegate", {"seat": "a"}), ("delegate", {"seat": "b"})], [("delegate", {"seat": "c"})]
+    )
+    runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
+    run = await asyncio.wait_for(runner.run(parent, "go", tenant=TENANT, run_id="p"), LIMIT)
+    assert run.status == "completed"
+    finished = await asyncio.wait_for(asyncio.gather(*background), LIMIT)
+    assert [r.status for r in finished] == ["completed"] * 3
+    assert sorted(booked) == ["a", "b", "bg-a", "bg-b", "bg-c", "c"]
+    for run_id in ("p", "sub-a", "sub-b", "sub-c", "bg-a", "bg-b", "bg-c"):
+        assert set(_records(path, run_id).values()) == {RecordStatus.completed.value}
+    await _lock_is_free(stores)
+
+
+async def test_a_reconciler_reading_the_same_stores_settles_a_call_without_a_hang(
+    stores: Stores, path: str
+) -> None:
+    sent: list[str] = []
+
+    async def look_up(call: Any, ctx: Any) -> Reconciled:
+        # A reconciler that asks the kit's own stores (and the far side's, here a list).
+        found = await stores.idempotency.lookup([ctx.idempotency_key], tenant=TENANT)
+        assert ctx.idempotency_key in found
+        return (
+            Reconciled.completed(f"booked {call.arguments['seat']}")
+            if sent
+            else (Reconciled.never_ran())
+        )
+
+    @tool(reconcile=look_up)
+    def book(seat: str) -> str:
+        sent.append(seat)
+        if len(sent) == 1:
+            raise Death  # the process dies inside the call: its claim stays in flight
+        return f"booked {seat}"
+
+    agent = Agent("g", "b", tools=[book])
+    script = _script([("book", {"seat": "1"})], [("book", {"seat": "2"})])
+    with pytest.raises(Death):
+        await asyncio.wait_for(
+            AgentRunner.from_stores(ScriptedProvider(script), stores).run(
+                agent, "go", tenant=TENANT, run_id="r"
+            ),
+            LIMIT,
+        )
+    again = AgentRunner.from_stores(ScriptedProvider(script), stores, never_ran_margin=0.05)
+    run = await asyncio.wait_for(again.resume(agent, "r", tenant=TENANT), LIMIT)
+    assert run.status == "completed"
+    assert sent == ["1", "2"]  # the first settled by the reconciler, never sent again
+    assert set(_records(path, "r").values()) == {RecordStatus.completed.value}
+    await _lock_is_free(stores)
