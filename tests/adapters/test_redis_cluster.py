@@ -282,3 +282,46 @@ def test_every_key_named_for_a_run_hashes_to_the_runs_slot(
     run_slot = key_slot(tag.encode())
     assert key_slot(keys.run(tenant, run_id, name).encode()) == run_slot
     assert key_slot(keys.tagged(tag, f"idem:rec:{name}").encode()) == run_slot
+
+
+async def test_stores_built_by_hand_on_a_redis_cluster_client_work_as_opened_ones(
+    redis_cluster: ThrowawayCluster,
+) -> None:
+    from tesserix_adk.adapters.redis import RedisIdempotencyStore, RedisLeaseStore
+
+    client = raw_client(redis_cluster)
+    prefix = redis_prefix()
+    try:
+        leases = RedisLeaseStore(client, prefix=prefix)  # the cluster's nodes keep AOF
+        idempotency = RedisIdempotencyStore(client, prefix=prefix)
+        lease = await leases.acquire(T, R, "w1", ttl=30)
+        await idempotency.claim(
+            "k1",
+            holder="w1",
+            tenant=T,
+            run_id=R,
+            iteration=1,
+            tool="book_seat",
+            call_id="c1",
+            flags=FLAGS,
+            fence=lease.fence,
+        )
+        # The look-up a resume plans by: hashes and each node's TIME, no pipelined TIME.
+        [record] = (await idempotency.lookup(["k1"], tenant=T)).values()
+        assert (record.run_id, record.status) == (R, RecordStatus.in_flight)
+    finally:
+        from adapters.cluster import delete_prefixed
+
+        await delete_prefixed(redis_cluster, prefix, client)
+        await client.aclose()
+
+
+def test_a_cluster_client_that_decodes_replies_is_refused() -> None:
+    from redis.asyncio.cluster import ClusterNode
+
+    from tesserix_adk.adapters.redis import RedisLeaseStore
+
+    # No I/O: refused when the store is built.
+    client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", 7001)], decode_responses=True)
+    with pytest.raises(ConfigurationError, match="decode_responses"):
+        RedisLeaseStore(client)
