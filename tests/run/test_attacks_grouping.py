@@ -1145,3 +1145,43 @@ async def test_a_run_cancelled_while_waiting_for_the_lock_after_its_model_answer
     with contextlib.closing(sqlite3.connect(path)) as other:
         row = other.execute("SELECT micros FROM adk_ledger WHERE run_id = 'b'").fetchone()
     assert row is not None and row[0] == 7, row
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="4939a14 puts the charge on the group's retry list whenever a group is open, "
+    "even when the ledger is not on the group's database (its charge committed on its "
+    "own): a group that certainly fails then charges that model call a second time",
+)
+async def test_a_ledger_outside_the_group_is_charged_once_when_the_group_fails(
+    stores: Stores, path: str
+) -> None:
+    from tesserix_adk.stores.memory import MemoryLedger
+
+    with contextlib.closing(sqlite3.connect(path)) as setup:
+        setup.execute("CREATE TABLE attack_scratch (x)")
+        setup.commit()
+    claims = AbortingIdempotency(_db(stores))
+    claims.abort_on = "call_0_0"  # the turn's first claim: its group then fails whole
+    ledger = MemoryLedger()  # the ledger elsewhere (another backend)
+    sent: list[str] = []
+
+    @tool
+    def book(seat: str) -> str:
+        sent.append(seat)
+        return f"booked {seat}"
+
+    runner = AgentRunner(
+        ScriptedProvider(_script([("book", {"seat": "1"})])),
+        idempotency=claims,
+        checkpoints=Checkpointer.from_stores(stores),
+        leases=stores.leases,
+        ledger=ledger,
+    )
+    with pytest.raises(StoreUnavailableError):
+        await asyncio.wait_for(
+            runner.run(Agent("g", "b", tools=[book]), "go", tenant=TENANT, run_id="r"), LIMIT
+        )
+    assert sent == []
+    assert await ledger.spent(TENANT, "r") == 7  # one model call, charged once
