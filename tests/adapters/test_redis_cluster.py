@@ -98,6 +98,12 @@ def test_a_cluster_url_the_driver_cannot_use_is_a_configuration_error(url: str) 
         open_stores(url)
 
 
+def test_a_cluster_url_refused_for_its_hosts_does_not_show_its_password() -> None:
+    with pytest.raises(ConfigurationError, match="not host:port") as caught:
+        open_stores("redis+cluster://app:s3cret@127.0.0.1:7001,127.0.0.1:x/")
+    assert "s3cret" not in str(caught.value)
+
+
 async def test_an_unreachable_cluster_is_unavailable_not_a_driver_error() -> None:
     async with open_stores("redis+cluster://127.0.0.1:1/?allow_volatile=true") as stores:
         with pytest.raises(StoreUnavailableError) as caught:

@@ -62,6 +62,7 @@ from tesserix_adk.errors import (
     StoreReplyLostError,
     StoreUnavailableError,
 )
+from tesserix_adk.stores.urls import redact_url
 
 __all__ = [
     "CLUSTER_SCHEMES",
@@ -126,8 +127,8 @@ def _startup_nodes(url: str, hosts: str) -> list[tuple[str, int]]:
             host, _, port = host.rpartition(":")
         if not host or not port.isdigit():
             raise ConfigurationError(
-                f"cannot read the Redis Cluster store URL: {raw.strip()!r} in {url!r} is not "
-                "host:port"
+                f"cannot read the Redis Cluster store URL {redact_url(url)!r}: "
+                f"{raw.strip()!r} is not host:port"
             )
         nodes.append((host, int(port)))
     return nodes
