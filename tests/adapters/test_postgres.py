@@ -477,6 +477,31 @@ async def test_lease_statements_leave_no_transaction_open_after_a_refusal(
         await stores.aclose()
 
 
+async def test_a_statement_the_server_refuses_is_rolled_back_and_its_connection_reused(
+    pg_schema: str,
+) -> None:
+    url = services.with_query(services.schema_url(pg_schema), pool_min="1", pool_max="1")
+    stores = open_postgres_stores(url)
+    try:
+        await stores.create_schema()
+        assert isinstance(stores.leases, PostgresLeaseStore)
+        database = stores.leases.database
+        with pytest.raises(StoreUnavailableError) as refused:
+            await database.rows(
+                "dividing",
+                "INSERT INTO adk_fences (store, tenant, run_id, fence) "
+                "VALUES ('x', 't', 'r', 1 / %(zero)s::int)",
+                {"zero": 0},
+            )
+        assert not refused.value.retryable
+        async with database.pool.connection() as conn:
+            assert conn.info.transaction_status is TransactionStatus.IDLE
+        lease = await stores.leases.acquire(T, R, "worker-a", 30)
+        assert lease.fence == 1
+    finally:
+        await stores.aclose()
+
+
 async def test_server_default_isolation_does_not_leak_into_the_stores(pg_schema: str) -> None:
     url = services.with_query(
         services.POSTGRES_URL,
