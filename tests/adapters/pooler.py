@@ -59,11 +59,15 @@ def _listening(port: int) -> bool:
 
 @contextmanager
 def pgbouncer(
-    *, users: Mapping[str, str] | None = None, connect_query: str | None = None
+    *,
+    users: Mapping[str, str] | None = None,
+    connect_query: str | None = None,
+    auth_type: str = "trust",
 ) -> Iterator[PgBouncer]:
     """PgBouncer in transaction mode on a free loopback port, in front of the test
-    PostgreSQL; ``users`` (name: password) may log in (trust, as the test server does),
-    ``connect_query`` runs on each server connection it opens."""
+    PostgreSQL; ``users`` (name: password) may log in (``auth_type`` trust, as the test
+    server does, or one that checks the password), ``connect_query`` runs on each server
+    connection it opens."""
     binary = shutil.which("pgbouncer") or (
         "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
     )
@@ -88,7 +92,7 @@ def pgbouncer(
         (directory / "pgbouncer.ini").write_text(
             f"[databases]\n* = {server}\n\n[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-            f"auth_type = trust\nauth_file = {directory / 'users.txt'}\n"
+            f"auth_type = {auth_type}\nauth_file = {directory / 'users.txt'}\n"
             "pool_mode = transaction\nmax_client_conn = 500\ndefault_pool_size = 20\n"
             f"logfile = {log}\npidfile = {directory / 'pgbouncer.pid'}\n"
         )

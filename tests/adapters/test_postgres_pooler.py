@@ -132,6 +132,21 @@ async def test_a_role_the_pooler_does_not_know_is_a_configuration_error(pg_schem
                 await stores.leases.current(T, "r")
 
 
+async def test_a_password_the_pooler_refuses_is_exit_2_in_one_sentence(
+    pg_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pgbouncer(users={"postgres": "right"}, auth_type="md5") as bouncer:
+        url = bouncer.stores_url(pg_schema).replace("postgres@", "postgres:wrong@", 1)
+        async with open_stores(url) as stores:
+            with pytest.raises(ConfigurationError, match="authentication failed"):
+                await stores.leases.current(T, "r")
+        code = await asyncio.to_thread(main, ["--store", url, "inspect", "r", "--tenant", T])
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE, err
+    assert err.startswith("tesserix: ") and err.count("\n") == 1, err
+    assert "wrong" not in err
+
+
 async def test_a_role_that_may_not_log_in_is_exit_2_in_one_sentence(
     pg_schema: str, admin: psycopg.AsyncConnection[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
