@@ -310,6 +310,7 @@ def plots(res: Any, profile: Any, out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (ax, low) = plt.subplots(
         2, 1, figsize=(7, 6), dpi=90, sharex=True, gridspec_kw={"height_ratios": [3, 2]}
@@ -323,6 +324,9 @@ def plots(res: Any, profile: Any, out: Path) -> None:
         yscale="log",
         title=f"Per-turn cost against run length ({res.profile} profile)",
     )
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2, loc="best", framealpha=0.85)
     for config, pairs in res.flat_pairs.items():
