@@ -32,16 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager, suppress
+from collections.abc import Mapping
 from typing import Any
 
 try:
     import psycopg
-    from psycopg import errors as pg_errors
     from psycopg.conninfo import conninfo_to_dict
-    from psycopg.pq import TransactionStatus
-    from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
@@ -49,24 +45,27 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         'pip install "tesserix-adk[postgres]"'
     ) from exc
 
+from tesserix_adk.adapters.postgres.driver import (
+    Row,
+    alone,
+    begin_statements,
+    driver_errors,
+    transaction,
+)
+from tesserix_adk.adapters.postgres.grouping import PostgresWriteGroup
 from tesserix_adk.adapters.postgres.schema import APPLY, SCHEMA_LOCK_CLASS, TABLES, Schema
 from tesserix_adk.adapters.postgres.statements import qualified_tables, qualify
-from tesserix_adk.errors import ConfigurationError, StoreReplyLostError, StoreUnavailableError
+from tesserix_adk.errors import ConfigurationError, StoreReplyLostError
+from tesserix_adk.stores.grouping import joined
 
 __all__ = ["DEFAULT_TIMEOUT", "Pool", "PostgresDatabase", "Row"]
 
 Pool = AsyncConnectionPool[psycopg.AsyncConnection[Any]]
-Row = dict[str, Any]
 
 # Seconds: the client-side deadline of every call, unless the URL says ``timeout=``.
 DEFAULT_TIMEOUT = 5.0
 # psycopg's own default: a statement is prepared on the server from its fifth execution.
 PREPARE_THRESHOLD = 5
-# The server's own bounds, as fractions of the deadline: a statement the server can cancel
-# is cancelled (and rolled back, outcome known) before the client stops waiting for it.
-_STATEMENT_SHARE = 0.8
-_LOCK_SHARE = 0.6
-
 # A connection refused for one of these is a setting to fix, not an outage: by the server
 # (unknown database or role, bad password, no CONNECT privilege) or by a pooler (PgBouncer's
 # words for an unknown database or user, and for a startup parameter it does not pass on).
@@ -88,112 +87,9 @@ _NO_OPTIONS = (
 )
 
 
-class _Call:
-    """Whether the statement of the call in progress was handed to the server."""
-
-    __slots__ = ("sent",)
-
-    def __init__(self) -> None:
-        self.sent = False
-
-
-@contextmanager
-def _driver_errors(action: str) -> Iterator[_Call]:
-    """Translate psycopg errors into the kit's, once, at the boundary, saying whether the
-    outcome is unknown (``call.sent`` and no reply) or certainly nothing happened."""
-    call = _Call()
-    try:
-        yield call
-    except pg_errors.UndefinedTable as exc:
-        raise ConfigurationError(
-            f"a tesserix-adk table is missing while {action} ({exc.diag.message_primary}); {APPLY}"
-        ) from exc
-    except (pg_errors.InsufficientPrivilege, pg_errors.InvalidSchemaName) as exc:
-        raise ConfigurationError(f"PostgreSQL refused {action}: {exc}") from exc
-    except (
-        pg_errors.QueryCanceled,
-        pg_errors.LockNotAvailable,
-        pg_errors.TransactionRollback,
-    ) as exc:
-        # The server answered: it cancelled or rolled the statement back, whole.
-        raise StoreUnavailableError(
-            f"PostgreSQL gave up on {action} and rolled it back ({exc.diag.message_primary})"
-        ) from exc
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-        if call.sent:
-            raise StoreReplyLostError(
-                f"PostgreSQL lost the connection while {action}, after the statement was "
-                f"sent; it may have been applied: {exc}"
-            ) from exc
-        raise StoreUnavailableError(
-            f"PostgreSQL could not be reached while {action}: {exc}"
-        ) from exc
-    except psycopg.Error as exc:
-        raise StoreUnavailableError(
-            f"PostgreSQL failed while {action}: {exc}", retryable=False
-        ) from exc
-
-
-def _begin(timeout: float) -> tuple[str, ...]:
-    """The statements that open every transaction: READ COMMITTED whatever the server's or
-    the pooler's default, and the server's own bounds for this transaction only."""
-    statement_ms = max(1, int(timeout * _STATEMENT_SHARE * 1000))
-    lock_ms = max(1, int(timeout * _LOCK_SHARE * 1000))
-    return (
-        "BEGIN ISOLATION LEVEL READ COMMITTED",
-        f"SELECT set_config('statement_timeout', '{statement_ms}', true), "
-        f"set_config('lock_timeout', '{lock_ms}', true)",
-    )
-
-
 async def _autocommit(conn: psycopg.AsyncConnection[Any]) -> None:
-    # Each call begins and ends its own transaction (``_transaction``); no session setting.
+    # Each call begins and ends its own transaction (``transaction``); no session setting.
     await conn.set_autocommit(True)
-
-
-async def _roll_back(conn: psycopg.AsyncConnection[Any]) -> None:
-    # After a failure, if the connection can still say so (a broken one the pool drops).
-    if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
-        with suppress(psycopg.Error):
-            await conn.execute("ROLLBACK", prepare=False)
-
-
-@asynccontextmanager
-async def _transaction(
-    conn: psycopg.AsyncConnection[Any], begin: tuple[str, ...]
-) -> AsyncIterator[None]:
-    """One transaction on ``conn``: ``begin``, the body, COMMIT; ROLLBACK if the body
-    fails."""
-    if not conn.autocommit:  # a pool built by hand: psycopg would begin one of its own
-        await conn.set_autocommit(True)
-    # Several statements in one string, no parameters: one round trip, never prepared.
-    await conn.execute("; ".join(begin), prepare=False)
-    try:
-        yield
-    except BaseException:
-        await _roll_back(conn)
-        raise
-    await conn.execute("COMMIT", prepare=False)
-
-
-async def _alone(
-    conn: psycopg.AsyncConnection[Any], begin: tuple[str, ...], sql: str, params: Mapping[str, Any]
-) -> list[Row]:
-    """``sql`` in a transaction of its own, sent with its ``begin`` and COMMIT in one
-    pipeline (one round trip); its rows."""
-    if not conn.autocommit:
-        await conn.set_autocommit(True)
-    try:
-        async with conn.pipeline() as pipeline, conn.cursor(row_factory=dict_row) as cur:
-            for statement in begin:
-                await conn.execute(statement, prepare=False)
-            await cur.execute(sql, params)
-            await conn.execute("COMMIT", prepare=False)
-            await pipeline.sync()
-            return await cur.fetchall() if cur.description is not None else []
-    except BaseException:
-        await _roll_back(conn)
-        raise
 
 
 def _socket_options(conninfo: str, timeout: float) -> dict[str, Any]:
@@ -236,7 +132,7 @@ class PostgresDatabase:
         # Executions of a statement before psycopg prepares it on the server; None: never
         # (what a transaction pooler needs, as prepared statements live in one session).
         self.prepare_threshold = prepare_threshold
-        self._begin = _begin(self.timeout)
+        self.begin_statements = begin_statements(self.timeout)
         self._opening = asyncio.Lock()
         self._closed = False
 
@@ -321,16 +217,24 @@ class PostgresDatabase:
             raise
         await conn.close()
 
+    def write_group(self) -> PostgresWriteGroup:
+        """A new write group on this database (``protocols.grouping``)."""
+        return PostgresWriteGroup(self)
+
     async def rows(self, action: str, sql: str, params: Mapping[str, Any]) -> list[Row]:
         """Run one statement on a pooled connection and return its rows as dicts; waits at
-        most ``timeout`` for a connection and ``timeout`` for the reply."""
-        with _driver_errors(action) as call:
+        most ``timeout`` for a connection and ``timeout`` for the reply. Inside the
+        caller's open write group it runs in the group's transaction instead."""
+        group = joined(self)
+        if isinstance(group, PostgresWriteGroup):
+            return await group.rows(action, sql, params)
+        with driver_errors(action) as call:
             await self._open()
             async with self.pool.connection(timeout=self.timeout) as conn:
                 call.sent = True
                 try:
                     async with asyncio.timeout(self.timeout):
-                        return await _alone(conn, self._begin, sql, params)
+                        return await alone(conn, self.begin_statements, sql, params)
                 except TimeoutError as exc:
                     raise StoreReplyLostError(
                         f"PostgreSQL did not answer {action} within {self.timeout:g} s; the "
@@ -346,11 +250,11 @@ class PostgresDatabase:
         """Create or upgrade the tables in the URL's ``schema=`` (else the search_path's
         first schema); idempotent, safe to run from several processes at once, and a no-op
         that needs no CREATE privilege when the schema is already at this kit's version."""
-        with _driver_errors("applying the schema") as call:
+        with driver_errors("applying the schema") as call:
             await self._open()
             async with (
                 self.pool.connection(timeout=self.timeout) as conn,
-                _transaction(conn, self._begin),
+                transaction(conn, self.begin_statements),
             ):
                 call.sent = True
                 schema = await self._target_schema(conn)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from tesserix_adk.adapters.postgres.connection import PostgresDatabase, Row
+from tesserix_adk.adapters.postgres.grouping import PostgresWriteGroup
 from tesserix_adk.errors import StaleFenceError
 from tesserix_adk.stores._common import stale_fence, unsealable
 
@@ -50,6 +51,15 @@ class FencedStore:
     def __init__(self, database: PostgresDatabase, *, seal: str) -> None:
         self.database = database
         self._seal = seal
+
+    def write_group(self) -> PostgresWriteGroup:
+        """A write group on the shared database: every store of it joins
+        (``protocols.grouping.GroupedWrites``)."""
+        return self.database.write_group()
+
+    def joins(self, group: object) -> bool:
+        """Whether this store's writes join ``group`` (one on the same database)."""
+        return isinstance(group, PostgresWriteGroup) and group.database is self.database
 
     async def seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Raise the highest-seen fence for the run without writing data."""

@@ -1,0 +1,138 @@
+"""Talking to PostgreSQL through psycopg: driver errors translated into the kit's, once,
+saying whether an outcome is unknown; and the transactions every call runs in (each its own,
+begun READ COMMITTED with its bounds set ``LOCAL``, so nothing lives in the session).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager, suppress
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+
+from tesserix_adk.adapters.postgres.schema import APPLY
+from tesserix_adk.errors import ConfigurationError, StoreReplyLostError, StoreUnavailableError
+
+__all__ = [
+    "Call",
+    "Row",
+    "alone",
+    "begin_statements",
+    "driver_errors",
+    "roll_back",
+    "transaction",
+]
+
+Row = dict[str, Any]
+
+# The server's own bounds, as fractions of the deadline: a statement the server can cancel
+# is cancelled (and rolled back, outcome known) before the client stops waiting for it.
+_STATEMENT_SHARE = 0.8
+_LOCK_SHARE = 0.6
+
+
+class Call:
+    """Whether the statement of the call in progress was handed to the server."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = False
+
+
+@contextmanager
+def driver_errors(action: str) -> Iterator[Call]:
+    """Translate psycopg errors into the kit's, once, at the boundary, saying whether the
+    outcome is unknown (``call.sent`` and no reply) or certainly nothing happened."""
+    call = Call()
+    try:
+        yield call
+    except pg_errors.UndefinedTable as exc:
+        raise ConfigurationError(
+            f"a tesserix-adk table is missing while {action} ({exc.diag.message_primary}); {APPLY}"
+        ) from exc
+    except (pg_errors.InsufficientPrivilege, pg_errors.InvalidSchemaName) as exc:
+        raise ConfigurationError(f"PostgreSQL refused {action}: {exc}") from exc
+    except (
+        pg_errors.QueryCanceled,
+        pg_errors.LockNotAvailable,
+        pg_errors.TransactionRollback,
+    ) as exc:
+        # The server answered: it cancelled or rolled the statement back, whole.
+        raise StoreUnavailableError(
+            f"PostgreSQL gave up on {action} and rolled it back ({exc.diag.message_primary})"
+        ) from exc
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        if call.sent:
+            raise StoreReplyLostError(
+                f"PostgreSQL lost the connection while {action}, after the statement was "
+                f"sent; it may have been applied: {exc}"
+            ) from exc
+        raise StoreUnavailableError(
+            f"PostgreSQL could not be reached while {action}: {exc}"
+        ) from exc
+    except psycopg.Error as exc:
+        raise StoreUnavailableError(
+            f"PostgreSQL failed while {action}: {exc}", retryable=False
+        ) from exc
+
+
+def begin_statements(timeout: float) -> tuple[str, ...]:
+    """The statements that open every transaction: READ COMMITTED whatever the server's or
+    the pooler's default, and the server's own bounds for this transaction only."""
+    statement_ms = max(1, int(timeout * _STATEMENT_SHARE * 1000))
+    lock_ms = max(1, int(timeout * _LOCK_SHARE * 1000))
+    return (
+        "BEGIN ISOLATION LEVEL READ COMMITTED",
+        f"SELECT set_config('statement_timeout', '{statement_ms}', true), "
+        f"set_config('lock_timeout', '{lock_ms}', true)",
+    )
+
+
+async def roll_back(conn: psycopg.AsyncConnection[Any]) -> None:
+    # After a failure, if the connection can still say so (a broken one the pool drops).
+    if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        with suppress(psycopg.Error):
+            await conn.execute("ROLLBACK", prepare=False)
+
+
+@asynccontextmanager
+async def transaction(
+    conn: psycopg.AsyncConnection[Any], begin: tuple[str, ...]
+) -> AsyncIterator[None]:
+    """One transaction on ``conn``: ``begin``, the body, COMMIT; ROLLBACK if the body
+    fails."""
+    if not conn.autocommit:  # a pool built by hand: psycopg would begin one of its own
+        await conn.set_autocommit(True)
+    # Several statements in one string, no parameters: one round trip, never prepared.
+    await conn.execute("; ".join(begin), prepare=False)
+    try:
+        yield
+    except BaseException:
+        await roll_back(conn)
+        raise
+    await conn.execute("COMMIT", prepare=False)
+
+
+async def alone(
+    conn: psycopg.AsyncConnection[Any], begin: tuple[str, ...], sql: str, params: Mapping[str, Any]
+) -> list[Row]:
+    """``sql`` in a transaction of its own, sent with its ``begin`` and COMMIT in one
+    pipeline (one round trip); its rows."""
+    if not conn.autocommit:
+        await conn.set_autocommit(True)
+    try:
+        async with conn.pipeline() as pipeline, conn.cursor(row_factory=dict_row) as cur:
+            for statement in begin:
+                await conn.execute(statement, prepare=False)
+            await cur.execute(sql, params)
+            await conn.execute("COMMIT", prepare=False)
+            await pipeline.sync()
+            return await cur.fetchall() if cur.description is not None else []
+    except BaseException:
+        await roll_back(conn)
+        raise

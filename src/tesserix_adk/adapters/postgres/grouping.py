@@ -1,0 +1,126 @@
+"""A run's writes on PostgreSQL committed as one transaction (``protocols.grouping``).
+
+The group takes a pooled connection at its first write and keeps it to its commit: each
+write of the run's stores goes there, in a savepoint of its own (a statement that fails is
+undone alone; the group goes on), sent with the savepoint in one pipeline, so a write costs
+one round trip as before and the group one COMMIT. Other runs use other connections and
+wait for nothing. If the connection is lost or the server ends the transaction, the group is
+lost: nothing joins it afresh, and its commit says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+
+from tesserix_adk.adapters.postgres.driver import Row, driver_errors
+from tesserix_adk.errors import StoreReplyLostError, StoreUnavailableError
+from tesserix_adk.stores.grouping import OpenGroup
+
+if TYPE_CHECKING:
+    from tesserix_adk.adapters.postgres.connection import PostgresDatabase
+
+__all__ = ["PostgresWriteGroup"]
+
+
+class PostgresWriteGroup(OpenGroup):
+    """A run's writes on one PostgreSQL database, committed as one transaction."""
+
+    def __init__(self, database: PostgresDatabase) -> None:
+        super().__init__(database)
+        self.database = database
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._begun = False
+        self._lost: str | None = None
+
+    async def begin(self) -> None:
+        """Open the group for the current attempt; its connection is taken at its first
+        write, so a group nothing joins costs nothing."""
+        self._enter()
+
+    async def rows(self, action: str, sql: str, params: Mapping[str, Any]) -> list[Row]:
+        """``sql`` in the group's transaction; its rows."""
+        if self._lost is not None:
+            raise StoreUnavailableError(self._lost)
+        db = self.database
+        with driver_errors(action) as call:
+            await db._open()
+            if self._conn is None:
+                self._conn = await db.pool.getconn(timeout=db.timeout)
+            conn = self._conn
+            call.sent = True
+            try:
+                async with asyncio.timeout(db.timeout):
+                    return await self._in_group(conn, sql, params)
+            except TimeoutError as exc:
+                self._lost = f"PostgreSQL did not answer {action} within {db.timeout:g} s"
+                raise StoreReplyLostError(
+                    f"{self._lost}; the run's group of writes is lost, not committed"
+                ) from exc
+
+    async def _in_group(
+        self, conn: psycopg.AsyncConnection[Any], sql: str, params: Mapping[str, Any]
+    ) -> list[Row]:
+        if not conn.autocommit:
+            await conn.set_autocommit(True)
+        begin = () if self._begun else self.database.begin_statements
+        try:
+            async with conn.pipeline() as pipeline, conn.cursor(row_factory=dict_row) as cur:
+                for statement in begin:
+                    await conn.execute(statement, prepare=False)
+                await conn.execute("SAVEPOINT adk_write", prepare=False)
+                await cur.execute(sql, params)
+                await conn.execute("RELEASE SAVEPOINT adk_write", prepare=False)
+                await pipeline.sync()
+                rows = await cur.fetchall() if cur.description is not None else []
+        except BaseException:
+            if conn.info.transaction_status is TransactionStatus.INERROR:
+                with suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK TO SAVEPOINT adk_write", prepare=False)
+                    await conn.execute("RELEASE SAVEPOINT adk_write", prepare=False)
+            status = conn.info.transaction_status
+            if status is TransactionStatus.INTRANS:
+                self._begun = True
+            elif self._begun or status is not TransactionStatus.IDLE:
+                self._lost = "the run's group of writes was rolled back by PostgreSQL or lost "
+                "with its connection; nothing of it was committed"
+            raise
+        self._begun = True
+        return rows
+
+    async def commit(self) -> None:
+        """Commit what joined and give the connection back; the group is closed after,
+        whatever happened."""
+        if not self.active:
+            return
+        # Closed to late writes first: they go on connections of their own.
+        self._leave()
+        conn, self._conn = self._conn, None
+        try:
+            if self._lost is not None:
+                raise StoreUnavailableError(self._lost)
+            if conn is None or not self._begun:
+                return
+            timeout = self.database.timeout
+            with driver_errors("committing a run's writes") as call:
+                call.sent = True
+                try:
+                    async with asyncio.timeout(timeout):
+                        await conn.execute("COMMIT", prepare=False)
+                except TimeoutError as exc:
+                    raise StoreReplyLostError(
+                        f"PostgreSQL did not answer the COMMIT of a run's writes within "
+                        f"{timeout:g} s; they may have been committed"
+                    ) from exc
+        finally:
+            if conn is not None:
+                # One still inside a transaction (lost, or a COMMIT that timed out) is
+                # rolled back or discarded by the pool, never handed out as it is.
+                with suppress(Exception):
+                    await self.database.pool.putconn(conn)

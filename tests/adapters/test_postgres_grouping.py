@@ -1,0 +1,159 @@
+"""A turn's writes on PostgreSQL in the fewest commits (``run.grouping``), on the real
+server: the group's statements share one pooled connection and one COMMIT; other runs use
+other connections; a group whose connection is lost commits nothing and says so."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from adapters import services
+from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, tool
+from tesserix_adk.adapters.postgres import open_postgres_stores
+from tesserix_adk.adapters.postgres.grouping import PostgresWriteGroup
+from tesserix_adk.errors import StoreUnavailableError
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.grouping import joined
+from tesserix_adk.stores.protocols import RecordStatus
+
+pytestmark = pytest.mark.postgres
+
+TENANT = "t"
+
+
+def _turns(calls_per_turn: int, turns: int) -> list[Any]:
+    script: list[Any] = [
+        ScriptedTurn(
+            calls=[("book", {"seat": f"{t}-{c}"}) for c in range(calls_per_turn)], cost_micros=5
+        )
+        for t in range(turns)
+    ]
+    return [*script, "done"]
+
+
+@pytest.fixture
+async def small_pool(pg_url: str) -> AsyncIterator[Stores]:
+    """The stores on a pool of two connections, fewer than the runs that share it."""
+    stores = open_postgres_stores(services.with_query(pg_url, pool_max="2"))
+    try:
+        await stores.create_schema()
+        yield stores
+    finally:
+        await stores.aclose()
+
+
+async def _commits(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch, calls: int, turns: int, run_id: str
+) -> int:
+    sent: list[str] = []
+    execute = psycopg.AsyncConnection.execute
+
+    async def counting(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(query, str) and query.strip().upper() == "COMMIT":
+            sent.append(query)
+        return await execute(self, query, *args, **kwargs)
+
+    @tool
+    def book(seat: str) -> str:
+        return f"booked {seat}"
+
+    runner = AgentRunner.from_stores(ScriptedProvider(_turns(calls, turns)), stores)
+    with monkeypatch.context() as patch:
+        patch.setattr(psycopg.AsyncConnection, "execute", counting)
+        run = await runner.run(
+            Agent("g", "b", tools=[book], max_iterations=20), "go", tenant=TENANT, run_id=run_id
+        )
+    assert run.status == "completed"
+    return len(sent)
+
+
+@pytest.mark.parametrize(("calls", "per_turn"), [(1, 3), (3, 5)])
+async def test_a_turn_commits_once_per_claim_plus_its_last_outcome_and_frontier(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch, calls: int, per_turn: int
+) -> None:
+    # As on SQLite: one call, 3 commits a turn (it was 8, with the reads' transactions);
+    # three calls, 5 (it was 12).
+    short = await _commits(pg_stores, monkeypatch, calls, 2, "a")
+    long = await _commits(pg_stores, monkeypatch, calls, 6, "b")
+    assert (long - short) / 4 == per_turn
+
+
+async def test_each_claim_and_the_earlier_outcomes_are_committed_before_a_call_is_sent(
+    pg_stores: Stores, pg_url: str
+) -> None:
+    seen: list[dict[str, str]] = []
+
+    @tool
+    async def book(seat: str) -> str:
+        # Another connection: only what is committed shows.
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as other:
+            cur = await other.execute(
+                "SELECT call_id, status FROM adk_idempotency WHERE run_id = 'r'"
+            )
+            seen.append({str(c): str(s) for c, s in await cur.fetchall()})
+        return f"booked {seat}"
+
+    runner = AgentRunner.from_stores(ScriptedProvider(_turns(3, 1)), pg_stores)
+    run = await runner.run(Agent("g", "b", tools=[book]), "go", tenant=TENANT, run_id="r")
+    assert run.status == "completed"
+    assert seen == [
+        {"call_0_0": "in_flight"},
+        {"call_0_0": "completed", "call_0_1": "in_flight"},
+        {"call_0_0": "completed", "call_0_1": "completed", "call_0_2": "in_flight"},
+    ]
+
+
+async def test_more_runs_than_pooled_connections_all_complete(small_pool: Stores) -> None:
+    import asyncio
+
+    @tool
+    async def book(seat: str) -> str:
+        await asyncio.sleep(0.01)
+        return f"booked {seat}"
+
+    runner = AgentRunner.from_stores(ScriptedProvider(_turns(2, 2)), small_pool)
+    agent = Agent("g", "b", tools=[book])
+    runs = await asyncio.wait_for(
+        asyncio.gather(*(runner.run(agent, "go", tenant=TENANT, run_id=f"r{i}") for i in range(6))),
+        120,
+    )
+    assert [r.status for r in runs] == ["completed"] * 6
+    for i in range(6):
+        records = await small_pool.idempotency.records(TENANT, f"r{i}")
+        assert sorted(r.status for r in records) == [RecordStatus.completed] * 4
+
+
+async def test_a_group_whose_connection_is_lost_sends_nothing_and_charges_once(
+    pg_stores: Stores, pg_url: str
+) -> None:
+    sent: list[str] = []
+    checkpoints = pg_stores.checkpoints
+    put = checkpoints.put
+
+    async def cut_then_put(*args: Any, **kwargs: Any) -> Any:
+        # The turn's group holds its charge; its connection dies before the frontier.
+        group = joined(checkpoints.database)  # type: ignore[attr-defined]
+        assert isinstance(group, PostgresWriteGroup) and group._conn is not None
+        pid = group._conn.info.backend_pid
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        return await put(*args, **kwargs)
+
+    checkpoints.put = cut_then_put  # type: ignore[method-assign]
+
+    @tool
+    def book(seat: str) -> str:
+        sent.append(seat)
+        return f"booked {seat}"
+
+    runner = AgentRunner.from_stores(ScriptedProvider(_turns(1, 1)), pg_stores)
+    with pytest.raises(StoreUnavailableError):
+        await runner.run(Agent("g", "b", tools=[book]), "go", tenant=TENANT, run_id="r")
+    assert sent == []
+    assert await pg_stores.idempotency.records(TENANT, "r") == []
+    assert pg_stores.ledger is not None
+    # Lost with the group, then charged again: the model call is paid for once.
+    assert await pg_stores.ledger.spent(TENANT, "r") == 5
