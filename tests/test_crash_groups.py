@@ -20,7 +20,10 @@ from tesserix_adk.stores.urls import open_stores
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
 
 # The backends whose stores group a turn's writes.
-GROUPED = [pytest.param("sqlite", id="sqlite")]
+GROUPED = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+]
 
 
 @pytest.fixture(params=GROUPED)
@@ -50,7 +53,7 @@ def test_a_death_before_the_turns_first_claim_commits_leaves_none_of_the_turn(
 ) -> None:
     # Paused once the booking turn's after_model_call frontier went into the group, before
     # the claim of book_seat joined it and the group committed.
-    site.kill_at("g1", "model_call")
+    site.kill_at("g1", "in_group")
     where, tools, spent = _durable(site, "g1")
     assert where == (0, "after_tool_result")
     assert tools == ["search_flights"]

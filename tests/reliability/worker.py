@@ -51,6 +51,7 @@ from tesserix_adk.providers.base import ModelRequest, ModelResponse
 from tesserix_adk.providers.scripted import ScriptedProvider
 from tesserix_adk.runner import AgentRunner
 from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.grouping import joined
 from tesserix_adk.stores.urls import open_stores
 from tesserix_adk.tools import ToolContext
 
@@ -135,7 +136,45 @@ class _Recording:
         return getattr(self._inner, name)
 
 
+class _RecordingGroup:
+    """A write group whose claims and completions go on the record once it commits: a
+    claim or outcome in a group that never committed was never durable (``run.grouping``)."""
+
+    def __init__(self, inner: Any, owner: RecordingIdempotency) -> None:
+        self.inner = inner
+        self.owner = owner
+
+    async def begin(self) -> None:
+        await self.inner.begin()
+        self.owner.held = []
+
+    async def commit(self) -> None:
+        held, self.owner.held = self.owner.held, None
+        await self.inner.commit()
+        for ev, run, fields in held or ():
+            self.owner._rec.event(ev, run, **fields)
+
+
 class RecordingIdempotency(_Recording):
+    def __init__(self, inner: Any, rec: Recorder, faults: Faults) -> None:
+        super().__init__(inner, rec, faults)
+        # The events of the open write group, told when it commits (None: no group open).
+        self.held: list[tuple[str, str, dict[str, Any]]] | None = None
+
+    def write_group(self) -> _RecordingGroup:
+        return _RecordingGroup(self._inner.write_group(), self)
+
+    def joins(self, group: Any) -> bool:
+        inner = group.inner if isinstance(group, _RecordingGroup) else group
+        return bool(self._inner.joins(inner))
+
+    def _acked(self, ev: str, run: str, **fields: Any) -> None:
+        # Only this attempt's writes join its group: the run claim's renewals do not.
+        if self.held is not None and joined(self._inner.database) is not None:
+            self.held.append((ev, run, fields))
+        else:
+            self._rec.event(ev, run, **fields)
+
     async def claim(self, key: str, **kw: Any) -> Any:
         tool_call = kw.get("tool") is not None
         kind = "claim" if tool_call else "run_claim"
@@ -149,7 +188,7 @@ class RecordingIdempotency(_Recording):
         except BaseException as exc:
             self._rec.event(f"{kind}_err", run, key=key, fence=fence, sent=sent, error=_err(exc))
             raise
-        self._rec.event(
+        self._acked(
             f"{kind}_ok",
             run,
             key=key,
@@ -172,7 +211,7 @@ class RecordingIdempotency(_Recording):
         except BaseException as exc:
             self._rec.event("complete_err", run, key=key, sent=sent, error=_err(exc))
             raise
-        self._rec.event("complete_ok", run, key=key, sent=sent)
+        self._acked("complete_ok", run, key=key, sent=sent)
         self._faults.at("after_complete")
         return record
 

@@ -2,10 +2,10 @@
 
 On SQLite a run's charge, ``after_model_call`` frontier and first claim commit in one
 transaction right before the call goes out; each outcome commits with the next claim; while
-a group is open every other task's SQLite call waits on the database's ``asyncio.Lock``.
-Every test here uses a real SQLite file and looks at it through a second connection (as
-another process would) where durability matters. A test marked ``xfail(strict=True)`` is a
-defect found; every other test is a promise that held (and fails if it breaks).
+a group is open every other caller of the file (any task, thread or event loop) waits for
+its commit. Every test here uses a real SQLite file and looks at it through a second
+connection (as another process would) where durability matters. Each is a promise that
+holds and fails if it breaks: every defect the attack found is fixed, its test kept.
 """
 
 from __future__ import annotations
@@ -737,15 +737,6 @@ async def test_a_lease_taken_over_while_a_group_is_open_stops_the_old_holder_uns
     await _lock_is_free(stores)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the worker's model_call pause fires once the after_model_call put returns, but "
-    "that put now sits uncommitted in the group (it commits with the first claim): a "
-    "SIGKILL there finds the turn's frontier absent, so tests/cli/test_cli.py::"
-    "test_exit_0_inspect_prints_the_frontier_and_plan fails and the crash tests that kill "
-    "at model_call no longer test the point they name",
-)
 def test_a_worker_killed_at_its_model_call_pause_left_that_frontier_durable(
     tmp_path: Path,
 ) -> None:
@@ -877,14 +868,6 @@ class PausingClaims(SqliteIdempotencyStore):
         return taken
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="4939a14 made the group lock one asyncio.Lock per event loop, so a call on the "
-    "same stores from another thread's loop no longer waits for an open group: its plain "
-    "transaction ROLLBACKs the group ('left open'), and _commit_group, finding no "
-    "transaction, returns as if nothing joined, so the tool goes out with no claim durable",
-)
 async def test_a_claim_is_durable_when_sent_while_another_threads_loop_uses_the_stores(
     stores: Stores, path: str
 ) -> None:
@@ -1019,14 +1002,6 @@ async def test_a_reconciler_reading_the_same_stores_settles_a_call_without_a_han
     await _lock_is_free(stores)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="dispatch._call_tool waits for the lock in to_the_end(grouping.begin(...)) before "
-    "to_the_end(complete(...)): a cancellation that lands while it waits behind another "
-    "run's group is re-raised once begin returns, so complete never runs and the outcome "
-    "in hand is lost (the call stays in flight, in doubt)",
-)
 async def test_a_run_cancelled_while_waiting_to_record_its_outcome_records_it_first(
     stores: Stores, path: str
 ) -> None:
@@ -1092,13 +1067,6 @@ class AnswersWhen:
         return await self.inner.complete(request)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="loop._call_model awaits grouping.begin (the lock, behind another run's group) "
-    "before the ledger charge: a cancellation landing there skips the charge of a model "
-    "call that was made and paid, so the ledger (the authority on spend) under-counts",
-)
 async def test_a_run_cancelled_while_waiting_for_the_lock_after_its_model_answered_is_charged(
     stores: Stores, path: str
 ) -> None:
@@ -1147,13 +1115,6 @@ async def test_a_run_cancelled_while_waiting_for_the_lock_after_its_model_answer
     assert row is not None and row[0] == 7, row
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="4939a14 puts the charge on the group's retry list whenever a group is open, "
-    "even when the ledger is not on the group's database (its charge committed on its "
-    "own): a group that certainly fails then charges that model call a second time",
-)
 async def test_a_ledger_outside_the_group_is_charged_once_when_the_group_fails(
     stores: Stores, path: str
 ) -> None:

@@ -191,6 +191,9 @@ class GroupingMemoryStore(MemoryIdempotencyStore):
     def write_group(self) -> _FailingGroup:
         return _FailingGroup(self)
 
+    def joins(self, group: object) -> bool:
+        return isinstance(group, _FailingGroup) and group.store is self
+
 
 async def test_a_group_that_fails_to_commit_sends_nothing_more_and_drops_its_claims() -> None:
     sent: list[str] = []

@@ -378,7 +378,7 @@ def text_weight(value: Any) -> int:
 
 def _weight(messages: Sequence[Message], frontier: Checkpoint) -> int:
     size = sum(text_weight(m.content) + text_weight(m.tool_calls) for m in messages)
-    size += text_weight(frontier.observation)
+    size += text_weight(frontier.observation) + text_weight(frontier.state)
     return size + sum(text_weight(oc.call.arguments) for oc in frontier.outstanding)
 
 

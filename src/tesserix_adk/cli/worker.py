@@ -25,7 +25,7 @@ from tesserix_adk.runner import AgentRunner
 from tesserix_adk.stores.protocols import CheckpointStore, StoredCheckpoint
 from tesserix_adk.stores.urls import open_stores
 
-PAUSES = ("none", "booked", "in_flight", "model_call", "stop_before_put")
+PAUSES = ("none", "booked", "in_flight", "model_call", "in_group", "stop_before_put")
 
 
 def _pause(where: str) -> bool:
@@ -115,6 +115,10 @@ def pausing(inner: CheckpointStore, where: str) -> PausingCheckpointStore:
         return PausingCheckpointStore(
             inner, after=lambda b: _at(b, "after_model_call") and _pause("model_call")
         )
+    if where == "in_group":  # that frontier in the turn's write group, not yet committed
+        return PausingCheckpointStore(
+            inner, after=lambda b: _at(b, "after_model_call") and _pause("in_group")
+        )
     if where == "stop_before_put":
         return PausingCheckpointStore(
             inner, before=lambda b: _at(b, "after_tool_result") and _pause("stop_before_put")
@@ -159,6 +163,9 @@ async def _main(args: argparse.Namespace) -> int:
         lease_policy=LeasePolicy(ttl=ttl, renew_within=ttl / 2),
         worker=args.worker,
         resume_claim_ttl=args.claim_ttl,
+        # "model_call" stands for a frontier durable on its own with its call not yet
+        # claimed (a backend that does not group writes); "in_group" for the grouped turn.
+        group_writes=args.pause != "model_call",
     )
     try:
         if args.resume:

@@ -349,10 +349,10 @@ async def _call_tool(
             raise
     # Cancelled while recording: the outcome is in hand, so the record is finished first.
     recorded = await to_the_end(redacted_record(parts, outcome))
-    # The outcome commits with the next call's claim, or at the turn's end.
-    await to_the_end(grouping.begin(parts.groups, attempt))
+    # The outcome commits with the next call's claim, or at the turn's end; recorded to the
+    # end from here, with no cancellation point between the tool's return and its record.
     try:
-        await to_the_end(complete(parts, run, attempt, tool, oc, recorded.payload))
+        await to_the_end(_grouped_complete(parts, run, attempt, tool, oc, recorded.payload))
     except StaleFenceError:
         if not _safe_to_resend(tool):
             raise
@@ -362,6 +362,18 @@ async def _call_tool(
         if taken is not None and taken.status is RecordStatus.completed and taken.outcome:
             return _finished(run, attempt, oc, decode_outcome(taken.outcome, oc.call.id), how)
     return _finished(run, attempt, oc, recorded.outcome if recorded.replaced else outcome, how)
+
+
+async def _grouped_complete(
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    tool: Tool,
+    oc: OutstandingCall,
+    payload: bytes,
+) -> None:
+    await grouping.begin(parts.groups, attempt)
+    await complete(parts, run, attempt, tool, oc, payload)
 
 
 def _held_elsewhere(rec: IdempotencyRecord, attempt: Attempt) -> bool:

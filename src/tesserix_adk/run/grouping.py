@@ -25,7 +25,6 @@ outcomes it held and dropping the claims it held (none of those calls was sent).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from tesserix_adk.errors import AdkError, StoreReplyLostError, StoreUnavailableError
 from tesserix_adk.run.events import RunEvent
+from tesserix_adk.run.shielding import shielded
 from tesserix_adk.stores.grouping import group_scope, in_scope
 from tesserix_adk.stores.protocols import GroupedWrites, WriteGroup
 
@@ -69,9 +69,9 @@ async def grouped(attempt: Attempt) -> AsyncIterator[None]:
             yield
         except BaseException:
             with contextlib.suppress(Exception):
-                await _shielded(commit(attempt))
+                await shielded(commit(attempt))
             raise
-        await _shielded(commit(attempt))
+        await shielded(commit(attempt))
 
 
 @contextlib.asynccontextmanager
@@ -135,17 +135,3 @@ def announce(attempt: Attempt, event: RunEvent) -> None:
         attempt.group.events.append(event)
     else:
         attempt.emit(event)
-
-
-async def _shielded(awaitable: Awaitable[None]) -> None:
-    task = asyncio.ensure_future(awaitable)
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        # Waited for, never awaited: awaiting it would pass a second cancel on to it.
-        while not task.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({task})
-        if not task.cancelled():
-            task.exception()
-        raise

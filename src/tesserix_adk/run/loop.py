@@ -51,13 +51,19 @@ from tesserix_adk.run.events import (
 )
 from tesserix_adk.run.frontier import write_frontier, write_frontier_naming_unkeyed
 from tesserix_adk.run.parts import RunParts
+from tesserix_adk.run.recording import to_the_end
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.state import RunState
+from tesserix_adk.stores.protocols import GroupedWrites
 from tesserix_adk.tools import canonical_json
 
 __all__ = ["carry_on", "outstanding_calls", "run_loop"]
 
 _log = logging.getLogger("tesserix_adk.runner")
+
+# Seconds a cancelled run still waits for the charge of a model call it made (the stores
+# bound their own calls by their timeouts, 5 s by default).
+CHARGE_GRACE = 5.0
 
 
 async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
@@ -148,6 +154,9 @@ async def _take_turn(
     if waiting is not None:
         return waiting
     await dispatch_turn(parts, run, attempt, calls)
+    # The frontier (and its transcript append) and the next boundary's reads share one
+    # transaction, committed before the model is asked again.
+    await grouping.begin(parts.groups, attempt)
     await write_frontier(parts, run, attempt, Boundary.after_tool_result)
     run.iteration += 1
     return None
@@ -277,27 +286,38 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
         ) from exc
     run.usage = run.usage + response.usage
     run.spent += response.cost_micros
-    # The charge, the frontier and the first claim commit together (``run.grouping``).
-    await grouping.begin(parts.groups, attempt)
-    if parts.ledger is not None:
-        attempt.guard()
-        ledger, fence = parts.ledger, attempt.fence
-
-        async def charge() -> None:
-            try:
-                await ledger.charge(
-                    run.tenant, run.run_id, response.cost_micros, response.usage, fence=fence
-                )
-            except AdkError:
-                raise
-            except Exception as exc:
-                raise StoreUnavailableError(f"the ledger is unreachable: {exc}") from exc
-
-        await charge()
-        if attempt.group is not None:
-            # Charged again should the group certainly not commit: a model call is paid.
-            attempt.group.retry.append(charge)
+    # The charge, the frontier and the first claim commit together (``run.grouping``). A
+    # model call made is paid: the charge is made even if the run is cancelled meanwhile,
+    # unless the ledger takes longer than CHARGE_GRACE to answer.
+    await to_the_end(_group_and_charge(parts, run, attempt, response), grace=CHARGE_GRACE)
     return response
+
+
+async def _group_and_charge(
+    parts: RunParts, run: RunState, attempt: Attempt, response: ModelResponse
+) -> None:
+    await grouping.begin(parts.groups, attempt)
+    ledger = parts.ledger
+    if ledger is None:
+        return
+    attempt.guard()
+    fence = attempt.fence
+
+    async def charge() -> None:
+        try:
+            await ledger.charge(
+                run.tenant, run.run_id, response.cost_micros, response.usage, fence=fence
+            )
+        except AdkError:
+            raise
+        except Exception as exc:
+            raise StoreUnavailableError(f"the ledger is unreachable: {exc}") from exc
+
+    await charge()
+    group = attempt.group
+    if group is not None and isinstance(ledger, GroupedWrites) and ledger.joins(group.group):
+        # Lost with the group should it certainly not commit: charged again, once.
+        group.retry.append(charge)
 
 
 async def _asked(

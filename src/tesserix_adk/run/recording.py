@@ -197,16 +197,23 @@ async def record(
     return recorded
 
 
-async def to_the_end(awaitable: Awaitable[T]) -> T:
+async def to_the_end(awaitable: Awaitable[T], *, grace: float | None = None) -> T:
     """``awaitable`` finished even if the caller is cancelled meanwhile (then the
-    cancellation goes on once it has)."""
+    cancellation goes on once it has); with ``grace``, waited for at most that many seconds
+    after the cancellation, then cancelled too."""
     task = asyncio.ensure_future(awaitable)
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
+        deadline = None if grace is None else asyncio.get_running_loop().time() + grace
         while not task.done():
+            left = None if deadline is None else deadline - asyncio.get_running_loop().time()
+            if left is not None and left <= 0:
+                _log.warning("gave up waiting for %r after the run was cancelled", task)
+                task.cancel()
+                left = None
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({task})
+                await asyncio.wait({task}, timeout=left)
         if not task.cancelled():
             task.exception()  # retrieved; the cancellation is what the caller gets
         raise

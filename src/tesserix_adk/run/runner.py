@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
@@ -53,7 +53,8 @@ from tesserix_adk.run.resume import (
     restore,
     resumable,
 )
-from tesserix_adk.run.state import RunState
+from tesserix_adk.run.shielding import shielded
+from tesserix_adk.run.state import RunState, as_messages
 from tesserix_adk.run.streaming import stream_run
 from tesserix_adk.stores.protocols import (
     ApprovalStore,
@@ -101,6 +102,7 @@ class AgentRunner:
         work: WorkIndex | None = None,
         never_ran_margin: float = NEVER_RAN_MARGIN,
         telemetry: AttemptObserver | None = None,
+        group_writes: bool = True,
     ) -> None:
         if history is not None and (checkpoints is None or checkpoints.history is not history):
             raise ConfigurationError(
@@ -123,6 +125,9 @@ class AgentRunner:
         # How long past the previous lease a reconciler is asked whether a call never ran.
         self.never_ran_margin = never_ran_margin
         self.telemetry = telemetry  # spans and metrics (tesserix_adk.telemetry.Telemetry)
+        # Whether a turn's writes commit together where the backend offers write groups
+        # (``run.grouping``); False commits each on its own.
+        self.group_writes = group_writes
 
     @classmethod
     def from_stores(cls, provider: Provider, stores: Stores, **kwargs: Any) -> AgentRunner:
@@ -158,7 +163,9 @@ class AgentRunner:
             ledger=self.ledger,
             approvals=self.approvals,
             redactor=self.redactor,
-            groups=self.idempotency if isinstance(self.idempotency, GroupedWrites) else None,
+            groups=self.idempotency
+            if self.group_writes and isinstance(self.idempotency, GroupedWrites)
+            else None,
         )
 
     # --- public verbs --------------------------------------------------------------------
@@ -184,7 +191,7 @@ class AgentRunner:
         check_ids(tenant=tenant, run_id=run_id)
         if self.checkpoints is not None and await self.checkpoints.store.latest(tenant, run_id):
             return run_id
-        data = encode_submission(_as_messages(input), state, self.redactor)
+        data = encode_submission(as_messages(input), state, self.redactor)
         await work.submit(tenant, run_id, agent=agent.name, input=data)
         return run_id
 
@@ -239,7 +246,7 @@ class AgentRunner:
         self._check_agent(agent)
         run_id = f"run_{secrets.token_hex(8)}" if run_id is None else run_id
         check_ids(tenant=tenant, run_id=run_id)
-        run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=_as_messages(input))
+        run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=as_messages(input))
         run.state = state
         async with self._holding(attempt, tenant, run_id):
             if self.checkpoints is not None:
@@ -326,14 +333,14 @@ class AgentRunner:
                 checkpoints, agent, run_id, tenant, attempt, on_frontier
             )
         except (Exception, asyncio.CancelledError):
-            await _shielded(claim.release())
+            await shielded(claim.release())
             raise
         except BaseException:
             # A stand-in for a process death: the claim is left to expire, exactly as a
             # killed process would leave it (only its renewal stops).
             claim.abandon()
             raise
-        await _shielded(claim.release())
+        await shielded(claim.release())
         return result
 
     async def _resume_claimed(
@@ -486,20 +493,3 @@ class AgentRunner:
             ),
             attempt,
         )
-
-
-def _as_messages(input: str | Message | Sequence[Message]) -> list[Message]:
-    if isinstance(input, str | Message):
-        return [Message.user(input) if isinstance(input, str) else input]
-    return list(input)
-
-
-async def _shielded(awaitable: Awaitable[None]) -> None:
-    """Finish cleanup even when the caller is being cancelled, then let the cancel through."""
-    task = asyncio.ensure_future(awaitable)
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await task
-        raise

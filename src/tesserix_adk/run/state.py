@@ -8,6 +8,7 @@ the latest one on resume. Who carries the run now (holder, lease, claims) is the
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from tesserix_adk.messages import Message, Usage
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.stores.protocols import ApprovalRequest
 
-__all__ = ["RunState"]
+__all__ = ["RunState", "as_messages"]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -104,3 +105,10 @@ class RunState:
             replay_of=self.replay_of,
             fence=fence,
         )
+
+
+def as_messages(input: str | Message | Sequence[Message]) -> list[Message]:
+    """A run's input as messages: a string is one user message."""
+    if isinstance(input, str | Message):
+        return [Message.user(input) if isinstance(input, str) else input]
+    return list(input)

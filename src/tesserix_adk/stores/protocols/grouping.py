@@ -40,3 +40,8 @@ class GroupedWrites(Protocol):
     def write_group(self) -> WriteGroup:
         """A new, not yet open, group on this store's database (``grouping.begin``)."""
         ...
+
+    def joins(self, group: WriteGroup) -> bool:
+        """Whether this store's writes join ``group`` while it is open (it is a group on
+        this store's database)."""
+        ...

@@ -17,6 +17,8 @@ Write groups (``protocols.grouping``): while a run has a group open, that run's 
 into one ``BEGIN IMMEDIATE`` transaction, each in a savepoint of its own (a write that
 fails is undone alone), committed by ``SqliteWriteGroup.commit``; everybody else's calls
 wait for that commit, since the one connection is inside the group's transaction till then.
+Who holds the connection is kept in the worker thread itself, so callers on other threads
+and event loops wait alike; a waiter is woken on its own loop, and no thread blocks.
 
 Nothing here creates a file, a directory or a table, except ``create_schema()`` (what
 ``tesserix schema apply`` runs).
@@ -43,10 +45,11 @@ from tesserix_adk.errors import (
     StoreReplyLostError,
     StoreUnavailableError,
 )
-from tesserix_adk.stores.grouping import OpenGroup, joined
+from tesserix_adk.stores.grouping import joined
+from tesserix_adk.stores.sqlite.grouping import HELD, Held, SqliteWriteGroup, wake
 from tesserix_adk.stores.sqlite.schema import SqliteSchema, statements
 
-__all__ = ["SqliteDatabase", "SqliteWriteGroup"]
+__all__ = ["SqliteDatabase"]
 
 _log = logging.getLogger("tesserix_adk.stores.sqlite")
 
@@ -97,11 +100,12 @@ class SqliteDatabase:
         # Only ever touched from the executor's one thread.
         self._conn: sqlite3.Connection | None = None
         self._closed = False
-        # Held by an open write group from its start to its commit (see the docstring); one
-        # per event loop, as the stores may be used under one asyncio.run after another.
-        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
+        # The write group holding the connection, from its begin to its commit, and the
+        # callers waiting for it to let go, each woken on its own event loop. Touched only
+        # in the executor's thread, so whichever thread or loop a caller runs on, they are
+        # one state (see the docstring).
+        self._held: SqliteWriteGroup | None = None
+        self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._commits = 0
         # Read from the package's migration files now, so the first call cannot fail on it.
         self.schema = SqliteSchema.load()
@@ -129,8 +133,7 @@ class SqliteDatabase:
         group = joined(self)
         if isinstance(group, SqliteWriteGroup):
             return await self._submit(functools.partial(self._in_group, group, fn))
-        async with self.group_lock():
-            return await self._submit(functools.partial(self._transaction, fn, "BEGIN IMMEDIATE"))
+        return await self._when_free(functools.partial(self._transaction, fn, "BEGIN IMMEDIATE"))
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` in a read transaction (one snapshot), in the worker thread
@@ -138,20 +141,48 @@ class SqliteDatabase:
         group = joined(self)
         if isinstance(group, SqliteWriteGroup):
             return await self._submit(functools.partial(self._in_group, group, fn))
-        async with self.group_lock():
-            return await self._submit(functools.partial(self._transaction, fn, "BEGIN"))
+        return await self._when_free(functools.partial(self._transaction, fn, "BEGIN"))
 
     def write_group(self) -> SqliteWriteGroup:
         """A new write group on this file (``protocols.grouping``)."""
         return SqliteWriteGroup(self)
 
-    def group_lock(self) -> asyncio.Lock:
-        """The lock an open write group holds on this file, for the running event loop."""
-        loop = asyncio.get_running_loop()
-        lock = self._locks.get(loop)
-        if lock is None:
-            lock = self._locks[loop] = asyncio.Lock()
-        return lock
+    async def _when_free(self, job: Callable[[], T]) -> T:
+        """``job`` in the worker thread once no write group holds the connection: while one
+        does, wait (on this caller's own loop) for it to let go, then try again."""
+        while True:
+            loop = asyncio.get_running_loop()
+            woken: asyncio.Future[None] = loop.create_future()
+            done = await self._submit(functools.partial(self._unless_held, job, loop, woken))
+            if not isinstance(done, Held):
+                return done
+            await woken
+
+    def _unless_held(
+        self,
+        job: Callable[[], T],
+        loop: asyncio.AbstractEventLoop,
+        woken: asyncio.Future[None],
+    ) -> T | Held:
+        if self._held is not None:
+            self._waiting.append((loop, woken))
+            return HELD
+        return job()
+
+    def _hold(self, group: SqliteWriteGroup) -> None:
+        self._held = group
+
+    def _release(self, group: SqliteWriteGroup) -> None:
+        """Let go of the connection if ``group`` holds it (one never entered)."""
+        if self._held is group:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        self._held = None
+        waiting, self._waiting = self._waiting, []
+        for loop, woken in waiting:
+            with contextlib.suppress(RuntimeError):  # a loop closed meanwhile
+                loop.call_soon_threadsafe(wake, woken)
 
     async def create_schema(self) -> None:
         """Create the file, its directory and the tables (idempotent); set WAL mode.
@@ -179,6 +210,12 @@ class SqliteDatabase:
             executor.shutdown(wait=False)
 
     async def _submit(self, call: Callable[[], T]) -> T:
+        # A cancelled caller stops waiting: its call either never starts or runs to its
+        # commit or rollback in the thread, so the connection is never left inside one.
+        return await self._queue(call)
+
+    def _queue(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        """``call`` queued for the worker thread now (calls run in the order queued)."""
         if self._closed:
             raise ConfigurationError(f"the SQLite store {self.path} was closed")
         if self._executor is None:
@@ -187,9 +224,7 @@ class SqliteDatabase:
             weakref.finalize(self, executor.shutdown, wait=False)
             self._executor = executor
         loop = asyncio.get_running_loop()
-        # A cancelled caller stops waiting: its call either never starts or runs to its
-        # commit or rollback in the thread, so the connection is never left inside one.
-        return await loop.run_in_executor(self._executor, self._translating, call)
+        return loop.run_in_executor(self._executor, self._translating, call)
 
     def _translating(self, call: Callable[[], T]) -> T:
         try:
@@ -234,6 +269,8 @@ class SqliteDatabase:
         """``fn`` inside the open group's transaction (begun by the group's first call),
         in a savepoint: a failing write is undone alone and the group goes on, unless
         SQLite rolled the whole transaction back (then the group is lost: see ``lost``)."""
+        if group.lost is None and self._held is not group:
+            group.lost = f"the write group on {self.path} no longer holds its connection"
         if group.lost is not None:
             raise StoreUnavailableError(group.lost)
         conn = self._connection()
@@ -263,10 +300,22 @@ class SqliteDatabase:
         return result
 
     def _commit_group(self, group: SqliteWriteGroup) -> None:
+        try:
+            self._commit_held(group)
+        finally:
+            if self._held is group:
+                self._let_go()
+
+    def _commit_held(self, group: SqliteWriteGroup) -> None:
         if group.lost is not None:
             raise StoreUnavailableError(group.lost)
         conn = self._connection()
         if not conn.in_transaction:
+            if group.begun:
+                raise StoreUnavailableError(
+                    f"the write group on {self.path} lost its transaction; nothing of it was "
+                    "committed"
+                )
             return  # nothing joined, or its first write could not begin
         try:
             conn.execute("COMMIT")
@@ -454,42 +503,3 @@ class SqliteDatabase:
         if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
             return self._missing()
         return StoreUnavailableError(f"the SQLite store {self.path} failed: {exc}")
-
-
-class SqliteWriteGroup(OpenGroup):
-    """A run's writes on one SQLite file, committed as one transaction."""
-
-    def __init__(self, database: SqliteDatabase) -> None:
-        super().__init__(database)
-        self.database = database
-        # Touched only in the database's thread: whether the group's transaction began,
-        # and why it is lost if SQLite rolled it back.
-        self.begun = False
-        self.lost: str | None = None
-        self._lock: asyncio.Lock | None = None
-
-    async def begin(self) -> None:
-        """Open the group for the current attempt: from here its writes on the file join
-        it, and everybody else's wait for its commit."""
-        lock = self.database.group_lock()
-        await lock.acquire()
-        self._lock = lock
-        try:
-            self._enter()
-        except BaseException:
-            self._lock = None
-            lock.release()
-            raise
-
-    async def commit(self) -> None:
-        """Commit what joined; the group is closed after, whatever happened."""
-        if not self.active or self._lock is None:
-            return
-        lock, self._lock = self._lock, None
-        # Closed to late writes first: one that comes now waits for the lock, and so runs
-        # after the COMMIT in a transaction of its own, never in one nobody commits.
-        self._leave()
-        try:
-            await self.database._submit(functools.partial(self.database._commit_group, self))
-        finally:
-            lock.release()

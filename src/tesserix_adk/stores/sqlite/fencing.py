@@ -11,7 +11,8 @@ from __future__ import annotations
 import sqlite3
 
 from tesserix_adk.stores._common import stale_fence, unsealable
-from tesserix_adk.stores.sqlite.database import SqliteDatabase, SqliteWriteGroup
+from tesserix_adk.stores.sqlite.database import SqliteDatabase
+from tesserix_adk.stores.sqlite.grouping import SqliteWriteGroup
 
 __all__ = [
     "NOW_SQL",
@@ -122,6 +123,10 @@ class FencedSqliteStore:
         """A write group on the shared file: every store of the file joins it
         (``protocols.grouping.GroupedWrites``)."""
         return self.database.write_group()
+
+    def joins(self, group: object) -> bool:
+        """Whether this store's writes join ``group`` (one on the same file)."""
+        return isinstance(group, SqliteWriteGroup) and group.database is self.database
 
     async def seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Raise the highest-seen fence for the run without writing data."""
