@@ -118,7 +118,7 @@ async def run_turns(
             window_turns=window_turns,
             probe=probe,
         )
-        runner = AgentRunner.from_stores(provider, stores, worker="bench")
+        runner = AgentRunner.from_stores(provider, stores, worker="bench", group_writes=True)
         run_id = f"turns-{secrets.token_hex(6)}"
         await runner.run(agent(turns), conv.QUESTION, tenant=TENANT, run_id=run_id)
         stamps = provider.stamps
@@ -143,7 +143,7 @@ async def resume_costs(
         started = time.perf_counter()
         build = TurnsProvider(turns=turns + times + 4, die_at=turns)
         with contextlib.suppress(Died):
-            await AgentRunner.from_stores(build, stores, worker="bench").run(
+            await AgentRunner.from_stores(build, stores, worker="bench", group_writes=True).run(
                 runner_agent, conv.QUESTION, tenant=TENANT, run_id=run_id
             )
         built = time.perf_counter() - started
@@ -153,7 +153,11 @@ async def resume_costs(
             provider = TurnsProvider(turns=turns + times + 4, die_at=0)
             # The dead resume's claim keeps others out for its ttl: a short one, waited out.
             runner = AgentRunner.from_stores(
-                provider, stores, worker="bench", resume_claim_ttl=RESUME_CLAIM_TTL
+                provider,
+                stores,
+                worker="bench",
+                resume_claim_ttl=RESUME_CLAIM_TTL,
+                group_writes=True,
             )
             if n:
                 await asyncio.sleep(RESUME_CLAIM_TTL * 1.5)
@@ -178,7 +182,9 @@ async def throughput(url: str, runs: int, turns: int) -> float:
     async with open_stores(url) as stores:
         await stores.create_schema()
         tag = secrets.token_hex(4)
-        runner = AgentRunner.from_stores(TurnsProvider(turns=turns), stores, worker="bench")
+        runner = AgentRunner.from_stores(
+            TurnsProvider(turns=turns), stores, worker="bench", group_writes=True
+        )
         the_agent = agent(turns)
         started = time.perf_counter()
         await asyncio.gather(
@@ -272,7 +278,9 @@ async def flatness(
             n = 0
             while not baton.done:
                 provider = _Alternating(short, baton, fresh=True)
-                runner = AgentRunner.from_stores(provider, stores, worker="bench")
+                runner = AgentRunner.from_stores(
+                    provider, stores, worker="bench", group_writes=True
+                )
                 with contextlib.suppress(Died):
                     await runner.run(agent(short), conv.QUESTION, tenant=TENANT,
                                      run_id=f"fresh-{tag}-{n}")  # fmt: skip
@@ -281,7 +289,9 @@ async def flatness(
 
         async def long_run() -> None:
             try:
-                runner = AgentRunner.from_stores(long_provider, stores, worker="bench")
+                runner = AgentRunner.from_stores(
+                    long_provider, stores, worker="bench", group_writes=True
+                )
                 await runner.run(agent(turns), conv.QUESTION, tenant=TENANT, run_id=f"long-{tag}")
             finally:
                 baton.done = True

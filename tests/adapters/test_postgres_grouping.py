@@ -21,6 +21,15 @@ from tesserix_adk.stores.protocols import RecordStatus
 
 pytestmark = pytest.mark.postgres
 
+
+@pytest.fixture(autouse=True)
+def _grouped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every runner here groups its writes (``AgentRunner(group_writes=True)``)."""
+    defaults = AgentRunner.__init__.__kwdefaults__
+    assert defaults is not None
+    monkeypatch.setitem(defaults, "group_writes", True)
+
+
 TENANT = "t"
 
 

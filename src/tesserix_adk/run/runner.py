@@ -102,7 +102,7 @@ class AgentRunner:
         work: WorkIndex | None = None,
         never_ran_margin: float = NEVER_RAN_MARGIN,
         telemetry: AttemptObserver | None = None,
-        group_writes: bool = True,
+        group_writes: bool = False,
     ) -> None:
         if history is not None and (checkpoints is None or checkpoints.history is not history):
             raise ConfigurationError(
@@ -126,7 +126,9 @@ class AgentRunner:
         self.never_ran_margin = never_ran_margin
         self.telemetry = telemetry  # spans and metrics (tesserix_adk.telemetry.Telemetry)
         # Whether a turn's writes commit together where the backend offers write groups
-        # (``run.grouping``); False commits each on its own.
+        # (``run.grouping``): fewer commits, but a process paused inside a group (SIGSTOP,
+        # a frozen VM) holds SQLite's write lock, or the run's rows on PostgreSQL, until it
+        # resumes; off by default, each write commits on its own.
         self.group_writes = group_writes
 
     @classmethod

@@ -69,7 +69,7 @@ class PostgresWriteGroup(OpenGroup):
     ) -> list[Row]:
         if not conn.autocommit:
             await conn.set_autocommit(True)
-        begin = () if self._begun else self.database.begin_statements
+        begin = () if self._begun else (*self.database.begin_statements, self._idle_bound())
         try:
             async with conn.pipeline() as pipeline, conn.cursor(row_factory=dict_row) as cur:
                 for statement in begin:
@@ -93,6 +93,12 @@ class PostgresWriteGroup(OpenGroup):
             raise
         self._begun = True
         return rows
+
+    def _idle_bound(self) -> str:
+        # A holder paused inside its group (SIGSTOP, a frozen VM) would hold the run's rows
+        # until it woke: the server ends such a session instead, and the group is lost.
+        idle_ms = max(1000, int(self.database.timeout * 2000))
+        return f"SELECT set_config('idle_in_transaction_session_timeout', '{idle_ms}', true)"
 
     async def commit(self) -> None:
         """Commit what joined and give the connection back; the group is closed after,
