@@ -32,3 +32,13 @@ def redis_cluster() -> Iterator[ThrowawayCluster]:
 
     with start_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture
+def grouped_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``AgentRunner`` the test builds groups its writes (``group_writes=True``)."""
+    from tesserix_adk import AgentRunner
+
+    defaults = AgentRunner.__init__.__kwdefaults__
+    assert defaults is not None
+    monkeypatch.setitem(defaults, "group_writes", True)

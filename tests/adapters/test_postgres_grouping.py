@@ -19,15 +19,7 @@ from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.grouping import joined
 from tesserix_adk.stores.protocols import RecordStatus
 
-pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture(autouse=True)
-def _grouped(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every runner here groups its writes (``AgentRunner(group_writes=True)``)."""
-    defaults = AgentRunner.__init__.__kwdefaults__
-    assert defaults is not None
-    monkeypatch.setitem(defaults, "group_writes", True)
+pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("grouped_writes")]
 
 
 TENANT = "t"

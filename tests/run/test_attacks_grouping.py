@@ -51,14 +51,7 @@ from tesserix_adk.stores.sqlite.idempotency import SqliteIdempotencyStore
 from tesserix_adk.stores.sqlite.ledger import SqliteLedger
 from tesserix_adk.stores.urls import open_stores
 
-
-@pytest.fixture(autouse=True)
-def _grouped(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every runner here groups its writes (``AgentRunner(group_writes=True)``)."""
-    defaults = AgentRunner.__init__.__kwdefaults__
-    assert defaults is not None
-    monkeypatch.setitem(defaults, "group_writes", True)
-
+pytestmark = pytest.mark.usefixtures("grouped_writes")
 
 TENANT = "t"
 LIMIT = 30.0

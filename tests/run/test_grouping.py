@@ -31,14 +31,7 @@ from tesserix_adk.stores.protocols import RecordStatus
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
 from tesserix_adk.stores.urls import open_stores
 
-
-@pytest.fixture(autouse=True)
-def _grouped(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every runner here groups its writes (``AgentRunner(group_writes=True)``)."""
-    defaults = AgentRunner.__init__.__kwdefaults__
-    assert defaults is not None
-    monkeypatch.setitem(defaults, "group_writes", True)
-
+pytestmark = pytest.mark.usefixtures("grouped_writes")
 
 TENANT = "t"
 
