@@ -2,9 +2,11 @@
 
 Between two moments when something leaves the process (a model call, a tool call), a run's
 writes need not each be durable on their own: they must be durable before the next thing
-leaves. On a backend that offers write groups (``GroupedWrites``, asked of the idempotency
-store; the stores sharing its database join), the runner opens a group once the model's
-answer is in and commits it right before anything is sent:
+leaves. With ``AgentRunner(group_writes=True)``, on a backend that offers write groups
+(``GroupedWrites``, asked of the idempotency store; the stores sharing its database join),
+the runner opens a group once the model's answer is in and commits it right before anything
+is sent (off by default: a process paused inside a group holds SQLite's write lock until it
+wakes):
 
 - the ledger's charge, the ``after_model_call`` frontier (with its transcript append) and
   the turn's first claim commit together, before the call goes out;
@@ -14,7 +16,8 @@ answer is in and commits it right before anything is sent:
   frontier after it. Folding that outcome into the frontier's commit would save one commit
   but widen the window in which a death leaves a call that ran in doubt (until an operator
   decides) by the frontier's redaction and encoding: an outcome in hand is made durable
-  first.
+  first. That frontier shares its transaction with the next boundary's reads, committed
+  before the model is asked again.
 
 What this changes for a death: between the model's answer and the first call's claim,
 nothing of the turn is durable, so a resume asks the model again (as it did for a death
