@@ -71,7 +71,7 @@ def test_a_death_before_the_turns_first_claim_commits_leaves_none_of_the_turn(
 
 
 def test_a_death_inside_the_tool_finds_its_claim_and_frontier_durable(site: Site) -> None:
-    site.kill_at("g2", "in_flight")
+    site.kill_at("g2", "in_flight", "--group-writes")
     where, tools, spent = _durable(site, "g2")
     assert where == (1, "after_model_call")
     assert tools == ["book_seat", "search_flights"]
@@ -79,7 +79,7 @@ def test_a_death_inside_the_tool_finds_its_claim_and_frontier_durable(site: Site
 
 
 def test_a_death_after_the_outcome_finds_it_recorded_before_its_frontier(site: Site) -> None:
-    site.kill_at("g3", "booked")
+    site.kill_at("g3", "booked", "--group-writes")
     where, _, _ = _durable(site, "g3")
     assert where == (1, "after_model_call")
 

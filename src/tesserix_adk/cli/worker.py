@@ -163,9 +163,9 @@ async def _main(args: argparse.Namespace) -> int:
         lease_policy=LeasePolicy(ttl=ttl, renew_within=ttl / 2),
         worker=args.worker,
         resume_claim_ttl=args.claim_ttl,
-        # "model_call" stands for a frontier durable on its own with its call not yet
-        # claimed (a backend that does not group writes); "in_group" for the grouped turn.
-        group_writes=args.pause != "model_call",
+        # Writes grouped only when asked (as AgentRunner's default), and always for the
+        # "in_group" pause, which kills the worker inside a turn's open group.
+        group_writes=args.group_writes or args.pause == "in_group",
     )
     try:
         if args.resume:
@@ -192,6 +192,7 @@ def main() -> int:
     parser.add_argument("--lease-ttl", type=float, default=30.0)
     parser.add_argument("--worker", default="demo-worker")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--group-writes", action="store_true")
     parser.add_argument("--claim-ttl", type=float, default=300.0)
     parser.add_argument(
         "--delay", type=float, default=0.0, help="seconds each model call and tool takes"
