@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from tesserix_adk.errors import AdkError, StoreReplyLostError, StoreUnavailableError
 from tesserix_adk.run.events import RunEvent
-from tesserix_adk.run.shielding import shielded
+from tesserix_adk.run.recording import to_the_end
 from tesserix_adk.stores.grouping import group_scope, in_scope
 from tesserix_adk.stores.protocols import GroupedWrites, WriteGroup
 
@@ -72,9 +72,9 @@ async def grouped(attempt: Attempt) -> AsyncIterator[None]:
             yield
         except BaseException:
             with contextlib.suppress(Exception):
-                await shielded(commit(attempt))
+                await to_the_end(commit(attempt))
             raise
-        await shielded(commit(attempt))
+        await to_the_end(commit(attempt))
 
 
 @contextlib.asynccontextmanager

@@ -44,6 +44,7 @@ from tesserix_adk.run.loop import carry_on, run_loop
 from tesserix_adk.run.observing import AttemptKind, AttemptObserver, observe
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.reconciling import reconcile_in_doubt
+from tesserix_adk.run.recording import to_the_end
 from tesserix_adk.run.replay import replay_from
 from tesserix_adk.run.result import Run, finished_run
 from tesserix_adk.run.resume import (
@@ -53,7 +54,6 @@ from tesserix_adk.run.resume import (
     restore,
     resumable,
 )
-from tesserix_adk.run.shielding import shielded
 from tesserix_adk.run.state import RunState, as_messages
 from tesserix_adk.run.streaming import stream_run
 from tesserix_adk.stores.protocols import (
@@ -335,14 +335,14 @@ class AgentRunner:
                 checkpoints, agent, run_id, tenant, attempt, on_frontier
             )
         except (Exception, asyncio.CancelledError):
-            await shielded(claim.release())
+            await to_the_end(claim.release())
             raise
         except BaseException:
             # A stand-in for a process death: the claim is left to expire, exactly as a
             # killed process would leave it (only its renewal stops).
             claim.abandon()
             raise
-        await shielded(claim.release())
+        await to_the_end(claim.release())
         return result
 
     async def _resume_claimed(
