@@ -491,3 +491,51 @@ async def test_close_bounds_a_release_that_never_answers() -> None:
         assert lease is not None and lease.holder == "w-1"  # left to lapse by the store's clock
     finally:
         answer.set()
+
+
+async def test_a_grant_whose_reply_a_cancellation_cut_off_is_handed_back() -> None:
+    """Ctrl-C landing after the store granted the lease but before its reply arrived: the
+    caller never learns it holds the run, so ``acquire`` must hand back what it may hold,
+    or the next resume waits out a whole ttl for nobody (seen on PostgreSQL in CI)."""
+    inner = MemoryLeaseStore()
+    granted = asyncio.Event()
+    reply = asyncio.Event()
+
+    class SlowReply:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        async def acquire(self, tenant: str, run_id: str, holder: str, ttl: float) -> Any:
+            lease = await inner.acquire(tenant, run_id, holder, ttl)
+            granted.set()
+            await reply.wait()  # the reply still on the wire
+            return lease
+
+    policy = LeasePolicy(ttl=30, renew_within=10)
+    taking = asyncio.create_task(Leaseholder.acquire(SlowReply(), "acme", "r", "w-1", policy))  # type: ignore[arg-type]
+    await granted.wait()
+    taking.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await taking
+    assert await inner.current("acme", "r") is None
+
+
+async def test_a_cut_off_grant_leaves_another_holders_lease_alone() -> None:
+    inner = MemoryLeaseStore()
+    started = asyncio.Event()
+
+    class Refused:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        async def acquire(self, tenant: str, run_id: str, holder: str, ttl: float) -> Any:
+            started.set()
+            await asyncio.Event().wait()  # cancelled before the store did anything
+
+    theirs = await inner.acquire("acme", "r", "w-2", 30)
+    taking = asyncio.create_task(Leaseholder.acquire(Refused(), "acme", "r", "w-1"))  # type: ignore[arg-type]
+    await started.wait()
+    taking.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await taking
+    assert await inner.current("acme", "r") == theirs

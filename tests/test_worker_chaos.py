@@ -208,6 +208,13 @@ def _churn(
 
 
 def _drain(workers: list[subprocess.Popen[str]], env: dict[str, str]) -> None:
+    # A worker drains once it is up: one started a moment ago may still be importing, and
+    # SIGTERM then ends it as it ends any process (it held nothing yet).
+    deadline = time.monotonic() + 60
+    for w in workers:
+        while w.poll() is None and "carrying runs of" not in _output(w, env):
+            assert time.monotonic() < deadline, _output(w, env)[-2000:]
+            time.sleep(0.05)
     for w in workers:
         w.send_signal(signal.SIGTERM)
     for w in workers:

@@ -82,6 +82,16 @@ class LeasePolicy:
         return self.ttl - self.renew_within
 
 
+async def _hand_back(store: LeaseStore, tenant: str, run_id: str, holder: str) -> None:
+    """Release the run's lease if ``holder`` (unique to one attempt) holds it."""
+    try:
+        current = await store.current(tenant, run_id)
+        if current is not None and current.holder == holder:
+            await store.release(current)
+    except Exception as exc:  # it lapses by the store's clock
+        _log.warning("handing back the lease of run %s failed: %r", run_id, exc)
+
+
 class Leaseholder:
     """Holds a lease for the length of an ``async with`` block.
 
@@ -134,7 +144,15 @@ class Leaseholder:
         """Take the run's lease (``LeaseHeldError`` if another holder has it)."""
         policy = policy or LeasePolicy()
         sent_at = time.monotonic()
-        lease = await store.acquire(tenant, run_id, holder, policy.ttl)
+        try:
+            lease = await store.acquire(tenant, run_id, holder, policy.ttl)
+        except asyncio.CancelledError:
+            # The store may have granted it with the reply still on its way: hand back what
+            # this holder may hold, or the next attempt waits out a whole ttl for nobody.
+            cleanup = asyncio.ensure_future(_hand_back(store, tenant, run_id, holder))
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(cleanup), _CLOSE_TIMEOUT)
+            raise
         return cls(store, lease, policy, sent_at=sent_at)
 
     @property

@@ -183,3 +183,69 @@ async def test_an_interrupt_lost_at_any_store_call_never_lets_the_model_be_asked
         assert len(airline.bookings) <= 1, where
         assert await leases.current("acme", "r") is None, where
     assert trip.landed is None, "the sweep never reached the end of the run"
+
+
+class _CutOff:
+    """Wraps a store: at its ``k``-th call (counted across the stores sharing it), the
+    call takes effect and the interrupt lands before its reply is back (the caller hears
+    ``CancelledError``), as on PostgreSQL when SIGINT arrives with a COMMIT on the wire."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.seen = 0
+        self.landed: str | None = None
+
+    def wrap(self, inner: Any, name: str) -> Any:
+        trip = self
+
+        class Wrapped:
+            def __getattr__(self, attr: str) -> Any:
+                value = getattr(inner, attr)
+                if attr.startswith("_") or not asyncio.iscoroutinefunction(value):
+                    return value
+
+                async def call(*args: Any, **kwargs: Any) -> Any:
+                    result = await value(*args, **kwargs)
+                    trip.seen += 1
+                    if trip.seen == trip.k:
+                        trip.landed = f"{name}.{attr}"
+                        raise asyncio.CancelledError
+                    return result
+
+                return call
+
+        return Wrapped()
+
+
+async def test_an_interrupt_cutting_off_any_reply_of_the_resume_leaves_nothing_held() -> None:
+    """Ctrl-C of a resume at each store call in turn, landing after the store did what was
+    asked but before its reply came back: neither the lease nor the resume claim is left
+    behind for the next resume to wait out (seen on PostgreSQL in CI: the lease's grant)."""
+    for k in range(1, 8):
+        airline = Airline()
+        store = FaultyCheckpointStore(
+            MemoryCheckpointStore(), crash_after=_at("after_model_call", 1)
+        )
+        idem, leases = MemoryIdempotencyStore(), MemoryLeaseStore()
+        agent = booking_agent(airline)
+        died = AgentRunner(
+            ScriptedProvider(BOOK_TURNS), idempotency=idem, checkpoints=Checkpointer(store)
+        )
+        with pytest.raises(SimulatedCrash):
+            await died.run(agent, "book", tenant="acme", run_id="r")
+        store.crash_after = None
+
+        trip = _CutOff(k)
+        runner = AgentRunner(
+            ScriptedProvider(BOOK_TURNS),
+            idempotency=trip.wrap(idem, "idempotency"),
+            checkpoints=Checkpointer(store),
+            leases=trip.wrap(leases, "leases"),
+        )
+        with pytest.raises(asyncio.CancelledError):
+            await runner.resume(agent, "r", tenant="acme")
+        assert trip.landed is not None, k
+        assert await leases.current("acme", "r") is None, trip.landed
+        key = run_claim_key("acme", "r")
+        claim = (await idem.lookup([key], tenant="acme")).get(key)
+        assert claim is None or claim.status is not RecordStatus.in_flight, trip.landed

@@ -102,6 +102,15 @@ class RunClaim:
             )
         except StoreReplyLostError as exc:
             rec = await self._read_back(exc, renewing=renewing)
+        except asyncio.CancelledError:
+            # Taken, maybe, with the reply cut off (Ctrl-C): dropped (a no-op if not ours)
+            # so the next resume need not wait out a claim nobody holds.
+            if not renewing:
+                cleanup = asyncio.ensure_future(self.release())  # bounded: 5 s at most
+                while not cleanup.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait({cleanup})
+            raise
         except StoreUnavailableError:
             # Said not to have taken effect; should a driver have misjudged that, dropping
             # the claim (a no-op if absent) spares the retry a wait of the whole ttl.
