@@ -321,6 +321,39 @@ def test_json_nested_just_below_and_just_over_the_limit() -> None:
         decode_outcome(over, "c")
 
 
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='ab[]{}\\"', max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=120,
+)
+
+
+@given(value=_json_values, wrap=st.integers(min_value=0, max_value=80))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_an_outcome_decodes_exactly_when_it_nests_within_the_limit(value: Any, wrap: int) -> None:
+    """Oracle: the depth of the decoded value. The limit is measured on the bytes (with a
+    fast path for payloads with few brackets), and must agree with it either way, whatever
+    brackets and escapes the strings hold."""
+    for _ in range(wrap):
+        value = [value]
+    payload = resealed(_outcome_payload(), lambda b: b.update(content=value))
+    if 1 + _depth(value) <= MAX_NESTING:
+        assert decode_outcome(payload, "c").content == value
+    else:
+        with pytest.raises(CheckpointCorruptError, match="nest"):
+            decode_outcome(payload, "c")
+
+
 def _deep_frontier(depth: int) -> Checkpoint:
     return Checkpoint(
         tenant="acme",

@@ -131,8 +131,15 @@ def _loads(data: bytes, what: str) -> Any:
 
 
 def _nesting(text: str) -> int | None:
-    """How deep ``text`` nests arrays and objects, counting at most ``MAX_NESTING + 1``;
-    ``None`` if its brackets do not pair up (it cannot be JSON)."""
+    """How deep ``text`` nests arrays and objects, counting at most ``MAX_NESTING + 1``
+    (or a bound of it within the limit); ``None`` if its brackets do not pair up (it cannot
+    be JSON)."""
+    opening = text.count("[") + text.count("{")
+    if opening <= MAX_NESTING:
+        # Nothing can nest deeper than it has brackets (brackets in strings only add to
+        # the count): most payloads end here, before any regex walks them. Unpaired ones
+        # still fail json.loads.
+        return opening
     brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text))
     depth = 0
     # Each pass removes the innermost level; passes are capped, so hostile depth is cheap.
