@@ -1,0 +1,89 @@
+"""What goes wrong with a SQLite store, said as the kit's errors: the driver's errors
+translated, and a file whose schema is missing or of another version."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from tesserix_adk.errors import (
+    AdkError,
+    CheckpointCorruptError,
+    ConfigurationError,
+    StoreUnavailableError,
+)
+
+__all__ = ["missing_schema", "refuse_null_keys", "sqlite_url", "translate", "wrong_version"]
+
+
+def sqlite_url(path: str) -> str:
+    """The ``open_stores`` URL of a file."""
+    # SQLAlchemy style: three slashes, then the path (absolute paths add their own slash).
+    return "sqlite:///" + path
+
+
+def missing_schema(path: str) -> ConfigurationError:
+    """No schema (or no file) where the stores were pointed."""
+    return ConfigurationError(
+        f"the SQLite store {path} has no tesserix schema (or does not exist); "
+        f"create it with `tesserix schema apply --store {sqlite_url(path)}`"
+    )
+
+
+def wrong_version(path: str, found: object, version: int) -> ConfigurationError:
+    """A schema version this kit does not use, with what to do about it."""
+    # Version 1 is the first: anything lower was not written by a release of the kit.
+    if isinstance(found, int) and found > version:
+        hint = "upgrade tesserix-adk to use it"
+    elif isinstance(found, int) and found >= 1:
+        hint = (
+            f"migrate it, keeping its data, with `tesserix schema apply --store {sqlite_url(path)}`"
+        )
+    else:
+        hint = "it was not created by `tesserix schema apply`"
+    return ConfigurationError(
+        f"the SQLite store {path} has schema version {found!r}, this kit needs {version}; {hint}"
+    )
+
+
+def translate(exc: sqlite3.Error, path: str, busy_timeout: float) -> AdkError:
+    """A driver error as the kit's error."""
+    code = getattr(exc, "sqlite_errorcode", -1) & 0xFF
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return StoreUnavailableError(
+            f"the SQLite store {path} is locked by another writer "
+            f"(waited up to {busy_timeout:g} s): {exc}"
+        )
+    if code == sqlite3.SQLITE_CANTOPEN:
+        return ConfigurationError(
+            f"the SQLite store {path} does not exist or cannot be opened; "
+            f"create it with `tesserix schema apply --store {sqlite_url(path)}`"
+        )
+    if code == sqlite3.SQLITE_NOTADB:
+        return ConfigurationError(f"{path} is not a SQLite database: {exc}")
+    if code == sqlite3.SQLITE_CORRUPT:
+        return CheckpointCorruptError(
+            f"the SQLite store {path} is damaged ({exc}); restore it from a backup"
+        )
+    if code == sqlite3.SQLITE_READONLY:
+        return ConfigurationError(
+            f"the SQLite store {path} is read-only for this process ({exc}); it can "
+            "be inspected, not written"
+        )
+    if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
+        return missing_schema(path)
+    return StoreUnavailableError(f"the SQLite store {path} failed: {exc}")
+
+
+def refuse_null_keys(conn: sqlite3.Connection, path: str, version: int) -> None:
+    """Refuse to migrate a version-1 file holding rows with no key (version 2 makes keys
+    NOT NULL). Such a row can never be found by its key, so it is not silently dropped:
+    an operator decides what it was."""
+    (records,) = conn.execute("SELECT count(*) FROM adk_idempotency WHERE key IS NULL").fetchone()
+    (approvals,) = conn.execute("SELECT count(*) FROM adk_approvals WHERE id IS NULL").fetchone()
+    if records or approvals:
+        raise ConfigurationError(
+            f"the SQLite store {path} holds {records} idempotency record(s) with no key and "
+            f"{approvals} approval(s) with no id; version {version} of the schema refuses "
+            "them. Inspect and delete them (e.g. DELETE FROM adk_idempotency WHERE key IS "
+            "NULL), then run `tesserix schema apply` again"
+        )
