@@ -176,14 +176,15 @@ async def resume_costs(
     return seconds, counts, built
 
 
-async def throughput(url: str, runs: int, turns: int) -> float:
+async def throughput(url: str, runs: int, turns: int, *, grouped: bool = False) -> float:
     """Durable turns per second of ``runs`` concurrent runs of ``turns`` turns in this
-    process, one runner over one set of stores (as one worker carries them)."""
+    process, one runner over one set of stores (as one worker carries them); by default
+    without write groups, as ``AgentRunner`` runs unless asked."""
     async with open_stores(url) as stores:
         await stores.create_schema()
         tag = secrets.token_hex(4)
         runner = AgentRunner.from_stores(
-            TurnsProvider(turns=turns), stores, worker="bench", group_writes=True
+            TurnsProvider(turns=turns), stores, worker="bench", group_writes=grouped
         )
         the_agent = agent(turns)
         started = time.perf_counter()

@@ -233,7 +233,8 @@ def rows(res: Any, profile: Any) -> list[tuple[str, list[list[str]], list[str]]]
             [
                 config,
                 *(f"{by[str(k)]:,.0f}" for k in profile.ks),
-                f"{by[str(profile.ks[-1])] / first:.2f}\u00d7 (target ≥ 4\u00d7)",
+                f"{by[str(profile.ks[-1])] / first:.2f}\u00d7"
+                + ("" if "(" in config else " (target ≥ 4\u00d7)"),
             ]
         )
     out.append(

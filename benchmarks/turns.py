@@ -451,11 +451,16 @@ def phase_concurrency(run: Runner, profile: Profile, res: Results, configs: list
     for config in configs:
         if config not in ("sqlite-full", "sqlite-normal", "postgres"):
             continue
-        res.throughput[config] = {}
-        for k in profile.ks:
-            with run.env.place(config) as place:
-                rate = asyncio.run(ours.throughput(place.url, k, profile.k_turns))
-            res.throughput[config][str(k)] = rate
+        # The default (no write groups), which the targets are read on, and write groups,
+        # which hold SQLite's one connection from a turn's first write to its commit.
+        for grouped, name in ((False, config), (True, f"{config} (write groups)")):
+            res.throughput[name] = {}
+            for k in profile.ks:
+                with run.env.place(config) as place:
+                    rate = asyncio.run(
+                        ours.throughput(place.url, k, profile.k_turns, grouped=grouped)
+                    )
+                res.throughput[name][str(k)] = rate
         _say(f"  concurrency: {config} done")
 
 
