@@ -14,11 +14,22 @@ from tesserix_adk.stores.protocols import IdempotencyRecord
 from tesserix_adk.stores.urls import open_stores
 
 
-@pytest.mark.parametrize("store", ["memory://", "sqlite"])
+@pytest.mark.parametrize("store", ["memory://", "sqlite", "postgres"])
 async def test_a_plan_reads_the_records_of_its_frontiers_turn_alone_without_outcomes(
     tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stores = open_stores(store if store != "sqlite" else f"sqlite:///{tmp_path / 'a.sqlite3'}")
+    if store == "postgres":
+        from adapters import services
+
+        async with services.postgres_schema() as schema:
+            await _plans_read_their_turn_alone(services.schema_url(schema), monkeypatch)
+        return
+    url = store if store != "sqlite" else f"sqlite:///{tmp_path / 'a.sqlite3'}"
+    await _plans_read_their_turn_alone(url, monkeypatch)
+
+
+async def _plans_read_their_turn_alone(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    stores = open_stores(url)
     await stores.create_schema()
 
     @tool

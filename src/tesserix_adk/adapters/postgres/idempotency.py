@@ -32,6 +32,7 @@ class _SQL(Statements):
     release: str
     lookup: str
     records: str
+    records_from: str
     resolve: str
 
 
@@ -158,6 +159,18 @@ class PostgresIdempotencyStore(FencedStore):
         """Every live record of the run, by (iteration, since, key); the run claim first."""
         rows = await self.database.rows(
             f"listing the records of run {run_id!r}", self._sql.records, run_params(tenant, run_id)
+        )
+        return [_record(row) for row in rows]
+
+    async def records_from(
+        self, tenant: str, run_id: str, iteration: int
+    ) -> list[IdempotencyRecord]:
+        """The run's live tool-call records from ``iteration`` on, outcomes left out
+        (``RecordsFrom``): what planning a resume reads, however long the run is."""
+        rows = await self.database.rows(
+            f"listing the records of run {run_id!r} from iteration {iteration}",
+            self._sql.records_from,
+            run_params(tenant, run_id, iteration=iteration),
         )
         return [_record(row) for row in rows]
 
