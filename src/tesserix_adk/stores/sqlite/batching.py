@@ -14,12 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from tesserix_adk.errors import StoreUnavailableError
 
 __all__ = ["BatchOutcome", "PendingWrite", "run_batch"]
 
@@ -79,11 +78,36 @@ def run_batch(
     path: str,
 ) -> tuple[list[BatchOutcome], bool]:
     """Run ``fns`` in one ``BEGIN IMMEDIATE`` … ``COMMIT``, each in a savepoint; the
-    outcome of each (errors raw: the caller translates them) and whether it committed.
+    outcome of each and whether anything was committed.
 
-    A raw ``sqlite3.Error`` or ``CommitInDoubt`` in an outcome is for the caller to
-    translate, as it does for a transaction of one.
+    A write whose error made SQLite roll the whole transaction back (a full disk, an I/O
+    error, an interrupt) fails alone: the others, unanswered so far, run again in a fresh
+    transaction, as they would have alone. Errors come back raw (a ``sqlite3.Error`` or a
+    ``CommitInDoubt``): the caller translates them, as it does for a transaction of one.
     """
+    outcomes = [BatchOutcome() for _ in fns]
+    todo = list(range(len(fns)))
+    committed = False
+    while todo:  # each round answers at least one write, so this ends
+        try:
+            todo, done = _round(conn, fns, todo, outcomes, path)
+        except Exception as exc:  # a savepoint statement: the round was rolled back
+            for i in todo:
+                outcomes[i] = BatchOutcome(error=exc)
+            break
+        committed = committed or done
+    return outcomes, committed
+
+
+def _round(
+    conn: sqlite3.Connection,
+    fns: Sequence[Callable[[sqlite3.Connection], Any]],
+    todo: list[int],
+    outcomes: list[BatchOutcome],
+    path: str,
+) -> tuple[list[int], bool]:
+    """One transaction over the writes ``todo``; the ones to run again, and whether it
+    committed."""
     if conn.in_transaction:
         # A write group whose owner vanished without committing: what it held is lost, as
         # it would be had the process died there.
@@ -92,34 +116,39 @@ def run_batch(
     try:
         conn.execute("BEGIN IMMEDIATE")
     except sqlite3.Error as exc:
-        return [BatchOutcome(error=exc)] * len(fns), False
-    outcomes: list[BatchOutcome] = []
+        for i in todo:
+            outcomes[i] = BatchOutcome(error=exc)
+        return [], False
+    # A name no write can know, so none can shadow it and be rolled back only in part.
+    savepoint = f"adk_batch_{secrets.token_hex(6)}"
     kept: list[int] = []  # the writes that stand, to be committed
     try:
-        for i, fn in enumerate(fns):
-            if not conn.in_transaction:
-                # An earlier write's failure ended the whole transaction: none of this
-                # batch was written, and the rest are not tried in one nobody commits.
-                outcomes.append(BatchOutcome(error=_lost(path)))
-                continue
-            conn.execute("SAVEPOINT adk_batch")
+        for at, i in enumerate(todo):
+            conn.execute(f"SAVEPOINT {savepoint}")
             try:
-                value = fn(conn)
-            except Exception as exc:
+                value = fns[i](conn)
+            except BaseException as exc:
+                outcomes[i] = BatchOutcome(error=exc)
                 if conn.in_transaction:
-                    conn.execute("ROLLBACK TO adk_batch")
-                    conn.execute("RELEASE adk_batch")
-                else:
-                    for j in kept:
-                        outcomes[j] = BatchOutcome(error=_lost(path))
-                    kept.clear()
-                outcomes.append(BatchOutcome(error=exc))
-                continue
-            conn.execute("RELEASE adk_batch")
+                    conn.execute(f"ROLLBACK TO {savepoint}")
+                    conn.execute(f"RELEASE {savepoint}")
+                    continue
+                if _rolled_back_by_sqlite(exc):
+                    # SQLite rolled the whole transaction back for this write: the others
+                    # were not written and nobody heard of them; they go again.
+                    return kept + todo[at + 1 :], False
+                # The write ended the transaction itself, then raised: whether what came
+                # before was committed cannot be told.
+                _in_doubt(kept, outcomes, "a write of the batch ended its transaction")
+                return todo[at + 1 :], False
+            if not conn.in_transaction:
+                # The write ran COMMIT or ROLLBACK itself: it and those before it were
+                # committed or undone, which cannot be told.
+                _in_doubt([*kept, i], outcomes, "a write of the batch ended its transaction")
+                return todo[at + 1 :], False
+            conn.execute(f"RELEASE {savepoint}")
             kept.append(i)
-            outcomes.append(BatchOutcome(value=value))
-        if not conn.in_transaction:
-            return outcomes, False
+            outcomes[i] = BatchOutcome(value=value)
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -130,16 +159,32 @@ def run_batch(
             error: Exception = exc if conn.in_transaction else CommitInDoubt(exc)
             for j in kept:
                 outcomes[j] = BatchOutcome(error=error)
-            return outcomes, False
-        return outcomes, True
+            return [], False
+        return [], True
     finally:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
 
 
-def _lost(path: str) -> StoreUnavailableError:
-    return StoreUnavailableError(
-        f"SQLite rolled back the transaction on {path} this write was batched in (another "
-        "write of it failed); nothing of it was written"
-    )
+def _in_doubt(indices: Sequence[int], outcomes: list[BatchOutcome], why: str) -> None:
+    for j in indices:
+        outcomes[j] = BatchOutcome(error=CommitInDoubt(sqlite3.OperationalError(why)))
+
+
+# The errors after which SQLite may roll back the whole transaction by itself
+# (https://www.sqlite.org/lang_transaction.html, "Response To Errors Within A Transaction").
+_ROLLING_BACK = frozenset(
+    {
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_INTERRUPT,
+    }
+)
+
+
+def _rolled_back_by_sqlite(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", -1) & 0xFF
+    return isinstance(exc, sqlite3.Error) and code in _ROLLING_BACK

@@ -35,6 +35,7 @@ import contextlib
 import functools
 import logging
 import os
+import secrets
 import sqlite3
 import weakref
 from collections import deque
@@ -143,14 +144,19 @@ class SqliteDatabase:
         while True:
             loop = asyncio.get_running_loop()
             pending = PendingWrite(fn, loop, loop.create_future())
+            if self._closed:
+                raise ConfigurationError(f"the SQLite store {self.path} was closed")
             self._writes.append(pending)
             try:
                 # Its own turn in the thread: an earlier turn may have run it by then.
                 self._queue(self._drain)
             except BaseException:
-                with contextlib.suppress(ValueError):
+                try:
                     self._writes.remove(pending)
-                raise
+                except ValueError:
+                    pass  # an earlier turn took it (before a close): its answer comes
+                else:
+                    raise
             outcome = await pending.done
             if not isinstance(outcome, Held):
                 return outcome  # type: ignore[no-any-return]
@@ -173,7 +179,7 @@ class SqliteDatabase:
             outcomes, committed = run_batch(
                 self._connection(), [p.fn for p in batch], path=self.path
             )
-        except Exception as exc:  # the connection, a savepoint: nothing of it was written
+        except BaseException as exc:  # opening the connection: nothing of it was written
             outcomes, committed = [BatchOutcome(error=exc)] * len(batch), False
         if committed:
             self._commits += 1
@@ -328,13 +334,15 @@ class SqliteDatabase:
                 raise StoreUnavailableError(group.lost)
             conn.execute("BEGIN IMMEDIATE")
             group.begun = True
-        conn.execute("SAVEPOINT adk_write")
+        # A name no write can know, so none can shadow it (as in ``batching``).
+        savepoint = f"adk_write_{secrets.token_hex(6)}"
+        conn.execute(f"SAVEPOINT {savepoint}")
         try:
             result = fn(conn)
         except BaseException as exc:
             if conn.in_transaction:
-                conn.execute("ROLLBACK TO adk_write")
-                conn.execute("RELEASE adk_write")
+                conn.execute(f"ROLLBACK TO {savepoint}")
+                conn.execute(f"RELEASE {savepoint}")
             else:
                 # SQLite ended the whole transaction (a full disk, an I/O error): what
                 # joined before is gone, and nothing more may join as if it were not.
@@ -343,7 +351,7 @@ class SqliteDatabase:
                     "it was committed"
                 )
             raise
-        conn.execute("RELEASE adk_write")
+        conn.execute(f"RELEASE {savepoint}")
         return result
 
     def _commit_group(self, group: SqliteWriteGroup) -> None:
@@ -420,6 +428,11 @@ class SqliteDatabase:
         return "ro&immutable=1"
 
     def _close_connection(self) -> None:
+        if self._held is not None:
+            # A group can no longer commit on a closed store: it is lost, and whoever waits
+            # for it is woken to find the store closed.
+            self._held.lost = f"the SQLite store {self.path} was closed"
+            self._let_go()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
