@@ -12,6 +12,7 @@ from tesserix_adk.testing import FakeClock
 
 if TYPE_CHECKING:
     from adapters.cluster import ThrowawayCluster
+    from adapters.pooler import PgBouncer
 
 
 @pytest.fixture
@@ -32,6 +33,17 @@ def redis_cluster() -> Iterator[ThrowawayCluster]:
 
     with start_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def shared_pgbouncer() -> Iterator[PgBouncer]:
+    """A PgBouncer in transaction mode of the session's own, for tests that only connect
+    through it (one per test costs a process start each); skips without pgbouncer (fails
+    under CI=true). Tests that configure a pooler start their own."""
+    from adapters.pooler import pgbouncer
+
+    with pgbouncer() as bouncer:
+        yield bouncer
 
 
 @pytest.fixture

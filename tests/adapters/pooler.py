@@ -10,6 +10,7 @@ refuses the ``options`` startup parameter) and turns prepared statements off
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -132,13 +133,17 @@ def pgbouncer(
 
 
 @asynccontextmanager
-async def pooled_postgres_stores(*, keep_last: int | None = None) -> AsyncIterator[Stores]:
-    """``open_stores`` through a PgBouncer of its own, in a fresh schema (applied through
-    the pooler too; dropped after)."""
+async def pooled_postgres_stores(
+    *, keep_last: int | None = None, bouncer: PgBouncer | None = None
+) -> AsyncIterator[Stores]:
+    """``open_stores`` through a PgBouncer (``bouncer``, e.g. the session's, else one of
+    its own), in a fresh schema (applied through the pooler too; dropped after)."""
     from tesserix_adk.adapters.postgres import open_postgres_stores
 
     async with services.postgres_schema() as schema:
-        with pgbouncer() as bouncer:
+        with contextlib.ExitStack() as own:
+            if bouncer is None:
+                bouncer = own.enter_context(pgbouncer())
             url = bouncer.stores_url(schema)
             if keep_last is not None:
                 url = services.with_query(url, keep_last=str(keep_last))

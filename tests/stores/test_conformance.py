@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from adapters.cluster import ThrowawayCluster, cluster_stores
-from adapters.pooler import pooled_postgres_stores
+from adapters.pooler import PgBouncer, pooled_postgres_stores
 from adapters.services import postgres_stores, redis_stores
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
@@ -168,12 +168,12 @@ async def open_postgres(
 
 @asynccontextmanager
 async def open_postgres_pgbouncer(
-    clock: FakeClock | None, keep_last: int | None, tmp_path: Path
+    clock: FakeClock | None, keep_last: int | None, tmp_path: Path, *, bouncer: PgBouncer
 ) -> AsyncIterator[StoreSet]:
-    # The same, through a PgBouncer of the test's own in transaction mode: each statement
-    # may reach another server connection (schema= and prepare_threshold=none in the URL).
+    # The same, through the session's PgBouncer in transaction mode: each statement may
+    # reach another server connection (schema= and prepare_threshold=none in the URL).
     assert clock is None
-    async with pooled_postgres_stores(keep_last=keep_last) as opened:
+    async with pooled_postgres_stores(keep_last=keep_last, bouncer=bouncer) as opened:
         yield _store_set(opened)
 
 
@@ -316,8 +316,11 @@ BACKENDS: dict[str, Backend] = {
     "postgres": Backend(
         open=open_postgres, runs_on_fake_clock=False, count_round_trips=count_postgres
     ),
+    # ``open`` gets the session's pooler from the ``backend`` fixture.
     "postgres-pgbouncer": Backend(
-        open=open_postgres_pgbouncer, runs_on_fake_clock=False, count_round_trips=count_postgres
+        open=open_postgres_pgbouncer,  # type: ignore[arg-type]
+        runs_on_fake_clock=False,
+        count_round_trips=count_postgres,
     ),
 }
 
@@ -328,6 +331,9 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "redis-cluster":
         cluster = request.getfixturevalue("redis_cluster")
         return dataclasses.replace(chosen, open=functools.partial(chosen.open, cluster=cluster))
+    if request.param == "postgres-pgbouncer":
+        bouncer = request.getfixturevalue("shared_pgbouncer")
+        return dataclasses.replace(chosen, open=functools.partial(chosen.open, bouncer=bouncer))
     return chosen
 
 
