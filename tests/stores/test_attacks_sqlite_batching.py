@@ -32,7 +32,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.stores.grouping import group_scope
 from tesserix_adk.stores.sqlite import SqliteDatabase, SqliteLeaseStore
-from tesserix_adk.stores.sqlite.batching import CommitInDoubt, run_batch
+from tesserix_adk.stores.sqlite.batching import CommitInDoubt, run_batch, savepoint_name
 
 LIMIT = 3.0  # seconds a caller may wait before it counts as hung
 
@@ -322,6 +322,7 @@ def test_a_failed_commit_fails_every_kept_write_and_spares_the_refused_ones_erro
             _CommitFails(conn, ends=ends),  # type: ignore[arg-type]
             [_put("a"), refuse, _put("b")],
             path=path,
+            savepoint=savepoint_name(),
         )
         assert not committed and not conn.in_transaction
         assert isinstance(outcomes[1].error, Refused)

@@ -98,7 +98,7 @@ def test_no_write_of_a_batch_is_answered_before_its_commit(tmp_path: Path) -> No
     """A COMMIT refused (here a deferred foreign key, checked only there) leaves every
     write of the batch failed with that error and nothing of them in the file: nobody was
     answered from a savepoint."""
-    from tesserix_adk.stores.sqlite.batching import run_batch
+    from tesserix_adk.stores.sqlite.batching import run_batch, savepoint_name
 
     conn = sqlite3.connect(tmp_path / "f.sqlite3", isolation_level=None)
     try:
@@ -117,14 +117,18 @@ def test_no_write_of_a_batch_is_answered_before_its_commit(tmp_path: Path) -> No
             return fn
 
         conn.execute("INSERT INTO p (id) VALUES (1)")
-        outcomes, committed = run_batch(conn, [insert(1, 1), insert(2, 99), insert(3, 1)], path="f")
+        outcomes, committed = run_batch(
+            conn, [insert(1, 1), insert(2, 99), insert(3, 1)], path="f", savepoint=savepoint_name()
+        )
         assert not committed
         assert [type(o.error) for o in outcomes] == [sqlite3.IntegrityError] * 3
         assert [o.value for o in outcomes] == [None, None, None]
         assert not conn.in_transaction
         assert conn.execute("SELECT count(*) FROM c").fetchone() == (0,)
         # The same writes without the orphan commit together.
-        outcomes, committed = run_batch(conn, [insert(1, 1), insert(3, 1)], path="f")
+        outcomes, committed = run_batch(
+            conn, [insert(1, 1), insert(3, 1)], path="f", savepoint=savepoint_name()
+        )
         assert committed and [o.value for o in outcomes] == [1, 3]
     finally:
         conn.close()
@@ -137,8 +141,8 @@ async def test_commit_in_doubt_reaches_every_write_of_the_batch_as_reply_lost(
 
     real = batching.run_batch
 
-    def in_doubt(conn: sqlite3.Connection, fns: Any, *, path: str) -> Any:
-        outcomes, _ = real(conn, fns, path=path)
+    def in_doubt(conn: sqlite3.Connection, fns: Any, **options: Any) -> Any:
+        outcomes, _ = real(conn, fns, **options)
         doubt = batching.CommitInDoubt(sqlite3.OperationalError("disk I/O error"))
         return [batching.BatchOutcome(error=doubt) for _ in outcomes], False
 

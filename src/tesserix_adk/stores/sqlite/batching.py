@@ -20,9 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BatchOutcome", "PendingWrite", "run_batch"]
+__all__ = ["BatchOutcome", "PendingWrite", "run_batch", "savepoint_name"]
 
 _log = logging.getLogger("tesserix_adk.stores.sqlite")
+
+
+def savepoint_name() -> str:
+    """A savepoint name for one database: random, so no write can know it, and the same
+    for every write, so its statements stay in the connection's statement cache."""
+    return f"adk_{secrets.token_hex(6)}"
 
 
 @dataclass(slots=True)
@@ -76,6 +82,7 @@ def run_batch(
     fns: Sequence[Callable[[sqlite3.Connection], Any]],
     *,
     path: str,
+    savepoint: str,
 ) -> tuple[list[BatchOutcome], bool]:
     """Run ``fns`` in one ``BEGIN IMMEDIATE`` … ``COMMIT``, each in a savepoint; the
     outcome of each and whether anything was committed.
@@ -84,13 +91,15 @@ def run_batch(
     error, an interrupt) fails alone: the others, unanswered so far, run again in a fresh
     transaction, as they would have alone. Errors come back raw (a ``sqlite3.Error`` or a
     ``CommitInDoubt``): the caller translates them, as it does for a transaction of one.
+    ``savepoint`` is the name each write's savepoint takes: one no write can know (see
+    ``savepoint_name``), so none can shadow it and be rolled back only in part.
     """
     outcomes = [BatchOutcome() for _ in fns]
     todo = list(range(len(fns)))
     committed = False
     while todo:  # each round answers at least one write, so this ends
         try:
-            todo, done = _round(conn, fns, todo, outcomes, path)
+            todo, done = _round(conn, fns, todo, outcomes, path, savepoint)
         except Exception as exc:  # a savepoint statement: the round was rolled back
             for i in todo:
                 outcomes[i] = BatchOutcome(error=exc)
@@ -105,6 +114,7 @@ def _round(
     todo: list[int],
     outcomes: list[BatchOutcome],
     path: str,
+    savepoint: str,
 ) -> tuple[list[int], bool]:
     """One transaction over the writes ``todo``; the ones to run again, and whether it
     committed."""
@@ -119,8 +129,6 @@ def _round(
         for i in todo:
             outcomes[i] = BatchOutcome(error=exc)
         return [], False
-    # A name no write can know, so none can shadow it and be rolled back only in part.
-    savepoint = f"adk_batch_{secrets.token_hex(6)}"
     kept: list[int] = []  # the writes that stand, to be committed
     try:
         for at, i in enumerate(todo):

@@ -35,7 +35,6 @@ import contextlib
 import functools
 import logging
 import os
-import secrets
 import sqlite3
 import weakref
 from collections import deque
@@ -55,6 +54,7 @@ from tesserix_adk.stores.sqlite.batching import (
     CommitInDoubt,
     PendingWrite,
     run_batch,
+    savepoint_name,
 )
 from tesserix_adk.stores.sqlite.failures import (
     missing_schema,
@@ -114,6 +114,7 @@ class SqliteDatabase:
         # Writes waiting for the thread; whatever is here when it gets to them shares one
         # transaction (``batching``). A deque: appended on loops, emptied in the thread.
         self._writes: deque[PendingWrite] = deque()
+        self._savepoint = savepoint_name()
         # Read from the package's migration files now, so the first call cannot fail on it.
         self.schema = SqliteSchema.load()
 
@@ -177,7 +178,10 @@ class SqliteDatabase:
             return
         try:
             outcomes, committed = run_batch(
-                self._connection(), [p.fn for p in batch], path=self.path
+                self._connection(),
+                [p.fn for p in batch],
+                path=self.path,
+                savepoint=self._savepoint,
             )
         except BaseException as exc:  # opening the connection: nothing of it was written
             outcomes, committed = [BatchOutcome(error=exc)] * len(batch), False
@@ -334,8 +338,8 @@ class SqliteDatabase:
                 raise StoreUnavailableError(group.lost)
             conn.execute("BEGIN IMMEDIATE")
             group.begun = True
-        # A name no write can know, so none can shadow it (as in ``batching``).
-        savepoint = f"adk_write_{secrets.token_hex(6)}"
+        # A name no write can know, so none can shadow it (``batching.savepoint_name``).
+        savepoint = self._savepoint
         conn.execute(f"SAVEPOINT {savepoint}")
         try:
             result = fn(conn)
