@@ -19,7 +19,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import quote, urlencode
 
 import pytest
@@ -156,3 +156,55 @@ async def postgres_stores(
             yield stores
         finally:
             await stores.aclose()
+
+
+class SharedSchema:
+    """One schema with the kit's tables applied once for a whole session, emptied before
+    each use: the conformance suites need empty stores, not a schema built for each test
+    (creating, applying and dropping one costs more than most of their tests)."""
+
+    def __init__(self) -> None:
+        self.name = f"adktest_shared_{secrets.token_hex(6)}"
+        self._admin: Any = None
+
+    def open(self) -> None:
+        """Create the schema and apply the kit's tables (skips when PostgreSQL is down)."""
+        import asyncio
+
+        import psycopg
+
+        from tesserix_adk.adapters.postgres import open_postgres_stores
+
+        try:
+            self._admin = psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=3)
+        except psycopg.OperationalError as exc:
+            unavailable(f"PostgreSQL at {POSTGRES_URL} cannot be reached: {exc}")
+        self._admin.execute(f'CREATE SCHEMA "{self.name}"')
+
+        async def apply() -> None:
+            stores = open_postgres_stores(schema_url(self.name))
+            try:
+                await stores.create_schema()
+            finally:
+                await stores.aclose()
+
+        asyncio.run(apply())
+
+    def emptied(self) -> str:
+        """Empty every kit table but the schema version; the schema's name."""
+        from tesserix_adk.adapters.postgres.statements import TABLES
+
+        # DELETE, not TRUNCATE: a test leaves a few rows, and TRUNCATE swaps every
+        # table's files, which costs more than the test.
+        with self._admin.transaction():
+            for table in TABLES:
+                if table != "adk_schema_version":
+                    self._admin.execute(f'DELETE FROM "{self.name}".{table}')
+        return self.name
+
+    def close(self) -> None:
+        if self._admin is not None:
+            try:
+                self._admin.execute(f'DROP SCHEMA IF EXISTS "{self.name}" CASCADE')
+            finally:
+                self._admin.close()

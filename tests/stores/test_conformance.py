@@ -12,7 +12,7 @@ import functools
 import itertools
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,7 @@ import pytest
 
 from adapters.cluster import ThrowawayCluster, cluster_stores
 from adapters.pooler import PgBouncer, pooled_postgres_stores
-from adapters.services import postgres_stores, redis_stores
+from adapters.services import SharedSchema, postgres_stores, redis_stores, schema_url
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
 from tesserix_adk.stores.bundle import Stores
@@ -158,23 +158,49 @@ async def open_redis_cluster(
 
 @asynccontextmanager
 async def open_postgres(
-    clock: FakeClock | None, keep_last: int | None, tmp_path: Path
+    clock: FakeClock | None, keep_last: int | None, tmp_path: Path, *, shared: SharedSchema
 ) -> AsyncIterator[StoreSet]:
-    # PostgreSQL decides expiry by clock_timestamp(); each test gets its own schema.
+    # PostgreSQL decides expiry by clock_timestamp(). The test's stores: the session's
+    # schema, emptied; a further store of the test (make_checkpoint_store) gets a schema of
+    # its own, so the two never share a table.
     assert clock is None
-    async with postgres_stores(keep_last=keep_last) as opened:
+    if keep_last is not None:
+        async with postgres_stores(keep_last=keep_last) as opened:
+            yield _store_set(opened)
+        return
+    async with _opened(schema_url(shared.emptied())) as opened:
         yield _store_set(opened)
 
 
 @asynccontextmanager
 async def open_postgres_pgbouncer(
-    clock: FakeClock | None, keep_last: int | None, tmp_path: Path, *, bouncer: PgBouncer
+    clock: FakeClock | None,
+    keep_last: int | None,
+    tmp_path: Path,
+    *,
+    bouncer: PgBouncer,
+    shared: SharedSchema,
 ) -> AsyncIterator[StoreSet]:
     # The same, through the session's PgBouncer in transaction mode: each statement may
     # reach another server connection (schema= and prepare_threshold=none in the URL).
     assert clock is None
-    async with pooled_postgres_stores(keep_last=keep_last, bouncer=bouncer) as opened:
+    if keep_last is not None:
+        async with pooled_postgres_stores(keep_last=keep_last, bouncer=bouncer) as opened:
+            yield _store_set(opened)
+        return
+    async with _opened(bouncer.stores_url(shared.emptied())) as opened:
         yield _store_set(opened)
+
+
+@asynccontextmanager
+async def _opened(url: str) -> AsyncIterator[Stores]:
+    from tesserix_adk.adapters.postgres import open_postgres_stores
+
+    stores = open_postgres_stores(url)
+    try:
+        yield stores
+    finally:
+        await stores.aclose()
 
 
 def _store_set(opened: Stores) -> StoreSet:
@@ -313,10 +339,12 @@ BACKENDS: dict[str, Backend] = {
         runs_on_fake_clock=False,
         count_round_trips=count_redis,
     ),
+    # ``open`` gets the session's schema (and pooler) from the ``backend`` fixture.
     "postgres": Backend(
-        open=open_postgres, runs_on_fake_clock=False, count_round_trips=count_postgres
+        open=open_postgres,  # type: ignore[arg-type]
+        runs_on_fake_clock=False,
+        count_round_trips=count_postgres,
     ),
-    # ``open`` gets the session's pooler from the ``backend`` fixture.
     "postgres-pgbouncer": Backend(
         open=open_postgres_pgbouncer,  # type: ignore[arg-type]
         runs_on_fake_clock=False,
@@ -331,10 +359,27 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "redis-cluster":
         cluster = request.getfixturevalue("redis_cluster")
         return dataclasses.replace(chosen, open=functools.partial(chosen.open, cluster=cluster))
+    if request.param == "postgres":
+        shared = request.getfixturevalue("shared_pg_schema")
+        return dataclasses.replace(chosen, open=functools.partial(chosen.open, shared=shared))
     if request.param == "postgres-pgbouncer":
         bouncer = request.getfixturevalue("shared_pgbouncer")
-        return dataclasses.replace(chosen, open=functools.partial(chosen.open, bouncer=bouncer))
+        shared = request.getfixturevalue("shared_pg_schema")
+        return dataclasses.replace(
+            chosen, open=functools.partial(chosen.open, bouncer=bouncer, shared=shared)
+        )
     return chosen
+
+
+@pytest.fixture(scope="session")
+def shared_pg_schema() -> Iterator[SharedSchema]:
+    """The PostgreSQL backends' schema, applied once and emptied before each test."""
+    shared = SharedSchema()
+    try:
+        shared.open()
+        yield shared
+    finally:
+        shared.close()
 
 
 @pytest.fixture
