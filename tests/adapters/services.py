@@ -143,19 +143,26 @@ async def postgres_stores(
 ) -> AsyncIterator[Stores]:
     """``open_stores`` on the test PostgreSQL in a schema of its own, applied unless
     ``create_schema=False``; the schema is dropped after."""
-    from tesserix_adk.adapters.postgres import open_postgres_stores
-
     async with postgres_schema() as schema:
         url = schema_url(schema)
         if keep_last is not None:
             url = with_query(url, keep_last=str(keep_last))
-        stores = open_postgres_stores(url)
-        try:
+        async with postgres_stores_at(url) as stores:
             if create_schema:
                 await stores.create_schema()
             yield stores
-        finally:
-            await stores.aclose()
+
+
+@asynccontextmanager
+async def postgres_stores_at(url: str) -> AsyncIterator[Stores]:
+    """``open_postgres_stores(url)``, closed after; nothing created or dropped."""
+    from tesserix_adk.adapters.postgres import open_postgres_stores
+
+    stores = open_postgres_stores(url)
+    try:
+        yield stores
+    finally:
+        await stores.aclose()
 
 
 class SharedSchema:

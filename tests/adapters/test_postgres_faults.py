@@ -4,8 +4,6 @@ test's own: every call is bounded, and its error says whether the outcome is unk
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,7 +14,6 @@ from adapters import services
 from adapters.throwaway import free_port, reply_dropping_proxy
 from tesserix_adk.adapters.postgres import open_postgres_stores
 from tesserix_adk.errors import ConfigurationError, StoreReplyLostError, StoreUnavailableError
-from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import RecordStatus, ToolFlags
 
 pytestmark = pytest.mark.postgres
@@ -25,15 +22,6 @@ T = "acme"
 R = "run-1"
 # Far longer than any bounded call takes: reaching it means the call was not bounded.
 HANG = 30.0
-
-
-@asynccontextmanager
-async def _stores(url: str) -> AsyncIterator[Stores]:
-    stores = open_postgres_stores(url)
-    try:
-        yield stores
-    finally:
-        await stores.aclose()
 
 
 async def _bounded(call: Any) -> Any:
@@ -56,7 +44,7 @@ def test_timeout_is_a_kit_option_of_the_url() -> None:
 async def test_statements_carry_statement_and_lock_timeouts_and_connections_keepalives(
     pg_url: str,
 ) -> None:
-    async with _stores(services.with_query(pg_url, timeout="4")) as stores:
+    async with services.postgres_stores_at(services.with_query(pg_url, timeout="4")) as stores:
         await stores.create_schema()
         database = stores.leases.database  # type: ignore[attr-defined]
         # What a statement of the stores runs under: its own transaction's settings.
@@ -79,7 +67,7 @@ async def test_statements_carry_statement_and_lock_timeouts_and_connections_keep
 async def test_a_statement_blocked_by_a_row_lock_is_cancelled_and_refused_whole(
     pg_url: str, pg_admin: psycopg.AsyncConnection[Any]
 ) -> None:
-    async with _stores(services.with_query(pg_url, timeout="2")) as stores:
+    async with services.postgres_stores_at(services.with_query(pg_url, timeout="2")) as stores:
         await stores.create_schema()
         lease = await stores.leases.acquire(T, R, "worker-a", 30)
         # Another session holds the lease row: the renewal waits for its lock.
@@ -101,7 +89,7 @@ async def test_a_statement_blocked_by_a_row_lock_is_cancelled_and_refused_whole(
 async def test_a_statement_blocked_by_an_advisory_lock_hits_statement_timeout(
     pg_url: str, pg_admin: psycopg.AsyncConnection[Any]
 ) -> None:
-    async with _stores(services.with_query(pg_url, timeout="2")) as stores:
+    async with services.postgres_stores_at(services.with_query(pg_url, timeout="2")) as stores:
         await stores.create_schema()
         database = stores.leases.database  # type: ignore[attr-defined]
         await pg_admin.execute("SELECT pg_advisory_lock(20, 3)")
@@ -123,8 +111,10 @@ async def test_a_reply_that_never_comes_hits_the_client_deadline_outcome_unknown
             pg_schema, f"postgresql://postgres@127.0.0.1:{proxy.listen_port}{where.path}"
         )
         async with (
-            _stores(services.with_query(url, timeout="1.5", pool_min="1", pool_max="1")) as via,
-            _stores(services.schema_url(pg_schema)) as direct,
+            services.postgres_stores_at(
+                services.with_query(url, timeout="1.5", pool_min="1", pool_max="1")
+            ) as via,
+            services.postgres_stores_at(services.schema_url(pg_schema)) as direct,
         ):
             await direct.create_schema()
             await via.leases.current(T, "warm-up")  # the pool's one connection is open
@@ -146,8 +136,10 @@ async def test_a_connection_lost_mid_statement_is_outcome_unknown(pg_schema: str
             pg_schema, f"postgresql://postgres@127.0.0.1:{proxy.listen_port}{where.path}"
         )
         async with (
-            _stores(services.with_query(url, pool_min="1", pool_max="1")) as via,
-            _stores(services.schema_url(pg_schema)) as direct,
+            services.postgres_stores_at(
+                services.with_query(url, pool_min="1", pool_max="1")
+            ) as via,
+            services.postgres_stores_at(services.schema_url(pg_schema)) as direct,
         ):
             await direct.create_schema()
             await via.idempotency.lookup(["warm-up"], tenant=T)
@@ -172,7 +164,7 @@ async def test_a_connection_lost_mid_statement_is_outcome_unknown(pg_schema: str
 
 async def test_a_server_nobody_can_connect_to_is_unavailable_not_in_doubt() -> None:
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/test?timeout=1"
-    async with _stores(url) as stores:
+    async with services.postgres_stores_at(url) as stores:
         for attempt in (stores.leases.current(T, R), stores.leases.acquire(T, R, "w", 30)):
             with pytest.raises(StoreUnavailableError) as failed:
                 await _bounded(attempt)

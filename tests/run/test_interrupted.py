@@ -108,13 +108,11 @@ async def test_python_3_11_wait_for_loses_a_cancellation_that_arrives_with_the_r
     outer.uncancel()
 
 
-async def test_an_interrupt_lost_as_the_resume_seals_its_stores_stops_it_sending_nothing(
+async def _died_after_the_model_call(
     airline: Airline,
-) -> None:
-    """The flaky `test_ctrl_c_of_run_resume_releases_its_lease_and_resume_claim[redis]`,
-    made certain: the resume takes the lease, the interrupt lands as it seals the first
-    store and is lost there. The resume must stop (the CLI's 130) with book_seat unsent and
-    its lease and resume claim released, not book the seat and complete (the CLI's 0)."""
+) -> tuple[FaultyCheckpointStore, MemoryIdempotencyStore, MemoryLeaseStore, Any]:
+    """Run "r" of the booking agent, its process dead right after its first
+    ``after_model_call`` frontier (nothing claimed); its stores and agent, to resume."""
     store = FaultyCheckpointStore(MemoryCheckpointStore(), crash_after=_at("after_model_call", 1))
     idem, leases = MemoryIdempotencyStore(), MemoryLeaseStore()
     agent = booking_agent(airline)
@@ -124,6 +122,17 @@ async def test_an_interrupt_lost_as_the_resume_seals_its_stores_stops_it_sending
     with pytest.raises(SimulatedCrash):
         await died.run(agent, "book", tenant="acme", run_id="r")
     store.crash_after = None
+    return store, idem, leases, agent
+
+
+async def test_an_interrupt_lost_as_the_resume_seals_its_stores_stops_it_sending_nothing(
+    airline: Airline,
+) -> None:
+    """The flaky `test_ctrl_c_of_run_resume_releases_its_lease_and_resume_claim[redis]`,
+    made certain: the resume takes the lease, the interrupt lands as it seals the first
+    store and is lost there. The resume must stop (the CLI's 130) with book_seat unsent and
+    its lease and resume claim released, not book the seat and complete (the CLI's 0)."""
+    store, idem, leases, agent = await _died_after_the_model_call(airline)
     assert airline.bookings == []
 
     provider = Recording(ScriptedProvider(BOOK_TURNS))
@@ -222,18 +231,7 @@ async def test_an_interrupt_cutting_off_any_reply_of_the_resume_leaves_nothing_h
     asked but before its reply came back: neither the lease nor the resume claim is left
     behind for the next resume to wait out (seen on PostgreSQL in CI: the lease's grant)."""
     for k in range(1, 8):
-        airline = Airline()
-        store = FaultyCheckpointStore(
-            MemoryCheckpointStore(), crash_after=_at("after_model_call", 1)
-        )
-        idem, leases = MemoryIdempotencyStore(), MemoryLeaseStore()
-        agent = booking_agent(airline)
-        died = AgentRunner(
-            ScriptedProvider(BOOK_TURNS), idempotency=idem, checkpoints=Checkpointer(store)
-        )
-        with pytest.raises(SimulatedCrash):
-            await died.run(agent, "book", tenant="acme", run_id="r")
-        store.crash_after = None
+        store, idem, leases, agent = await _died_after_the_model_call(Airline())
 
         trip = _CutOff(k)
         runner = AgentRunner(

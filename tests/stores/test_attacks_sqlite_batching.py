@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from sqlite_writes import put, stored_rows
 from tesserix_adk.errors import (
     ConfigurationError,
     LeaseHeldError,
@@ -35,31 +36,6 @@ from tesserix_adk.stores.sqlite import SqliteDatabase, SqliteLeaseStore
 from tesserix_adk.stores.sqlite.batching import CommitInDoubt, run_batch, savepoint_name
 
 LIMIT = 3.0  # seconds a caller may wait before it counts as hung
-
-
-@pytest.fixture
-async def database(tmp_path: Path) -> AsyncIterator[SqliteDatabase]:
-    db = SqliteDatabase(tmp_path / "adk.sqlite3", synchronous="normal")
-    await db.create_schema()
-    yield db
-    await db.aclose()
-
-
-def _put(key: str) -> Callable[[sqlite3.Connection], str]:
-    def fn(conn: sqlite3.Connection) -> str:
-        conn.execute(
-            "INSERT INTO adk_ledger (tenant, run_id, micros, input_tokens, output_tokens) "
-            "VALUES ('t', ?, 1, 0, 0)",
-            (key,),
-        )
-        return key
-
-    return fn
-
-
-def _rows(path: str) -> list[str]:
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        return [r[0] for r in conn.execute("SELECT run_id FROM adk_ledger ORDER BY run_id")]
 
 
 @contextlib.asynccontextmanager
@@ -121,7 +97,7 @@ async def test_a_write_raising_a_base_exception_leaves_no_caller_of_its_batch_ha
     reach), and the writes batched with it are answered and committed."""
 
     def escapes(conn: sqlite3.Connection) -> None:
-        _put("escapes")(conn)
+        put("escapes")(conn)
         raise error()
 
     heard: list[BaseException] = []
@@ -133,7 +109,7 @@ async def test_a_write_raising_a_base_exception_leaves_no_caller_of_its_batch_ha
             heard.append(exc)
 
     async with _thread_busy(database):
-        first = asyncio.create_task(database.write(_put("a")))
+        first = asyncio.create_task(database.write(put("a")))
         await asyncio.sleep(0)
         rogue = threading.Thread(target=rogue_caller)
         rogue.start()
@@ -141,14 +117,14 @@ async def test_a_write_raising_a_base_exception_leaves_no_caller_of_its_batch_ha
         deadline = time.monotonic() + LIMIT
         while len(database._writes) < 2 and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.001)
-        last = asyncio.create_task(database.write(_put("b")))
+        last = asyncio.create_task(database.write(put("b")))
     _done, pending = await asyncio.wait([first, last], timeout=LIMIT)
     assert not pending, "a write batched with the raiser was never answered"
     await asyncio.to_thread(rogue.join, LIMIT)
     assert not rogue.is_alive(), "the raiser's caller was never answered"
     assert [type(e) for e in heard] == [error]
     assert first.result() == "a" and last.result() == "b"
-    assert _rows(database.path) == ["a", "b"]
+    assert stored_rows(database.path) == ["a", "b"]
     assert not await _in_transaction(database)
 
 
@@ -175,7 +151,7 @@ async def test_a_lone_write_raising_system_exit_is_answered(database: SqliteData
 
 def _rogue(sql: str, *, then_raise: bool = False) -> Callable[[sqlite3.Connection], str]:
     def fn(conn: sqlite3.Connection) -> str:
-        _put("rogue")(conn)
+        put("rogue")(conn)
         conn.execute(sql)
         if then_raise:
             raise RuntimeError("decided against it")
@@ -216,15 +192,15 @@ async def test_a_write_running_transaction_control_leaves_every_caller_told_the_
 ) -> None:
     """Its neighbours are told the truth about their writes (what the rogue does to its
     own is its business), and a rogue that raises leaves nothing of its own behind."""
-    results = await _batched(database, [_put("a"), _rogue(sql, then_raise=then_raise), _put("c")])
-    rows = _rows(database.path)
+    results = await _batched(database, [put("a"), _rogue(sql, then_raise=then_raise), put("c")])
+    rows = stored_rows(database.path)
     _assert_told_the_truth([results[0], results[2]], ["a", "c"], rows)
     if then_raise:
         assert isinstance(results[1], BaseException)
         assert "rogue" not in rows, "a write that raised was committed"
     assert not await _in_transaction(database)
-    assert await database.write(_put("after")) == "after"
-    assert "after" in _rows(database.path)
+    assert await database.write(put("after")) == "after"
+    assert "after" in stored_rows(database.path)
 
 
 # --- writes SQLite aborts together with the whole transaction -----------------------------
@@ -246,7 +222,7 @@ def _fills_the_disk(conn: sqlite3.Connection) -> None:
 
 def _interrupted(conn: sqlite3.Connection) -> None:
     """SQLITE_INTERRUPT of an INSERT: SQLite rolls back the whole transaction."""
-    _put("interrupted")(conn)
+    put("interrupted")(conn)
     threading.Timer(0.05, conn.interrupt).start()
     conn.execute(
         "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) "
@@ -259,26 +235,26 @@ def _interrupted(conn: sqlite3.Connection) -> None:
 async def test_a_write_sqlite_aborts_leaves_its_batch_told_the_truth(
     database: SqliteDatabase, abort: Callable[[sqlite3.Connection], None]
 ) -> None:
-    results = await _batched(database, [_put("a"), abort, _put("c")])
+    results = await _batched(database, [put("a"), abort, put("c")])
     assert isinstance(results[1], StoreUnavailableError)
-    _assert_told_the_truth(results, ["a", "interrupted", "c"], _rows(database.path))
+    _assert_told_the_truth(results, ["a", "interrupted", "c"], stored_rows(database.path))
     assert not await _in_transaction(database)
-    assert await database.write(_put("after")) == "after"
+    assert await database.write(put("after")) == "after"
 
 
 async def test_a_write_sqlite_aborts_is_undone_alone_as_it_would_be_one_by_one(
     database: SqliteDatabase,
 ) -> None:
     # One by one: the full write fails alone, its neighbours commit.
-    assert await database.write(_put("a0")) == "a0"
+    assert await database.write(put("a0")) == "a0"
     with pytest.raises(StoreUnavailableError):
         await database.write(_fills_the_disk)
-    assert await database.write(_put("c0")) == "c0"
+    assert await database.write(put("c0")) == "c0"
     # Batched, the same writes must decide the same.
-    results = await _batched(database, [_put("a1"), _fills_the_disk, _put("c1")])
+    results = await _batched(database, [put("a1"), _fills_the_disk, put("c1")])
     assert isinstance(results[1], StoreUnavailableError)
     assert results[0] == "a1" and results[2] == "c1"
-    assert _rows(database.path) == ["a0", "a1", "c0", "c1"]
+    assert stored_rows(database.path) == ["a0", "a1", "c0", "c1"]
 
 
 # --- a COMMIT that fails --------------------------------------------------------------------
@@ -320,7 +296,7 @@ def test_a_failed_commit_fails_every_kept_write_and_spares_the_refused_ones_erro
         )
         outcomes, committed = run_batch(
             _CommitFails(conn, ends=ends),  # type: ignore[arg-type]
-            [_put("a"), refuse, _put("b")],
+            [put("a"), refuse, put("b")],
             path=path,
             savepoint=savepoint_name(),
         )
@@ -340,15 +316,15 @@ async def test_begin_refused_by_another_writer_fails_the_whole_batch_and_writes_
     db = SqliteDatabase(tmp_path / "adk.sqlite3", synchronous="normal", busy_timeout=0.1)
     await db.create_schema()
     try:
-        await db.write(_put("warm"))
+        await db.write(put("warm"))
         with contextlib.closing(sqlite3.connect(db.path, isolation_level=None)) as other:
             other.execute("BEGIN IMMEDIATE")
-            results = await _batched(db, [_put("a"), _put("b"), _put("c")])
+            results = await _batched(db, [put("a"), put("b"), put("c")])
             assert all(isinstance(r, StoreUnavailableError) for r in results[:3])
             other.execute("COMMIT")
-        assert _rows(db.path) == ["warm"]
+        assert stored_rows(db.path) == ["warm"]
         assert not await _in_transaction(db)
-        assert await db.write(_put("after")) == "after"
+        assert await db.write(put("after")) == "after"
     finally:
         await db.aclose()
 
@@ -364,8 +340,8 @@ async def test_closing_while_a_group_holds_the_connection_answers_its_waiters(
     with group_scope():
         group = db.write_group()
         await group.begin()
-        await db.write(_put("grouped"))
-    waiting_write = asyncio.create_task(db.write(_put("waiting")))
+        await db.write(put("grouped"))
+    waiting_write = asyncio.create_task(db.write(put("waiting")))
     waiting_read = asyncio.create_task(
         db.read(lambda c: c.execute("SELECT count(*) FROM adk_ledger").fetchone())
     )
@@ -378,7 +354,7 @@ async def test_closing_while_a_group_holds_the_connection_answers_its_waiters(
     for task in pending:
         task.cancel()
     assert not pending, "callers waiting for the group hang after aclose()"
-    assert _rows(db.path) == []
+    assert stored_rows(db.path) == []
 
 
 async def test_closing_while_writes_are_queued_answers_each_truthfully(tmp_path: Path) -> None:
@@ -386,16 +362,16 @@ async def test_closing_while_writes_are_queued_answers_each_truthfully(tmp_path:
     await db.create_schema()
     keys = [f"k{i:03}" for i in range(60)]
     async with _thread_busy(db):
-        tasks = [asyncio.create_task(db.write(_put(k))) for k in keys[:30]]
+        tasks = [asyncio.create_task(db.write(put(k))) for k in keys[:30]]
         for _ in range(3):
             await asyncio.sleep(0)
         closing = asyncio.create_task(db.aclose())
         await asyncio.sleep(0)
-        tasks += [asyncio.create_task(db.write(_put(k))) for k in keys[30:]]
+        tasks += [asyncio.create_task(db.write(put(k))) for k in keys[30:]]
     _done, pending = await asyncio.wait([*tasks, closing], timeout=LIMIT)
     assert not pending
     results = [t.exception() or t.result() for t in tasks]
-    rows = _rows(db.path)
+    rows = stored_rows(db.path)
     _assert_told_the_truth(results, keys, rows)
     assert all(isinstance(r, ConfigurationError) for r in results[30:])
     assert results[:30] == keys[:30]
@@ -419,7 +395,7 @@ async def test_a_write_racing_aclose_on_another_thread_is_not_told_closed_once_c
 ) -> None:
     db = SqliteDatabase(tmp_path / "adk.sqlite3", synchronous="normal")
     await db.create_schema()
-    await db.write(_put("warm"))
+    await db.write(put("warm"))
     started, go = threading.Event(), threading.Event()
 
     def block(conn: sqlite3.Connection) -> None:
@@ -430,7 +406,7 @@ async def test_a_write_racing_aclose_on_another_thread_is_not_told_closed_once_c
     assert await asyncio.to_thread(started.wait, LIMIT)
     hooked = _HookedDeque()
     db._writes = hooked
-    first = asyncio.create_task(db.write(_put("first")))  # its drain is queued now
+    first = asyncio.create_task(db.write(put("first")))  # its drain is queued now
     for _ in range(3):
         await asyncio.sleep(0)
 
@@ -446,12 +422,12 @@ async def test_a_write_racing_aclose_on_another_thread_is_not_told_closed_once_c
     hooked.hook = aclose_elsewhere
     outcome: Any
     try:
-        outcome = await asyncio.wait_for(db.write(_put("racing")), LIMIT)
+        outcome = await asyncio.wait_for(db.write(put("racing")), LIMIT)
     except ConfigurationError as exc:
         outcome = exc
     await asyncio.wait_for(blocker, LIMIT)
     assert await asyncio.wait_for(first, LIMIT) == "first"
-    _assert_told_the_truth([outcome], ["racing"], _rows(db.path))
+    _assert_told_the_truth([outcome], ["racing"], stored_rows(db.path))
 
 
 # --- cancellation ----------------------------------------------------------------------------
@@ -463,7 +439,7 @@ async def test_cancelling_batched_callers_at_any_step_keeps_acks_true_and_no_txn
 ) -> None:
     keys = [f"s{steps}-{i:02}" for i in range(16)]
     async with _thread_busy(database):
-        tasks = [asyncio.create_task(database.write(_put(k))) for k in keys]
+        tasks = [asyncio.create_task(database.write(put(k))) for k in keys]
         reads = [
             asyncio.create_task(
                 database.read(lambda c: c.execute("SELECT count(*) FROM adk_ledger").fetchone())
@@ -476,12 +452,12 @@ async def test_cancelling_batched_callers_at_any_step_keeps_acks_true_and_no_txn
         task.cancel()
     await asyncio.wait([*tasks, *reads], timeout=LIMIT)
     assert all(t.done() for t in [*tasks, *reads])
-    rows = _rows(database.path)
+    rows = stored_rows(database.path)
     for key, task in zip(keys, tasks, strict=True):
         if not task.cancelled():
             assert task.result() == key and key in rows
     assert not await _in_transaction(database)
-    assert await database.write(_put(f"s{steps}-after")) == f"s{steps}-after"
+    assert await database.write(put(f"s{steps}-after")) == f"s{steps}-after"
 
 
 @pytest.mark.parametrize("steps", range(10))
@@ -493,13 +469,13 @@ async def test_cancelling_a_group_begin_at_any_step_never_leaves_the_connection_
             group = database.write_group()
             try:
                 await group.begin()
-                await database.write(_put(f"g{steps}"))
+                await database.write(put(f"g{steps}"))
             finally:
                 await asyncio.shield(group.commit())
 
     async with _thread_busy(database):
         owner = asyncio.create_task(grouped())
-        batched = [asyncio.create_task(database.write(_put(f"b{steps}-{i}"))) for i in range(4)]
+        batched = [asyncio.create_task(database.write(put(f"b{steps}-{i}"))) for i in range(4)]
     for _ in range(steps):
         await asyncio.sleep(0)
     owner.cancel()
@@ -507,8 +483,8 @@ async def test_cancelling_a_group_begin_at_any_step_never_leaves_the_connection_
     assert all(t.done() for t in batched), "batched writes hang behind a cancelled group"
     assert [t.result() for t in batched] == [f"b{steps}-{i}" for i in range(4)]
     if not owner.cancelled() and owner.exception() is None:
-        assert f"g{steps}" in _rows(database.path)
-    assert await asyncio.wait_for(database.write(_put(f"after{steps}")), LIMIT)
+        assert f"g{steps}" in stored_rows(database.path)
+    assert await asyncio.wait_for(database.write(put(f"after{steps}")), LIMIT)
     assert not await _in_transaction(database)
 
 
@@ -528,18 +504,18 @@ def test_writes_reads_and_groups_from_several_loops_in_threads_all_land_once(
             kind = (w + i) % 3
             if kind == 0:
                 keys = [f"w{w}-{i}-{j}" for j in range(4)]
-                got = await asyncio.gather(*(db.write(_put(k)) for k in keys))
+                got = await asyncio.gather(*(db.write(put(k)) for k in keys))
                 acked.extend(got)
             elif kind == 1:
                 await db.read(lambda c: c.execute("SELECT count(*) FROM adk_ledger").fetchone())
-                acked.append(await db.write(_put(f"w{w}-{i}-r")))
+                acked.append(await db.write(put(f"w{w}-{i}-r")))
             else:
                 with group_scope():
                     group = db.write_group()
                     await group.begin()
                     try:
-                        await db.write(_put(f"w{w}-{i}-g1"))
-                        await db.write(_put(f"w{w}-{i}-g2"))
+                        await db.write(put(f"w{w}-{i}-g1"))
+                        await db.write(put(f"w{w}-{i}-g2"))
                     finally:
                         await group.commit()
                 acked.extend([f"w{w}-{i}-g1", f"w{w}-{i}-g2"])
@@ -558,7 +534,7 @@ def test_writes_reads_and_groups_from_several_loops_in_threads_all_land_once(
     try:
         assert not any(t.is_alive() for t in threads), "a loop's caller hangs"
         assert not failures, failures
-        assert sorted(acked) == _rows(db.path)
+        assert sorted(acked) == stored_rows(db.path)
     finally:
         asyncio.run(db.aclose())
 
@@ -572,10 +548,10 @@ async def test_thousands_of_queued_writes_all_commit_in_few_transactions(
     keys = [f"m{i:05}" for i in range(3000)]
     before = database.commits
     got = await asyncio.wait_for(
-        asyncio.gather(*(database.write(_put(k)) for k in keys)), 10 * LIMIT
+        asyncio.gather(*(database.write(put(k)) for k in keys)), 10 * LIMIT
     )
     assert got == keys
-    assert _rows(database.path) == keys
+    assert stored_rows(database.path) == keys
     assert database.commits - before < len(keys)
 
 
@@ -652,7 +628,7 @@ def test_processes_sigkilled_mid_batch_lose_no_ack_and_half_apply_nothing(
         while time.monotonic() < deadline:
             time.sleep(0.05)
             with contextlib.suppress(sqlite3.Error):
-                if len(_rows(db.path)) >= 400:
+                if len(stored_rows(db.path)) >= 400:
                     break
     finally:
         for child in children:
@@ -664,7 +640,7 @@ def test_processes_sigkilled_mid_batch_lose_no_ack_and_half_apply_nothing(
         assert "ERR" not in lines, err.decode()
         acked += lines
     assert len(acked) >= 1
-    rows = _rows(db.path)
+    rows = stored_rows(db.path)
     halves: dict[str, list[str]] = {}
     for row in rows:
         key, _, half = row.rpartition("-")

@@ -22,7 +22,13 @@ import pytest
 
 from adapters.cluster import ThrowawayCluster, cluster_stores
 from adapters.pooler import PgBouncer, pooled_postgres_stores
-from adapters.services import SharedSchema, postgres_stores, redis_stores, schema_url
+from adapters.services import (
+    SharedSchema,
+    postgres_stores,
+    postgres_stores_at,
+    redis_stores,
+    schema_url,
+)
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
 from tesserix_adk.stores.bundle import Stores
@@ -168,7 +174,7 @@ async def open_postgres(
         async with postgres_stores(keep_last=keep_last) as opened:
             yield _store_set(opened)
         return
-    async with _opened(schema_url(shared.emptied())) as opened:
+    async with postgres_stores_at(schema_url(shared.emptied())) as opened:
         yield _store_set(opened)
 
 
@@ -188,19 +194,8 @@ async def open_postgres_pgbouncer(
         async with pooled_postgres_stores(keep_last=keep_last, bouncer=bouncer) as opened:
             yield _store_set(opened)
         return
-    async with _opened(bouncer.stores_url(shared.emptied())) as opened:
+    async with postgres_stores_at(bouncer.stores_url(shared.emptied())) as opened:
         yield _store_set(opened)
-
-
-@asynccontextmanager
-async def _opened(url: str) -> AsyncIterator[Stores]:
-    from tesserix_adk.adapters.postgres import open_postgres_stores
-
-    stores = open_postgres_stores(url)
-    try:
-        yield stores
-    finally:
-        await stores.aclose()
 
 
 def _store_set(opened: Stores) -> StoreSet:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sqlite_writes import put, stored_rows
 from tesserix_adk.errors import StaleFenceError, StoreReplyLostError, StoreUnavailableError
 from tesserix_adk.stores.protocols import RecordStatus
 from tesserix_adk.stores.sqlite import (
@@ -22,38 +23,13 @@ from tesserix_adk.stores.sqlite import (
 )
 
 
-@pytest.fixture
-async def database(tmp_path: Path) -> AsyncIterator[SqliteDatabase]:
-    db = SqliteDatabase(tmp_path / "adk.sqlite3", synchronous="normal")
-    await db.create_schema()
-    yield db
-    await db.aclose()
-
-
-def _put(key: str) -> Callable[[sqlite3.Connection], str]:
-    def fn(conn: sqlite3.Connection) -> str:
-        conn.execute(
-            "INSERT INTO adk_ledger (tenant, run_id, micros, input_tokens, output_tokens) "
-            "VALUES ('t', ?, 1, 0, 0)",
-            (key,),
-        )
-        return key
-
-    return fn
-
-
-def _rows(db: SqliteDatabase) -> list[str]:
-    with sqlite3.connect(db.path) as conn:
-        return [r[0] for r in conn.execute("SELECT run_id FROM adk_ledger ORDER BY run_id")]
-
-
 async def test_writes_sent_together_share_commits(database: SqliteDatabase) -> None:
     """32 writes of 32 callers at once: fewer COMMITs (fsyncs) than writes, all durable."""
     before = database.commits
-    done = await asyncio.gather(*(database.write(_put(f"r{i:02}")) for i in range(32)))
+    done = await asyncio.gather(*(database.write(put(f"r{i:02}")) for i in range(32)))
     assert done == [f"r{i:02}" for i in range(32)]
     assert database.commits - before < 32
-    assert _rows(database) == [f"r{i:02}" for i in range(32)]
+    assert stored_rows(database.path) == [f"r{i:02}" for i in range(32)]
 
 
 async def test_a_failing_write_is_undone_alone_and_its_neighbours_commit(
@@ -63,35 +39,35 @@ async def test_a_failing_write_is_undone_alone_and_its_neighbours_commit(
         pass
 
     def half_then_refuse(conn: sqlite3.Connection) -> None:
-        _put("half")(conn)
+        put("half")(conn)
         raise Refused("decided against it")
 
     before = database.commits
     results = await asyncio.gather(
-        database.write(_put("a")),
+        database.write(put("a")),
         database.write(half_then_refuse),
-        database.write(_put("b")),
+        database.write(put("b")),
         return_exceptions=True,
     )
     assert results[0] == "a" and results[2] == "b"
     assert isinstance(results[1], Refused)
-    assert _rows(database) == ["a", "b"]  # the refused write's half is gone
+    assert stored_rows(database.path) == ["a", "b"]  # the refused write's half is gone
     assert database.commits - before < 3
 
 
 async def test_a_constraint_error_in_a_batch_is_that_writes_alone(
     database: SqliteDatabase,
 ) -> None:
-    await database.write(_put("taken"))
+    await database.write(put("taken"))
     results = await asyncio.gather(
-        database.write(_put("x")),
-        database.write(_put("taken")),  # primary key: refused by SQLite
-        database.write(_put("y")),
+        database.write(put("x")),
+        database.write(put("taken")),  # primary key: refused by SQLite
+        database.write(put("y")),
         return_exceptions=True,
     )
     assert results[0] == "x" and results[2] == "y"
     assert isinstance(results[1], StoreUnavailableError)
-    assert _rows(database) == ["taken", "x", "y"]
+    assert stored_rows(database.path) == ["taken", "x", "y"]
 
 
 def test_no_write_of_a_batch_is_answered_before_its_commit(tmp_path: Path) -> None:
@@ -148,7 +124,7 @@ async def test_commit_in_doubt_reaches_every_write_of_the_batch_as_reply_lost(
 
     monkeypatch.setattr("tesserix_adk.stores.sqlite.database.run_batch", in_doubt)
     results = await asyncio.gather(
-        database.write(_put("a")), database.write(_put("b")), return_exceptions=True
+        database.write(put("a")), database.write(put("b")), return_exceptions=True
     )
     assert all(isinstance(r, StoreReplyLostError) for r in results)
 
