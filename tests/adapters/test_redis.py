@@ -4,6 +4,7 @@ in ``tests/stores/test_conformance.py``)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import re
 import subprocess
@@ -30,6 +31,7 @@ from tesserix_adk.adapters.redis import (
     open_redis_stores,
 )
 from tesserix_adk.errors import (
+    CheckpointCorruptError,
     CheckpointTooLargeError,
     ConfigurationError,
     HistoryUnavailableError,
@@ -40,7 +42,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.messages import ToolCall, Usage
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.protocols import RecordStatus, ToolFlags
+from tesserix_adk.stores.protocols import IdempotencyRecord, RecordsFrom, RecordStatus, ToolFlags
 
 pytestmark = pytest.mark.redis
 
@@ -586,6 +588,79 @@ async def test_a_record_indexed_by_an_older_kit_is_found_by_its_own_tenant_only(
     mine = (await idem.lookup(["k-old"], tenant="globex"))["k-old"]
     assert (mine.tenant, mine.status, mine.holder) == ("globex", RecordStatus.in_flight, "worker-g")
     assert (await idem.lookup(["k-old"], tenant=T))["k-old"].outcome == b"booked"
+
+
+async def _turns(stores: Stores, count: int, run_id: str = R) -> list[IdempotencyRecord]:
+    """One booking per turn 0..count-1, each completed; the run's records read whole."""
+    for turn in range(count):
+        await stores.idempotency.claim(
+            f"{run_id}-k{turn}",
+            holder="worker-a",
+            tenant=T,
+            run_id=run_id,
+            iteration=turn,
+            tool="book_seat",
+            call_id=f"call_{turn}",
+            flags=ToolFlags(),
+        )
+        await stores.idempotency.complete(
+            f"{run_id}-k{turn}", b"booked", tenant=T, holder="worker-a"
+        )
+    return await stores.idempotency.records(T, run_id)
+
+
+def _from(records: list[IdempotencyRecord], turn: int) -> list[IdempotencyRecord]:
+    return [
+        dataclasses.replace(r, outcome=None)
+        for r in records
+        if r.iteration is not None and r.iteration >= turn
+    ]
+
+
+async def test_records_from_a_turn_read_none_of_the_earlier_records(
+    redis_stores: Stores, redis_client: Redis, redis_prefix: str
+) -> None:
+    whole = await _turns(redis_stores, 6)
+    # A damaged record of turn 1: a read that reached it would refuse the whole run.
+    await redis_client.hset(f"{redis_prefix}{{acme:run-1}}:idem:rec:run-1-k1", "status", "?")
+    with pytest.raises(CheckpointCorruptError):
+        await redis_stores.idempotency.records(T, R)
+    assert isinstance(redis_stores.idempotency, RecordsFrom)
+    assert await redis_stores.idempotency.records_from(T, R, 4) == _from(whole, 4)
+
+
+async def test_records_from_a_run_an_older_kit_wrote_read_it_whole(
+    redis_stores: Stores, redis_client: Redis, redis_prefix: str
+) -> None:
+    # Kits before the iteration index kept only the record set.
+    whole = await _turns(redis_stores, 5)
+    await redis_client.delete(f"{redis_prefix}{{acme:run-1}}:idem:iter")
+    assert isinstance(redis_stores.idempotency, RecordsFrom)
+    assert await redis_stores.idempotency.records_from(T, R, 3) == _from(whole, 3)
+    # An older kit carrying on a run this kit began: it files a new record in the set
+    # alone, and releases one from the set alone; the index and the set now name as many
+    # records, but not the same ones.
+    whole = await _turns(redis_stores, 4, run_id="run-2")
+    run = f"{redis_prefix}{{acme:run-2}}"
+    await redis_client.srem(f"{run}:idem:keys", "run-2-k3")
+    await redis_client.delete(f"{run}:idem:rec:run-2-k3")
+    await redis_client.hset(
+        f"{run}:idem:rec:k9",
+        mapping={
+            **{
+                k.decode(): v
+                for k, v in (await redis_client.hgetall(f"{run}:idem:rec:run-2-k2")).items()
+            },
+            "key": "k9",
+            "iteration": "3",
+            "call_id": "call_9",
+        },
+    )
+    await redis_client.sadd(f"{run}:idem:keys", "k9")
+    await redis_client.set(f"{redis_prefix}idem-key:{{acme:k9}}", "acme:run-2")
+    whole = await redis_stores.idempotency.records(T, "run-2")
+    assert [r.key for r in whole if r.iteration == 3] == ["k9"]
+    assert await redis_stores.idempotency.records_from(T, "run-2", 3) == _from(whole, 3)
 
 
 # --- transcripts -------------------------------------------------------------------------

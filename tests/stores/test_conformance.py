@@ -7,9 +7,11 @@ to count the requests its driver sends (``round_trips``; ``None`` where nothing 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
+import secrets
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from adapters.cluster import ThrowawayCluster, cluster_stores
 from adapters.pooler import PgBouncer, pooled_postgres_stores
@@ -31,6 +35,7 @@ from adapters.services import (
 )
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
+from tesserix_adk.errors import StaleFenceError
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import (
     MemoryApprovalStore,
@@ -50,7 +55,9 @@ from tesserix_adk.stores.protocols import (
     IdempotencyStore,
     LeaseStore,
     Ledger,
+    RecordsFrom,
     StoredCheckpoint,
+    ToolFlags,
     WorkIndex,
     chain_digest,
 )
@@ -611,3 +618,62 @@ def test_importing_the_testing_package_needs_no_pytest() -> None:
         "assert 'pytest' not in sys.modules, 'tesserix_adk.testing imported pytest'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- RecordsFrom, against an oracle ------------------------------------------------------
+
+_record_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["claim", "complete", "release", "never_ran"]),
+        st.integers(min_value=0, max_value=3),  # which key
+        st.integers(min_value=0, max_value=4),  # the iteration a claim names
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+@given(ops=_record_ops)
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+async def test_records_from_are_the_runs_records_from_that_iteration_on(
+    idempotency_store: IdempotencyStore, ops: list[tuple[str, int, int]]
+) -> None:
+    """Oracle: ``records`` filtered to tool calls of the iteration or later, outcomes left
+    out. Every backend offers ``RecordsFrom``, so planning never reads a whole run."""
+    assert isinstance(idempotency_store, RecordsFrom)
+    run = f"run-{secrets.token_hex(4)}"  # the examples share one store
+    for op, which, iteration in ops:
+        key = f"{run}:k{which}"
+        with contextlib.suppress(KeyError, ValueError, StaleFenceError):
+            if op == "claim":
+                await idempotency_store.claim(
+                    key,
+                    holder="worker-a",
+                    tenant="acme",
+                    run_id=run,
+                    iteration=iteration,
+                    tool="book_seat",
+                    call_id=f"c{which}",
+                    flags=ToolFlags(),
+                    ttl=300 if which % 2 else None,
+                )
+            elif op == "complete":
+                await idempotency_store.complete(key, b"booked", tenant="acme", holder="worker-a")
+            elif op == "release":
+                await idempotency_store.release(
+                    key, tenant="acme", holder="worker-a", undispatched=True
+                )
+            else:
+                await idempotency_store.resolve(key, tenant="acme", never_ran=True, by="ops")
+    whole = await idempotency_store.records("acme", run)
+    for since in range(6):
+        expected = [
+            dataclasses.replace(r, outcome=None)
+            for r in whole
+            if r.tool is not None and r.iteration is not None and r.iteration >= since
+        ]
+        assert await idempotency_store.records_from("acme", run, since) == expected

@@ -316,9 +316,10 @@ async def cluster_nodes(client: RedisCluster) -> list[ClusterNode]:
 
 
 async def read_hashes_with_clocks(
-    client: Client, keys: Sequence[str]
+    client: Client, keys: Sequence[str], fields: Sequence[str] | None = None
 ) -> list[tuple[dict[bytes, bytes], int]]:
-    """Each hash at ``keys`` with its server's ``TIME`` (microseconds) read after it.
+    """Each hash at ``keys`` (only ``fields`` of it, when given) with its server's ``TIME``
+    (microseconds) read after it.
 
     On one server, one pipeline carrying ``TIME``; a cluster pipeline cannot carry ``TIME``
     (it names no key, so no node), so there each key's own node is asked for its clock after
@@ -326,10 +327,19 @@ async def read_hashes_with_clocks(
     """
     async with client.pipeline(transaction=False) as pipe:
         for key in keys:
-            pipe.hgetall(key)
+            if fields is None:
+                pipe.hgetall(key)
+            else:
+                pipe.hmget(key, list(fields))
         if not isinstance(client, RedisCluster):
             pipe.time()
         replies = await pipe.execute()
+    if fields is not None:
+        named = [name.encode() for name in fields]
+        hashes = replies[: len(keys)]
+        replies[: len(keys)] = [
+            {n: v for n, v in zip(named, values, strict=True) if v is not None} for values in hashes
+        ]
     if not isinstance(client, RedisCluster):
         *hashes, (seconds, micros) = replies
         now = int(seconds) * 1_000_000 + int(micros)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
@@ -69,6 +70,26 @@ def _record(fields: Mapping[bytes, bytes]) -> IdempotencyRecord:
         expires_at=when(b"expires_at"),
         by=text(b"by"),
     )
+
+
+# Every field of a record but its outcome: what planning reads.
+_PLANNED_FIELDS = (
+    "key",
+    "status",
+    "holder",
+    "tenant",
+    "run_id",
+    "iteration",
+    "tool",
+    "call_id",
+    "side_effects",
+    "idempotent",
+    "fence",
+    "since",
+    "completed_at",
+    "expires_at",
+    "by",
+)
 
 
 @decoded("idempotency record")
@@ -171,6 +192,8 @@ class RedisIdempotencyStore(_FencedRedisStore):
                 "idempotent",
                 "1" if flags.idempotent else "0",
             ]
+        # Where the run's iteration index files the record; -1 sorts before every turn.
+        score = -1 if iteration is None else int(iteration)
         await self._ready()
         mine = _Keys.tag(tenant, run_id)
         with _driver_errors(f"claiming {key!r}"):
@@ -188,13 +211,17 @@ class RedisIdempotencyStore(_FencedRedisStore):
                 # A key another run named first (a custom key reused across runs): the
                 # record lives under that run's tag, so this run's own list names it too,
                 # before the claim, or records() of this run could never find it.
-                await self._client.sadd(self._keys.tagged(mine, "idem:keys"), _enc(key))
+                async with self._client.pipeline(transaction=False) as pipe:
+                    pipe.sadd(self._keys.tagged(mine, "idem:keys"), _enc(key))
+                    pipe.zadd(self._keys.tagged(mine, "idem:iter"), {_enc(key): score})
+                    await pipe.execute()
             result = await self._claim(
                 keys=[
                     self._record_key(tag, key),
                     self._keys.tagged(tag, "idem:keys"),
                     self._seen(tenant, run_id),
                     self._lease_fence(tenant, run_id),
+                    self._keys.tagged(tag, "idem:iter"),
                 ],
                 args=[
                     holder,
@@ -203,6 +230,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
                     "1" if takeover else "0",
                     "1" if fenced else "0",
                     _enc(key),
+                    str(score),
                     *fresh,
                 ],
             )
@@ -243,7 +271,11 @@ class RedisIdempotencyStore(_FencedRedisStore):
             if tag is None:
                 return
             await self._release(
-                keys=[self._record_key(tag, key), self._keys.tagged(tag, "idem:keys")],
+                keys=[
+                    self._record_key(tag, key),
+                    self._keys.tagged(tag, "idem:keys"),
+                    self._keys.tagged(tag, "idem:iter"),
+                ],
                 args=[holder, _enc(key), "1" if undispatched else "0"],
             )
 
@@ -284,6 +316,57 @@ class RedisIdempotencyStore(_FencedRedisStore):
         mine = [r for r in found if r.tenant == tenant and r.run_id == run_id]
         return sorted(
             mine, key=lambda r: (-1 if r.iteration is None else r.iteration, r.since, r.key)
+        )
+
+    async def records_from(
+        self, tenant: str, run_id: str, iteration: int
+    ) -> list[IdempotencyRecord]:
+        """The run's live tool-call records of ``iteration`` or later, outcomes left out,
+        found through the run's iteration index in three round trips however long the run.
+
+        A run that a kit before the index wrote (its record set and its index disagree, or
+        the index names a record that is gone) is read whole instead, as ``records`` reads.
+        """
+        await self._ready()
+        tag = _Keys.tag(tenant, run_id)
+        with _driver_errors(f"listing the records of run {run_id!r} from turn {iteration}"):
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.scard(self._keys.tagged(tag, "idem:keys"))
+                pipe.zcard(self._keys.tagged(tag, "idem:iter"))
+                pipe.zrangebyscore(self._keys.tagged(tag, "idem:iter"), max(iteration, 0), "+inf")
+                listed, indexed, members = await pipe.execute()
+            found: list[IdempotencyRecord] | None = None
+            if listed == indexed:
+                found = await self._indexed(tenant, tag, [unquote(_text(m)) for m in members])
+        if found is None:
+            found = await self.records(tenant, run_id)
+        return [
+            dataclasses.replace(r, outcome=None)
+            for r in found
+            if r.tenant == tenant
+            and r.run_id == run_id
+            and r.tool is not None
+            and r.iteration is not None
+            and r.iteration >= iteration
+        ]
+
+    async def _indexed(
+        self, tenant: str, tag: str, members: Sequence[str]
+    ) -> list[IdempotencyRecord] | None:
+        """The records the iteration index names, in order; ``None`` if it names one that
+        is not there (an older kit released it and left the index behind)."""
+        if not members:
+            return []
+        owners = await self._owners(tenant, members)
+        keys = [
+            self._record_key(owner or tag, key) for key, owner in zip(members, owners, strict=True)
+        ]
+        read = await read_hashes_with_clocks(self._client, keys, _PLANNED_FIELDS)
+        if not all(fields for fields, _ in read):
+            return None
+        live = [_record(fields) for fields, now in read if not _lapsed(fields, now)]
+        return sorted(
+            live, key=lambda r: (-1 if r.iteration is None else r.iteration, r.since, r.key)
         )
 
     async def resolve(

@@ -1,8 +1,10 @@
 -- claim: claim an idempotency key for a holder, or return the record that stands.
--- KEYS: [1] record, [2] the run's record set, [3] seen fence, [4] lease fence.
+-- KEYS: [1] record, [2] the run's record set, [3] seen fence, [4] lease fence,
+--       [5] the run's records by iteration.
 -- ARGV: [1] holder, [2] fence ('' = none), [3] ttl (microseconds, '' = none),
 --       [4] takeover ('1'/'0'), [5] fenced ('1'/'0'), [6] member (the encoded key),
---       [7...] the fresh record's other fields as name/value pairs.
+--       [7] the claim's iteration (-1 = none),
+--       [8...] the fresh record's other fields as name/value pairs.
 -- Returns {'ok', the record's fields}, {'stale', refusing fence} or {'damaged'}.
 local holder, fence, ttl = ARGV[1], ARGV[2], ARGV[3]
 if ARGV[5] == '1' then
@@ -30,10 +32,11 @@ end
 if (not status) or status == 'never_ran' then
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 'status', 'in_flight', 'holder', holder, 'since', int(now),
-             unpack(ARGV, 7))
+             unpack(ARGV, 8))
   set_or_drop('fence', fence)
   set_or_drop('expires_at', expires)
   redis.call('SADD', KEYS[2], ARGV[6])
+  redis.call('ZADD', KEYS[5], ARGV[7], ARGV[6])
 elseif status == 'in_flight' and current[2] == holder then
   if fence ~= '' then redis.call('HSET', KEYS[1], 'fence', fence) end
   if expires ~= '' then redis.call('HSET', KEYS[1], 'expires_at', expires) end
