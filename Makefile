@@ -10,6 +10,10 @@ DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test lint typecheck clean bench
 
+# Test processes: two keep CI inside its time on two cores (each test still runs alone in
+# its process, and uses servers, ports and key prefixes of its own).
+TEST_WORKERS ?= 2
+
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "python3.11 not found; set PYTHON=/path/to/python3.11" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
@@ -52,7 +56,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict src
 
 test: lint typecheck chromium pgbouncer
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # The full reliability profile (tests/reliability, docs/reliability.md); ends with one line
 # of figures per backend.

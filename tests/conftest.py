@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from booking import Airline
+from reliability.figures import TALLY, details, lines
+from reliability.profile import PROFILE
 from tesserix_adk.testing import FakeClock
 
 if TYPE_CHECKING:
@@ -54,3 +59,33 @@ def grouped_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     defaults = AgentRunner.__init__.__kwdefaults__
     assert defaults is not None
     monkeypatch.setitem(defaults, "group_writes", True)
+
+
+# --- the reliability figures, gathered from every test process ---------------------------
+# `make test` runs the suite in two processes (pytest-xdist): each worker hands its tally
+# to the controller, which prints them all at the end.
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["reliability_figures"] = json.dumps(TALLY.as_json())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    rows = getattr(node, "workeroutput", {}).get("reliability_figures")
+    if rows:
+        TALLY.merge(json.loads(rows))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    rows = TALLY.as_json()
+    if not rows:
+        return
+    terminalreporter.section(f"reliability figures ({PROFILE.name} profile)")
+    for line in details(rows) + lines(rows):
+        terminalreporter.write_line(line)
+    target = os.environ.get("ADK_TORTURE_FIGURES")
+    if target:
+        Path(target).write_text(json.dumps(rows, indent=2))

@@ -1,11 +1,10 @@
 """The reliability suite's sites (a store of the test's own on each backend, with its
-schema applied) and the figures printed at the end of the session."""
+schema applied). Their figures are printed by ``tests/conftest.py``, which gathers them from
+every test process."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from processes import BACKENDS, held_open, store_url
-from reliability.figures import TALLY, details, lines
 from reliability.harness import Site
 from reliability.profile import PROFILE, SEED
 from tesserix_adk.stores.urls import open_stores
@@ -45,15 +43,3 @@ def rng(request: pytest.FixtureRequest) -> random.Random:
 
 def pytest_report_header() -> str:
     return f"reliability profile: {PROFILE.name} (ADK_TORTURE=1 for the full one), seed {SEED}"
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    rows = TALLY.as_json()
-    if not rows:
-        return
-    terminalreporter.section(f"reliability figures ({PROFILE.name} profile)")
-    for line in details(rows) + lines(rows):
-        terminalreporter.write_line(line)
-    target = os.environ.get("ADK_TORTURE_FIGURES")
-    if target:
-        Path(target).write_text(json.dumps(rows, indent=2))

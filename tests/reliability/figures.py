@@ -1,7 +1,8 @@
 """The figures of a session: trials and what the checker found, per backend.
 
-Tests add what each batch of trials did; the conftest prints the summary at the end of the
-session and, when ``ADK_TORTURE_FIGURES`` names a file, writes it there as JSON, which
+Tests add what each batch of trials did; ``tests/conftest.py`` gathers each test
+process's tally (``make test`` runs two), prints the summary at the end of the session and,
+when ``ADK_TORTURE_FIGURES`` names a file, writes it there as JSON, which
 ``python tests/reliability/figures.py FILE`` prints again (``make torture`` ends with it).
 """
 
@@ -11,7 +12,7 @@ import json
 import sys
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from reliability.checker import Verdict
@@ -31,6 +32,17 @@ class Row:
     scenarios: dict[str, int] = field(default_factory=dict)
     # Counts worth reading next to the trials (live leases a skewed worker took, ...).
     notes: dict[str, int] = field(default_factory=dict)
+
+
+_COUNTS = (
+    "trials",
+    "duplicate_effects",
+    "stale_writes",
+    "wrong_refusals",
+    "hangs",
+    "kills",
+    "workers",
+)
 
 
 class Tally:
@@ -64,6 +76,18 @@ class Tally:
 
     def as_json(self) -> dict[str, dict[str, object]]:
         return {backend: asdict(row) for backend, row in sorted(self.rows.items())}
+
+    def merge(self, rows: dict[str, dict[str, Any]]) -> None:
+        """Add what another test process tallied (its ``as_json``)."""
+        with self._lock:
+            for backend, theirs in rows.items():
+                row = self.rows.setdefault(backend, Row())
+                for name in _COUNTS:
+                    setattr(row, name, getattr(row, name) + int(theirs[name]))
+                for table in ("scenarios", "notes"):
+                    mine: dict[str, int] = getattr(row, table)
+                    for key, n in theirs[table].items():
+                        mine[key] = mine.get(key, 0) + int(n)
 
 
 TALLY = Tally()

@@ -99,7 +99,9 @@ def _trial(site: Site, client: redis.Redis, run: str, rng: random.Random) -> boo
     # it keeps the server full for the kit's small writes too.
     used = int(client.info("memory")["used_memory"])
     client.config_set("maxmemory", used - 256 * 1024)
-    deadline = time.monotonic() + 3
+    # Long enough for a worker still starting on a busy machine to reach its next write;
+    # the wait ends as soon as a worker met the full server.
+    deadline = time.monotonic() + 30
     while carrier.is_alive() and not _oom_seen(site, run) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(rng.uniform(0.0, 1.0))  # workers keep meeting a full server meanwhile
