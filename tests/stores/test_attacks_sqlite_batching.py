@@ -160,12 +160,11 @@ def _rogue(sql: str, *, then_raise: bool = False) -> Callable[[sqlite3.Connectio
     return fn
 
 
-_IN_DOUBT = pytest.mark.xfail(
-    strict=True,
-    reason="a write fn that runs COMMIT itself and then raises has its own write committed "
+_IN_DOUBT = (
+    "a write fn that runs COMMIT itself and then raises has its own write committed "
     "although its caller hears the error: nothing can undo a COMMIT (its neighbours are told "
     "StoreReplyLostError, the truth); an authorizer refusing transaction control inside a "
-    "write would stop it, at the cost of re-preparing every statement of every write",
+    "write would stop it, at the cost of re-preparing every statement of every write"
 )
 
 
@@ -173,7 +172,7 @@ _IN_DOUBT = pytest.mark.xfail(
     ("sql", "then_raise"),
     [
         pytest.param("COMMIT", False, id="commit-returns"),
-        pytest.param("COMMIT", True, marks=_IN_DOUBT, id="commit-raises"),
+        pytest.param("COMMIT", True, id="commit-raises"),
         pytest.param("ROLLBACK", False, id="rollback-returns"),
         pytest.param("ROLLBACK", True, id="rollback-raises"),
         pytest.param("RELEASE adk_batch", False, id="release-returns"),
@@ -197,6 +196,13 @@ async def test_a_write_running_transaction_control_leaves_every_caller_told_the_
     _assert_told_the_truth([results[0], results[2]], ["a", "c"], rows)
     if then_raise:
         assert isinstance(results[1], BaseException)
+        if sql == "COMMIT":
+            # The known limit, reported as an expected failure without a traceback: CPython
+            # 3.11.7 sometimes fails to parse a traceback's source ("AST constructor
+            # recursion depth mismatch", seen in a process that ran the BaseException tests
+            # above first), which stops the whole run. Once fixed, this fails: drop it then.
+            assert "rogue" in rows, f"fixed at last: {_IN_DOUBT}"
+            raise pytest.xfail.Exception(_IN_DOUBT, pytrace=False)
         assert "rogue" not in rows, "a write that raised was committed"
     assert not await _in_transaction(database)
     assert await database.write(put("after")) == "after"

@@ -193,7 +193,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
                 "1" if flags.idempotent else "0",
             ]
         # Where the run's iteration index files the record; -1 sorts before every turn.
-        score = -1 if iteration is None else int(iteration)
+        score = "-inf" if iteration is None else str(int(iteration))
         await self._ready()
         mine = _Keys.tag(tenant, run_id)
         with _driver_errors(f"claiming {key!r}"):
@@ -210,10 +210,13 @@ class RedisIdempotencyStore(_FencedRedisStore):
             if tag != mine:
                 # A key another run named first (a custom key reused across runs): the
                 # record lives under that run's tag, so this run's own list names it too,
-                # before the claim, or records() of this run could never find it.
+                # before the claim, or records() of this run could never find it. Its
+                # iteration index only ever rises (GT), and before the claim: whatever the
+                # claim decides, the score is never below the record's own turn, so
+                # records_from reads it (a higher one costs a read the filter drops).
                 async with self._client.pipeline(transaction=False) as pipe:
                     pipe.sadd(self._keys.tagged(mine, "idem:keys"), _enc(key))
-                    pipe.zadd(self._keys.tagged(mine, "idem:iter"), {_enc(key): score})
+                    pipe.zadd(self._keys.tagged(mine, "idem:iter"), {_enc(key): score}, gt=True)
                     await pipe.execute()
             result = await self._claim(
                 keys=[
@@ -230,7 +233,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
                     "1" if takeover else "0",
                     "1" if fenced else "0",
                     _enc(key),
-                    str(score),
+                    score,
                     *fresh,
                 ],
             )
@@ -333,7 +336,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.scard(self._keys.tagged(tag, "idem:keys"))
                 pipe.zcard(self._keys.tagged(tag, "idem:iter"))
-                pipe.zrangebyscore(self._keys.tagged(tag, "idem:iter"), max(iteration, 0), "+inf")
+                pipe.zrangebyscore(self._keys.tagged(tag, "idem:iter"), int(iteration), "+inf")
                 listed, indexed, members = await pipe.execute()
             found: list[IdempotencyRecord] | None = None
             if listed == indexed:

@@ -15,7 +15,7 @@ the hash tag ``{<tenant>:<run>}``, so one script can decide over all of them ato
     adk:{acme:run-1}:<store>:fence    string the highest fence each store has seen
     adk:{acme:run-1}:idem:rec:<key>   hash   one idempotency record
     adk:{acme:run-1}:idem:keys        set    the records of the run
-    adk:{acme:run-1}:idem:iter        zset   the same records by iteration (-1: none), so
+    adk:{acme:run-1}:idem:iter        zset   the same records by iteration (-inf: none), so
                                              planning reads only the latest ones
     adk:{acme:run-1}:history:items    list   the transcript (appends push only new items)
     adk:{acme:run-1}:history:digests  list   chained digest of each prefix

@@ -197,7 +197,8 @@ class SqliteDatabase:
         (inside the caller's open write group: in its transaction, seeing its writes)."""
         group = joined(self)
         if isinstance(group, SqliteWriteGroup):
-            return await self._submit(functools.partial(self._in_group, group, fn))
+            # A read undoes nothing if it fails: no savepoint.
+            return await self._submit(functools.partial(self._in_group, group, fn, savepoint=False))
         return await self._when_free(functools.partial(self._reading, fn))
 
     def write_group(self) -> SqliteWriteGroup:
@@ -322,10 +323,17 @@ class SqliteDatabase:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
 
-    def _in_group(self, group: SqliteWriteGroup, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _in_group(
+        self,
+        group: SqliteWriteGroup,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        savepoint: bool = True,
+    ) -> T:
         """``fn`` inside the open group's transaction (begun by the group's first call),
-        in a savepoint: a failing write is undone alone and the group goes on, unless
-        SQLite rolled the whole transaction back (then the group is lost: see ``lost``)."""
+        in a savepoint (a write; a read needs none): a failing write is undone alone and the
+        group goes on, unless SQLite rolled the whole transaction back (then the group is
+        lost: see ``lost``)."""
         if group.lost is None and self._held is not group:
             group.lost = f"the write group on {self.path} no longer holds its connection"
         if group.lost is not None:
@@ -339,14 +347,16 @@ class SqliteDatabase:
             conn.execute("BEGIN IMMEDIATE")
             group.begun = True
         # A name no write can know, so none can shadow it (``batching.savepoint_name``).
-        savepoint = self._savepoint
-        conn.execute(f"SAVEPOINT {savepoint}")
+        name = self._savepoint
+        if savepoint:
+            conn.execute(f"SAVEPOINT {name}")
         try:
             result = fn(conn)
         except BaseException as exc:
             if conn.in_transaction:
-                conn.execute(f"ROLLBACK TO {savepoint}")
-                conn.execute(f"RELEASE {savepoint}")
+                if savepoint:
+                    conn.execute(f"ROLLBACK TO {name}")
+                    conn.execute(f"RELEASE {name}")
             else:
                 # SQLite ended the whole transaction (a full disk, an I/O error): what
                 # joined before is gone, and nothing more may join as if it were not.
@@ -355,7 +365,8 @@ class SqliteDatabase:
                     "it was committed"
                 )
             raise
-        conn.execute(f"RELEASE {savepoint}")
+        if savepoint:
+            conn.execute(f"RELEASE {name}")
         return result
 
     def _commit_group(self, group: SqliteWriteGroup) -> None:

@@ -52,18 +52,23 @@ def _seen_fence(conn: sqlite3.Connection, store: str, tenant: str, run_id: str) 
     return highest
 
 
+# Both fences a write is checked against, in one statement (a write runs it every time).
+_FENCES_SQL = (
+    "SELECT (SELECT fence FROM adk_fences WHERE store = ?1 AND tenant = ?2 AND run_id = ?3), "
+    "(SELECT fence FROM adk_run_leases WHERE tenant = ?2 AND run_id = ?3)"
+)
+
+
 def check_fence(
     conn: sqlite3.Connection, store: str, tenant: str, run_id: str, fence: int | None
 ) -> int | None:
     """Raise ``StaleFenceError`` if a write of kind ``store`` carrying ``fence`` must be
     refused; else the fence this kind has on record for the run (for ``accept_fence``)."""
-    own = _highest_fence(conn, store, tenant, run_id)
+    own_raw, leased = conn.execute(_FENCES_SQL, (store, tenant, run_id)).fetchone()
+    own = None if own_raw is None else int(own_raw)
     highest = own
-    leased = conn.execute(
-        "SELECT fence FROM adk_run_leases WHERE tenant = ? AND run_id = ?", (tenant, run_id)
-    ).fetchone()
     if leased is not None:
-        highest = max(int(leased[0]), highest or 0)
+        highest = max(int(leased), highest or 0)
     if highest is not None and (fence is None or fence < highest):
         raise stale_fence("write", run_id, fence, highest)
     return own

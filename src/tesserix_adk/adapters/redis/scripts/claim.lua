@@ -3,7 +3,7 @@
 --       [5] the run's records by iteration.
 -- ARGV: [1] holder, [2] fence ('' = none), [3] ttl (microseconds, '' = none),
 --       [4] takeover ('1'/'0'), [5] fenced ('1'/'0'), [6] member (the encoded key),
---       [7] the claim's iteration (-1 = none),
+--       [7] the claim's iteration ('-inf' = none),
 --       [8...] the fresh record's other fields as name/value pairs.
 -- Returns {'ok', the record's fields}, {'stale', refusing fence} or {'damaged'}.
 local holder, fence, ttl = ARGV[1], ARGV[2], ARGV[3]
