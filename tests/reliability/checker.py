@@ -143,6 +143,9 @@ def _refusals(run: str, evs: list[Event], v: Verdict) -> None:
     complete_sent: set[str] = set()
     settled: set[str] = set()
     never_ran: set[str] = set()
+    # Claims their holder dropped unsent (a drop whose reply was lost may not have landed:
+    # such a call may still be named, and need not be).
+    released: set[str] = set()
     # Per process, the calls in doubt at any moment since it took the run: what it may
     # have read as in flight, even if their holder recorded them while it was deciding.
     seen: dict[str, set[str]] = {}
@@ -153,6 +156,7 @@ def _refusals(run: str, evs: list[Event], v: Verdict) -> None:
             for doubts in seen.values():
                 doubts.add(e["key"])
             sent.add(e["key"])
+            released.discard(e["key"])
             if e["key"] in never_ran:
                 # An operator said it never ran; this claim starts its story afresh.
                 never_ran.discard(e["key"])
@@ -165,6 +169,8 @@ def _refusals(run: str, evs: list[Event], v: Verdict) -> None:
                 acked.add(e["key"])
         elif e.ev == "complete_sent":
             complete_sent.add(e["key"])
+        elif e.ev == "release_sent":
+            released.add(e["key"])
         elif e.ev == "complete_ok":
             settled.add(e["key"])
         elif e.ev == "resolve_ok":
@@ -173,7 +179,7 @@ def _refusals(run: str, evs: list[Event], v: Verdict) -> None:
                 never_ran.add(e["key"])
         elif e.ev == "result" and e["verdict"] == "refused":
             named = set(e["keys"])
-            must = acked - complete_sent - settled
+            must = acked - complete_sent - settled - released
             may = (sent - settled) | seen.get(e.proc, set())
             if not must <= named or not named <= may:
                 v.wrong_refusals += 1

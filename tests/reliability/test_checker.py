@@ -80,6 +80,25 @@ def test_a_refusal_must_name_exactly_the_calls_in_doubt(tmp_path: Path) -> None:
         assert verdict.wrong_refusals == wrong, verdict.explain()
 
 
+def test_a_claim_dropped_unsent_need_not_be_named_but_may_be(tmp_path: Path) -> None:
+    # Claimed, then dropped by its holder before it sent the call (the kit's
+    # release_unsent); whether the drop landed, a later refusal is right either way.
+    claimed = [*CLEAN[:3], ("w1", "release_sent", {"key": "k", "holder": "h1"})]
+    done = ("w3", "result", {"verdict": "completed", "code": 0})
+    for n, keys in enumerate(([], ["k"])):
+        refusal = ("w2", "result", {"verdict": "refused", "code": 4, "keys": keys})
+        path = tmp_path / str(n)
+        path.mkdir()
+        verdict = _history(path, [*claimed, refusal, done])
+        assert verdict.wrong_refusals == 0, verdict.explain()
+    # Claimed again after the drop: in doubt once more, and must be named.
+    again = [*claimed, *CLEAN[1:3]]
+    none = ("w2", "result", {"verdict": "refused", "code": 4, "keys": []})
+    path = tmp_path / "again"
+    path.mkdir()
+    assert _history(path, [*again, none, done]).wrong_refusals == 1
+
+
 def test_a_completed_call_named_in_a_refusal_is_a_wrong_refusal(tmp_path: Path) -> None:
     refusal = ("w2", "result", {"verdict": "refused", "code": 4, "keys": ["k"]})
     verdict = _history(tmp_path, [*CLEAN[:-1], refusal, CLEAN[-1]])

@@ -215,6 +215,16 @@ class RecordingIdempotency(_Recording):
         self._faults.at("after_complete")
         return record
 
+    async def release(
+        self, key: str, *, tenant: str, holder: str, undispatched: bool = False
+    ) -> None:
+        # A claim the attempt drops unsent was never in doubt once the drop lands; told
+        # when sent, so a refusal that no longer names it is not taken for a wrong one.
+        self._rec.event(
+            "release_sent", self._faults.run, key=key, holder=holder, undispatched=undispatched
+        )
+        await self._inner.release(key, tenant=tenant, holder=holder, undispatched=undispatched)
+
     async def resolve(self, key: str, outcome: bytes | None = None, **kw: Any) -> Any:
         run = self._faults.run
         sent = now()
