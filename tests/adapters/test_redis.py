@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,6 @@ import tesserix_adk.adapters.redis as redis_adapter
 from adapters import services
 from tesserix_adk.adapters.redis import (
     RedisCheckpointStore,
-    RedisIdempotencyStore,
     RedisLeaseStore,
     RedisLedger,
     open_redis_stores,
@@ -589,47 +588,6 @@ async def test_a_record_indexed_by_an_older_kit_is_found_by_its_own_tenant_only(
     mine = (await idem.lookup(["k-old"], tenant="globex"))["k-old"]
     assert (mine.tenant, mine.status, mine.holder) == ("globex", RecordStatus.in_flight, "worker-g")
     assert (await idem.lookup(["k-old"], tenant=T))["k-old"].outcome == b"booked"
-
-
-def _round_trips(client: Any) -> Callable[[], int]:
-    """Count what ``client`` sends from now on (a command, or a pipeline, each one trip)."""
-    sent = [0]
-    send, make_pipeline = client.execute_command, client.pipeline
-
-    async def execute_command(*args: Any, **options: Any) -> Any:
-        sent[0] += 1
-        return await send(*args, **options)
-
-    def pipeline(*args: Any, **kwargs: Any) -> Any:
-        pipe = make_pipeline(*args, **kwargs)
-        run = pipe.execute
-
-        async def execute(*a: Any, **kw: Any) -> Any:
-            sent[0] += 1
-            return await run(*a, **kw)
-
-        pipe.execute = execute
-        return pipe
-
-    client.execute_command, client.pipeline = execute_command, pipeline
-    return lambda: sent[0]
-
-
-async def test_completing_or_releasing_a_call_this_store_claimed_is_one_round_trip(
-    redis_stores: Stores,
-) -> None:
-    # Which run's keys hold a record never changes once a claim set it: the store that
-    # claimed remembers it, and goes straight to the script.
-    idem = redis_stores.idempotency
-    assert isinstance(idem, RedisIdempotencyStore)
-    await _claim(redis_stores, "k", "worker-a")
-    await _claim(redis_stores, "t", "worker-a", ttl=30)
-    sent = _round_trips(idem._client)
-    await idem.complete("k", b"booked", tenant=T, holder="worker-a")
-    assert sent() == 1
-    await idem.release("t", tenant=T, holder="worker-a")
-    assert sent() == 2
-    assert [r.key for r in await idem.records(T, R)] == ["k"]
 
 
 async def _turns(stores: Stores, count: int, run_id: str = R) -> list[IdempotencyRecord]:

@@ -72,9 +72,6 @@ def _record(fields: Mapping[bytes, bytes]) -> IdempotencyRecord:
     )
 
 
-# How many (tenant, key) owners a store remembers.
-_KNOWN_OWNERS = 65_536
-
 # Every field of a record but its outcome: what planning reads.
 _PLANNED_FIELDS = (
     "key",
@@ -130,10 +127,6 @@ class RedisIdempotencyStore(_FencedRedisStore):
         self._claim, self._complete, self._release, self._resolve = register(
             client, "claim", "complete", "release_claim", "resolve"
         )
-        # (tenant, key) -> the tag of the run holding its record. The key index is set once
-        # (SET NX) and never changed or deleted, nor is the legacy one written, so what was
-        # read once stays true: a completion after a claim goes straight to its script.
-        self._known_owners: dict[tuple[str, str], str] = {}
 
     async def check_persistence(self) -> None:
         """Refuse a volatile server now (``ConfigurationError``) unless it was allowed."""
@@ -155,27 +148,13 @@ class RedisIdempotencyStore(_FencedRedisStore):
         return None if indexed is None else _text(indexed)
 
     async def _owners(self, tenant: str, keys: Sequence[str]) -> list[str | None]:
-        """The tag of the run whose keys hold each key's record, if it was ever claimed
-        (read once per key: the store remembers what it found)."""
-        known = self._known_owners
-        unknown = [key for key in dict.fromkeys(keys) if (tenant, key) not in known]
-        if unknown:
-            async with self._client.pipeline(transaction=False) as pipe:
-                for key in unknown:
-                    pipe.get(self._keys.key_index(tenant, key))
-                    pipe.get(self._keys.legacy_key_index(key))
-                replies = await pipe.execute()
-            for i, key in enumerate(unknown):
-                tag = self._settle(tenant, replies[2 * i], replies[2 * i + 1])
-                if tag is not None:
-                    self._remember(tenant, key, tag)
-        return [known.get((tenant, key)) for key in keys]
-
-    def _remember(self, tenant: str, key: str, tag: str) -> None:
-        if len(self._known_owners) >= _KNOWN_OWNERS:
-            # The oldest first (dicts keep insertion order): a bound, not a policy.
-            del self._known_owners[next(iter(self._known_owners))]
-        self._known_owners[(tenant, key)] = tag
+        """The tag of the run whose keys hold each key's record, if it was ever claimed."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.get(self._keys.key_index(tenant, key))
+                pipe.get(self._keys.legacy_key_index(key))
+            replies = await pipe.execute()
+        return [self._settle(tenant, replies[i], replies[i + 1]) for i in range(0, len(replies), 2)]
 
     async def _owner(self, tenant: str, key: str) -> str | None:
         [tag] = await self._owners(tenant, [key])
@@ -228,7 +207,6 @@ class RedisIdempotencyStore(_FencedRedisStore):
                 _, owner, legacy = await pipe.execute()
             tag = self._settle(tenant, owner, legacy)
             assert tag is not None  # the index was just set if it was not there
-            self._remember(tenant, key, tag)
             if tag != mine:
                 # A key another run named first (a custom key reused across runs): the
                 # record lives under that run's tag, so this run's own list names it too,
