@@ -11,7 +11,8 @@ DEMO_STAMP := $(VENV)/.installed-demo
 .PHONY: demo test lint typecheck clean bench
 
 # Test processes: two keep CI inside its time on two cores (each test still runs alone in
-# its process, and uses servers, ports and key prefixes of its own).
+# its process, and uses servers, ports and key prefixes of its own). A file's tests stay in
+# one process, in order: some build on the ones before (the README's blocks).
 TEST_WORKERS ?= 2
 
 $(PY):
@@ -56,7 +57,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict src
 
 test: lint typecheck chromium pgbouncer
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The full reliability profile (tests/reliability, docs/reliability.md); ends with one line
 # of figures per backend.

@@ -144,8 +144,11 @@ def _refusals(run: str, evs: list[Event], v: Verdict) -> None:
     settled: set[str] = set()
     never_ran: set[str] = set()
     # Claims their holder dropped unsent (a drop whose reply was lost may not have landed:
-    # such a call may still be named, and need not be).
+    # such a call may still be named, and need not be). Only the drop by the holder whose
+    # claim was acknowledged counts: anyone else's leaves the record as it was.
     released: set[str] = set()
+    claiming: dict[tuple[str, str], str] = {}  # (process, key) -> its last claim's holder
+    holding: dict[str, str] = {}  # key -> the holder its acknowledged claim named
     # Per process, the calls in doubt at any moment since it took the run: what it may
     # have read as in flight, even if their holder recorded them while it was deciding.
     seen: dict[str, set[str]] = {}
@@ -157,6 +160,7 @@ def _refusals(run: str, evs: list[Event], v: Verdict) -> None:
                 doubts.add(e["key"])
             sent.add(e["key"])
             released.discard(e["key"])
+            claiming[(e.proc, e["key"])] = e["holder"]
             if e["key"] in never_ran:
                 # An operator said it never ran; this claim starts its story afresh.
                 never_ran.discard(e["key"])
@@ -167,9 +171,12 @@ def _refusals(run: str, evs: list[Event], v: Verdict) -> None:
                 settled.add(e["key"])
             elif e["status"] == "in_flight" and e["mine"]:
                 acked.add(e["key"])
+                holder = claiming.get((e.proc, e["key"]))
+                if holder is not None:
+                    holding[e["key"]] = holder
         elif e.ev == "complete_sent":
             complete_sent.add(e["key"])
-        elif e.ev == "release_sent":
+        elif e.ev == "release_sent" and holding.get(e["key"]) == e["holder"]:
             released.add(e["key"])
         elif e.ev == "complete_ok":
             settled.add(e["key"])

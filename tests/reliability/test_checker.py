@@ -91,9 +91,14 @@ def test_a_claim_dropped_unsent_need_not_be_named_but_may_be(tmp_path: Path) -> 
         path.mkdir()
         verdict = _history(path, [*claimed, refusal, done])
         assert verdict.wrong_refusals == 0, verdict.explain()
+    # Dropped by another holder: nothing was dropped, the call is in doubt still.
+    stranger = [*CLEAN[:3], ("w2", "release_sent", {"key": "k", "holder": "h2"})]
+    none = ("w2", "result", {"verdict": "refused", "code": 4, "keys": []})
+    path = tmp_path / "stranger"
+    path.mkdir()
+    assert _history(path, [*stranger, none, done]).wrong_refusals == 1
     # Claimed again after the drop: in doubt once more, and must be named.
     again = [*claimed, *CLEAN[1:3]]
-    none = ("w2", "result", {"verdict": "refused", "code": 4, "keys": []})
     path = tmp_path / "again"
     path.mkdir()
     assert _history(path, [*again, none, done]).wrong_refusals == 1
