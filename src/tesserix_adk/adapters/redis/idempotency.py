@@ -192,7 +192,8 @@ class RedisIdempotencyStore(_FencedRedisStore):
                 "idempotent",
                 "1" if flags.idempotent else "0",
             ]
-        # Where the run's iteration index files the record; -1 sorts before every turn.
+        # Where the run's iteration index files the record; -inf (a run claim) sorts before
+        # every turn.
         score = "-inf" if iteration is None else str(int(iteration))
         await self._ready()
         mine = _Keys.tag(tenant, run_id)
