@@ -13,7 +13,13 @@ from dataclasses import replace
 from tesserix_adk.errors import StaleFenceError
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
 
-__all__ = ["after_claim", "after_complete", "after_resolve", "checked_resolution"]
+__all__ = [
+    "after_claim",
+    "after_complete",
+    "after_resolve",
+    "checked_resolution",
+    "run_order",
+]
 
 
 def after_claim(
@@ -116,3 +122,9 @@ def after_resolve(
         completed_at=now,
         expires_at=None,
     )
+
+
+def run_order(record: IdempotencyRecord) -> tuple[int, float, str]:
+    """Where ``records`` (and ``records_from``) place a record: by iteration (a run claim,
+    which has none, first), then by when it was claimed, then by key."""
+    return (-1 if record.iteration is None else record.iteration, record.since, record.key)

@@ -27,7 +27,7 @@ from tesserix_adk.adapters.redis.lua import register
 from tesserix_adk.errors import CheckpointCorruptError, StaleFenceError
 from tesserix_adk.stores._common import no_claim
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
-from tesserix_adk.stores.records import checked_resolution
+from tesserix_adk.stores.records import checked_resolution, run_order
 from tesserix_adk.stores.rows import decoded
 
 __all__ = ["RedisIdempotencyStore"]
@@ -318,9 +318,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
             located = [(owner or tag, key) for key, owner in zip(members, owners, strict=True)]
             found = await self._fetch(located)
         mine = [r for r in found if r.tenant == tenant and r.run_id == run_id]
-        return sorted(
-            mine, key=lambda r: (-1 if r.iteration is None else r.iteration, r.since, r.key)
-        )
+        return sorted(mine, key=run_order)
 
     async def records_from(
         self, tenant: str, run_id: str, iteration: int
@@ -369,9 +367,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
         if not all(fields for fields, _ in read):
             return None
         live = [_record(fields) for fields, now in read if not _lapsed(fields, now)]
-        return sorted(
-            live, key=lambda r: (-1 if r.iteration is None else r.iteration, r.since, r.key)
-        )
+        return sorted(live, key=run_order)
 
     async def resolve(
         self,

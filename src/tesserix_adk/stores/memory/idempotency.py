@@ -14,6 +14,7 @@ from tesserix_adk.stores.records import (
     after_complete,
     after_resolve,
     checked_resolution,
+    run_order,
 )
 
 __all__ = ["MemoryIdempotencyStore"]
@@ -135,9 +136,7 @@ class MemoryIdempotencyStore:
             and (record := self._live(owner, key, now)) is not None
             and record.run_id == run_id
         ]
-        return sorted(
-            mine, key=lambda r: (-1 if r.iteration is None else r.iteration, r.since, r.key)
-        )
+        return sorted(mine, key=run_order)
 
     async def records_from(
         self, tenant: str, run_id: str, iteration: int

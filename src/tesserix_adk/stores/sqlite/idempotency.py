@@ -17,6 +17,7 @@ from tesserix_adk.stores.records import (
     after_complete,
     after_resolve,
     checked_resolution,
+    run_order,
 )
 from tesserix_adk.stores.rows import decoded, typed
 from tesserix_adk.stores.sqlite.fencing import (
@@ -264,9 +265,7 @@ class SqliteIdempotencyStore(FencedSqliteStore):
             return [_record_from_row(row) for row in rows]
 
         mine = await self.database.read(records)
-        return sorted(
-            mine, key=lambda r: (-1 if r.iteration is None else r.iteration, r.since, r.key)
-        )
+        return sorted(mine, key=run_order)
 
     async def records_from(
         self, tenant: str, run_id: str, iteration: int
