@@ -12,7 +12,6 @@ the README's upgrade rule excludes.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from records_oracle import records_from_oracle
 from tesserix_adk import Checkpoint, CheckpointStatus
 from tesserix_adk.adapters.redis import RedisIdempotencyStore
 from tesserix_adk.adapters.redis.keys import _enc
@@ -57,11 +57,7 @@ def _idem(stores: Stores) -> RedisIdempotencyStore:
 async def _oracle(
     store: RedisIdempotencyStore, tenant: str, run_id: str, iteration: int
 ) -> list[IdempotencyRecord]:
-    return [
-        dataclasses.replace(r, outcome=None)
-        for r in await store.records(tenant, run_id)
-        if r.tool is not None and r.iteration is not None and r.iteration >= iteration
-    ]
+    return records_from_oracle(await store.records(tenant, run_id), iteration)
 
 
 async def _agrees(

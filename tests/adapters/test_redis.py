@@ -4,7 +4,6 @@ in ``tests/stores/test_conformance.py``)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import re
 import subprocess
@@ -24,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import tesserix_adk.adapters.redis as redis_adapter
 from adapters import services
+from records_oracle import records_from_oracle
 from tesserix_adk.adapters.redis import (
     RedisCheckpointStore,
     RedisLeaseStore,
@@ -609,14 +609,6 @@ async def _turns(stores: Stores, count: int, run_id: str = R) -> list[Idempotenc
     return await stores.idempotency.records(T, run_id)
 
 
-def _from(records: list[IdempotencyRecord], turn: int) -> list[IdempotencyRecord]:
-    return [
-        dataclasses.replace(r, outcome=None)
-        for r in records
-        if r.iteration is not None and r.iteration >= turn
-    ]
-
-
 async def test_records_from_a_turn_read_none_of_the_earlier_records(
     redis_stores: Stores, redis_client: Redis, redis_prefix: str
 ) -> None:
@@ -626,7 +618,7 @@ async def test_records_from_a_turn_read_none_of_the_earlier_records(
     with pytest.raises(CheckpointCorruptError):
         await redis_stores.idempotency.records(T, R)
     assert isinstance(redis_stores.idempotency, RecordsFrom)
-    assert await redis_stores.idempotency.records_from(T, R, 4) == _from(whole, 4)
+    assert await redis_stores.idempotency.records_from(T, R, 4) == records_from_oracle(whole, 4)
 
 
 async def test_records_from_a_run_an_older_kit_wrote_read_it_whole(
@@ -636,7 +628,7 @@ async def test_records_from_a_run_an_older_kit_wrote_read_it_whole(
     whole = await _turns(redis_stores, 5)
     await redis_client.delete(f"{redis_prefix}{{acme:run-1}}:idem:iter")
     assert isinstance(redis_stores.idempotency, RecordsFrom)
-    assert await redis_stores.idempotency.records_from(T, R, 3) == _from(whole, 3)
+    assert await redis_stores.idempotency.records_from(T, R, 3) == records_from_oracle(whole, 3)
     # An index out of step with the set, as they are equal in size: one record in the set
     # alone, and one in the index whose record is gone (inside the range read).
     whole = await _turns(redis_stores, 4, run_id="run-2")
@@ -659,7 +651,9 @@ async def test_records_from_a_run_an_older_kit_wrote_read_it_whole(
     await redis_client.set(f"{redis_prefix}idem-key:{{acme:k9}}", "acme:run-2")
     whole = await redis_stores.idempotency.records(T, "run-2")
     assert [r.key for r in whole if r.iteration == 3] == ["k9"]
-    assert await redis_stores.idempotency.records_from(T, "run-2", 3) == _from(whole, 3)
+    assert await redis_stores.idempotency.records_from(T, "run-2", 3) == records_from_oracle(
+        whole, 3
+    )
 
 
 # --- transcripts -------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from adapters.services import (
     redis_stores,
     schema_url,
 )
+from records_oracle import records_from_oracle
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
 from tesserix_adk.errors import StaleFenceError
@@ -671,9 +672,5 @@ async def test_records_from_are_the_runs_records_from_that_iteration_on(
                 await idempotency_store.resolve(key, tenant="acme", never_ran=True, by="ops")
     whole = await idempotency_store.records("acme", run)
     for since in range(6):
-        expected = [
-            dataclasses.replace(r, outcome=None)
-            for r in whole
-            if r.tool is not None and r.iteration is not None and r.iteration >= since
-        ]
+        expected = records_from_oracle(whole, since)
         assert await idempotency_store.records_from("acme", run, since) == expected
