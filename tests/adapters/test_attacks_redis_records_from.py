@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -101,61 +102,9 @@ def _run_key(prefix: str, tenant: str, run_id: str, name: str) -> str:
     return f"{prefix}{{{_enc(tenant)}:{_enc(run_id)}}}:{name}"
 
 
-# The scripts of the kit before the iteration index (``git show aafd82c^``), verbatim but
-# for their header comments: what a worker not yet upgraded runs during a rolling upgrade.
-_OLDER_CLAIM = """
-local holder, fence, ttl = ARGV[1], ARGV[2], ARGV[3]
-if ARGV[5] == '1' then
-  local refused = refusal(KEYS[3], KEYS[4], fence)
-  if refused then return {'stale', refused} end
-else
-  fence = ''
-end
-if damaged(KEYS[1]) then return {'damaged'} end
-local now = now_us()
-local expires = ''
-if ttl ~= '' then expires = int(now + tonumber(ttl)) end
-local current = redis.call('HMGET', KEYS[1], 'status', 'holder', 'expires_at')
-local status = current[1]
-if status == 'in_flight' and current[3] and now >= tonumber(current[3]) then
-  status = false
-end
-local function set_or_drop(field, value)
-  if value == '' then
-    redis.call('HDEL', KEYS[1], field)
-  else
-    redis.call('HSET', KEYS[1], field, value)
-  end
-end
-if (not status) or status == 'never_ran' then
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'status', 'in_flight', 'holder', holder, 'since', int(now),
-             unpack(ARGV, 7))
-  set_or_drop('fence', fence)
-  set_or_drop('expires_at', expires)
-  redis.call('SADD', KEYS[2], ARGV[6])
-elseif status == 'in_flight' and current[2] == holder then
-  if fence ~= '' then redis.call('HSET', KEYS[1], 'fence', fence) end
-  if expires ~= '' then redis.call('HSET', KEYS[1], 'expires_at', expires) end
-elseif status == 'in_flight' and ARGV[4] == '1' then
-  redis.call('HSET', KEYS[1], 'holder', holder, 'since', int(now))
-  set_or_drop('fence', fence)
-  set_or_drop('expires_at', expires)
-end
-if ARGV[5] == '1' then accept(KEYS[3], fence) end
-return {'ok', redis.call('HGETALL', KEYS[1])}
-"""
-
-_OLDER_RELEASE = """
-local current = redis.call('HMGET', KEYS[1], 'status', 'holder', 'expires_at', 'tool')
-local releasable = current[3] or (ARGV[3] == '1' and current[4])
-if current[1] == 'in_flight' and current[2] == ARGV[1] and releasable then
-  redis.call('DEL', KEYS[1])
-  redis.call('SREM', KEYS[2], ARGV[2])
-  return 1
-end
-return 0
-"""
+# The scripts of the kit before the iteration index, as it shipped them (``git show
+# aafd82c^``): what a worker not yet upgraded runs during a rolling upgrade.
+OLDER_KIT = Path(__file__).parent / "older_kit"
 
 
 def _older_kit(store: RedisIdempotencyStore) -> RedisIdempotencyStore:
@@ -163,8 +112,10 @@ def _older_kit(store: RedisIdempotencyStore) -> RedisIdempotencyStore:
     the kit before the iteration index (they never touch ``idem:iter``)."""
     client = store._client
     older = RedisIdempotencyStore(client, prefix=store._keys.prefix, allow_volatile=True)
-    claim = client.register_script(_read("common") + _OLDER_CLAIM)
-    release = client.register_script(_read("common") + _OLDER_RELEASE)
+    claim = client.register_script(_read("common") + (OLDER_KIT / "claim.lua").read_text())
+    release = client.register_script(
+        _read("common") + (OLDER_KIT / "release_claim.lua").read_text()
+    )
 
     def old_claim(*, keys: list[str], args: list[Any]) -> Awaitable[Any]:
         # The new call adds KEYS[5] (the index) and ARGV[7] (the score); the old had neither.

@@ -1,0 +1,46 @@
+-- claim: claim an idempotency key for a holder, or return the record that stands.
+-- KEYS: [1] record, [2] the run's record set, [3] seen fence, [4] lease fence.
+-- ARGV: [1] holder, [2] fence ('' = none), [3] ttl (microseconds, '' = none),
+--       [4] takeover ('1'/'0'), [5] fenced ('1'/'0'), [6] member (the encoded key),
+--       [7...] the fresh record's other fields as name/value pairs.
+-- Returns {'ok', the record's fields}, {'stale', refusing fence} or {'damaged'}.
+local holder, fence, ttl = ARGV[1], ARGV[2], ARGV[3]
+if ARGV[5] == '1' then
+  local refused = refusal(KEYS[3], KEYS[4], fence)
+  if refused then return {'stale', refused} end
+else
+  fence = ''
+end
+if damaged(KEYS[1]) then return {'damaged'} end
+local now = now_us()
+local expires = ''
+if ttl ~= '' then expires = int(now + tonumber(ttl)) end
+local current = redis.call('HMGET', KEYS[1], 'status', 'holder', 'expires_at')
+local status = current[1]
+if status == 'in_flight' and current[3] and now >= tonumber(current[3]) then
+  status = false
+end
+local function set_or_drop(field, value)
+  if value == '' then
+    redis.call('HDEL', KEYS[1], field)
+  else
+    redis.call('HSET', KEYS[1], field, value)
+  end
+end
+if (not status) or status == 'never_ran' then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'status', 'in_flight', 'holder', holder, 'since', int(now),
+             unpack(ARGV, 7))
+  set_or_drop('fence', fence)
+  set_or_drop('expires_at', expires)
+  redis.call('SADD', KEYS[2], ARGV[6])
+elseif status == 'in_flight' and current[2] == holder then
+  if fence ~= '' then redis.call('HSET', KEYS[1], 'fence', fence) end
+  if expires ~= '' then redis.call('HSET', KEYS[1], 'expires_at', expires) end
+elseif status == 'in_flight' and ARGV[4] == '1' then
+  redis.call('HSET', KEYS[1], 'holder', holder, 'since', int(now))
+  set_or_drop('fence', fence)
+  set_or_drop('expires_at', expires)
+end
+if ARGV[5] == '1' then accept(KEYS[3], fence) end
+return {'ok', redis.call('HGETALL', KEYS[1])}
