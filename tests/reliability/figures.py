@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,15 +34,8 @@ class Row:
     notes: dict[str, int] = field(default_factory=dict)
 
 
-_COUNTS = (
-    "trials",
-    "duplicate_effects",
-    "stale_writes",
-    "wrong_refusals",
-    "hangs",
-    "kills",
-    "workers",
-)
+# A row's plain counts (its tables are merged key by key).
+_COUNTS = tuple(f.name for f in fields(Row) if f.type == "int")
 
 
 class Tally:
