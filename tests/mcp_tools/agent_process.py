@@ -55,8 +55,11 @@ async def _main(args: argparse.Namespace) -> int:
     async with open_stores(args.store) as stores, _toolset(args) as toolset:
         await stores.create_schema()
         agent = Agent("booking", "Book.", toolset.tools)
+        # A ttl of 3 s renewed 2 s ahead: a loaded machine (the suite runs in two processes)
+        # can stall this loop past half a second, and a resume waits out a dead holder's
+        # lease of at most 3 s.
         runner = AgentRunner.from_stores(
-            ScriptedProvider(TURNS), stores, lease_policy=LeasePolicy(ttl=1.0, renew_within=0.5)
+            ScriptedProvider(TURNS), stores, lease_policy=LeasePolicy(ttl=3.0, renew_within=2.0)
         )
         deadline = time.monotonic() + 20
         while True:

@@ -130,7 +130,9 @@ class Proc:
         # multiprocessing reports 255 when it could not read a child's exit status from the
         # fork server (seen under load); the worker's own verdict is on the record.
         results = [
-            e for e in read_history(self.site.history) if e.ev == "result" and e.proc == self.label
+            e
+            for e in read_history(self.site.history, live=True)
+            if e.ev == "result" and e.proc == self.label
         ]
         return int(results[-1]["code"]) if results else default
 
@@ -280,7 +282,7 @@ class Site:
         in doubt up in the outside world (the effects on the record) and record what was
         found; told to retry later (exit 3: someone holds the run, or ``--never-ran`` is
         inside its margin past the run's last lease), wait, look again, and retry."""
-        events = read_history(self.history)
+        events = read_history(self.history, live=True)
         refusal = [e for e in events if e.proc == label and e.ev == "result"][-1]
         assert refusal["verdict"] == "refused", refusal
         for key in refusal["keys"]:
@@ -289,7 +291,7 @@ class Site:
             deadline = time.monotonic() + max(5.0, 3 * self.margin)
             while time.monotonic() < deadline:
                 # Looked up afresh each time: a slow worker may have made the call since.
-                world = read_history(self.history)
+                world = read_history(self.history, live=True)
                 effects = {e["key"]: e for e in world if e.run == run and e.ev == "effect"}
                 what = ["--margin", str(self.margin)]
                 if key in effects:

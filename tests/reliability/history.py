@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Event", "Recorder", "now", "read_history"]
+__all__ = ["Event", "Recorder", "now", "read_history", "written"]
 
 
 def now() -> int:
@@ -65,14 +65,22 @@ class Event:
         return self.fields.get(name, default)
 
 
-def read_history(path: str | os.PathLike[str]) -> list[Event]:
+def written(path: str | os.PathLike[str]) -> str:
+    """The file's whole lines as they stand, while processes may still append (a read
+    racing an append can see part of its line: that line is left for the next read)."""
+    text = Path(path).read_text() if Path(path).exists() else ""
+    return text[: text.rfind("\n") + 1]
+
+
+def read_history(path: str | os.PathLike[str], *, live: bool = False) -> list[Event]:
     """Every event of the file, in the order they were appended.
 
     A torn last line (a writer killed inside ``write(2)`` cannot leave one, but a full disk
-    could) is an error, not something to skip.
+    could) is an error, not something to skip, except with ``live=True``: read while
+    processes still write, only its whole lines are read (``written``).
     """
     events: list[Event] = []
-    text = Path(path).read_text() if Path(path).exists() else ""
+    text = written(path) if live else Path(path).read_text() if Path(path).exists() else ""
     for seq, line in enumerate(text.splitlines()):
         body = json.loads(line)
         events.append(

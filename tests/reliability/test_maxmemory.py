@@ -81,7 +81,7 @@ def _drop_filler(client: redis.Redis) -> None:
 def _oom_seen(site: Site, run: str) -> bool:
     return any(
         e.run == run and ("OOM" in str(e.get("error")) or "maxmemory" in str(e.get("error")))
-        for e in read_history(site.history)
+        for e in read_history(site.history, live=True)
     )
 
 

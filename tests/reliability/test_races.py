@@ -13,7 +13,7 @@ import time
 
 from reliability.figures import TALLY
 from reliability.harness import Site, in_parallel
-from reliability.history import read_history
+from reliability.history import read_history, written
 from reliability.profile import PROFILE
 from reliability.worker import EXIT_COMPLETED, EXIT_NOT_NOW
 
@@ -24,7 +24,7 @@ def _holding(site: Site, run: str) -> list[str]:
     tag = f'"run": "{run}"'
     return [
         json.loads(line)["proc"]
-        for line in site.history.read_text().splitlines()
+        for line in written(site.history).splitlines()
         if '"kind": "hold"' in line and tag in line and '"ev": "fault"' in line
     ]
 
@@ -49,7 +49,7 @@ def _round(site: Site, run: str) -> list[str]:
         time.sleep(0.05)
     release.touch()
     ended = {r.label: r.finish() for r in racers}
-    events = [e for e in read_history(site.history) if e.run == run and e.proc in ended]
+    events = [e for e in read_history(site.history, live=True) if e.run == run and e.proc in ended]
     acquirers = {e.proc for e in events if e.ev == "acquire_ok"}
     carriers = sorted(holding)
     assert set(carriers) <= acquirers, (carriers, acquirers)

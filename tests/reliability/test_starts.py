@@ -23,7 +23,9 @@ def test_a_start_that_lost_the_race_is_told_to_resume_not_that_it_is_misconfigur
     release = site.tmp / "start.release"
     late = site.start(run, "--fault=hold:before_start", "--release", str(release))
     deadline = time.monotonic() + 30
-    while not any(e.ev == "fault" and e.proc == late.label for e in read_history(site.history)):
+    while not any(
+        e.ev == "fault" and e.proc == late.label for e in read_history(site.history, live=True)
+    ):
         assert late.exitcode is None and time.monotonic() < deadline, late.output()
         time.sleep(0.02)
     site.carry(run, random.Random(run))  # another worker starts the run and completes it
