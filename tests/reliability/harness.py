@@ -9,6 +9,7 @@ and goes on the record as a hang, dump included.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -105,8 +106,21 @@ class Proc:
         return self.exitcode
 
     def kill(self) -> None:
-        os.kill(self.pid, signal.SIGKILL)
+        # It may have ended, and been reaped, on its own just before.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
         self.wait(10)
+
+    def wake(self) -> None:
+        """SIGCONT a stopped worker; its deadline counts from now, not from its start,
+        since the time it spent stopped (the run carried on by others) was the test's."""
+        os.kill(self.pid, signal.SIGCONT)
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
+        """Count the deadline from now: the worker was held (stopped, or waiting on a
+        release file) while the test did something else."""
+        self.started = time.monotonic()
 
     def finish(self, deadline: float = WORKER_DEADLINE) -> int:
         """Its exit code; past the deadline, a hang on the record and ``-SIGKILL``."""

@@ -12,7 +12,6 @@ fences must still keep every effect single and refuse every stale write.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import time
@@ -60,7 +59,7 @@ def _trial(site: Site, run: str, offset: str, first: str, so: Path) -> None:
         racer.finish()
     site.carry(run, random.Random(run), env_for=lambda n: env if n % 2 == 0 else None)
     if stopped(a.pid):
-        os.kill(a.pid, signal.SIGCONT)
+        a.wake()
     if a.finish() == -signal.SIGKILL:
         site.count("kills")
 

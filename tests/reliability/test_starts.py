@@ -30,6 +30,7 @@ def test_a_start_that_lost_the_race_is_told_to_resume_not_that_it_is_misconfigur
         time.sleep(0.02)
     site.carry(run, random.Random(run))  # another worker starts the run and completes it
     release.touch()
+    late.restart_clock()
     late.finish()
     events = read_history(site.history)
     (result,) = [e for e in events if e.ev == "result" and e.proc == late.label]

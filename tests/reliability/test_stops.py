@@ -7,9 +7,7 @@ claim, after a completion and before a frontier write.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import time
 
 from reliability.figures import TALLY
@@ -35,7 +33,7 @@ def _trial(site: Site, run: str, point: str) -> int:
         time.sleep(0.01)
     time.sleep(site.lease_ttl * 1.5)  # past the ttl by the store's clock and the worker's
     site.carry(run, random.Random(run))
-    os.kill(first.pid, signal.SIGCONT)
+    first.wake()
     return first.finish()
 
 

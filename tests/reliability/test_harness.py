@@ -1,0 +1,30 @@
+"""The harness itself: a worker held while the test did something else is not called hung."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from reliability.conftest import make_site
+from reliability.harness import WORKER_DEADLINE, stopped
+from reliability.history import read_history
+
+
+def test_a_worker_woken_after_its_deadline_is_judged_from_its_waking(tmp_path: Path) -> None:
+    site = make_site(f"sqlite:///{tmp_path / 'adk.sqlite3'}", tmp_path, "sqlite")
+    proc = site.start("held", "--fault=stop:after_claim@1")
+    try:
+        deadline = time.monotonic() + 30
+        while not stopped(proc.pid):
+            assert proc.exitcode is None and time.monotonic() < deadline, proc.output()
+            time.sleep(0.01)
+        # As if carrying the run on with other workers had taken longer than a worker's
+        # deadline, as it did on a loaded CI machine.
+        proc.started -= WORKER_DEADLINE + 1
+        proc.wake()
+        assert proc.finish() == 0, proc.output()
+    finally:
+        if proc.exitcode is None:
+            proc.kill()
+    assert not [e for e in read_history(site.history) if e.ev == "hang"]
+    assert site.verdict().ok, site.verdict().explain()
