@@ -126,12 +126,14 @@ async def alone(
     if not conn.autocommit:
         await conn.set_autocommit(True)
     try:
-        async with conn.pipeline() as pipeline, conn.cursor(row_factory=dict_row) as cur:
-            for statement in begin:
-                await conn.execute(statement, prepare=False)
-            await cur.execute(sql, params)
-            await conn.execute("COMMIT", prepare=False)
-            await pipeline.sync()
+        async with conn.cursor(row_factory=dict_row) as cur:
+            # The pipeline's exit is its one Sync (a sync() inside it would cost a second
+            # round trip): the rows are read once every reply is in.
+            async with conn.pipeline():
+                for statement in begin:
+                    await conn.execute(statement, prepare=False)
+                await cur.execute(sql, params)
+                await conn.execute("COMMIT", prepare=False)
             return await cur.fetchall() if cur.description is not None else []
     except BaseException:
         await roll_back(conn)

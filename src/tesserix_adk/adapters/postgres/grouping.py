@@ -71,13 +71,15 @@ class PostgresWriteGroup(OpenGroup):
             await conn.set_autocommit(True)
         begin = () if self._begun else (*self.database.begin_statements, self._idle_bound())
         try:
-            async with conn.pipeline() as pipeline, conn.cursor(row_factory=dict_row) as cur:
-                for statement in begin:
-                    await conn.execute(statement, prepare=False)
-                await conn.execute("SAVEPOINT adk_write", prepare=False)
-                await cur.execute(sql, params)
-                await conn.execute("RELEASE SAVEPOINT adk_write", prepare=False)
-                await pipeline.sync()
+            async with conn.cursor(row_factory=dict_row) as cur:
+                # Leaving the pipeline sends its one Sync and reads every reply: one round
+                # trip. (A sync() inside it as well costs a second: the exit always syncs.)
+                async with conn.pipeline():
+                    for statement in begin:
+                        await conn.execute(statement, prepare=False)
+                    await conn.execute("SAVEPOINT adk_write", prepare=False)
+                    await cur.execute(sql, params)
+                    await conn.execute("RELEASE SAVEPOINT adk_write", prepare=False)
                 rows = await cur.fetchall() if cur.description is not None else []
         except BaseException:
             if conn.info.transaction_status is TransactionStatus.INERROR:
