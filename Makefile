@@ -57,7 +57,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict src
 
 test: lint typecheck chromium pgbouncer
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The full reliability profile (tests/reliability, docs/reliability.md); ends with one line
 # of figures per backend.

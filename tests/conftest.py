@@ -61,6 +61,35 @@ def grouped_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(defaults, "group_writes", True)
 
 
+# --- the order files are handed to the test processes ------------------------------------
+# `make test` hands whole files to its two processes in collection order
+# (--no-loadscope-reorder). These files take a minute or more each, mostly waiting on
+# processes and leases; started last, one of them kept one process busy long after the
+# other had run out of work. Started first, the two finish together. Order inside a file is
+# kept (the README's blocks build on each other).
+_SLOW_FIRST = (
+    "tests/test_worker_chaos.py",
+    "tests/reliability/test_races.py",
+    "tests/on_temporal/",
+    "tests/reliability/",
+    "tests/test_crash_processes.py",
+    "tests/mcp_tools/test_mcp_crash.py",
+    "tests/cli/test_operator_story.py",
+    "tests/adapters/test_process_races.py",
+)
+
+
+def _rank(item: pytest.Item) -> int:
+    path = Path(str(item.path)).relative_to(item.config.rootpath).as_posix()
+    return next(
+        (n for n, head in enumerate(_SLOW_FIRST) if path.startswith(head)), len(_SLOW_FIRST)
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: each file's tests keep their order
+
+
 # --- the reliability figures, gathered from every test process ---------------------------
 # `make test` runs the suite in two processes (pytest-xdist): each worker hands its tally
 # to the controller, which prints them all at the end.
