@@ -148,7 +148,14 @@ class Proc:
             for e in read_history(self.site.history, live=True)
             if e.ev == "result" and e.proc == self.label
         ]
-        return int(results[-1]["code"]) if results else default
+        if results:
+            return int(results[-1]["code"])
+        if "Traceback" in self.output():
+            return default  # it crashed: an error on the record, which ends the trial
+        # No verdict and no crash: it was killed before it finished (by its own fault, or
+        # the harness), which is how the run is carried on; taken for an error, the run was
+        # left unfinished after its first worker (seen under load).
+        return -signal.SIGKILL
 
     def output(self) -> str:
         try:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
+import signal
 import time
 from pathlib import Path
 
 from reliability.conftest import make_site
-from reliability.harness import WORKER_DEADLINE, stopped
+from reliability.harness import _STATUS_LOST, WORKER_DEADLINE, stopped
 from reliability.history import read_history
 
 
@@ -27,4 +29,18 @@ def test_a_worker_woken_after_its_deadline_is_judged_from_its_waking(tmp_path: P
         if proc.exitcode is None:
             proc.kill()
     assert not [e for e in read_history(site.history) if e.ev == "hang"]
+    assert site.verdict().ok, site.verdict().explain()
+
+
+def test_a_worker_whose_exit_status_was_lost_counts_as_killed_when_it_left_no_verdict(
+    tmp_path: Path,
+) -> None:
+    """The fork server sometimes cannot tell a child's exit status (multiprocessing says
+    255); a worker that killed itself at its fault left no verdict, and the run must go on
+    with the next worker rather than end there, unfinished."""
+    site = make_site(f"sqlite:///{tmp_path / 'adk.sqlite3'}", tmp_path, "sqlite")
+    proc = site.start("lost", "--fault=kill:after_claim@1")
+    assert proc.finish() == -signal.SIGKILL, proc.output()
+    assert proc._recorded_code(_STATUS_LOST) == -signal.SIGKILL
+    site.carry("lost", random.Random(0))
     assert site.verdict().ok, site.verdict().explain()
