@@ -1,6 +1,6 @@
-"""Round trips on the wire, read off libpq's own protocol trace: each reply PostgreSQL ends
-with ReadyForQuery is one the client waited for. The conformance suites count the
-statements a store executes; only the wire shows how many times it waited."""
+"""Round trips on the wire, read off libpq's own protocol trace: each Sync or simple Query
+the client sends is answered by one ReadyForQuery, which it waits for. The conformance
+suites count the statements a store executes; only the wire shows how often it waited."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from psycopg import pq
 
+from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, tool
 from tesserix_adk.adapters.postgres import open_postgres_stores
 from tesserix_adk.stores.grouping import group_scope
 
@@ -55,8 +56,10 @@ class _Wire:
                 self._trace(conn)
             else:
                 self.conns.remove(conn)
+            # Each Sync (a pipeline's end) and each simple Query is answered by one
+            # ReadyForQuery, which the client waits for; a connection's start-up is not.
             self.counted += sum(
-                line.startswith("B\t") and line.split("\t")[2:3] == ["ReadyForQuery"]
+                line.startswith("F\t") and line.split("\t")[2:3] in (["Sync"], ["Query"])
                 for line in path.read_text(errors="replace").splitlines()
             )
             path.unlink()
@@ -92,3 +95,47 @@ async def test_a_write_waits_once_alone_and_once_in_a_group_whose_commit_waits_o
         assert len(await history.fetch(handle)) == 1
     finally:
         await stores.aclose()
+
+
+def _turns(calls_per_turn: int, turns: int) -> list[Any]:
+    script: list[Any] = [
+        ScriptedTurn(calls=[("book", {"seat": f"{t}-{c}"}) for c in range(calls_per_turn)])
+        for t in range(turns)
+    ]
+    return [*script, "done"]
+
+
+async def _waits(url: str, wire: _Wire, calls: int, turns: int, run_id: str) -> int:
+    @tool
+    def book(seat: str) -> str:
+        return f"booked {seat}"
+
+    stores = open_postgres_stores(url)
+    try:
+        await stores.create_schema()
+        runner = AgentRunner.from_stores(
+            ScriptedProvider(_turns(calls, turns)), stores, group_writes=True
+        )
+        before = wire.waits()
+        run = await runner.run(
+            Agent("w", "b", tools=[book], max_iterations=20), "go", tenant=T, run_id=run_id
+        )
+        assert run.status == "completed"
+        return wire.waits() - before
+    finally:
+        await stores.aclose()
+
+
+@pytest.mark.parametrize(("calls", "per_turn"), [(1, 10), (3, 16)])
+async def test_a_grouped_turn_waits_once_per_write_and_commit_and_its_last_outcome_once(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: int, per_turn: int
+) -> None:
+    """One call: the charge, the frontier's append and put, and the claim, then COMMIT (5);
+    the outcome, written with its own COMMIT in one pipeline (1); the next frontier's append
+    and put, and the cancel check, then COMMIT (4). Each further call: its claim with the
+    outcome before it, then COMMIT (3). The last outcome in a group of its own cost one
+    more: its write, then its COMMIT."""
+    wire = _Wire(monkeypatch, tmp_path)
+    short = await _waits(pg_url, wire, calls, 2, "short")
+    long = await _waits(pg_url, wire, calls, 6, "long")
+    assert (long - short) / 4 == per_turn

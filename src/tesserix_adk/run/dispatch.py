@@ -96,7 +96,10 @@ async def dispatch_turn(
     finished in. A failure starts no more calls but lets those started finish (see
     ``run.parallel``); then it is raised, and nothing of the turn is appended."""
     grants = {g.call_id: g for g in run.grants}
-    jobs = [functools.partial(_answer, parts, run, attempt, oc, grants) for oc in calls]
+    jobs = [
+        functools.partial(_folding, attempt, n < len(calls) - 1, parts, run, oc, grants)
+        for n, oc in enumerate(calls)
+    ]
     side_by_side = run.agent.parallel_tool_calls > 1 and len(calls) > 1
     if side_by_side:
         # Calls in flight together share no transaction: each claim commits on its own.
@@ -132,6 +135,20 @@ def close_turn(
     answered = {c.call.id for c in calls}
     settled = {g.request for g in run.grants if g.call_id in answered}
     run.grants = [g for g in run.grants if g.call_id not in answered and g.request not in settled]
+
+
+async def _folding(
+    attempt: Attempt,
+    more: bool,
+    parts: RunParts,
+    run: RunState,
+    oc: OutstandingCall,
+    grants: Mapping[str, Grant],
+) -> ToolOutcome:
+    """``_answer``, telling the attempt whether another call of the turn follows this one
+    (calls folded one at a time: only then can its outcome share the next claim's commit)."""
+    attempt.more_calls = more
+    return await _answer(parts, run, attempt, oc, grants)
 
 
 async def _answer(
@@ -372,7 +389,11 @@ async def _grouped_complete(
     oc: OutstandingCall,
     payload: bytes,
 ) -> None:
-    await grouping.begin(parts.groups, attempt)
+    if attempt.more_calls:
+        # It commits with the next call's claim. The turn's last outcome commits at once
+        # anyway, so it is written on its own, which on PostgreSQL sends its COMMIT in the
+        # same round trip, not in one of its own after it.
+        await grouping.begin(parts.groups, attempt)
     await complete(parts, run, attempt, tool, oc, payload)
 
 

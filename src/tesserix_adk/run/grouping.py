@@ -12,7 +12,8 @@ wakes):
   the turn's first claim commit together, before the call goes out;
 - with several calls in a turn, one at a time, each call's outcome commits with the next
   call's claim;
-- the turn's last outcome commits at once, on its own, and the ``after_tool_result``
+- the turn's last outcome commits at once, on its own (written outside any group, which
+  on PostgreSQL sends its COMMIT in the same round trip), and the ``after_tool_result``
   frontier after it. Folding that outcome into the frontier's commit would save one commit
   but widen the window in which a death leaves a call that ran in doubt (until an operator
   decides) by the frontier's redaction and encoding: an outcome in hand is made durable
