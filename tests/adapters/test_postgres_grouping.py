@@ -132,7 +132,8 @@ async def test_a_group_whose_connection_is_lost_sends_nothing_and_charges_once(
 ) -> None:
     sent: list[str] = []
     checkpoints = pg_stores.checkpoints
-    put = checkpoints.put
+    # The frontier and its transcript append go together (``put_with_history``).
+    put = checkpoints.put_with_history  # type: ignore[attr-defined]
 
     async def cut_then_put(*args: Any, **kwargs: Any) -> Any:
         # The turn's group holds its charge; its connection dies before the frontier.
@@ -143,7 +144,7 @@ async def test_a_group_whose_connection_is_lost_sends_nothing_and_charges_once(
             await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         return await put(*args, **kwargs)
 
-    checkpoints.put = cut_then_put  # type: ignore[method-assign]
+    checkpoints.put_with_history = cut_then_put  # type: ignore[attr-defined]
 
     @tool
     def book(seat: str) -> str:

@@ -7,13 +7,16 @@ prunes the steps to the N highest (``put_keeping.sql``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tesserix_adk.adapters.postgres.connection import PostgresDatabase
+from tesserix_adk.adapters.postgres.connection import PostgresDatabase, Row
+from tesserix_adk.adapters.postgres.driver import Statement
 from tesserix_adk.adapters.postgres.fenced import FencedStore, refusal, run_params, stale
+from tesserix_adk.adapters.postgres.history import PostgresHistoryStore
 from tesserix_adk.adapters.postgres.statements import Statements
 from tesserix_adk.errors import ConfigurationError
-from tesserix_adk.stores.protocols import StoredCheckpoint
+from tesserix_adk.stores.protocols import HistoryHandle, StoredCheckpoint
 
 __all__ = ["PostgresCheckpointStore"]
 
@@ -28,6 +31,12 @@ class _SQL(Statements):
     steps: str
     runs: str
     forget: str
+
+
+def _check_put(row: Row | None, run_id: str, fence: int | None) -> None:
+    refused_by = refusal(row, fence)
+    if refused_by is not None:
+        raise stale("write", run_id, fence, refused_by)
 
 
 class PostgresCheckpointStore(FencedStore):
@@ -45,14 +54,52 @@ class PostgresCheckpointStore(FencedStore):
         self, tenant: str, run_id: str, payload: bytes, *, step: int, fence: int | None = None
     ) -> None:
         """Write a frontier; it becomes ``latest`` and step ``step`` (last write wins)."""
+        sql, params = self._putting(tenant, run_id, payload, step=step, fence=fence)
+        row = await self.database.row(f"writing a frontier of run {run_id!r}", sql, params)
+        _check_put(row, run_id, fence)
+
+    async def put_with_history(
+        self,
+        history: object,
+        tenant: str,
+        run_id: str,
+        payload: bytes,
+        *,
+        step: int,
+        fence: int | None,
+        encoded: Sequence[bytes],
+        after: HistoryHandle | None,
+    ) -> HistoryHandle | None:
+        """Append the transcript and put the frontier in one transaction, sent in one round
+        trip (in a write group, one savepoint of its transaction), when ``history`` is a
+        PostgreSQL history store on this same database; ``None`` when it is not, and the
+        caller writes them one after the other. If either is refused, neither is written,
+        and the append's refusal is told first, as if written one after the other."""
+        if not isinstance(history, PostgresHistoryStore) or history.database is not self.database:
+            return None
+        append = history.appending(tenant, run_id, encoded, fence=fence, after=after)
+        put = self._putting(tenant, run_id, payload, step=step, fence=fence)
+
+        def check(results: list[list[Row]]) -> None:
+            appended, written = (rows[0] if rows else None for rows in results)
+            append.check(appended)
+            _check_put(written, run_id, fence)
+
+        await self.database.rows_together(
+            f"writing a frontier of run {run_id!r} with its transcript",
+            [(append.sql, append.params), put],
+            check,
+        )
+        return append.handle
+
+    def _putting(
+        self, tenant: str, run_id: str, payload: bytes, *, step: int, fence: int | None
+    ) -> Statement:
         sql = self._sql.put if self.keep_last is None else self._sql.put_keeping
         params = run_params(
             tenant, run_id, fence, step=int(step), payload=bytes(payload), keep_last=self.keep_last
         )
-        row = await self.database.row(f"writing a frontier of run {run_id!r}", sql, params)
-        refused_by = refusal(row, fence)
-        if refused_by is not None:
-            raise stale("write", run_id, fence, refused_by)
+        return sql, params
 
     async def latest(self, tenant: str, run_id: str) -> StoredCheckpoint | None:
         """The last accepted put, or ``None``."""

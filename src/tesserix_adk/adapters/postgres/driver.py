@@ -5,7 +5,7 @@ begun READ COMMITTED with its bounds set ``LOCAL``, so nothing lives in the sess
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
@@ -20,9 +20,12 @@ from tesserix_adk.errors import ConfigurationError, StoreReplyLostError, StoreUn
 __all__ = [
     "Call",
     "Row",
+    "Statement",
     "alone",
+    "alone_together",
     "begin_statements",
     "driver_errors",
+    "pipelined",
     "roll_back",
     "transaction",
 ]
@@ -138,3 +141,46 @@ async def alone(
     except BaseException:
         await roll_back(conn)
         raise
+
+
+Statement = tuple[str, Mapping[str, Any]]
+
+
+async def pipelined(
+    conn: psycopg.AsyncConnection[Any], before: Sequence[str], statements: Sequence[Statement]
+) -> list[list[Row]]:
+    """``before`` (no parameters) and ``statements`` in one pipeline, one round trip; each
+    statement's rows. Nothing is committed or released: the caller decides."""
+    cursors = [conn.cursor(row_factory=dict_row) for _ in statements]
+    try:
+        # The pipeline's exit is its one Sync: every reply is in once it is left.
+        async with conn.pipeline():
+            for statement in before:
+                await conn.execute(statement, prepare=False)
+            for cur, (sql, params) in zip(cursors, statements, strict=True):
+                await cur.execute(sql, params)
+        return [await c.fetchall() if c.description is not None else [] for c in cursors]
+    finally:
+        for cur in cursors:
+            await cur.close()
+
+
+async def alone_together(
+    conn: psycopg.AsyncConnection[Any],
+    begin: tuple[str, ...],
+    statements: Sequence[Statement],
+    check: Callable[[list[list[Row]]], None],
+) -> list[list[Row]]:
+    """``statements`` in one transaction of their own, sent with its ``begin`` in one
+    pipeline; committed (a second round trip) only if ``check`` passes their rows, else
+    rolled back and its error raised: all of them or none."""
+    if not conn.autocommit:
+        await conn.set_autocommit(True)
+    try:
+        results = await pipelined(conn, begin, statements)
+        check(results)
+    except BaseException:
+        await roll_back(conn)
+        raise
+    await conn.execute("COMMIT", prepare=False)
+    return results

@@ -11,7 +11,7 @@ lost: nothing joins it afresh, and its commit says so.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from tesserix_adk.adapters.postgres.driver import Row, driver_errors
+from tesserix_adk.adapters.postgres.driver import Row, Statement, driver_errors, pipelined
 from tesserix_adk.errors import StoreReplyLostError, StoreUnavailableError
 from tesserix_adk.stores.grouping import OpenGroup
 
@@ -90,11 +90,72 @@ class PostgresWriteGroup(OpenGroup):
             if status is TransactionStatus.INTRANS:
                 self._begun = True
             elif self._begun or status is not TransactionStatus.IDLE:
-                self._lost = "the run's group of writes was rolled back by PostgreSQL or lost "
-                "with its connection; nothing of it was committed"
+                self._lost = (
+                    "the run's group of writes was rolled back by PostgreSQL or lost with its "
+                    "connection; nothing of it was committed"
+                )
             raise
         self._begun = True
         return rows
+
+    async def rows_together(
+        self,
+        action: str,
+        statements: Sequence[Statement],
+        check: Callable[[list[list[Row]]], None],
+    ) -> list[list[Row]]:
+        """``statements`` in the group's transaction, in one savepoint and one round trip;
+        each one's rows. If ``check`` refuses them (raises), they are undone together, the
+        group goes on, and its error is raised."""
+        if self._lost is not None:
+            raise StoreUnavailableError(self._lost)
+        db = self.database
+        with driver_errors(action) as call:
+            await db._open()
+            if self._conn is None:
+                self._conn = await db.pool.getconn(timeout=db.timeout)
+            conn = self._conn
+            call.sent = True
+            try:
+                async with asyncio.timeout(db.timeout):
+                    return await self._together_in_group(conn, statements, check)
+            except TimeoutError as exc:
+                self._lost = f"PostgreSQL did not answer {action} within {db.timeout:g} s"
+                raise StoreReplyLostError(
+                    f"{self._lost}; the run's group of writes is lost, not committed"
+                ) from exc
+
+    async def _together_in_group(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        statements: Sequence[Statement],
+        check: Callable[[list[list[Row]]], None],
+    ) -> list[list[Row]]:
+        if not conn.autocommit:
+            await conn.set_autocommit(True)
+        begin = () if self._begun else (*self.database.begin_statements, self._idle_bound())
+        try:
+            # The savepoint is released only if ``check`` passes, with the group's next
+            # write or its COMMIT, not in a round trip of its own.
+            results = await pipelined(conn, (*begin, "SAVEPOINT adk_together"), statements)
+            self._begun = True
+            check(results)
+        except BaseException:
+            status = conn.info.transaction_status
+            if status in (TransactionStatus.INERROR, TransactionStatus.INTRANS):
+                with suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK TO SAVEPOINT adk_together", prepare=False)
+                    await conn.execute("RELEASE SAVEPOINT adk_together", prepare=False)
+            status = conn.info.transaction_status
+            if status is TransactionStatus.INTRANS:
+                self._begun = True
+            elif self._begun or status is not TransactionStatus.IDLE:
+                self._lost = (
+                    "the run's group of writes was rolled back by PostgreSQL or lost with its "
+                    "connection; nothing of it was committed"
+                )
+            raise
+        return results
 
     def _idle_bound(self) -> str:
         # A holder paused inside its group (SIGSTOP, a frozen VM) would hold the run's rows

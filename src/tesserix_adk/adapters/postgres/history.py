@@ -8,8 +8,9 @@ still resolves.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tesserix_adk.adapters.postgres.connection import PostgresDatabase, Row
 from tesserix_adk.adapters.postgres.fenced import FencedStore, refusal, run_params, stale
@@ -18,7 +19,7 @@ from tesserix_adk.errors import HistoryUnavailableError
 from tesserix_adk.stores._common import chained_digests, prefix_of
 from tesserix_adk.stores.protocols import EMPTY_HISTORY_DIGEST, HistoryHandle
 
-__all__ = ["PostgresHistoryStore"]
+__all__ = ["Appending", "PostgresHistoryStore"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,6 +28,17 @@ class _SQL(Statements):
     append: str
     fetch: str
     forget: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Appending:
+    """An append not yet sent: its statement, the handle it makes, and the check of the
+    row it answers (``HistoryUnavailableError`` or ``StaleFenceError`` if refused)."""
+
+    sql: str
+    params: Mapping[str, Any]
+    handle: HistoryHandle
+    check: Callable[[Row | None], None]
 
 
 def _stale_by(row: Row, fence: int | None) -> bool:
@@ -56,6 +68,24 @@ class PostgresHistoryStore(FencedStore):
     ) -> HistoryHandle:
         """Append after the prefix ``after`` names (``None``: the empty prefix), dropping
         any tail beyond it; ``HistoryUnavailableError`` if that prefix does not resolve."""
+        append = self.appending(tenant, run_id, encoded, fence=fence, after=after)
+        row = await self.database.row(
+            f"appending to the transcript of run {run_id!r}", append.sql, append.params
+        )
+        append.check(row)
+        return append.handle
+
+    def appending(
+        self,
+        tenant: str,
+        run_id: str,
+        encoded: Sequence[bytes],
+        *,
+        fence: int | None,
+        after: HistoryHandle | None,
+    ) -> Appending:
+        """The append's statement, the handle it makes, and the check of its row (which
+        raises as ``append`` does), for a caller that sends it with other statements."""
         count, digest = prefix_of(tenant, run_id, after)
         items = [bytes(item) for item in encoded]
         digests = chained_digests(digest, items)
@@ -69,11 +99,11 @@ class PostgresHistoryStore(FencedStore):
             items=items,
             digests=digests,
         )
-        row = await self.database.row(
-            f"appending to the transcript of run {run_id!r}", self._sql.append, params
-        )
-        refused_by = refusal(row, fence)
-        if refused_by is not None:
+
+        def check(row: Row | None) -> None:
+            refused_by = refusal(row, fence)
+            if refused_by is None:
+                return
             assert row is not None
             # A stale fence is reported first, as if checked before the prefix.
             if row["resolves"] is False and not _stale_by(row, fence):
@@ -82,8 +112,10 @@ class PostgresHistoryStore(FencedStore):
                     f"messages this append follows"
                 )
             raise stale("append", run_id, fence, refused_by)
+
         last = digests[-1] if digests else digest
-        return HistoryHandle(tenant=tenant, run_id=run_id, count=count + len(items), digest=last)
+        handle = HistoryHandle(tenant=tenant, run_id=run_id, count=count + len(items), digest=last)
+        return Appending(sql=self._sql.append, params=params, handle=handle, check=check)
 
     async def fetch(self, handle: HistoryHandle) -> list[bytes]:
         """The bytes of the prefix; ``HistoryUnavailableError`` if it does not resolve."""
