@@ -11,9 +11,9 @@ lost: nothing joins it afresh, and its commit says so.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from tesserix_adk.adapters.postgres.connection import PostgresDatabase
 
 __all__ = ["PostgresWriteGroup"]
+
+T = TypeVar("T")
 
 
 class PostgresWriteGroup(OpenGroup):
@@ -46,57 +48,7 @@ class PostgresWriteGroup(OpenGroup):
 
     async def rows(self, action: str, sql: str, params: Mapping[str, Any]) -> list[Row]:
         """``sql`` in the group's transaction; its rows."""
-        if self._lost is not None:
-            raise StoreUnavailableError(self._lost)
-        db = self.database
-        with driver_errors(action) as call:
-            await db._open()
-            if self._conn is None:
-                self._conn = await db.pool.getconn(timeout=db.timeout)
-            conn = self._conn
-            call.sent = True
-            try:
-                async with asyncio.timeout(db.timeout):
-                    return await self._in_group(conn, sql, params)
-            except TimeoutError as exc:
-                self._lost = f"PostgreSQL did not answer {action} within {db.timeout:g} s"
-                raise StoreReplyLostError(
-                    f"{self._lost}; the run's group of writes is lost, not committed"
-                ) from exc
-
-    async def _in_group(
-        self, conn: psycopg.AsyncConnection[Any], sql: str, params: Mapping[str, Any]
-    ) -> list[Row]:
-        if not conn.autocommit:
-            await conn.set_autocommit(True)
-        begin = () if self._begun else (*self.database.begin_statements, self._idle_bound())
-        try:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                # Leaving the pipeline sends its one Sync and reads every reply: one round
-                # trip. (A sync() inside it as well costs a second: the exit always syncs.)
-                async with conn.pipeline():
-                    for statement in begin:
-                        await conn.execute(statement, prepare=False)
-                    await conn.execute("SAVEPOINT adk_write", prepare=False)
-                    await cur.execute(sql, params)
-                    await conn.execute("RELEASE SAVEPOINT adk_write", prepare=False)
-                rows = await cur.fetchall() if cur.description is not None else []
-        except BaseException:
-            if conn.info.transaction_status is TransactionStatus.INERROR:
-                with suppress(psycopg.Error):
-                    await conn.execute("ROLLBACK TO SAVEPOINT adk_write", prepare=False)
-                    await conn.execute("RELEASE SAVEPOINT adk_write", prepare=False)
-            status = conn.info.transaction_status
-            if status is TransactionStatus.INTRANS:
-                self._begun = True
-            elif self._begun or status is not TransactionStatus.IDLE:
-                self._lost = (
-                    "the run's group of writes was rolled back by PostgreSQL or lost with its "
-                    "connection; nothing of it was committed"
-                )
-            raise
-        self._begun = True
-        return rows
+        return await self._on_connection(action, lambda conn: self._in_group(conn, sql, params))
 
     async def rows_together(
         self,
@@ -107,6 +59,13 @@ class PostgresWriteGroup(OpenGroup):
         """``statements`` in the group's transaction, in one savepoint and one round trip;
         each one's rows. If ``check`` refuses them (raises), they are undone together, the
         group goes on, and its error is raised."""
+        return await self._on_connection(
+            action, lambda conn: self._together_in_group(conn, statements, check)
+        )
+
+    async def _on_connection(
+        self, action: str, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
+    ) -> T:
         if self._lost is not None:
             raise StoreUnavailableError(self._lost)
         db = self.database
@@ -118,12 +77,37 @@ class PostgresWriteGroup(OpenGroup):
             call.sent = True
             try:
                 async with asyncio.timeout(db.timeout):
-                    return await self._together_in_group(conn, statements, check)
+                    if not conn.autocommit:
+                        await conn.set_autocommit(True)
+                    return await work(conn)
             except TimeoutError as exc:
                 self._lost = f"PostgreSQL did not answer {action} within {db.timeout:g} s"
                 raise StoreReplyLostError(
                     f"{self._lost}; the run's group of writes is lost, not committed"
                 ) from exc
+
+    def _begin(self) -> tuple[str, ...]:
+        return () if self._begun else (*self.database.begin_statements, self._idle_bound())
+
+    async def _in_group(
+        self, conn: psycopg.AsyncConnection[Any], sql: str, params: Mapping[str, Any]
+    ) -> list[Row]:
+        try:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                # Leaving the pipeline sends its one Sync and reads every reply: one round
+                # trip. (A sync() inside it as well costs a second: the exit always syncs.)
+                async with conn.pipeline():
+                    for statement in self._begin():
+                        await conn.execute(statement, prepare=False)
+                    await conn.execute("SAVEPOINT adk_write", prepare=False)
+                    await cur.execute(sql, params)
+                    await conn.execute("RELEASE SAVEPOINT adk_write", prepare=False)
+                rows = await cur.fetchall() if cur.description is not None else []
+        except BaseException:
+            await self._undone(conn, "adk_write", TransactionStatus.INERROR)
+            raise
+        self._begun = True
+        return rows
 
     async def _together_in_group(
         self,
@@ -131,31 +115,36 @@ class PostgresWriteGroup(OpenGroup):
         statements: Sequence[Statement],
         check: Callable[[list[list[Row]]], None],
     ) -> list[list[Row]]:
-        if not conn.autocommit:
-            await conn.set_autocommit(True)
-        begin = () if self._begun else (*self.database.begin_statements, self._idle_bound())
         try:
-            # The savepoint is released only if ``check`` passes, with the group's next
-            # write or its COMMIT, not in a round trip of its own.
-            results = await pipelined(conn, (*begin, "SAVEPOINT adk_together"), statements)
+            # Rolled back to if ``check`` refuses; otherwise left for the group's COMMIT
+            # to end, rather than released in a round trip of its own.
+            results = await pipelined(conn, (*self._begin(), "SAVEPOINT adk_together"), statements)
             self._begun = True
             check(results)
         except BaseException:
-            status = conn.info.transaction_status
-            if status in (TransactionStatus.INERROR, TransactionStatus.INTRANS):
-                with suppress(psycopg.Error):
-                    await conn.execute("ROLLBACK TO SAVEPOINT adk_together", prepare=False)
-                    await conn.execute("RELEASE SAVEPOINT adk_together", prepare=False)
-            status = conn.info.transaction_status
-            if status is TransactionStatus.INTRANS:
-                self._begun = True
-            elif self._begun or status is not TransactionStatus.IDLE:
-                self._lost = (
-                    "the run's group of writes was rolled back by PostgreSQL or lost with its "
-                    "connection; nothing of it was committed"
-                )
+            await self._undone(
+                conn, "adk_together", TransactionStatus.INERROR, TransactionStatus.INTRANS
+            )
             raise
         return results
+
+    async def _undone(
+        self, conn: psycopg.AsyncConnection[Any], savepoint: str, *when: TransactionStatus
+    ) -> None:
+        """After a write failed: back to its savepoint (when the transaction is in one of
+        ``when``), the group going on; or the group lost, if its transaction is gone."""
+        if conn.info.transaction_status in when:
+            with suppress(psycopg.Error):
+                await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}", prepare=False)
+                await conn.execute(f"RELEASE SAVEPOINT {savepoint}", prepare=False)
+        status = conn.info.transaction_status
+        if status is TransactionStatus.INTRANS:
+            self._begun = True
+        elif self._begun or status is not TransactionStatus.IDLE:
+            self._lost = (
+                "the run's group of writes was rolled back by PostgreSQL or lost with its "
+                "connection; nothing of it was committed"
+            )
 
     def _idle_bound(self) -> str:
         # A holder paused inside its group (SIGSTOP, a frozen VM) would hold the run's rows
