@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from tesserix_adk.adapters.postgres.connection import PostgresDatabase, Row
 from tesserix_adk.adapters.postgres.driver import Statement
 from tesserix_adk.adapters.postgres.fenced import FencedStore, refusal, run_params, stale
+from tesserix_adk.adapters.postgres.grouping import PostgresWriteGroup
 from tesserix_adk.adapters.postgres.history import PostgresHistoryStore
 from tesserix_adk.adapters.postgres.statements import Statements
 from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.stores.grouping import joined
 from tesserix_adk.stores.protocols import HistoryHandle, StoredCheckpoint
 
 __all__ = ["PostgresCheckpointStore"]
@@ -70,12 +72,20 @@ class PostgresCheckpointStore(FencedStore):
         encoded: Sequence[bytes],
         after: HistoryHandle | None,
     ) -> HistoryHandle | None:
-        """Append the transcript and put the frontier in one transaction, sent in one round
-        trip (in a write group, one savepoint of its transaction), when ``history`` is a
-        PostgreSQL history store on this same database; ``None`` when it is not, and the
-        caller writes them one after the other. If either is refused, neither is written,
-        and the append's refusal is told first, as if written one after the other."""
-        if not isinstance(history, PostgresHistoryStore) or history.database is not self.database:
+        """Inside the caller's open write group: append the transcript and put the frontier
+        in one savepoint of the group's transaction, sent in one round trip; if either is
+        refused, neither is written, and the append's refusal is told first. ``None``
+        outside a group, or when ``history`` is not a PostgreSQL history store on this same
+        database: the caller writes them one after the other. Alone, the pair would hold a
+        transaction open between its statements and its COMMIT, where no idle bound can
+        end it (a holder frozen there would lock the run's fences for every other writer);
+        a group already spans round trips, so the pair costs it nothing of the kind."""
+        group = joined(self.database)
+        if (
+            not isinstance(group, PostgresWriteGroup)
+            or not isinstance(history, PostgresHistoryStore)
+            or history.database is not self.database
+        ):
             return None
         append = history.appending(tenant, run_id, encoded, fence=fence, after=after)
         put = self._putting(tenant, run_id, payload, step=step, fence=fence)
@@ -85,7 +95,7 @@ class PostgresCheckpointStore(FencedStore):
             append.check(appended)
             _check_put(written, run_id, fence)
 
-        await self.database.rows_together(
+        await group.rows_together(
             f"writing a frontier of run {run_id!r} with its transcript",
             [(append.sql, append.params), put],
             check,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 try:
@@ -47,9 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from tesserix_adk.adapters.postgres.driver import (
     Row,
-    Statement,
     alone,
-    alone_together,
     begin_statements,
     driver_errors,
     transaction,
@@ -241,32 +239,6 @@ class PostgresDatabase:
                     raise StoreReplyLostError(
                         f"PostgreSQL did not answer {action} within {self.timeout:g} s; the "
                         f"statement may have been applied"
-                    ) from exc
-
-    async def rows_together(
-        self,
-        action: str,
-        statements: Sequence[Statement],
-        check: Callable[[list[list[Row]]], None],
-    ) -> list[list[Row]]:
-        """Run ``statements`` in one transaction, sent in one round trip (inside the
-        caller's open write group, in a savepoint of the group's transaction); each one's
-        rows. ``check`` reads them before anything is committed: if it raises, none of
-        them is applied and its error is raised."""
-        group = joined(self)
-        if isinstance(group, PostgresWriteGroup):
-            return await group.rows_together(action, statements, check)
-        with driver_errors(action) as call:
-            await self._open()
-            async with self.pool.connection(timeout=self.timeout) as conn:
-                call.sent = True
-                try:
-                    async with asyncio.timeout(self.timeout):
-                        return await alone_together(conn, self.begin_statements, statements, check)
-                except TimeoutError as exc:
-                    raise StoreReplyLostError(
-                        f"PostgreSQL did not answer {action} within {self.timeout:g} s; the "
-                        f"statements may have been applied"
                     ) from exc
 
     async def row(self, action: str, sql: str, params: Mapping[str, Any]) -> Row | None:

@@ -5,7 +5,7 @@ begun READ COMMITTED with its bounds set ``LOCAL``, so nothing lives in the sess
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
@@ -22,7 +22,6 @@ __all__ = [
     "Row",
     "Statement",
     "alone",
-    "alone_together",
     "begin_statements",
     "driver_errors",
     "pipelined",
@@ -163,24 +162,3 @@ async def pipelined(
     finally:
         for cur in cursors:
             await cur.close()
-
-
-async def alone_together(
-    conn: psycopg.AsyncConnection[Any],
-    begin: tuple[str, ...],
-    statements: Sequence[Statement],
-    check: Callable[[list[list[Row]]], None],
-) -> list[list[Row]]:
-    """``statements`` in one transaction of their own, sent with its ``begin`` in one
-    pipeline; committed (a second round trip) only if ``check`` passes their rows, else
-    rolled back and its error raised: all of them or none."""
-    if not conn.autocommit:
-        await conn.set_autocommit(True)
-    try:
-        results = await pipelined(conn, begin, statements)
-        check(results)
-    except BaseException:
-        await roll_back(conn)
-        raise
-    await conn.execute("COMMIT", prepare=False)
-    return results
