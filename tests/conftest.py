@@ -80,7 +80,10 @@ _SLOW_FIRST = (
 
 
 def _rank(item: pytest.Item) -> int:
-    path = Path(str(item.path)).relative_to(item.config.rootpath).as_posix()
+    try:
+        path = Path(str(item.path)).relative_to(item.config.rootpath).as_posix()
+    except ValueError:  # collected from outside the checkout
+        return len(_SLOW_FIRST)
     return next(
         (n for n, head in enumerate(_SLOW_FIRST) if path.startswith(head)), len(_SLOW_FIRST)
     )

@@ -148,7 +148,10 @@ class PostgresWriteGroup(OpenGroup):
 
     def _idle_bound(self) -> str:
         # A holder paused inside its group (SIGSTOP, a frozen VM) would hold the run's rows
-        # until it woke: the server ends such a session instead, and the group is lost.
+        # until it woke: the server is to end such a session instead, and the group is
+        # lost. It does not fire yet: psycopg ends each pipeline with a Flush after its
+        # Sync, on which the server disarms the timer (a strict xfail in
+        # tests/adapters/test_attacks_postgres_together.py).
         idle_ms = max(1000, int(self.database.timeout * 2000))
         return f"SELECT set_config('idle_in_transaction_session_timeout', '{idle_ms}', true)"
 
