@@ -192,7 +192,13 @@ class _PgTrace:
         elif side == "F" and kind == "Execute":
             self._statement(self.current, counts)
         elif side == "F" and kind == "Query" and quoted:
-            self._statement(quoted[0], counts)
+            # Several statements in one message (a write group's write: its savepoint, the
+            # statement, the release), joined by ";" and a newline, which the trace escapes.
+            # The whole quoted text: a bound literal may hold a double quote of its own.
+            text = rest.strip()
+            text = text[1:-1] if len(text) > 1 and text[0] == text[-1] == '"' else quoted[0]
+            for sql in re.split(r";(?:\\x0a|\n)", text):
+                self._statement(sql.strip(), counts)
         elif side == "B" and kind == "ReadyForQuery" and rest.strip() == "I":
             counts.transactions = (counts.transactions or 0) + 1
             if self.wrote:

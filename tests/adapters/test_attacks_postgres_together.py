@@ -545,18 +545,13 @@ def _frozen_while_another_waits(url: str, run_id: str) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the write group's idle_in_transaction_session_timeout (_idle_bound) never fires: "
-    "every group write ends with psycopg's pipeline exit, which sends Flush after Sync, and "
-    "the server disarms the idle timer on that Flush without re-arming it (no "
-    "ReadyForQuery follows), so a frozen holder keeps the run's gate rows locked",
-)
 async def test_a_group_frozen_inside_its_transaction_is_ended_by_the_server(
     quick_stores: Stores, pg_admin: psycopg.AsyncConnection[Any], pg_url: str
 ) -> None:
     # The kit's own bound for a group (``_idle_bound``, 1 s here): a frozen holder's rows
-    # are freed by the server.
+    # are freed by the server. It never fired while each write ended a psycopg pipeline,
+    # whose Flush after its Sync disarms the server's idle timer (a strict xfail until
+    # group writes went as one simple-protocol message each, ``driver.batched``).
     await quick_stores.create_schema()
     handle = await _first(quick_stores, "frozen-group")
     with group_scope():

@@ -22,9 +22,9 @@ __all__ = [
     "Row",
     "Statement",
     "alone",
+    "batched",
     "begin_statements",
     "driver_errors",
-    "pipelined",
     "roll_back",
     "transaction",
 ]
@@ -145,20 +145,35 @@ async def alone(
 Statement = tuple[str, Mapping[str, Any]]
 
 
-async def pipelined(
-    conn: psycopg.AsyncConnection[Any], before: Sequence[str], statements: Sequence[Statement]
+async def batched(
+    conn: psycopg.AsyncConnection[Any],
+    before: Sequence[str],
+    statements: Sequence[Statement],
+    after: Sequence[str] = (),
 ) -> list[list[Row]]:
-    """``before`` (no parameters) and ``statements`` in one pipeline, one round trip; each
-    statement's rows. Nothing is committed or released: the caller decides."""
-    cursors = [conn.cursor(row_factory=dict_row) for _ in statements]
-    try:
-        # The pipeline's exit is its one Sync: every reply is in once it is left.
-        async with conn.pipeline():
-            for statement in before:
-                await conn.execute(statement, prepare=False)
-            for cur, (sql, params) in zip(cursors, statements, strict=True):
-                await cur.execute(sql, params)
-        return [await c.fetchall() if c.description is not None else [] for c in cursors]
-    finally:
-        for cur in cursors:
-            await cur.close()
+    """``before``, ``statements`` and ``after`` in one message of the simple query protocol,
+    their parameters bound by psycopg on the client: one round trip; each statement's rows.
+
+    For writes inside a transaction that stays open after them (a write group). The server
+    ends the message with the ReadyForQuery that arms its idle-in-transaction timer, so a
+    holder frozen inside the transaction is ended by the server. A pipeline would not do:
+    psycopg ends one with a Flush after its Sync, and the server disarms that timer on the
+    Flush without arming it again.
+    """
+    async with psycopg.AsyncClientCursor(conn, row_factory=dict_row) as cur:
+        bound = [cur.mogrify(sql, params).rstrip().rstrip(";") for sql, params in statements]
+        # A newline after each: an SQL file's last line may be a comment.
+        await cur.execute(";\n".join([*before, *bound, *after]))
+        results: list[list[Row]] = []
+        first, index = len(before), 0
+        while True:
+            if first <= index < first + len(statements):
+                results.append(await cur.fetchall() if cur.description is not None else [])
+            index += 1
+            if not cur.nextset():
+                break
+    if len(results) != len(statements):  # pragma: no cover - the server answers each one
+        raise StoreUnavailableError(
+            f"PostgreSQL answered {len(results)} of {len(statements)} statements sent together"
+        )
+    return results

@@ -2,7 +2,7 @@
 
 The group takes a pooled connection at its first write and keeps it to its commit: each
 write of the run's stores goes there, in a savepoint of its own (a statement that fails is
-undone alone; the group goes on), sent with the savepoint in one pipeline, so a write costs
+undone alone; the group goes on), sent with the savepoint in one message, so a write costs
 one round trip as before and the group one COMMIT. Other runs use other connections and
 wait for nothing. If the connection is lost or the server ends the transaction, the group is
 lost: nothing joins it afresh, and its commit says so.
@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import dict_row
 
-from tesserix_adk.adapters.postgres.driver import Row, Statement, driver_errors, pipelined
+from tesserix_adk.adapters.postgres.driver import Row, Statement, batched, driver_errors
 from tesserix_adk.errors import StoreReplyLostError, StoreUnavailableError
 from tesserix_adk.stores.grouping import OpenGroup
 
@@ -93,16 +92,13 @@ class PostgresWriteGroup(OpenGroup):
         self, conn: psycopg.AsyncConnection[Any], sql: str, params: Mapping[str, Any]
     ) -> list[Row]:
         try:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                # Leaving the pipeline sends its one Sync and reads every reply: one round
-                # trip. (A sync() inside it as well costs a second: the exit always syncs.)
-                async with conn.pipeline():
-                    for statement in self._begin():
-                        await conn.execute(statement, prepare=False)
-                    await conn.execute("SAVEPOINT adk_write", prepare=False)
-                    await cur.execute(sql, params)
-                    await conn.execute("RELEASE SAVEPOINT adk_write", prepare=False)
-                rows = await cur.fetchall() if cur.description is not None else []
+            # One round trip, which leaves the server's idle timer armed (``batched``).
+            (rows,) = await batched(
+                conn,
+                (*self._begin(), "SAVEPOINT adk_write"),
+                [(sql, params)],
+                ("RELEASE SAVEPOINT adk_write",),
+            )
         except BaseException:
             await self._undone(conn, "adk_write", TransactionStatus.INERROR)
             raise
@@ -118,7 +114,7 @@ class PostgresWriteGroup(OpenGroup):
         try:
             # Rolled back to if ``check`` refuses; otherwise left for the group's COMMIT
             # to end, rather than released in a round trip of its own.
-            results = await pipelined(conn, (*self._begin(), "SAVEPOINT adk_together"), statements)
+            results = await batched(conn, (*self._begin(), "SAVEPOINT adk_together"), statements)
             self._begun = True
             check(results)
         except BaseException:
@@ -148,10 +144,8 @@ class PostgresWriteGroup(OpenGroup):
 
     def _idle_bound(self) -> str:
         # A holder paused inside its group (SIGSTOP, a frozen VM) would hold the run's rows
-        # until it woke: the server is to end such a session instead, and the group is
-        # lost. It does not fire yet: psycopg ends each pipeline with a Flush after its
-        # Sync, on which the server disarms the timer (a strict xfail in
-        # tests/adapters/test_attacks_postgres_together.py).
+        # until it woke: the server ends such a session instead, and the group is lost.
+        # (It fires only because each write ends with a ReadyForQuery: see ``batched``.)
         idle_ms = max(1000, int(self.database.timeout * 2000))
         return f"SELECT set_config('idle_in_transaction_session_timeout', '{idle_ms}', true)"
 
