@@ -215,7 +215,17 @@ class PostgresDatabase:
                     f"PostgreSQL refused the connection: {text}{hint}"
                 ) from exc
             raise
-        await conn.close()
+        try:
+            scs = conn.info.parameter_status("standard_conforming_strings")
+        finally:
+            await conn.close()
+        if scs is not None and scs != "on":
+            # Arrays of bytes (a transcript append) would be stored escaped twice, as
+            # other bytes than those written, and their digests would not tell.
+            raise ConfigurationError(
+                "PostgreSQL has standard_conforming_strings set to "
+                f"{scs!r}; tesserix-adk needs it on (the default since PostgreSQL 9.1)"
+            )
 
     def write_group(self) -> PostgresWriteGroup:
         """A new write group on this database (``protocols.grouping``)."""

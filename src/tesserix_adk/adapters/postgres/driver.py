@@ -5,6 +5,7 @@ begun READ COMMITTED with its bounds set ``LOCAL``, so nothing lives in the sess
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
@@ -145,6 +146,11 @@ async def alone(
 Statement = tuple[str, Mapping[str, Any]]
 
 
+# Each bound value in parentheses: psycopg writes -2**63 as " -9223372036854775808", and
+# in "%(step)s::bigint" the cast binds tighter than the minus, which would overflow.
+_PLACEHOLDER = re.compile(r"(?<!%)%\(\w+\)s")
+
+
 async def batched(
     conn: psycopg.AsyncConnection[Any],
     before: Sequence[str],
@@ -161,7 +167,10 @@ async def batched(
     Flush without arming it again.
     """
     async with psycopg.AsyncClientCursor(conn, row_factory=dict_row) as cur:
-        bound = [cur.mogrify(sql, params).rstrip().rstrip(";") for sql, params in statements]
+        bound = [
+            cur.mogrify(_PLACEHOLDER.sub(r"(\g<0>)", sql), params).rstrip().rstrip(";")
+            for sql, params in statements
+        ]
         # A newline after each: an SQL file's last line may be a comment.
         await cur.execute(";\n".join([*before, *bound, *after]))
         results: list[list[Row]] = []
