@@ -72,14 +72,8 @@ def pg_url(pg_schema: str) -> str:
 @pytest.fixture
 async def pg_stores(pg_url: str) -> AsyncIterator[Stores]:
     """The PostgreSQL stores in this test's schema, with the schema applied."""
-    from tesserix_adk.adapters.postgres import open_postgres_stores
-
-    stores = open_postgres_stores(pg_url)
-    try:
-        await stores.create_schema()
+    async with services.postgres_stores_applied(pg_url) as stores:
         yield stores
-    finally:
-        await stores.aclose()
 
 
 @pytest.fixture

@@ -138,8 +138,6 @@ async def pooled_postgres_stores(
 ) -> AsyncIterator[Stores]:
     """``open_stores`` through a PgBouncer (``bouncer``, e.g. the session's, else one of
     its own), in a fresh schema (applied through the pooler too; dropped after)."""
-    from tesserix_adk.adapters.postgres import open_postgres_stores
-
     async with services.postgres_schema() as schema:
         with contextlib.ExitStack() as own:
             if bouncer is None:
@@ -147,9 +145,5 @@ async def pooled_postgres_stores(
             url = bouncer.stores_url(schema)
             if keep_last is not None:
                 url = services.with_query(url, keep_last=str(keep_last))
-            stores = open_postgres_stores(url)
-            try:
-                await stores.create_schema()
+            async with services.postgres_stores_applied(url) as stores:
                 yield stores
-            finally:
-                await stores.aclose()

@@ -116,6 +116,18 @@ def schema_url(schema: str, url: str = POSTGRES_URL) -> str:
 
 
 @asynccontextmanager
+async def write_group(stores: Stores) -> AsyncIterator[Any]:
+    """A write group of its own on ``stores``' database, begun inside a group scope of its
+    own; the caller commits it (or shows that its commit fails)."""
+    from tesserix_adk.stores.grouping import group_scope
+
+    with group_scope():
+        group = stores.history.write_group()  # type: ignore[attr-defined]
+        await group.begin()
+        yield group
+
+
+@asynccontextmanager
 async def postgres_schema() -> AsyncIterator[str]:
     """A fresh, empty schema of its own (its name); dropped ``CASCADE`` after."""
     import psycopg
@@ -163,6 +175,14 @@ async def postgres_stores_at(url: str) -> AsyncIterator[Stores]:
         yield stores
     finally:
         await stores.aclose()
+
+
+@asynccontextmanager
+async def postgres_stores_applied(url: str) -> AsyncIterator[Stores]:
+    """``postgres_stores_at(url)`` with the kit's schema applied first."""
+    async with postgres_stores_at(url) as stores:
+        await stores.create_schema()
+        yield stores
 
 
 class SharedSchema:

@@ -8,20 +8,17 @@ the stores and compared with the same writes outside a group."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
 import pytest
 
 from adapters import services
-from tesserix_adk.adapters.postgres import open_postgres_stores
 from tesserix_adk.errors import ConfigurationError, StaleFenceError, StoreUnavailableError
 from tesserix_adk.messages import Usage
 from tesserix_adk.stores._common import chained_digests
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.grouping import group_scope
 from tesserix_adk.stores.protocols import (
     EMPTY_HISTORY_DIGEST,
     HistoryHandle,
@@ -47,7 +44,7 @@ HOSTILE = [
     "",
 ]
 EVERY_BYTE = bytes(range(256))
-# The lowest bigint but one: the lowest itself is refused in a group (see below).
+# The lowest bigint but one: the lowest has tests of its own (below).
 LOWEST = -(2**63) + 1
 
 
@@ -57,9 +54,7 @@ def _name(i: int, kind: str) -> str:
 
 async def _grouped(stores: Stores, work: Callable[[], Awaitable[R]]) -> R:
     """``work`` inside a write group of its own, committed after."""
-    with group_scope():
-        group = stores.history.write_group()  # type: ignore[attr-defined]
-        await group.begin()
+    async with services.write_group(stores) as group:
         try:
             return await work()
         finally:
@@ -88,16 +83,6 @@ async def _counts(admin: psycopg.AsyncConnection[Any]) -> dict[str, int]:
         assert row is not None
         out[table] = row[0]
     return out
-
-
-@asynccontextmanager
-async def _stores_at(url: str) -> AsyncIterator[Stores]:
-    stores = open_postgres_stores(url)
-    try:
-        await stores.create_schema()
-        yield stores
-    finally:
-        await stores.aclose()
 
 
 async def _write_everything(stores: Stores, i: int, payload: bytes, items: list[bytes]) -> None:
@@ -270,7 +255,7 @@ async def test_a_server_with_standard_conforming_strings_off_is_refused_before_a
     without a word (inside a group and outside; a strict xfail here until the kit refused
     such a server)."""
     with pytest.raises(ConfigurationError, match="standard_conforming_strings"):
-        async with _stores_at(_scs_off_url(pg_schema)) as stores:
+        async with services.postgres_stores_applied(_scs_off_url(pg_schema)) as stores:
             await stores.history.append("t", "r", [EVERY_BYTE], fence=1, after=None)
     cur = await pg_admin.execute(
         "SELECT count(*) FROM pg_tables WHERE schemaname = %s", (pg_schema,)

@@ -58,9 +58,7 @@ async def _pair(
         )
     # Outside a group the store declines the pair (the caller would write them one after
     # the other): here it goes in a group of its own, begun and committed around it.
-    with group_scope():
-        group = checkpoints.write_group()  # type: ignore[attr-defined]
-        await group.begin()
+    async with services.write_group(stores) as group:
         try:
             handle = await checkpoints.put_with_history(
                 stores.history,
@@ -162,9 +160,7 @@ async def test_a_statement_error_in_a_group_undoes_the_pair_only_and_the_group_g
 ) -> None:
     run_id = f"group-{failing}"
     handle = await _first(pg_stores, run_id)
-    with group_scope():
-        group = pg_stores.checkpoints.write_group()  # type: ignore[attr-defined]
-        await group.begin()
+    async with services.write_group(pg_stores) as group:
         await pg_stores.checkpoints.put(T, "before", b"b", step=1, fence=None)
         after = (
             HistoryHandle(tenant=T, run_id=run_id, count=HUGE_COUNT, digest=handle.digest)
@@ -191,9 +187,7 @@ async def test_a_failed_pair_as_the_groups_first_write_keeps_the_group_usable(
     pg_stores: Stores, pg_admin: psycopg.AsyncConnection[Any]
 ) -> None:
     handle = await _first(pg_stores, "first-write")
-    with group_scope():
-        group = pg_stores.checkpoints.write_group()  # type: ignore[attr-defined]
-        await group.begin()
+    async with services.write_group(pg_stores) as group:
         with pytest.raises(StoreUnavailableError):
             await _pair(
                 pg_stores, "first-write", b"f2", step=HUGE_STEP, items=[b"m2"], after=handle
@@ -211,9 +205,7 @@ async def test_a_failed_pair_as_the_groups_first_write_keeps_the_group_usable(
 async def test_a_refused_second_pair_undoes_only_itself_not_the_first_pair_or_writes_between(
     pg_stores: Stores, pg_admin: psycopg.AsyncConnection[Any]
 ) -> None:
-    with group_scope():
-        group = pg_stores.checkpoints.write_group()  # type: ignore[attr-defined]
-        await group.begin()
+    async with services.write_group(pg_stores) as group:
         handle = await _first(pg_stores, "two")
         await pg_stores.checkpoints.put(T, "between", b"x", step=1, fence=None)
         # Refused: a fence below the one the group wrote.
@@ -240,9 +232,7 @@ async def test_a_refused_second_pair_undoes_only_itself_not_the_first_pair_or_wr
 async def test_a_statement_error_in_a_second_pair_keeps_the_first_pair(
     pg_stores: Stores, pg_admin: psycopg.AsyncConnection[Any]
 ) -> None:
-    with group_scope():
-        group = pg_stores.checkpoints.write_group()  # type: ignore[attr-defined]
-        await group.begin()
+    async with services.write_group(pg_stores) as group:
         handle = await _first(pg_stores, "err2")
         with pytest.raises(StoreUnavailableError):
             await _pair(pg_stores, "err2", b"f2", step=HUGE_STEP, items=[b"m2"], after=handle)
@@ -261,9 +251,7 @@ async def _terminate(url: str, pid: int) -> None:
 async def test_a_group_whose_backend_is_killed_before_a_pair_is_lost_and_commits_nothing(
     pg_stores: Stores, pg_admin: psycopg.AsyncConnection[Any], pg_url: str
 ) -> None:
-    with group_scope():
-        group = pg_stores.checkpoints.write_group()  # type: ignore[attr-defined]
-        await group.begin()
+    async with services.write_group(pg_stores) as group:
         handle = await _first(pg_stores, "killed")
         assert isinstance(group, PostgresWriteGroup) and group._conn is not None
         await _terminate(pg_url, group._conn.info.backend_pid)
@@ -360,9 +348,7 @@ async def test_a_pair_the_server_times_out_in_a_group_is_undone_alone(
     slow_history: None,
 ) -> None:
     handle = await _first(pg_stores, "slowg")
-    with group_scope():
-        group = quick_stores.checkpoints.write_group()  # type: ignore[attr-defined]
-        await group.begin()
+    async with services.write_group(quick_stores) as group:
         await quick_stores.checkpoints.put(T, "before", b"b", step=1, fence=None)
         with pytest.raises(StoreUnavailableError):
             await _pair(quick_stores, "slowg", b"f2", step=2, items=[b"slow"], after=handle)
@@ -554,9 +540,7 @@ async def test_a_group_frozen_inside_its_transaction_is_ended_by_the_server(
     # group writes went as one simple-protocol message each, ``driver.batched``).
     await quick_stores.create_schema()
     handle = await _first(quick_stores, "frozen-group")
-    with group_scope():
-        group = quick_stores.checkpoints.write_group()  # type: ignore[attr-defined]
-        await group.begin()
+    async with services.write_group(quick_stores) as group:
         await _pair(quick_stores, "frozen-group", b"f2", step=2, items=[b"m2"], after=handle)
         out = _frozen_while_another_waits(pg_url, "frozen-group")
         with contextlib.suppress(StoreUnavailableError):  # ended by the server: lost
@@ -628,9 +612,7 @@ async def test_a_group_whose_backend_is_killed_midway_through_a_pair_commits_not
     slow_history: None,
 ) -> None:
     handle = await _first(pg_stores, "mid")
-    with group_scope():
-        group = pg_stores.checkpoints.write_group()  # type: ignore[attr-defined]
-        await group.begin()
+    async with services.write_group(pg_stores) as group:
         await pg_stores.checkpoints.put(T, "before", b"b", step=1, fence=None)
         assert isinstance(group, PostgresWriteGroup) and group._conn is not None
         pid = group._conn.info.backend_pid
@@ -655,9 +637,7 @@ async def test_a_pair_cancelled_after_another_pair_in_its_group_undoes_only_itse
     pg_stores: Stores, pg_admin: psycopg.AsyncConnection[Any], slow_history: None
 ) -> None:
     async def write() -> None:
-        with group_scope():
-            group = pg_stores.checkpoints.write_group()  # type: ignore[attr-defined]
-            await group.begin()
+        async with services.write_group(pg_stores) as group:
             try:
                 handle = await _first(pg_stores, "shadow")  # its savepoint left open
                 await pg_stores.checkpoints.put(T, "between", b"x", step=1, fence=None)

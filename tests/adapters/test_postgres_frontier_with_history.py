@@ -11,10 +11,10 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from adapters import services
 from tesserix_adk.adapters.postgres import open_postgres_stores
 from tesserix_adk.errors import HistoryUnavailableError, StaleFenceError
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.grouping import group_scope
 from tesserix_adk.stores.memory import MemoryHistoryStore
 from tesserix_adk.stores.protocols import FrontierWithHistory, HistoryHandle
 
@@ -25,9 +25,7 @@ T = "acme"
 
 @asynccontextmanager
 async def _group(stores: Stores) -> AsyncIterator[None]:
-    with group_scope():
-        group = stores.history.write_group()  # type: ignore[attr-defined]
-        await group.begin()
+    async with services.write_group(stores) as group:
         yield
         await group.commit()
 

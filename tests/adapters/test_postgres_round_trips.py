@@ -13,9 +13,9 @@ import psycopg
 import pytest
 from psycopg import pq
 
+from adapters import services
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, tool
 from tesserix_adk.adapters.postgres import open_postgres_stores
-from tesserix_adk.stores.grouping import group_scope
 
 pytestmark = pytest.mark.postgres
 
@@ -80,9 +80,7 @@ async def test_a_write_waits_once_alone_and_once_in_a_group_whose_commit_waits_o
         handle = await history.append(T, "warm", [b"{}"], fence=None, after=handle)
         assert wire.waits() - before == 1, "a write of its own"
 
-        with group_scope():
-            group = history.write_group()  # type: ignore[attr-defined]
-            await group.begin()
+        async with services.write_group(stores) as group:
             before = wire.waits()
             handle = await history.append(T, "grouped", [b"{}"], fence=None, after=None)
             assert wire.waits() - before == 1, "a group's first write (its BEGIN with it)"
