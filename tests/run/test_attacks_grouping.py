@@ -47,6 +47,7 @@ from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import RecordStatus
 from tesserix_adk.stores.sqlite.checkpoints import SqliteCheckpointStore
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
+from tesserix_adk.stores.sqlite.grouping import SqliteWriteGroup
 from tesserix_adk.stores.sqlite.idempotency import SqliteIdempotencyStore
 from tesserix_adk.stores.sqlite.ledger import SqliteLedger
 from tesserix_adk.stores.urls import open_stores
@@ -111,19 +112,24 @@ async def _lock_is_free(stores: Stores) -> None:
 
 
 class HookLedger(SqliteLedger):
-    """A SQLite ledger that runs ``hook`` inside each charge, before charging: the charge
-    runs inside the run's open write group, so the hook sees the group open."""
+    """A SQLite ledger that runs ``hook`` inside each charge, before charging (or after,
+    with ``after``): the charge runs inside the run's open write group, so the hook sees the
+    group open; the charge is the group's first write, so after it the group holds the
+    connection."""
 
     def __init__(self, database: SqliteDatabase) -> None:
         super().__init__(database)
         self.hook: Any = None
+        self.after = False
 
     async def charge(
         self, tenant: str, run_id: str, micros: int, usage: Usage, *, fence: int | None = None
     ) -> None:
-        if self.hook is not None:
+        if self.hook is not None and not self.after:
             await self.hook(run_id)
         await super().charge(tenant, run_id, micros, usage, fence=fence)
+        if self.hook is not None and self.after:
+            await self.hook(run_id)
 
 
 def _hooked(stores: Stores) -> HookLedger:
@@ -397,23 +403,22 @@ async def test_another_runs_write_from_a_tools_background_task_is_durable_when_i
 # IMMEDIATE nobody commits: it returns success, then the next plain write rolls it back
 # ('a write group left open')
 async def test_a_write_that_lands_while_the_group_commits_is_not_lost(
-    stores: Stores, path: str
+    stores: Stores, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    database = _db(stores)
     loop = asyncio.get_running_loop()
     go = asyncio.Event()
     armed = threading.Event()
-    real_commit = database._commit_group
+    real_commit = SqliteWriteGroup._commit
 
-    def slow_commit(*args: Any) -> None:
+    def slow_commit(group: SqliteWriteGroup) -> None:
         # A commit that takes a while to reach the disk (fsync), as commits do.
         if armed.is_set():
             armed.clear()
             loop.call_soon_threadsafe(go.set)
             time.sleep(0.3)
-        real_commit(*args)
+        real_commit(group)
 
-    database._commit_group = slow_commit  # type: ignore[method-assign]
+    monkeypatch.setattr(SqliteWriteGroup, "_commit", slow_commit)
     returned: list[bool] = []
 
     async def submit_child() -> None:
@@ -506,6 +511,7 @@ async def test_a_run_cancelled_inside_its_group_lets_go_and_is_not_swallowed(
             await never.wait()
 
     ledger.hook = stuck
+    ledger.after = True  # the group holds the connection while it is stuck
 
     @tool
     def book(seat: str) -> str:
@@ -718,12 +724,16 @@ async def test_a_lease_taken_over_while_a_group_is_open_stops_the_old_holder_uns
         ScriptedProvider(script), stores, lease_policy=LeasePolicy(ttl=0.5, renew_within=0.25)
     )
     first = asyncio.create_task(old.run(agent, "go", tenant=TENANT, run_id="r"))
-    # Another process: its own open of the file. The old holder's renewals wait behind its
-    # group, so its lease lapses by the store's clock; then the new holder takes it.
+    # Another process: its own open of the file. The group takes the file's write lock
+    # only at its first write, so the old holder's lease is ended here as if its renewals
+    # had stalled past the ttl, and the new holder takes it.
     await asyncio.wait_for(inside.wait(), LIMIT)
     async with open_stores(f"sqlite:///{path}") as other:
         deadline = time.monotonic() + LIMIT
         while True:
+            with contextlib.closing(sqlite3.connect(path)) as clock:
+                clock.execute("UPDATE adk_run_leases SET expires_at = 0 WHERE run_id = 'r'")
+                clock.commit()
             try:
                 lease = await other.leases.acquire(TENANT, "r", "intruder", 30.0)
                 break
@@ -1020,6 +1030,7 @@ async def test_a_run_cancelled_while_waiting_to_record_its_outcome_records_it_fi
             await release_a.wait()
 
     ledger.hook = hold_a
+    ledger.after = True  # a's group holds the connection meanwhile
 
     @tool
     async def book(seat: str) -> str:
@@ -1081,6 +1092,7 @@ async def test_a_run_cancelled_while_waiting_for_the_lock_after_its_model_answer
             await release_a.wait()
 
     ledger.hook = hold_a
+    ledger.after = True  # a's group holds the connection meanwhile
 
     @tool
     def book(seat: str) -> str:

@@ -91,6 +91,37 @@ async def test_a_turn_commits_once_per_claim_plus_its_last_outcome_and_frontier_
     assert (long - short) / 4 == per_turn
 
 
+async def _handoffs_for(tmp_path: Path, name: str, calls_per_turn: int, turns: int) -> int:
+    @tool
+    def book(seat: str) -> str:
+        return f"booked {seat}"
+
+    stores = open_stores(f"sqlite:///{tmp_path / name}")
+    await stores.create_schema()
+    try:
+        runner = AgentRunner.from_stores(ScriptedProvider(_turns(calls_per_turn, turns)), stores)
+        agent = Agent("g", "book", tools=[book], max_iterations=50)
+        before = _database(stores).handoffs
+        run = await runner.run(agent, "go", tenant=TENANT, run_id="r")
+        assert run.status == "completed"
+        return _database(stores).handoffs - before
+    finally:
+        await stores.aclose()
+
+
+@pytest.mark.parametrize(("calls", "per_turn"), [(1, 5), (3, 9)])
+async def test_a_grouped_turn_hands_the_sqlite_thread_a_job_only_to_begin_or_end_a_transaction(
+    tmp_path: Path, calls: int, per_turn: int
+) -> None:
+    # One call: [charge: begins; frontier, claim: on the caller's thread; commit], the last
+    # outcome alone, [after_tool_result: begins; the cancel check; commit]: 5 (it was 10:
+    # the group's begin and each of its writes went to the thread). Three calls: each
+    # middle outcome begins the group its next claim joins: 9 (it was 18).
+    short = await _handoffs_for(tmp_path, "a.sqlite3", calls, 2)
+    long = await _handoffs_for(tmp_path, "b.sqlite3", calls, 6)
+    assert (long - short) / 4 == per_turn
+
+
 async def test_each_claim_and_every_earlier_outcome_are_durable_before_a_call_is_sent(
     sqlite_stores: Stores,
 ) -> None:

@@ -80,7 +80,8 @@ class SqliteCheckpointStore(FencedSqliteStore):
         data = bytes(payload)
         keep_last = self.keep_last
         await self.database.write(
-            lambda conn: _put_frontier(conn, tenant, run_id, data, step, fence, keep_last)
+            lambda conn: _put_frontier(conn, tenant, run_id, data, step, fence, keep_last),
+            weight=len(data),
         )
 
     async def put_with_history(
@@ -109,7 +110,7 @@ class SqliteCheckpointStore(FencedSqliteStore):
             _put_frontier(conn, tenant, run_id, data, step, fence, keep_last)
             return handle
 
-        return await self.database.write(both)
+        return await self.database.write(both, weight=len(data) + sum(map(len, items)))
 
     async def latest(self, tenant: str, run_id: str) -> StoredCheckpoint | None:
         """The last accepted put, or ``None``."""

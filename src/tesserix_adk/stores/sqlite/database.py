@@ -21,8 +21,11 @@ Write groups (``protocols.grouping``): while a run has a group open, that run's 
 into one ``BEGIN IMMEDIATE`` transaction, each in a savepoint of its own (a write that
 fails is undone alone), committed by ``SqliteWriteGroup.commit``; everybody else's calls
 wait for that commit, since the one connection is inside the group's transaction till then.
-Who holds the connection is kept in the worker thread itself, so callers on other threads
-and event loops wait alike; a waiter is woken on its own loop, and no thread blocks.
+The group takes the connection at its first call; who holds it is kept in the worker
+thread, so callers on other threads and event loops wait alike; a waiter is woken on its
+own loop, and no thread blocks. Once the group's transaction is open, its small calls run
+on the caller's own thread (``grouping``); ``_lock`` keeps the connection to one thread at
+a time.
 
 Nothing here creates a file, a directory or a table, except ``create_schema()`` (what
 ``tesserix schema apply`` runs).
@@ -36,6 +39,7 @@ import functools
 import logging
 import os
 import sqlite3
+import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -46,7 +50,6 @@ from typing import Literal, TypeVar
 from tesserix_adk.errors import (
     ConfigurationError,
     StoreReplyLostError,
-    StoreUnavailableError,
 )
 from tesserix_adk.stores.grouping import joined
 from tesserix_adk.stores.sqlite.batching import (
@@ -101,13 +104,16 @@ class SqliteDatabase:
         self.synchronous = mode
         self.busy_timeout = float(busy_timeout)
         self._executor: ThreadPoolExecutor | None = None
-        # Only ever touched from the executor's one thread.
+        # Touched by the executor's one thread, or by a group's caller on its own thread
+        # (``_inline``), always under ``_lock``.
         self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._handoffs = 0
         self._closed = False
-        # The write group holding the connection, from its begin to its commit, and the
-        # callers waiting for it to let go, each woken on its own event loop. Touched only
-        # in the executor's thread, so whichever thread or loop a caller runs on, they are
-        # one state (see the docstring).
+        # The write group holding the connection, from its first call to its commit, and
+        # the callers waiting for it to let go, each woken on its own event loop. Changed
+        # only in the executor's thread (under ``_lock``), so whichever thread or loop a
+        # caller runs on, they are one state (see the docstring).
         self._held: SqliteWriteGroup | None = None
         self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._commits = 0
@@ -132,16 +138,24 @@ class SqliteDatabase:
         tests and benchmarks)."""
         return self._commits
 
+    @property
+    def handoffs(self) -> int:
+        """How many jobs this process handed to the worker thread (for counting in tests
+        and benchmarks: each is a hop there and back)."""
+        return self._handoffs
+
     # --- running SQL ---------------------------------------------------------------------
 
-    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def write(self, fn: Callable[[sqlite3.Connection], T], *, weight: int | None = None) -> T:
         """Run ``fn(connection)`` in ``BEGIN IMMEDIATE``, in the worker thread; committed
         (with the other writes queued meanwhile) if it returns, undone if it raises; the
         answer comes after the COMMIT. Inside the caller's open write group it runs in the
-        group's transaction instead, committed with the group."""
+        group's transaction instead, committed with the group; ``weight``, the bytes it
+        writes where the caller knows them, lets a small one run on the caller's thread
+        once the group's transaction is open (see the module docstring)."""
         group = joined(self)
         if isinstance(group, SqliteWriteGroup):
-            return await self._submit(functools.partial(self._in_group, group, fn))
+            return await group.join(fn, savepoint=True, weight=weight)
         while True:
             loop = asyncio.get_running_loop()
             pending = PendingWrite(fn, loop, loop.create_future())
@@ -192,13 +206,14 @@ class SqliteDatabase:
                 outcome = BatchOutcome(error=self._translated(outcome.error))
             pending.settle(outcome)
 
-    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def read(self, fn: Callable[[sqlite3.Connection], T], *, weight: int | None = None) -> T:
         """Run ``fn(connection)`` in a read transaction (one snapshot), in the worker thread
-        (inside the caller's open write group: in its transaction, seeing its writes)."""
+        (inside the caller's open write group: in its transaction, seeing its writes, and
+        on the caller's thread if ``weight``, the bytes it reads, is small)."""
         group = joined(self)
         if isinstance(group, SqliteWriteGroup):
             # A read undoes nothing if it fails: no savepoint.
-            return await self._submit(functools.partial(self._in_group, group, fn, savepoint=False))
+            return await group.join(fn, savepoint=False, weight=weight)
         return await self._when_free(functools.partial(self._reading, fn))
 
     def write_group(self) -> SqliteWriteGroup:
@@ -226,14 +241,6 @@ class SqliteDatabase:
             self._waiting.append((loop, woken))
             return HELD
         return job()
-
-    def _hold(self, group: SqliteWriteGroup) -> None:
-        self._held = group
-
-    def _release(self, group: SqliteWriteGroup) -> None:
-        """Let go of the connection if ``group`` holds it (one never entered)."""
-        if self._held is group:
-            self._let_go()
 
     def _let_go(self) -> None:
         self._held = None
@@ -276,6 +283,7 @@ class SqliteDatabase:
         """``call`` queued for the worker thread now (calls run in the order queued)."""
         if self._closed:
             raise ConfigurationError(f"the SQLite store {self.path} was closed")
+        self._handoffs += 1
         if self._executor is None:
             executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tesserix-sqlite")
             # A database dropped without aclose() still lets its thread go.
@@ -286,7 +294,8 @@ class SqliteDatabase:
 
     def _translating(self, call: Callable[[], T]) -> T:
         try:
-            return call()
+            with self._lock:
+                return call()
         except (CommitInDoubt, sqlite3.Error) as exc:
             raise self._translated(exc) from exc
 
@@ -323,84 +332,16 @@ class SqliteDatabase:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
 
-    def _in_group(
-        self,
-        group: SqliteWriteGroup,
-        fn: Callable[[sqlite3.Connection], T],
-        *,
-        savepoint: bool = True,
-    ) -> T:
-        """``fn`` inside the open group's transaction (begun by the group's first call),
-        in a savepoint (a write; a read needs none): a failing write is undone alone and the
-        group goes on, unless SQLite rolled the whole transaction back (then the group is
-        lost: see ``lost``)."""
-        if group.lost is None and self._held is not group:
-            group.lost = f"the write group on {self.path} no longer holds its connection"
-        if group.lost is not None:
-            raise StoreUnavailableError(group.lost)
-        conn = self._connection()
-        if not conn.in_transaction:
-            if group.begun:
-                # Never a fresh transaction nobody commits after the group's own ended.
-                group.lost = f"the write group on {self.path} had already ended"
-                raise StoreUnavailableError(group.lost)
-            conn.execute("BEGIN IMMEDIATE")
-            group.begun = True
-        # A name no write can know, so none can shadow it (``batching.savepoint_name``).
-        name = self._savepoint
-        if savepoint:
-            conn.execute(f"SAVEPOINT {name}")
-        try:
-            result = fn(conn)
-        except BaseException as exc:
-            if conn.in_transaction:
-                if savepoint:
-                    conn.execute(f"ROLLBACK TO {name}")
-                    conn.execute(f"RELEASE {name}")
-            else:
-                # SQLite ended the whole transaction (a full disk, an I/O error): what
-                # joined before is gone, and nothing more may join as if it were not.
-                group.lost = (
-                    f"SQLite rolled back the write group on {self.path} ({exc}); nothing of "
-                    "it was committed"
-                )
-            raise
-        if savepoint:
-            conn.execute(f"RELEASE {name}")
-        return result
-
-    def _commit_group(self, group: SqliteWriteGroup) -> None:
-        try:
-            self._commit_held(group)
-        finally:
-            if self._held is group:
-                self._let_go()
-
-    def _commit_held(self, group: SqliteWriteGroup) -> None:
-        if group.lost is not None:
-            raise StoreUnavailableError(group.lost)
-        conn = self._connection()
-        if not conn.in_transaction:
-            if group.begun:
-                raise StoreUnavailableError(
-                    f"the write group on {self.path} lost its transaction; nothing of it was "
-                    "committed"
-                )
-            return  # nothing joined, or its first write could not begin
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise
-            raise CommitInDoubt(exc) from exc
-        self._commits += 1
-
     def _open(self, mode: str) -> sqlite3.Connection:
         uri = Path(self.path).as_uri() + f"?mode={mode}"
+        # Used by one thread at a time (``_lock``), not always the same one (``_inline``).
         conn = sqlite3.connect(
-            uri, uri=True, timeout=self.busy_timeout, isolation_level=None, cached_statements=256
+            uri,
+            uri=True,
+            timeout=self.busy_timeout,
+            isolation_level=None,
+            cached_statements=256,
+            check_same_thread=False,
         )
         try:
             # PRAGMAs take no bound parameters; both values come from closed sets.
@@ -443,6 +384,10 @@ class SqliteDatabase:
         return "ro&immutable=1"
 
     def _close_connection(self) -> None:
+        with self._lock:  # never under a group's call running on its caller's thread
+            self._close_held()
+
+    def _close_held(self) -> None:
         if self._held is not None:
             # A group can no longer commit on a closed store: it is lost, and whoever waits
             # for it is woken to find the store closed.

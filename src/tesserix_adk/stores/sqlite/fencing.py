@@ -135,4 +135,6 @@ class FencedSqliteStore:
 
     async def seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Raise the highest-seen fence for the run without writing data."""
-        await self.database.write(lambda conn: _seal(conn, self._kind, tenant, run_id, fence))
+        await self.database.write(
+            lambda conn: _seal(conn, self._kind, tenant, run_id, fence), weight=0
+        )

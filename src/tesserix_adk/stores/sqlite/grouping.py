@@ -1,18 +1,39 @@
-"""Write groups on one SQLite file: the group a run opens, and what a caller finds while
-another's group holds the connection (``SqliteDatabase``'s docstring says how they wait)."""
+"""Write groups on one SQLite file: the group a run opens, how its calls join its
+transaction, and what a caller finds while another's group holds the connection
+(``SqliteDatabase``'s docstring says how they wait).
+
+A group takes the connection at its first call, in the database's worker thread: that call
+begins the transaction (``BEGIN IMMEDIATE`` may wait on another process). From then on a
+small call (``weight`` at most ``INLINE_BYTES``) runs on the caller's own thread, under the
+database's lock: inside the open transaction it cannot wait on a lock, and the hop to the
+thread and back would cost more than its statements. A caller that finds the lock taken
+(the thread is using the connection) queues for the thread instead of waiting on its loop.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from typing import TYPE_CHECKING
+import sqlite3
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
+from tesserix_adk.errors import ConfigurationError, StoreUnavailableError
 from tesserix_adk.stores.grouping import OpenGroup
+from tesserix_adk.stores.sqlite.batching import CommitInDoubt
 
 if TYPE_CHECKING:
     from tesserix_adk.stores.sqlite.database import SqliteDatabase
 
-__all__ = ["HELD", "Held", "SqliteWriteGroup", "wake"]
+__all__ = ["HELD", "INLINE_BYTES", "Held", "SqliteWriteGroup", "wake"]
+
+T = TypeVar("T")
+
+# A call of a group moving at most this many bytes runs on the caller's thread: the bound
+# the checkpointer uses to encode a payload on the loop, so a large one still never stalls
+# it (leases renew on that loop).
+INLINE_BYTES = 16 * 1024
 
 
 class Held:
@@ -20,6 +41,13 @@ class Held:
 
 
 HELD = Held()
+
+
+class _NotRun:
+    """What ``_here`` returns when the call must go to the worker thread instead."""
+
+
+_NOT_RUN = _NotRun()
 
 
 def wake(woken: asyncio.Future[None]) -> None:
@@ -33,23 +61,21 @@ class SqliteWriteGroup(OpenGroup):
     def __init__(self, database: SqliteDatabase) -> None:
         super().__init__(database)
         self.database = database
-        # Touched only in the database's thread: whether the group's transaction began,
-        # and why it is lost if SQLite rolled it back.
+        # Changed only under the database's lock: whether the group's transaction began,
+        # whether its commit ran, and why it is lost if SQLite rolled it back.
         self.begun = False
+        self.ended = False
         self.lost: str | None = None
+        # Set on the caller's side at its first call: a group nothing joined holds nothing,
+        # so its commit need not go to the thread.
+        self.used = False
 
     async def begin(self) -> None:
-        """Open the group for the current attempt: from here its writes on the file join
-        it, and everybody else's (any thread, any event loop) wait for its commit."""
-        database = self.database
-        try:
-            await database._when_free(functools.partial(database._hold, self))
-            self._enter()
-        except BaseException:
-            # Cancelled while the thread took the connection for it, or not entered: the
-            # thread lets go after the taking, in queue order; nothing need wait for it.
-            database._queue(functools.partial(database._release, self))
-            raise
+        """Open the group for the current attempt: from here its calls on the file join
+        it. It takes the connection at its first call (which waits while another group
+        holds it), and from then everybody else's calls (any thread, any event loop) wait
+        for its commit."""
+        self._enter()
 
     async def commit(self) -> None:
         """Commit what joined; the group is closed after, whatever happened."""
@@ -58,6 +84,176 @@ class SqliteWriteGroup(OpenGroup):
         # Closed to late writes first: one that comes now waits for the connection, and so
         # runs after the COMMIT in a transaction of its own, never in one nobody commits.
         self._leave()
+        if not self.used:
+            return
         # Queued behind every write already sent: the thread runs them in order, and lets
         # go of the connection once the COMMIT is done, however this caller fares.
-        await self.database._submit(functools.partial(self.database._commit_group, self))
+        database = self.database
+        try:
+            await database._submit(self._commit)
+        except asyncio.CancelledError:
+            # Cancelled before the thread began the COMMIT, that job never runs: the group
+            # is rolled back and lets go instead (after it in queue order, so a COMMIT that
+            # did begin is left alone), or it would hold the connection for good.
+            with contextlib.suppress(ConfigurationError):  # closed: nothing is held
+                database._queue(self._abandon)
+            raise
+
+    async def join(
+        self, fn: Callable[[sqlite3.Connection], T], *, savepoint: bool, weight: int | None
+    ) -> T:
+        """``fn`` in the group's transaction: here if it is small and the transaction is
+        open, else in the worker thread, waiting (never blocking) while another group holds
+        the connection."""
+        self.used = True
+        if weight is not None and weight <= INLINE_BYTES:
+            done = self._here(fn, savepoint)
+            if not isinstance(done, _NotRun):
+                return done
+        while True:
+            loop = asyncio.get_running_loop()
+            woken: asyncio.Future[None] = loop.create_future()
+            result = await self.database._submit(
+                functools.partial(self._in_thread, fn, savepoint, loop, woken)
+            )
+            if not isinstance(result, Held):
+                return result
+            await woken
+
+    def _here(self, fn: Callable[[sqlite3.Connection], T], savepoint: bool) -> T | _NotRun:
+        """``fn`` on the caller's thread, if the group holds the connection inside its open
+        transaction and no other thread is using it; ``_NOT_RUN`` otherwise."""
+        database = self.database
+        if not database._lock.acquire(blocking=False):
+            return _NOT_RUN  # the worker thread is in it: queue behind it, do not wait here
+        try:
+            conn = database._conn
+            if (
+                database._closed
+                or conn is None
+                or database._held is not self
+                or not self.begun
+                or self.lost is not None
+                or not conn.in_transaction
+            ):
+                return _NOT_RUN  # the thread's path says what is wrong, or begins
+            try:
+                return self._joined(conn, fn, savepoint)
+            except (CommitInDoubt, sqlite3.Error) as exc:
+                raise database._translated(exc) from exc
+        finally:
+            database._lock.release()
+
+    def _in_thread(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        savepoint: bool,
+        loop: asyncio.AbstractEventLoop,
+        woken: asyncio.Future[None],
+    ) -> T | Held:
+        """``fn`` inside the group's transaction (the worker thread): the group's first call
+        takes the connection (``HELD`` while another group has it: the caller waits for
+        ``woken``) and begins the transaction."""
+        database = self.database
+        if self.lost is None and database._held is not self:
+            if self.ended:
+                # Never a fresh transaction nobody commits after the group's own ended.
+                self.lost = f"the write group on {database.path} had already ended"
+            elif self.begun:
+                self.lost = f"the write group on {database.path} no longer holds its connection"
+            elif database._held is not None:
+                database._waiting.append((loop, woken))
+                return HELD
+            else:
+                database._held = self
+        if self.lost is not None:
+            raise StoreUnavailableError(self.lost)
+        conn = database._connection()
+        if not conn.in_transaction:
+            if self.begun:
+                self.lost = f"the write group on {database.path} had already ended"
+                raise StoreUnavailableError(self.lost)
+            conn.execute("BEGIN IMMEDIATE")
+            self.begun = True
+        return self._joined(conn, fn, savepoint)
+
+    def _joined(
+        self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], savepoint: bool
+    ) -> T:
+        """``fn`` in the open transaction, in a savepoint (a write; a read needs none): a
+        failing write is undone alone and the group goes on, unless SQLite rolled the whole
+        transaction back (then the group is lost: see ``lost``)."""
+        # A name no write can know, so none can shadow it (``batching.savepoint_name``).
+        name = self.database._savepoint
+        if savepoint:
+            conn.execute(f"SAVEPOINT {name}")
+        try:
+            result = fn(conn)
+        except BaseException as exc:
+            if conn.in_transaction:
+                if savepoint:
+                    conn.execute(f"ROLLBACK TO {name}")
+                    conn.execute(f"RELEASE {name}")
+            else:
+                # SQLite ended the whole transaction (a full disk, an I/O error): what
+                # joined before is gone, and nothing more may join as if it were not.
+                self.lost = (
+                    f"SQLite rolled back the write group on {self.database.path} ({exc}); "
+                    "nothing of it was committed"
+                )
+            raise
+        if savepoint:
+            conn.execute(f"RELEASE {name}")
+        return result
+
+    def _commit(self) -> None:
+        """COMMIT (the worker thread), then let go of the connection whatever happened."""
+        database = self.database
+        self.ended = True
+        try:
+            self._commit_held()
+        finally:
+            if database._held is self:
+                database._let_go()
+
+    def _commit_held(self) -> None:
+        database = self.database
+        if self.lost is not None:
+            raise StoreUnavailableError(self.lost)
+        if database._held is not self:
+            # Its first call never took the connection (cancelled, or still waiting for
+            # another group): nothing joined, and the transaction open now is not its own.
+            return
+        conn = database._connection()
+        if not conn.in_transaction:
+            if self.begun:
+                raise StoreUnavailableError(
+                    f"the write group on {database.path} lost its transaction; nothing of it "
+                    "was committed"
+                )
+            return  # its first write could not begin
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            raise CommitInDoubt(exc) from exc
+        database._commits += 1
+
+    def _abandon(self) -> None:
+        """Roll back and let go of the connection (the worker thread) when the commit was
+        called off before it began; nothing if that commit ran."""
+        if self.ended:
+            return
+        self.ended = True
+        database = self.database
+        if database._held is not self:
+            return
+        try:
+            conn = database._conn
+            if conn is not None and conn.in_transaction:
+                conn.execute("ROLLBACK")
+        finally:
+            database._let_go()

@@ -87,7 +87,8 @@ class SqliteHistoryStore(FencedSqliteStore):
         items = [bytes(item) for item in encoded]
 
         return await self.database.write(
-            lambda conn: append_history(conn, tenant, run_id, items, fence, after)
+            lambda conn: append_history(conn, tenant, run_id, items, fence, after),
+            weight=sum(map(len, items)),
         )
 
     async def fetch(self, handle: HistoryHandle) -> list[bytes]:

@@ -192,7 +192,8 @@ class SqliteIdempotencyStore(FencedSqliteStore):
                 _save_record(conn, record)
             return record
 
-        return await self.database.write(claim)
+        # What it writes is small; what it reads back is one record.
+        return await self.database.write(claim, weight=0)
 
     async def complete(
         self, key: str, outcome: bytes, *, tenant: str, holder: str
@@ -213,7 +214,7 @@ class SqliteIdempotencyStore(FencedSqliteStore):
                 _save_record(conn, record)
             return record
 
-        return await self.database.write(complete)
+        return await self.database.write(complete, weight=len(data))
 
     async def release(
         self, key: str, *, tenant: str, holder: str, undispatched: bool = False
@@ -228,7 +229,7 @@ class SqliteIdempotencyStore(FencedSqliteStore):
                 (tenant, key, holder, int(undispatched)),
             )
 
-        await self.database.write(release)
+        await self.database.write(release, weight=0)
 
     async def lookup(self, keys: Sequence[str], *, tenant: str) -> dict[str, IdempotencyRecord]:
         """The tenant's live records of ``keys`` in one round trip; absent keys are left
@@ -251,7 +252,8 @@ class SqliteIdempotencyStore(FencedSqliteStore):
                     found[record.key] = record
             return {key: found[key] for key in wanted if key in found}
 
-        return await self.database.read(lookup)
+        # One key reads back at most one record: small enough for the caller's thread.
+        return await self.database.read(lookup, weight=0 if len(wanted) == 1 else None)
 
     async def records(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
         """Every live record of the run, by (iteration, since, key); the run claim first."""

@@ -33,7 +33,7 @@ class SqliteLedger(FencedSqliteStore):
                 (tenant, run_id, int(micros), usage.input_tokens, usage.output_tokens),
             )
 
-        await self.database.write(charge)
+        await self.database.write(charge, weight=0)
 
     async def spent(self, tenant: str, run_id: str) -> int:
         """Micros charged to the run so far (0 for an unknown run)."""
