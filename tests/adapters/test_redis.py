@@ -24,6 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 import tesserix_adk.adapters.redis as redis_adapter
 from adapters import services
 from records_oracle import records_from_oracle
+from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, tool
 from tesserix_adk.adapters.redis import (
     RedisCheckpointStore,
     RedisLeaseStore,
@@ -42,7 +43,13 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.messages import ToolCall, Usage
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.protocols import IdempotencyRecord, RecordsFrom, RecordStatus, ToolFlags
+from tesserix_adk.stores.protocols import (
+    FrontierWithHistory,
+    IdempotencyRecord,
+    RecordsFrom,
+    RecordStatus,
+    ToolFlags,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -671,6 +678,94 @@ async def test_append_writes_only_new_items_and_trims_a_dead_writers_tail(
     assert await redis_stores.history.fetch(carried) == [b"m0", b"m1", b"new-2"]
     with pytest.raises(HistoryUnavailableError):
         await redis_stores.history.append(T, R, [b"x"], fence=2, after=dead)
+
+
+def _sent(client: Any) -> list[str]:
+    """What ``client`` sends from now on: each command's name, ``PIPELINE`` for a pipeline
+    (one write, one read)."""
+    sent: list[str] = []
+    send, make_pipeline = client.execute_command, client.pipeline
+
+    async def execute_command(*args: Any, **options: Any) -> Any:
+        sent.append(str(args[0]))
+        return await send(*args, **options)
+
+    def pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = make_pipeline(*args, **kwargs)
+        run = pipe.execute
+
+        async def execute(*a: Any, **kw: Any) -> Any:
+            sent.append("PIPELINE")
+            return await run(*a, **kw)
+
+        pipe.execute = execute
+        return pipe
+
+    client.execute_command = execute_command
+    client.pipeline = pipeline
+    return sent
+
+
+async def test_a_frontier_and_its_transcript_append_go_in_one_script(
+    redis_stores: Stores,
+) -> None:
+    checkpoints = redis_stores.checkpoints
+    assert isinstance(checkpoints, FrontierWithHistory)
+    await checkpoints.put(T, "warm", b"f", step=1)  # the script is loaded
+    await redis_stores.history.append(T, "warm", [b"m"], after=None)
+    sent = _sent(checkpoints._client)  # type: ignore[attr-defined]
+    first = await checkpoints.put_with_history(
+        redis_stores.history, T, R, b"f1", step=1, fence=1, encoded=[b"m1", b"m2"], after=None
+    )
+    assert sent == ["EVALSHA"]
+    sent.clear()
+    # Another prefix on another client: its keys are not this run's, so the caller writes
+    # the two one after the other.
+    other = open_redis_stores(
+        services.with_query(services.REDIS_URL, prefix="adk-other:", allow_volatile="true")
+    )
+    try:
+        assert (
+            await checkpoints.put_with_history(
+                other.history, T, R, b"f2", step=2, fence=1, encoded=[b"m3"], after=first
+            )
+            is None
+        )
+    finally:
+        await other.aclose()
+    assert sent == []
+    assert first is not None and await redis_stores.history.fetch(first) == [b"m1", b"m2"]
+    latest = await checkpoints.latest(T, R)
+    assert latest is not None and latest.payload == b"f1"
+
+
+async def _requests_per_turn(stores: Stores, turns: int) -> int:
+    @tool
+    def book(seat: str) -> str:
+        return f"booked {seat}"
+
+    script: list[Any] = [
+        *(ScriptedTurn(calls=[("book", {"seat": str(t)})], cost_micros=5) for t in range(turns)),
+        "done",
+    ]
+    runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
+    sent = _sent(stores.checkpoints._client)  # type: ignore[attr-defined]
+    run = await runner.run(
+        Agent("g", "book", tools=[book], max_iterations=50), "go", tenant=T, run_id=f"t{turns}"
+    )
+    assert run.status == "completed"
+    return len(sent)
+
+
+async def test_a_turn_sends_eight_requests(redis_stores: Stores) -> None:
+    # Per turn: the charge; after_model_call's frontier and append in one script; the
+    # claim; the outcome (finding its run, then recording it); after_tool_result's frontier
+    # and append in one script; the cancel check (finding its run, then reading it). It
+    # was 10: each frontier and its append went as two scripts.
+    await _requests_per_turn(redis_stores, 1)  # every script loaded on the server
+    short = await _requests_per_turn(redis_stores, 2)
+    long = await _requests_per_turn(redis_stores, 6)
+    assert (long - short) / 4 == 8
 
 
 # --- clocks ------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ from tesserix_adk.testing import (
     ApprovalStoreConformance,
     CheckpointStoreConformance,
     FakeClock,
+    FrontierWithHistoryConformance,
     HistoryStoreConformance,
     IdempotencyStoreConformance,
     LeaseStoreConformance,
@@ -489,6 +490,10 @@ class TestLeaseStore(LeaseStoreConformance):
 
 
 class TestHistoryStore(HistoryStoreConformance):
+    pass
+
+
+class TestFrontierWithHistory(FrontierWithHistoryConformance):
     pass
 
 

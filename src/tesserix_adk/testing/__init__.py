@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tesserix_adk.testing.approval_store import ApprovalStoreConformance
     from tesserix_adk.testing.checkpoint_store import CheckpointStoreConformance
     from tesserix_adk.testing.corruption import CorruptionConformance
+    from tesserix_adk.testing.frontier_with_history import FrontierWithHistoryConformance
     from tesserix_adk.testing.history_store import HistoryStoreConformance
     from tesserix_adk.testing.idempotency_store import IdempotencyStoreConformance
     from tesserix_adk.testing.lease_store import LeaseStoreConformance
@@ -28,6 +29,7 @@ __all__ = [
     "CheckpointStoreConformance",
     "CorruptionConformance",
     "FakeClock",
+    "FrontierWithHistoryConformance",
     "HistoryStoreConformance",
     "IdempotencyStoreConformance",
     "LeaseStoreConformance",
@@ -40,6 +42,7 @@ _SUITES = {
     "ApprovalStoreConformance": "approval_store",
     "CheckpointStoreConformance": "checkpoint_store",
     "CorruptionConformance": "corruption",
+    "FrontierWithHistoryConformance": "frontier_with_history",
     "HistoryStoreConformance": "history_store",
     "IdempotencyStoreConformance": "idempotency_store",
     "LeaseStoreConformance": "lease_store",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from urllib.parse import unquote
 
 from tesserix_adk.adapters.redis.base import (
@@ -13,10 +14,11 @@ from tesserix_adk.adapters.redis.base import (
     _text,
 )
 from tesserix_adk.adapters.redis.connection import Client, _driver_errors
+from tesserix_adk.adapters.redis.history import RedisHistoryStore
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX, _enc, _glob_escape
 from tesserix_adk.adapters.redis.lua import register
 from tesserix_adk.errors import CheckpointTooLargeError, ConfigurationError
-from tesserix_adk.stores.protocols import StoredCheckpoint
+from tesserix_adk.stores.protocols import HistoryHandle, StoredCheckpoint
 
 __all__ = ["RedisCheckpointStore"]
 
@@ -43,7 +45,7 @@ class RedisCheckpointStore(_FencedRedisStore):
             raise ConfigurationError(f"max_value_bytes must be at least 1, got {max_value_bytes}")
         self.keep_last = keep_last
         self.max_value_bytes = max_value_bytes
-        (self._put,) = register(client, "put")
+        self._put, self._put_with_history = register(client, "put", "put_with_history")
 
     def _data_keys(self, tenant: str, run_id: str) -> list[str]:
         return [
@@ -55,26 +57,69 @@ class RedisCheckpointStore(_FencedRedisStore):
         self, tenant: str, run_id: str, payload: bytes, *, step: int, fence: int | None = None
     ) -> None:
         """Write a frontier; it becomes ``latest`` and step ``step`` (last write wins)."""
-        if self.max_value_bytes is not None and len(payload) > self.max_value_bytes:
-            raise CheckpointTooLargeError(
-                f"the frontier of run {run_id!r} is {len(payload)} bytes, over this Redis "
-                f"store's max_value_bytes of {self.max_value_bytes}; it was not written"
-            )
+        self._refuse_too_large(run_id, payload)
         keys = [
             *self._data_keys(tenant, run_id),
             self._seen(tenant, run_id),
             self._lease_fence(tenant, run_id),
         ]
-        args: list[str | bytes] = [
+        with _driver_errors(f"writing a frontier of run {run_id!r}"):
+            result = await self._put(keys=keys, args=self._put_args(payload, step, fence))
+        if result[0] == b"stale":
+            raise _stale("write", run_id, fence, result[1])
+
+    async def put_with_history(
+        self,
+        history: object,
+        tenant: str,
+        run_id: str,
+        payload: bytes,
+        *,
+        step: int,
+        fence: int | None,
+        encoded: Sequence[bytes],
+        after: HistoryHandle | None,
+    ) -> HistoryHandle | None:
+        """Append the transcript and put the frontier in ONE script (one round trip; both
+        or neither) when ``history`` keeps its keys beside this store's (the same client
+        and prefix, so the run's keys share its hash tag); ``None`` when it does not, and
+        the caller writes them one after the other."""
+        if not (
+            isinstance(history, RedisHistoryStore)
+            and history._client is self._client
+            and history.prefix == self.prefix
+        ):
+            return None
+        self._refuse_too_large(run_id, payload)
+        appending = history._appending(tenant, run_id, encoded, after)
+        keys = [
+            *appending.keys,
+            *self._data_keys(tenant, run_id),
+            self._seen(tenant, run_id),
+            self._lease_fence(tenant, run_id),
+        ]
+        with _driver_errors(f"writing a frontier and the transcript of run {run_id!r}"):
+            result = await self._put_with_history(
+                keys=keys, args=[*self._put_args(payload, step, fence), *appending.args]
+            )
+        if result[0] == b"stale":
+            raise _stale(_text(result[1]), run_id, fence, result[2])
+        return appending.answer(result)
+
+    def _put_args(self, payload: bytes, step: int, fence: int | None) -> list[str | bytes]:
+        return [
             _fence_arg(fence),
             str(int(step)),
             bytes(payload),
             "" if self.keep_last is None else str(self.keep_last),
         ]
-        with _driver_errors(f"writing a frontier of run {run_id!r}"):
-            result = await self._put(keys=keys, args=args)
-        if result[0] == b"stale":
-            raise _stale("write", run_id, fence, result[1])
+
+    def _refuse_too_large(self, run_id: str, payload: bytes) -> None:
+        if self.max_value_bytes is not None and len(payload) > self.max_value_bytes:
+            raise CheckpointTooLargeError(
+                f"the frontier of run {run_id!r} is {len(payload)} bytes, over this Redis "
+                f"store's max_value_bytes of {self.max_value_bytes}; it was not written"
+            )
 
     async def latest(self, tenant: str, run_id: str) -> StoredCheckpoint | None:
         """The last accepted put, or ``None``."""

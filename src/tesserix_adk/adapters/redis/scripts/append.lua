@@ -8,24 +8,7 @@
 local refused = refusal(KEYS[3], KEYS[4], ARGV[1])
 if refused then return {'stale', refused} end
 local count = tonumber(ARGV[2])
-local resolves
-if count == 0 then
-  resolves = ARGV[3] == ARGV[4]
-else
-  resolves = redis.call('LINDEX', KEYS[2], count - 1) == ARGV[3]
-end
-if not resolves then return {'unavailable'} end
+if not resolves(KEYS[2], count, ARGV[3], ARGV[4]) then return {'unavailable'} end
 accept(KEYS[3], ARGV[1])
-if count == 0 then
-  redis.call('DEL', KEYS[1], KEYS[2])
-else
-  -- A dead writer may have appended past this prefix; its tail goes.
-  redis.call('LTRIM', KEYS[1], 0, count - 1)
-  redis.call('LTRIM', KEYS[2], 0, count - 1)
-end
-local n = tonumber(ARGV[5])
-if n > 0 then
-  push(KEYS[1], 6, 5 + n)
-  push(KEYS[2], 6 + n, 5 + 2 * n)
-end
+append_after(KEYS[1], KEYS[2], count, 6, tonumber(ARGV[5]))
 return {'ok'}

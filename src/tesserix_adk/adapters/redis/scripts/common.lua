@@ -47,3 +47,42 @@ local function push(key, first, last)
     redis.call('RPUSH', key, unpack(ARGV, i, math.min(i + 999, last)))
   end
 end
+-- The transcript's lists (items, digests) end in the prefix of `count` items whose chained
+-- digest is `digest` (`empty`: the digest of no items).
+local function resolves(digests_key, count, digest, empty)
+  if count == 0 then return digest == empty end
+  return redis.call('LINDEX', digests_key, count - 1) == digest
+end
+-- Keep the first `count` items of the transcript (a dead writer's tail goes), then push
+-- ARGV[first .. first+n-1] as items and the next n ARGV as their digests.
+local function append_after(items_key, digests_key, count, first, n)
+  if count == 0 then
+    redis.call('DEL', items_key, digests_key)
+  else
+    redis.call('LTRIM', items_key, 0, count - 1)
+    redis.call('LTRIM', digests_key, 0, count - 1)
+  end
+  if n > 0 then
+    push(items_key, first, first + n - 1)
+    push(digests_key, first + n, first + 2 * n - 1)
+  end
+end
+-- Write the frontier and the same payload as step `step`, pruning the steps to keep_last.
+-- keys: frontier, steps, step fences, step index.
+local function put_frontier(frontier, steps, step_fences, step_index, fence, step, payload,
+                            keep_last)
+  redis.call('HSET', frontier, 'payload', payload, 'step', step, 'fence', fence)
+  redis.call('HSET', steps, step, payload)
+  redis.call('HSET', step_fences, step, fence)
+  redis.call('ZADD', step_index, step, step)
+  if keep_last ~= '' then
+    local extra = redis.call('ZCARD', step_index) - tonumber(keep_last)
+    while extra > 0 do
+      local old = redis.call('ZRANGE', step_index, 0, math.min(extra, 1000) - 1)
+      redis.call('ZREM', step_index, unpack(old))
+      redis.call('HDEL', steps, unpack(old))
+      redis.call('HDEL', step_fences, unpack(old))
+      extra = extra - #old
+    end
+  end
+end
