@@ -4,7 +4,9 @@ own, so the counting never slows a timed turn.
 
 - SQLite: every connection the process opens (``sqlite3.connect``, which the kit, LangGraph
   and SQLAlchemy all call) gets a trace callback; COMMITs and statements are counted
-  (``BEGIN``/``COMMIT`` apart). A transaction is a round trip (one hop to the kit's thread).
+  (``BEGIN``/``COMMIT`` apart). A round trip is a job the kit hands its SQLite thread
+  (``SqliteDatabase.handoffs``: a hop there and back); for code that runs SQLite on the
+  caller's thread (the floors, LangGraph, DBOS), a transaction.
 - PostgreSQL: every psycopg connection gets a libpq protocol trace; a transaction is a
   ``ReadyForQuery`` back to idle, a writing transaction one that ran ``INSERT``, ``UPDATE``,
   ``DELETE`` or ``MERGE`` (also inside a CTE), a round trip each time the client, having
@@ -56,7 +58,7 @@ class _SqliteTally:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.active = False
-        self.commits = self.transactions = self.statements = 0
+        self.commits = self.transactions = self.statements = self.hops = 0
         self.writing: dict[int, bool] = {}  # per connection: the open transaction wrote
 
     def trace(self, conn_id: int) -> Callable[[str], None]:
@@ -97,18 +99,26 @@ def trace_sqlite() -> None:
     sqlite3.connect = connect  # type: ignore[assignment]
     sqlite3.dbapi2.connect = connect  # type: ignore[assignment]  # SQLAlchemy's way in
 
+    from tesserix_adk.stores.sqlite.database import SqliteDatabase
+
+    queue = SqliteDatabase._queue
+
+    def counted(self: SqliteDatabase, call: Any) -> Any:
+        if _sqlite.active:
+            with _sqlite.lock:
+                _sqlite.hops += 1
+        return queue(self, call)
+
+    SqliteDatabase._queue = counted  # type: ignore[method-assign]
+
 
 @contextlib.contextmanager
 def sqlite_window(fsync_pid: int | None = None) -> Iterator[Counts]:
     """Count SQLite commits and statements (and this process's fsyncs) while the block runs."""
     counts = Counts()
     with _sqlite.lock:
-        _sqlite.active, _sqlite.commits, _sqlite.transactions, _sqlite.statements = (
-            True,
-            0,
-            0,
-            0,
-        )
+        _sqlite.active = True
+        _sqlite.commits = _sqlite.transactions = _sqlite.statements = _sqlite.hops = 0
     with fsyncs(fsync_pid if fsync_pid is not None else os.getpid()) as synced:
         try:
             yield counts
@@ -118,7 +128,7 @@ def sqlite_window(fsync_pid: int | None = None) -> Iterator[Counts]:
                 counts.commits = _sqlite.commits
                 counts.transactions = _sqlite.transactions
                 counts.statements = _sqlite.statements
-                counts.round_trips = _sqlite.transactions
+                counts.round_trips = _sqlite.hops or _sqlite.transactions
     counts.fsyncs = synced[0]
 
 
