@@ -27,6 +27,7 @@ from pydantic_core import to_jsonable_python
 from tesserix_adk.checkpoint.payload import (
     Grant,
     OutstandingCall,
+    RecordedOutcome,
     decode_outcome,
 )
 from tesserix_adk.checkpoint.planning import PlannedCall, ToolDisposition
@@ -364,12 +365,12 @@ async def _call_tool(
                 with contextlib.suppress(Exception):
                     await to_the_end(record(parts, run, attempt, tool, oc, returned))
             raise
-    # Cancelled while recording: the outcome is in hand, so the record is finished first.
-    recorded = await to_the_end(redacted_record(parts, outcome))
-    # The outcome commits with the next call's claim, or at the turn's end; recorded to the
-    # end from here, with no cancellation point between the tool's return and its record.
+    # The outcome is in hand: redacted and recorded to the end, however often the run is
+    # cancelled meanwhile, with no cancellation point between the tool's return and its
+    # record. It commits with the next call's claim, or at the turn's end.
+    kept: list[RecordedOutcome] = []
     try:
-        await to_the_end(_grouped_complete(parts, run, attempt, tool, oc, recorded.payload))
+        await to_the_end(_redacted_and_completed(parts, run, attempt, tool, oc, outcome, kept))
     except StaleFenceError:
         if not _safe_to_resend(tool):
             raise
@@ -378,23 +379,28 @@ async def _call_tool(
         taken = await read_back(parts, run, oc.key)
         if taken is not None and taken.status is RecordStatus.completed and taken.outcome:
             return _finished(run, attempt, oc, decode_outcome(taken.outcome, oc.call.id), how)
+    [recorded] = kept
     return _finished(run, attempt, oc, recorded.outcome if recorded.replaced else outcome, how)
 
 
-async def _grouped_complete(
+async def _redacted_and_completed(
     parts: RunParts,
     run: RunState,
     attempt: Attempt,
     tool: Tool,
     oc: OutstandingCall,
-    payload: bytes,
+    outcome: ToolOutcome,
+    kept: list[RecordedOutcome],
 ) -> None:
+    """The outcome redacted as the record keeps it (into ``kept``), then recorded."""
+    recorded = await redacted_record(parts, outcome)
+    kept.append(recorded)
     if attempt.more_calls:
         # It commits with the next call's claim. The turn's last outcome commits at once
         # anyway, so it is written on its own, which on PostgreSQL sends its COMMIT in the
         # same round trip, not in one of its own after it.
         await grouping.begin(parts.groups, attempt)
-    await complete(parts, run, attempt, tool, oc, payload)
+    await complete(parts, run, attempt, tool, oc, recorded.payload)
 
 
 def _held_elsewhere(rec: IdempotencyRecord, attempt: Attempt) -> bool:

@@ -29,6 +29,7 @@ outcomes it held and dropping the claims it held (none of those calls was sent).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -107,28 +108,60 @@ async def begin(groups: GroupedWrites | None, attempt: Attempt) -> None:
 async def commit(attempt: Attempt) -> None:
     """Make the open group durable (a no-op without one): called before anything leaves
     the process. A failure is cleaned up (see the module docstring), then raised as
-    ``StoreUnavailableError``: nothing more of the turn is sent."""
+    ``StoreUnavailableError``: nothing more of the turn is sent. Cancelled meanwhile, the
+    commit still runs to its end (an outcome it holds must not be lost with it), its claims
+    are dropped (nothing of them was sent), and the cancellation goes on."""
     pending = attempt.group
     if pending is None:
         return
     attempt.group = None
+    committing = asyncio.ensure_future(pending.group.commit())
     try:
-        await pending.group.commit()
+        await to_the_end(committing)
+    except asyncio.CancelledError:
+        failure = None if committing.cancelled() else committing.exception()
+        with contextlib.suppress(Exception):
+            await to_the_end(_called_off(attempt, pending, failure))
+        raise
     except AdkError as exc:
         _log.warning("a write group failed to commit: %s", exc)
-        certain = not isinstance(exc, StoreReplyLostError)
-        first: Exception | None = None
-        for step in [*pending.redo, *(pending.retry if certain else ()), *pending.undo]:
-            try:
-                await step()
-            except Exception as again:  # each step is tried; the first failure is told
-                first = first or again
+        first = await _cleaned_up(pending, exc)
         if first is not None:
             raise first from exc
         raise StoreUnavailableError(
             f"the run's writes could not be committed ({exc}); nothing more was sent, and "
             "the run is resumable"
         ) from exc
+    for event in pending.events:
+        attempt.emit(event)
+
+
+async def _cleaned_up(pending: PendingGroup, exc: AdkError) -> Exception | None:
+    """After a failed commit: its outcomes recorded again, its charge made again if it
+    certainly failed, its claims dropped; the first of these that fails."""
+    certain = not isinstance(exc, StoreReplyLostError)
+    first: Exception | None = None
+    for step in [*pending.redo, *(pending.retry if certain else ()), *pending.undo]:
+        try:
+            await step()
+        except Exception as again:  # each step is tried; the first failure is told
+            first = first or again
+    return first
+
+
+async def _called_off(
+    attempt: Attempt, pending: PendingGroup, failure: BaseException | None
+) -> None:
+    """After a commit the run was cancelled during: it failed, and is cleaned up as any
+    failed commit; or it held, and its claims go, since the run stops before sending them."""
+    if isinstance(failure, AdkError):
+        await _cleaned_up(pending, failure)
+        return
+    if failure is not None:
+        return
+    for step in pending.undo:
+        with contextlib.suppress(Exception):
+            await step()
     for event in pending.events:
         attempt.emit(event)
 

@@ -66,7 +66,7 @@ from tesserix_adk.stores.sqlite.failures import (
     translate,
     wrong_version,
 )
-from tesserix_adk.stores.sqlite.grouping import HELD, Held, SqliteWriteGroup, wake
+from tesserix_adk.stores.sqlite.grouping import HELD, Held, SqliteWriteGroup, Weight, wake
 from tesserix_adk.stores.sqlite.schema import SqliteSchema, statements
 
 __all__ = ["SqliteDatabase"]
@@ -107,6 +107,9 @@ class SqliteDatabase:
         # Touched by the executor's one thread, or by a group's caller on its own thread
         # (``_inline``), always under ``_lock``.
         self._conn: sqlite3.Connection | None = None
+        # Whether that connection's file is in WAL mode, where a call inside a write
+        # transaction never waits on another connection's lock (``grouping``).
+        self._wal = False
         self._lock = threading.Lock()
         self._handoffs = 0
         self._closed = False
@@ -146,7 +149,7 @@ class SqliteDatabase:
 
     # --- running SQL ---------------------------------------------------------------------
 
-    async def write(self, fn: Callable[[sqlite3.Connection], T], *, weight: int | None = None) -> T:
+    async def write(self, fn: Callable[[sqlite3.Connection], T], *, weight: Weight = None) -> T:
         """Run ``fn(connection)`` in ``BEGIN IMMEDIATE``, in the worker thread; committed
         (with the other writes queued meanwhile) if it returns, undone if it raises; the
         answer comes after the COMMIT. Inside the caller's open write group it runs in the
@@ -206,7 +209,7 @@ class SqliteDatabase:
                 outcome = BatchOutcome(error=self._translated(outcome.error))
             pending.settle(outcome)
 
-    async def read(self, fn: Callable[[sqlite3.Connection], T], *, weight: int | None = None) -> T:
+    async def read(self, fn: Callable[[sqlite3.Connection], T], *, weight: Weight = None) -> T:
         """Run ``fn(connection)`` in a read transaction (one snapshot), in the worker thread
         (inside the caller's open write group: in its transaction, seeing its writes, and
         on the caller's thread if ``weight``, the bytes it reads, is small)."""
@@ -363,6 +366,8 @@ class SqliteDatabase:
                 # A directory this process may not write (WAL needs its -shm file there):
                 # open read-only, so the store can still be inspected; writes are refused.
                 self._conn = self._checked(self._read_only_mode())
+            (mode,) = self._conn.execute("PRAGMA journal_mode").fetchone()
+            self._wal = str(mode).lower() == "wal"
         return self._conn
 
     def _checked(self, mode: str) -> sqlite3.Connection:

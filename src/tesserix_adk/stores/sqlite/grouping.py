@@ -5,9 +5,11 @@ transaction, and what a caller finds while another's group holds the connection
 A group takes the connection at its first call, in the database's worker thread: that call
 begins the transaction (``BEGIN IMMEDIATE`` may wait on another process). From then on a
 small call (``weight`` at most ``INLINE_BYTES``) runs on the caller's own thread, under the
-database's lock: inside the open transaction it cannot wait on a lock, and the hop to the
-thread and back would cost more than its statements. A caller that finds the lock taken
-(the thread is using the connection) queues for the thread instead of waiting on its loop.
+database's lock: inside the open transaction, on a file in WAL mode, it cannot wait on a
+lock, and the hop to the thread and back would cost more than its statements. A caller
+that finds the lock taken (the thread is using the connection) queues for the thread
+instead of waiting on its loop. A call that reads back what it cannot know the size of (a
+record and its outcome) weighs it first, with a statement of its own (``Weight``).
 """
 
 from __future__ import annotations
@@ -19,16 +21,20 @@ import sqlite3
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from tesserix_adk.errors import ConfigurationError, StoreUnavailableError
+from tesserix_adk.errors import ConfigurationError, StoreReplyLostError, StoreUnavailableError
 from tesserix_adk.stores.grouping import OpenGroup
 from tesserix_adk.stores.sqlite.batching import CommitInDoubt
 
 if TYPE_CHECKING:
     from tesserix_adk.stores.sqlite.database import SqliteDatabase
 
-__all__ = ["HELD", "INLINE_BYTES", "Held", "SqliteWriteGroup", "wake"]
+__all__ = ["HELD", "INLINE_BYTES", "Held", "SqliteWriteGroup", "Weight", "wake"]
 
 T = TypeVar("T")
+
+Weight = int | Callable[[sqlite3.Connection], int] | None
+"""What a call moves, in bytes: known, measured on the connection right before the call
+would run on the caller's thread, or unknown (``None``: it goes to the thread)."""
 
 # A call of a group moving at most this many bytes runs on the caller's thread: the bound
 # the checkpointer uses to encode a payload on the loop, so a large one still never stalls
@@ -50,6 +56,15 @@ class _NotRun:
 _NOT_RUN = _NotRun()
 
 
+def _light(conn: sqlite3.Connection, weigh: Callable[[sqlite3.Connection], int]) -> bool:
+    """Whether what ``weigh`` measures is small enough for the caller's thread; an error
+    measuring it sends the call to the thread, which reports the call's own."""
+    try:
+        return weigh(conn) <= INLINE_BYTES
+    except sqlite3.Error:
+        return False
+
+
 def wake(woken: asyncio.Future[None]) -> None:
     if not woken.done():
         woken.set_result(None)
@@ -66,6 +81,7 @@ class SqliteWriteGroup(OpenGroup):
         self.begun = False
         self.ended = False
         self.lost: str | None = None
+        self.in_doubt = False  # lost, and what joined may have been committed
         # Set on the caller's side at its first call: a group nothing joined holds nothing,
         # so its commit need not go to the thread.
         self.used = False
@@ -100,14 +116,14 @@ class SqliteWriteGroup(OpenGroup):
             raise
 
     async def join(
-        self, fn: Callable[[sqlite3.Connection], T], *, savepoint: bool, weight: int | None
+        self, fn: Callable[[sqlite3.Connection], T], *, savepoint: bool, weight: Weight
     ) -> T:
         """``fn`` in the group's transaction: here if it is small and the transaction is
         open, else in the worker thread, waiting (never blocking) while another group holds
         the connection."""
         self.used = True
-        if weight is not None and weight <= INLINE_BYTES:
-            done = self._here(fn, savepoint)
+        if weight is not None and (callable(weight) or weight <= INLINE_BYTES):
+            done = self._here(fn, savepoint, weight)
             if not isinstance(done, _NotRun):
                 return done
         while True:
@@ -120,9 +136,15 @@ class SqliteWriteGroup(OpenGroup):
                 return result
             await woken
 
-    def _here(self, fn: Callable[[sqlite3.Connection], T], savepoint: bool) -> T | _NotRun:
+    def _here(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        savepoint: bool,
+        weight: int | Callable[[sqlite3.Connection], int],
+    ) -> T | _NotRun:
         """``fn`` on the caller's thread, if the group holds the connection inside its open
-        transaction and no other thread is using it; ``_NOT_RUN`` otherwise."""
+        transaction on a file in WAL mode, no other thread is using it, and what it moves
+        is small; ``_NOT_RUN`` otherwise."""
         database = self.database
         if not database._lock.acquire(blocking=False):
             return _NOT_RUN  # the worker thread is in it: queue behind it, do not wait here
@@ -131,12 +153,15 @@ class SqliteWriteGroup(OpenGroup):
             if (
                 database._closed
                 or conn is None
+                or not database._wal
                 or database._held is not self
                 or not self.begun
                 or self.lost is not None
                 or not conn.in_transaction
             ):
                 return _NOT_RUN  # the thread's path says what is wrong, or begins
+            if callable(weight) and not _light(conn, weight):
+                return _NOT_RUN
             try:
                 return self._joined(conn, fn, savepoint)
             except (CommitInDoubt, sqlite3.Error) as exc:
@@ -194,17 +219,31 @@ class SqliteWriteGroup(OpenGroup):
                 if savepoint:
                     conn.execute(f"ROLLBACK TO {name}")
                     conn.execute(f"RELEASE {name}")
-            else:
+            elif isinstance(exc, sqlite3.Error):
                 # SQLite ended the whole transaction (a full disk, an I/O error): what
                 # joined before is gone, and nothing more may join as if it were not.
                 self.lost = (
                     f"SQLite rolled back the write group on {self.database.path} ({exc}); "
                     "nothing of it was committed"
                 )
+            else:
+                raise self._ended_by_a_write() from exc
             raise
+        if not conn.in_transaction:
+            raise self._ended_by_a_write()
         if savepoint:
             conn.execute(f"RELEASE {name}")
         return result
+
+    def _ended_by_a_write(self) -> StoreReplyLostError:
+        """A write ran COMMIT or ROLLBACK itself: what joined before it may be committed or
+        not, and nothing more may join."""
+        self.lost = (
+            f"a write ended the write group's transaction on {self.database.path} itself; "
+            "what joined it may or may not have been committed"
+        )
+        self.in_doubt = True
+        return StoreReplyLostError(self.lost)
 
     def _commit(self) -> None:
         """COMMIT (the worker thread), then let go of the connection whatever happened."""
@@ -219,7 +258,7 @@ class SqliteWriteGroup(OpenGroup):
     def _commit_held(self) -> None:
         database = self.database
         if self.lost is not None:
-            raise StoreUnavailableError(self.lost)
+            raise (StoreReplyLostError if self.in_doubt else StoreUnavailableError)(self.lost)
         if database._held is not self:
             # Its first call never took the connection (cancelled, or still waiting for
             # another group): nothing joined, and the transaction open now is not its own.

@@ -7,7 +7,7 @@ and saves what comes back, all in one ``BEGIN IMMEDIATE`` transaction.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tesserix_adk.stores._common import positive_ttl
@@ -141,6 +141,26 @@ def _live_record(
     return record
 
 
+def _outcome_bytes(tenant: str, keys: Sequence[str]) -> Callable[[sqlite3.Connection], int]:
+    """What reading back the records of ``keys`` moves: their outcomes' bytes (a call in a
+    write group weighs it before it runs on the caller's thread)."""
+
+    def weigh(conn: sqlite3.Connection) -> int:
+        total = 0
+        for start in range(0, len(keys), _LOOKUP_CHUNK):
+            chunk = keys[start : start + _LOOKUP_CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            (size,) = conn.execute(
+                "SELECT coalesce(sum(length(outcome)), 0) FROM adk_idempotency "
+                f"WHERE tenant = ? AND key IN ({marks})",
+                [tenant, *chunk],
+            ).fetchone()
+            total += size
+        return int(total)
+
+    return weigh
+
+
 class SqliteIdempotencyStore(FencedSqliteStore):
     """An ``IdempotencyStore``; ttl claims lapse by SQLite's clock."""
 
@@ -192,8 +212,8 @@ class SqliteIdempotencyStore(FencedSqliteStore):
                 _save_record(conn, record)
             return record
 
-        # What it writes is small; what it reads back is one record.
-        return await self.database.write(claim, weight=0)
+        # What it writes is small; what it reads back is one record, of its outcome's size.
+        return await self.database.write(claim, weight=_outcome_bytes(tenant, [key]))
 
     async def complete(
         self, key: str, outcome: bytes, *, tenant: str, holder: str
@@ -252,8 +272,7 @@ class SqliteIdempotencyStore(FencedSqliteStore):
                     found[record.key] = record
             return {key: found[key] for key in wanted if key in found}
 
-        # One key reads back at most one record: small enough for the caller's thread.
-        return await self.database.read(lookup, weight=0 if len(wanted) == 1 else None)
+        return await self.database.read(lookup, weight=_outcome_bytes(tenant, wanted))
 
     async def records(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
         """Every live record of the run, by (iteration, since, key); the run claim first."""
