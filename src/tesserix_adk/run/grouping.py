@@ -119,7 +119,11 @@ async def commit(attempt: Attempt) -> None:
     try:
         await to_the_end(committing)
     except asyncio.CancelledError:
-        failure = None if committing.cancelled() else committing.exception()
+        failure: BaseException | None = (
+            StoreReplyLostError("the write group's commit was called off")
+            if committing.cancelled()
+            else committing.exception()
+        )
         with contextlib.suppress(Exception):
             await to_the_end(_called_off(attempt, pending, failure))
         raise
@@ -152,12 +156,13 @@ async def _cleaned_up(pending: PendingGroup, exc: AdkError) -> Exception | None:
 async def _called_off(
     attempt: Attempt, pending: PendingGroup, failure: BaseException | None
 ) -> None:
-    """After a commit the run was cancelled during: it failed, and is cleaned up as any
-    failed commit; or it held, and its claims go, since the run stops before sending them."""
-    if isinstance(failure, AdkError):
-        await _cleaned_up(pending, failure)
-        return
+    """After a commit the run was cancelled during: it failed (or nobody knows), and is
+    cleaned up as any failed commit; or it held, and its claims go, since the run stops
+    before sending them."""
     if failure is not None:
+        if not isinstance(failure, AdkError):
+            failure = StoreReplyLostError(f"the write group's commit failed: {failure!r}")
+        await _cleaned_up(pending, failure)
         return
     for step in pending.undo:
         with contextlib.suppress(Exception):

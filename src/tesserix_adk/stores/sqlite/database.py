@@ -105,7 +105,7 @@ class SqliteDatabase:
         self.busy_timeout = float(busy_timeout)
         self._executor: ThreadPoolExecutor | None = None
         # Touched by the executor's one thread, or by a group's caller on its own thread
-        # (``_inline``), always under ``_lock``.
+        # (``SqliteWriteGroup._here``), always under ``_lock``.
         self._conn: sqlite3.Connection | None = None
         # Whether that connection's file is in WAL mode, where a call inside a write
         # transaction never waits on another connection's lock (``grouping``).
@@ -154,8 +154,8 @@ class SqliteDatabase:
         (with the other writes queued meanwhile) if it returns, undone if it raises; the
         answer comes after the COMMIT. Inside the caller's open write group it runs in the
         group's transaction instead, committed with the group; ``weight``, the bytes it
-        writes where the caller knows them, lets a small one run on the caller's thread
-        once the group's transaction is open (see the module docstring)."""
+        moves where the caller can tell (``grouping.Weight``), lets a small one run on the
+        caller's thread once the group's transaction is open."""
         group = joined(self)
         if isinstance(group, SqliteWriteGroup):
             return await group.join(fn, savepoint=True, weight=weight)
