@@ -17,10 +17,12 @@ from tesserix_adk.adapters.redis.connection import Client, _driver_errors
 from tesserix_adk.adapters.redis.history import RedisHistoryStore
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX, _enc, _glob_escape
 from tesserix_adk.adapters.redis.lua import register
-from tesserix_adk.errors import CheckpointTooLargeError, ConfigurationError
+from tesserix_adk.errors import CheckpointCorruptError, CheckpointTooLargeError, ConfigurationError
 from tesserix_adk.stores.protocols import HistoryHandle, StoredCheckpoint
 
 __all__ = ["RedisCheckpointStore"]
+
+_EXACT_SCORE = 2**53
 
 
 class RedisCheckpointStore(_FencedRedisStore):
@@ -104,9 +106,18 @@ class RedisCheckpointStore(_FencedRedisStore):
             )
         if result[0] == b"stale":
             raise _stale(_text(result[1]), run_id, fence, result[2])
+        if result[0] == b"damaged":
+            raise CheckpointCorruptError(
+                f"the key {_text(result[1])!r} of run {run_id!r} holds another type than the "
+                "kit writes there; nothing was written"
+            )
         return appending.answer(result)
 
     def _put_args(self, payload: bytes, step: int, fence: int | None) -> list[str | bytes]:
+        if not -_EXACT_SCORE <= int(step) <= _EXACT_SCORE:
+            # The step index scores steps as doubles: past this, Redis refuses the score
+            # mid-script, or two steps share one.
+            raise ValueError(f"step {step} is outside what the Redis store keeps exactly (2**53)")
         return [
             _fence_arg(fence),
             str(int(step)),

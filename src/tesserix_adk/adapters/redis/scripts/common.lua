@@ -51,7 +51,19 @@ end
 -- digest is `digest` (`empty`: the digest of no items).
 local function resolves(digests_key, count, digest, empty)
   if count == 0 then return digest == empty end
+  -- LINDEX counts a negative index from the end: no prefix has a negative count.
+  if count < 0 then return false end
   return redis.call('LINDEX', digests_key, count - 1) == digest
+end
+-- The first of `keys` that holds another type than its `kinds` (or nothing), else false:
+-- checked before a script writes anything, since Redis keeps what a script wrote before
+-- a command of it failed.
+local function mistyped(keys, kinds)
+  for i = 1, #keys do
+    local kind = redis.call('TYPE', keys[i])['ok']
+    if kind ~= 'none' and kind ~= kinds[i] then return keys[i] end
+  end
+  return false
 end
 -- Keep the first `count` items of the transcript (a dead writer's tail goes), then push
 -- ARGV[first .. first+n-1] as items and the next n ARGV as their digests.
