@@ -62,22 +62,29 @@ def _turns(calls_per_turn: int, turns: int) -> list[Any]:
     return [*script, "done"]
 
 
-async def _commits_for(tmp_path: Path, name: str, calls_per_turn: int, turns: int) -> int:
+async def _per_turn(tmp_path: Path, calls_per_turn: int, counter: str) -> float:
+    """What ``SqliteDatabase.<counter>`` grows by per turn of ``calls_per_turn`` calls: a
+    run of 6 turns against one of 2, so what a run does once cancels out."""
+
     @tool
     def book(seat: str) -> str:
         return f"booked {seat}"
 
-    stores = open_stores(f"sqlite:///{tmp_path / name}")
-    await stores.create_schema()
-    try:
-        runner = AgentRunner.from_stores(ScriptedProvider(_turns(calls_per_turn, turns)), stores)
-        agent = Agent("g", "book", tools=[book], max_iterations=50)
-        before = _database(stores).commits
-        run = await runner.run(agent, "go", tenant=TENANT, run_id="r")
-        assert run.status == "completed"
-        return _database(stores).commits - before
-    finally:
-        await stores.aclose()
+    grown: list[int] = []
+    for turns in (2, 6):
+        stores = open_stores(f"sqlite:///{tmp_path / f'{counter}-{turns}.sqlite3'}")
+        await stores.create_schema()
+        try:
+            script = ScriptedProvider(_turns(calls_per_turn, turns))
+            runner = AgentRunner.from_stores(script, stores)
+            agent = Agent("g", "book", tools=[book], max_iterations=50)
+            before = getattr(_database(stores), counter)
+            run = await runner.run(agent, "go", tenant=TENANT, run_id="r")
+            assert run.status == "completed"
+            grown.append(getattr(_database(stores), counter) - before)
+        finally:
+            await stores.aclose()
+    return (grown[1] - grown[0]) / 4
 
 
 @pytest.mark.parametrize(("calls", "per_turn"), [(1, 3), (3, 5)])
@@ -86,27 +93,7 @@ async def test_a_turn_commits_once_per_claim_plus_its_last_outcome_and_frontier_
 ) -> None:
     # One call: [charge + after_model_call + claim], [outcome], [after_tool_result]: 3 (it
     # was 5). Three calls: the two middle outcomes ride on the next claims: 5 (it was 9).
-    short = await _commits_for(tmp_path, "a.sqlite3", calls, 2)
-    long = await _commits_for(tmp_path, "b.sqlite3", calls, 6)
-    assert (long - short) / 4 == per_turn
-
-
-async def _handoffs_for(tmp_path: Path, name: str, calls_per_turn: int, turns: int) -> int:
-    @tool
-    def book(seat: str) -> str:
-        return f"booked {seat}"
-
-    stores = open_stores(f"sqlite:///{tmp_path / name}")
-    await stores.create_schema()
-    try:
-        runner = AgentRunner.from_stores(ScriptedProvider(_turns(calls_per_turn, turns)), stores)
-        agent = Agent("g", "book", tools=[book], max_iterations=50)
-        before = _database(stores).handoffs
-        run = await runner.run(agent, "go", tenant=TENANT, run_id="r")
-        assert run.status == "completed"
-        return _database(stores).handoffs - before
-    finally:
-        await stores.aclose()
+    assert await _per_turn(tmp_path, calls, "commits") == per_turn
 
 
 @pytest.mark.parametrize(("calls", "per_turn"), [(1, 5), (3, 9)])
@@ -117,9 +104,7 @@ async def test_a_grouped_turn_hands_the_sqlite_thread_a_job_only_to_begin_or_end
     # outcome alone, [after_tool_result: begins; the cancel check; commit]: 5 (it was 10:
     # the group's begin and each of its writes went to the thread). Three calls: each
     # middle outcome begins the group its next claim joins: 9 (it was 18).
-    short = await _handoffs_for(tmp_path, "a.sqlite3", calls, 2)
-    long = await _handoffs_for(tmp_path, "b.sqlite3", calls, 6)
-    assert (long - short) / 4 == per_turn
+    assert await _per_turn(tmp_path, calls, "handoffs") == per_turn
 
 
 async def test_each_claim_and_every_earlier_outcome_are_durable_before_a_call_is_sent(
