@@ -27,21 +27,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError
 
 from adapters import services
 from adapters.cluster import ThrowawayCluster, cluster_stores
+from adapters.redis_wire import lose_the_next_reply, resending_client, sent_by
 from adapters.throwaway import redis_server
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, tool
 from tesserix_adk.adapters.redis import (
@@ -147,52 +144,6 @@ async def _dump(client: Any, prefix: str, run_id: str, tenant: str = T) -> dict[
             value = None
         found[key[len(head) :]] = (kind, value)
     return found
-
-
-def _sent(client: Any) -> list[str]:
-    """What ``client`` sends from now on (each command's name)."""
-    sent: list[str] = []
-    send = client.execute_command
-
-    async def execute_command(*args: Any, **options: Any) -> Any:
-        sent.append(str(args[0]))
-        return await send(*args, **options)
-
-    client.execute_command = execute_command
-    return sent
-
-
-@contextmanager
-def _lose_the_next_reply(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The next reply is read and then lost: redis-py reconnects and sends again."""
-    real = Connection.read_response
-    armed = [True]
-
-    async def read_response(self: Connection, *args: Any, **kwargs: Any) -> Any:
-        reply = await real(self, *args, **kwargs)
-        if armed[0]:
-            armed[0] = False
-            raise RedisConnectionError("the reply was lost (test)")
-        return reply
-
-    monkeypatch.setattr(Connection, "read_response", read_response)
-    try:
-        yield
-    finally:
-        monkeypatch.setattr(Connection, "read_response", real)
-    assert not armed[0], "no reply was lost"
-
-
-@asynccontextmanager
-async def _resending_client() -> AsyncIterator[Redis]:
-    """A client that sends a command again after a connection error."""
-    client = Redis.from_url(
-        services.REDIS_URL, retry=Retry(NoBackoff(), 3), retry_on_error=[RedisConnectionError]
-    )
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 def _of(run_id: str, handle: HistoryHandle) -> HistoryHandle:
@@ -349,13 +300,13 @@ async def test_a_handle_of_a_negative_count_does_not_resolve(
     assert await _dump(redis_client, redis_prefix, "r") == before
 
 
-async def test_a_handle_of_another_run_is_refused_before_anything_is_sent(
+async def test_a_handle_of_another_run_is_refused_before_anything_issent_by(
     redis_client: Redis, redis_prefix: str
 ) -> None:
     cp, history = _stores(redis_client, redis_prefix)
     other = await _together(cp, history, "other", 1, None)
     assert other is not None
-    sent = _sent(redis_client)
+    sent = sent_by(redis_client)
     with pytest.raises(ValueError, match="names run 'other'"):
         await _together(cp, history, "r", 2, other)
     assert sent == []
@@ -531,7 +482,7 @@ async def test_a_pair_prunes_more_than_a_thousand_steps_at_once(
 async def test_a_pair_resent_after_a_lost_reply_answers_the_same_and_leaves_one_write(
     redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with _resending_client() as client:
+    async with resending_client() as client:
         cp, history = _stores(client, redis_prefix, keep_last=1)
         first = await _together(cp, history, "r", 1, None, fence=1)  # scripts loaded
         await _apart(cp, history, "twin", 1, None, fence=1)
@@ -541,7 +492,7 @@ async def test_a_pair_resent_after_a_lost_reply_answers_the_same_and_leaves_one_
         twin_after = _of("twin", first)
         await history.append(T, "twin", [b"orphan"], fence=1, after=twin_after)
         items = [b"m2", b"m3"]
-        with _lose_the_next_reply(monkeypatch):
+        with lose_the_next_reply(monkeypatch):
             second = await _together(cp, history, "r", 2, first, items=items, fence=2)
         twin = await _apart(cp, history, "twin", 2, twin_after, items=items, fence=2)
         assert second == _of("r", twin)
@@ -554,7 +505,7 @@ async def test_a_pair_resent_after_a_lost_reply_answers_the_same_and_leaves_one_
 async def test_a_refused_pair_resent_after_a_lost_reply_is_refused_again_and_writes_nothing(
     redis_prefix: str, monkeypatch: pytest.MonkeyPatch, refusal: str
 ) -> None:
-    async with _resending_client() as client:
+    async with resending_client() as client:
         cp, history = _stores(client, redis_prefix)
         first = await _together(cp, history, "r", 1, None, fence=2)
         assert first is not None
@@ -563,7 +514,7 @@ async def test_a_refused_pair_resent_after_a_lost_reply_is_refused_again_and_wri
         after = first if refusal == "stale" else longer  # ``longer`` does not resolve
         fence = 1 if refusal == "stale" else 2
         error = StaleFenceError if refusal == "stale" else HistoryUnavailableError
-        with _lose_the_next_reply(monkeypatch), pytest.raises(error):
+        with lose_the_next_reply(monkeypatch), pytest.raises(error):
             await _together(cp, history, "r", 2, after, fence=fence)
         assert await _dump(client, redis_prefix, "r") == before
 
@@ -573,7 +524,7 @@ async def test_a_takeover_between_a_lost_reply_and_its_resend_leaves_what_the_ne
 ) -> None:
     """The resend is refused (the new holder's seal came between): the old holder stops,
     and the pair its first send wrote is what the new holder reads and carries on from."""
-    async with _resending_client() as client:
+    async with resending_client() as client:
         cp, history = _stores(client, redis_prefix)
         first = await _together(cp, history, "r", 1, None, fence=1)
         assert first is not None
@@ -587,7 +538,7 @@ async def test_a_takeover_between_a_lost_reply_and_its_resend_leaves_what_the_ne
                 armed[0] = False
                 # Between the lost reply and the resend, a new holder seals both stores
                 # and reads the run (on a client of its own).
-                async with _resending_client() as other:
+                async with resending_client() as other:
                     cp2, history2 = _stores(other, redis_prefix)
                     await history2.seal(T, "r", 2)
                     await cp2.seal(T, "r", 2)
@@ -709,7 +660,7 @@ async def test_a_payload_over_max_value_bytes_is_refused_with_nothing_sent_or_wr
     handle = await _together(cp, history, "r", 1, None, payload=b"x" * 10)  # at the limit
     assert handle is not None
     before = await _dump(redis_client, redis_prefix, "r")
-    sent = _sent(redis_client)
+    sent = sent_by(redis_client)
     with pytest.raises(CheckpointTooLargeError):
         await _together(cp, history, "r", 2, handle, payload=b"x" * 11, items=[b"y" * 100])
     assert sent == []
@@ -836,12 +787,12 @@ async def test_the_cluster_client_resends_a_pair_whose_reply_was_lost_and_it_lan
         first = await _together(cp, history, "r", 1, None, items=[b"m1", b"tail"])
         assert first is not None
         shorter = await _memory_handle("r", [b"m1"])
-        with _lose_the_next_reply(monkeypatch):
+        with lose_the_next_reply(monkeypatch):
             second = await _together(cp, history, "r", 2, shorter, items=[b"m2", b"m3"])
         assert second == await _memory_handle("r", [b"m1"], [b"m2", b"m3"])
         assert await history.fetch(second) == [b"m1", b"m2", b"m3"]
         assert await cp.steps(T, "r") == [2]
-        with _lose_the_next_reply(monkeypatch), pytest.raises(HistoryUnavailableError):
+        with lose_the_next_reply(monkeypatch), pytest.raises(HistoryUnavailableError):
             await _together(cp, history, "r", 3, first)  # its tail was cut: gone
         latest = await cp.latest(T, "r")
         assert latest is not None and latest.payload == b"f2"
@@ -893,8 +844,8 @@ async def test_a_history_store_of_another_prefix_or_client_or_kind_is_declined_u
             cp,  # not a history store at all
             None,
         ]
-        sent = _sent(redis_client)
-        other_sent = _sent(other_client)
+        sent = sent_by(redis_client)
+        other_sent = sent_by(other_client)
         for store in declined:
             assert await _together(cp, store, "r", 1, None) is None
         assert sent == [] and other_sent == []

@@ -9,20 +9,15 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from redis.asyncio.connection import Connection
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 import tesserix_adk.adapters.redis as redis_adapter
 from adapters import services
+from adapters.redis_wire import lose_the_next_reply, resending_client, sent_by
 from records_oracle import records_from_oracle
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, tool
 from tesserix_adk.adapters.redis import (
@@ -351,48 +346,13 @@ async def test_a_lease_counts_as_a_seen_fence_for_unfenced_writes(redis_stores: 
     await _claim(redis_stores, "run-claim", "worker-a", ttl=30, tool=None)
 
 
-@contextmanager
-def _lose_the_next_reply(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The next reply is read and then lost, as when a connection drops after the server
-    ran the command: redis-py reconnects and sends the command again."""
-    real = Connection.read_response
-    armed = [True]
-
-    async def read_response(self: Connection, *args: Any, **kwargs: Any) -> Any:
-        reply = await real(self, *args, **kwargs)
-        if armed[0]:
-            armed[0] = False
-            raise RedisConnectionError("the reply was lost (test)")
-        return reply
-
-    monkeypatch.setattr(Connection, "read_response", read_response)
-    try:
-        yield
-    finally:
-        monkeypatch.setattr(Connection, "read_response", real)
-    assert not armed[0], "no reply was lost"
-
-
-@asynccontextmanager
-async def _resending_client() -> AsyncIterator[Redis]:
-    """A client that sends a command again after a connection error, as ``Redis(...)``
-    built directly does by default (``from_url`` clients do not)."""
-    client = Redis.from_url(
-        services.REDIS_URL, retry=Retry(NoBackoff(), 3), retry_on_error=[RedisConnectionError]
-    )
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
 async def test_a_charge_resent_after_a_lost_reply_counts_once(
     redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with _resending_client() as client:
+    async with resending_client() as client:
         ledger = RedisLedger(client, prefix=redis_prefix)
         await ledger.charge(T, R, 100, Usage(input_tokens=10), fence=1)
-        with _lose_the_next_reply(monkeypatch):
+        with lose_the_next_reply(monkeypatch):
             await ledger.charge(T, R, 5, Usage(input_tokens=1), fence=1)
         assert await ledger.spent(T, R) == 105
         assert await ledger.usage(T, R) == Usage(input_tokens=11)
@@ -404,10 +364,10 @@ async def test_a_charge_resent_after_a_lost_reply_counts_once(
 async def test_an_acquire_resent_after_a_lost_reply_gets_the_lease_it_took(
     redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with _resending_client() as client:
+    async with resending_client() as client:
         leases = RedisLeaseStore(client, prefix=redis_prefix, allow_volatile=True)
         await leases.acquire(T, "warm-up", "worker-z", 30)  # connected, script loaded
-        with _lose_the_next_reply(monkeypatch):
+        with lose_the_next_reply(monkeypatch):
             lease = await leases.acquire(T, R, "worker-a", 30)
         assert lease.fence == 1
         assert await leases.current(T, R) == lease
@@ -680,32 +640,6 @@ async def test_append_writes_only_new_items_and_trims_a_dead_writers_tail(
         await redis_stores.history.append(T, R, [b"x"], fence=2, after=dead)
 
 
-def _sent(client: Any) -> list[str]:
-    """What ``client`` sends from now on: each command's name, ``PIPELINE`` for a pipeline
-    (one write, one read)."""
-    sent: list[str] = []
-    send, make_pipeline = client.execute_command, client.pipeline
-
-    async def execute_command(*args: Any, **options: Any) -> Any:
-        sent.append(str(args[0]))
-        return await send(*args, **options)
-
-    def pipeline(*args: Any, **kwargs: Any) -> Any:
-        pipe = make_pipeline(*args, **kwargs)
-        run = pipe.execute
-
-        async def execute(*a: Any, **kw: Any) -> Any:
-            sent.append("PIPELINE")
-            return await run(*a, **kw)
-
-        pipe.execute = execute
-        return pipe
-
-    client.execute_command = execute_command
-    client.pipeline = pipeline
-    return sent
-
-
 async def test_a_frontier_and_its_transcript_append_go_in_one_script(
     redis_stores: Stores,
 ) -> None:
@@ -713,7 +647,7 @@ async def test_a_frontier_and_its_transcript_append_go_in_one_script(
     assert isinstance(checkpoints, FrontierWithHistory)
     await checkpoints.put(T, "warm", b"f", step=1)  # the script is loaded
     await redis_stores.history.append(T, "warm", [b"m"], after=None)
-    sent = _sent(checkpoints._client)  # type: ignore[attr-defined]
+    sent = sent_by(checkpoints._client)  # type: ignore[attr-defined]
     first = await checkpoints.put_with_history(
         redis_stores.history, T, R, b"f1", step=1, fence=1, encoded=[b"m1", b"m2"], after=None
     )
@@ -749,7 +683,7 @@ async def _requests_per_turn(stores: Stores, turns: int) -> int:
         "done",
     ]
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
-    sent = _sent(stores.checkpoints._client)  # type: ignore[attr-defined]
+    sent = sent_by(stores.checkpoints._client)  # type: ignore[attr-defined]
     run = await runner.run(
         Agent("g", "book", tools=[book], max_iterations=50), "go", tenant=T, run_id=f"t{turns}"
     )
