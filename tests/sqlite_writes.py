@@ -4,9 +4,15 @@ per write, and the rows the file holds (the fresh file is ``tests/stores/conftes
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tesserix_adk.stores.sqlite import SqliteDatabase
 
 
 def put(key: str) -> Callable[[sqlite3.Connection], str]:
@@ -27,3 +33,35 @@ def stored_rows(path: str) -> list[str]:
     """The run ids of the ledger rows in the file at ``path``, read outside the stores."""
     with contextlib.closing(sqlite3.connect(path)) as conn:
         return [r[0] for r in conn.execute("SELECT run_id FROM adk_ledger ORDER BY run_id")]
+
+
+def on_loops_in_threads(
+    db: SqliteDatabase,
+    worker: Callable[[int], Coroutine[Any, Any, None]],
+    acked: list[str],
+    *,
+    loops: int = 4,
+    limit: float = 3.0,
+) -> None:
+    """``worker(w)`` on ``loops`` event loops, each in a thread of its own; then no loop
+    hangs, none failed, the file holds exactly the rows ``acked`` names, and ``db`` is
+    closed."""
+    failures: list[BaseException] = []
+
+    def run(w: int) -> None:
+        try:
+            asyncio.run(asyncio.wait_for(worker(w), 10 * limit))
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(loops)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(12 * limit)
+    try:
+        assert not any(t.is_alive() for t in threads), "a loop's caller hangs"
+        assert not failures, failures
+        assert sorted(acked) == stored_rows(db.path)
+    finally:
+        asyncio.run(db.aclose())

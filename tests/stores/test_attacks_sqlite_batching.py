@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from sqlite_writes import put, stored_rows
+from sqlite_writes import on_loops_in_threads, put, stored_rows
 from tesserix_adk.errors import (
     ConfigurationError,
     LeaseHeldError,
@@ -503,7 +503,6 @@ def test_writes_reads_and_groups_from_several_loops_in_threads_all_land_once(
     db = SqliteDatabase(tmp_path / "adk.sqlite3", synchronous="normal")
     asyncio.run(db.create_schema())
     acked: list[str] = []
-    failures: list[BaseException] = []
 
     async def worker(w: int) -> None:
         for i in range(25):
@@ -526,23 +525,7 @@ def test_writes_reads_and_groups_from_several_loops_in_threads_all_land_once(
                         await group.commit()
                 acked.extend([f"w{w}-{i}-g1", f"w{w}-{i}-g2"])
 
-    def run(w: int) -> None:
-        try:
-            asyncio.run(asyncio.wait_for(worker(w), 10 * LIMIT))
-        except BaseException as exc:  # reported below
-            failures.append(exc)
-
-    threads = [threading.Thread(target=run, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(12 * LIMIT)
-    try:
-        assert not any(t.is_alive() for t in threads), "a loop's caller hangs"
-        assert not failures, failures
-        assert sorted(acked) == stored_rows(db.path)
-    finally:
-        asyncio.run(db.aclose())
+    on_loops_in_threads(db, worker, acked, limit=LIMIT)
 
 
 # --- many writes, fences and leases ----------------------------------------------------------
