@@ -29,6 +29,20 @@ def put(key: str) -> Callable[[sqlite3.Connection], str]:
     return fn
 
 
+def fills_the_disk(conn: sqlite3.Connection) -> None:
+    """SQLITE_FULL (as on a full disk): SQLite rolls back the whole transaction."""
+    (pages,) = conn.execute("PRAGMA page_count").fetchone()
+    conn.execute(f"PRAGMA max_page_count = {pages}")
+    try:
+        conn.execute(
+            "INSERT INTO adk_ledger (tenant, run_id, micros, input_tokens, output_tokens) "
+            "VALUES ('t', ?, 1, 0, 0)",
+            ("full" * 50_000,),
+        )
+    finally:
+        conn.execute("PRAGMA max_page_count = 4294967294")
+
+
 def stored_rows(path: str) -> list[str]:
     """The run ids of the ledger rows in the file at ``path``, read outside the stores."""
     with contextlib.closing(sqlite3.connect(path)) as conn:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from sqlite_writes import on_loops_in_threads, put, stored_rows
+from sqlite_writes import fills_the_disk, on_loops_in_threads, put, stored_rows
 from tesserix_adk.errors import (
     ConfigurationError,
     LeaseHeldError,
@@ -212,20 +212,6 @@ async def test_a_write_running_transaction_control_leaves_every_caller_told_the_
 # --- writes SQLite aborts together with the whole transaction -----------------------------
 
 
-def _fills_the_disk(conn: sqlite3.Connection) -> None:
-    """SQLITE_FULL (as on a full disk): SQLite rolls back the whole transaction."""
-    (pages,) = conn.execute("PRAGMA page_count").fetchone()
-    conn.execute(f"PRAGMA max_page_count = {pages}")
-    try:
-        conn.execute(
-            "INSERT INTO adk_ledger (tenant, run_id, micros, input_tokens, output_tokens) "
-            "VALUES ('t', ?, 1, 0, 0)",
-            ("full" * 50_000,),
-        )
-    finally:
-        conn.execute("PRAGMA max_page_count = 4294967294")
-
-
 def _interrupted(conn: sqlite3.Connection) -> None:
     """SQLITE_INTERRUPT of an INSERT: SQLite rolls back the whole transaction."""
     put("interrupted")(conn)
@@ -237,7 +223,7 @@ def _interrupted(conn: sqlite3.Connection) -> None:
     )
 
 
-@pytest.mark.parametrize("abort", [_fills_the_disk, _interrupted])
+@pytest.mark.parametrize("abort", [fills_the_disk, _interrupted])
 async def test_a_write_sqlite_aborts_leaves_its_batch_told_the_truth(
     database: SqliteDatabase, abort: Callable[[sqlite3.Connection], None]
 ) -> None:
@@ -254,10 +240,10 @@ async def test_a_write_sqlite_aborts_is_undone_alone_as_it_would_be_one_by_one(
     # One by one: the full write fails alone, its neighbours commit.
     assert await database.write(put("a0")) == "a0"
     with pytest.raises(StoreUnavailableError):
-        await database.write(_fills_the_disk)
+        await database.write(fills_the_disk)
     assert await database.write(put("c0")) == "c0"
     # Batched, the same writes must decide the same.
-    results = await _batched(database, [put("a1"), _fills_the_disk, put("c1")])
+    results = await _batched(database, [put("a1"), fills_the_disk, put("c1")])
     assert isinstance(results[1], StoreUnavailableError)
     assert results[0] == "a1" and results[2] == "c1"
     assert stored_rows(database.path) == ["a0", "a1", "c0", "c1"]

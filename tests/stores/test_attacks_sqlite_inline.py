@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from sqlite_writes import put, stored_rows
+from sqlite_writes import fills_the_disk, put, stored_rows
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, ToolContext, tool
 from tesserix_adk.errors import (
     AdkError,
@@ -178,16 +178,7 @@ def _fills_the_disk(key: str) -> Callable[[sqlite3.Connection], None]:
 
     def fn(conn: sqlite3.Connection) -> None:
         write(conn)
-        (pages,) = conn.execute("PRAGMA page_count").fetchone()
-        conn.execute(f"PRAGMA max_page_count = {pages}")
-        try:
-            conn.execute(
-                "INSERT INTO adk_ledger (tenant, run_id, micros, input_tokens, output_tokens) "
-                "VALUES ('t', ?, 1, 0, 0)",
-                ("full" * 50_000,),
-            )
-        finally:
-            conn.execute("PRAGMA max_page_count = 4294967294")
+        fills_the_disk(conn)
 
     return fn
 
