@@ -1,5 +1,6 @@
-"""Writes on a bare ``SqliteDatabase``, for the tests of its group commit: one ledger row
-per write, and the rows the file holds (the fresh file is ``tests/stores/conftest.py``'s
+"""Writes on a bare ``SqliteDatabase``, for the tests of its group commit and write groups:
+one ledger row per write, a write that fills the disk, the rows the file holds, and writes
+from event loops in threads (the fresh file is ``tests/stores/conftest.py``'s
 ``database``)."""
 
 from __future__ import annotations
