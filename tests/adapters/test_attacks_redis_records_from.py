@@ -332,9 +332,12 @@ async def test_reclaims_releases_and_resolutions_of_the_runs_own_keys(
     await store.resolve("up", tenant=T, never_ran=True, by="ops")
     await _agrees(store, T, run)  # a never_ran record is still listed
     await _claim(store, "up", run_id=run, iteration=7)
-    await _claim(store, "lapse", run_id=run, iteration=5, ttl=0.05)
+    # A second of ttl: the 18 reads of the check below finish long before it lapses even
+    # on a loaded CI machine (at 0.05 s it once lapsed between a read and its oracle).
+    await _claim(store, "lapse", run_id=run, iteration=5, ttl=1.0)
     await _agrees(store, T, run)
-    await asyncio.sleep(0.12)
+    assert "lapse" in {r.key for r in await store.records_from(T, run, 0)}
+    await asyncio.sleep(1.1)
     await _agrees(store, T, run)  # lapsed: in neither
     await _claim(store, "lapse", run_id=run, iteration=2, holder="worker-b")
     await _claim(store, "ttl", run_id=run, iteration=3, ttl=30.0)
