@@ -2,7 +2,8 @@
 SIGKILL. Where a backend groups a turn's writes, the charge, the ``after_model_call``
 frontier and the first claim commit together: a death before that commit leaves none of
 them, and the resume asks the model again and books once. A death inside the tool finds the
-claim and the frontier durable; a death after the outcome finds the outcome durable."""
+claim and the frontier durable. A turn's last outcome commits with its ``after_tool_result``
+frontier: a death before that commit leaves the call in doubt, one after finds both."""
 
 from __future__ import annotations
 
@@ -78,15 +79,46 @@ def test_a_death_inside_the_tool_finds_its_claim_and_frontier_durable(site: Site
     assert spent == 1400 + 1700
 
 
-def test_a_death_after_the_outcome_finds_it_recorded_before_its_frontier(site: Site) -> None:
+def _book_seat(site: Site, run_id: str) -> str:
+    async def status() -> str:
+        async with open_stores(site.store) as stores:
+            records = await stores.idempotency.records(TENANT, run_id)
+        return next(str(r.status) for r in records if r.tool == "book_seat")
+
+    return asyncio.run(status())
+
+
+def test_a_death_before_the_last_outcome_commits_with_its_frontier_leaves_the_call_in_doubt(
+    site: Site,
+) -> None:
+    # Paused with book_seat's outcome written into the group, before after_tool_result
+    # joined it: the window a turn's last outcome shares with its frontier. Nothing of it
+    # is durable, so the call that ran is in doubt, refused, and not sent again.
     site.kill_at("g3", "booked", "--group-writes")
     where, _, _ = _durable(site, "g3")
     assert where == (1, "after_model_call")
-
-    async def booked() -> str:
-        async with open_stores(site.store) as stores:
-            records = await stores.idempotency.records(TENANT, "g3")
-        return next(str(r.status) for r in records if r.tool == "book_seat")
-
-    assert asyncio.run(booked()) == "completed"
+    assert _book_seat(site, "g3") == "in_flight"
     assert site.bookings("g3") == 1
+    site.wait_lease_lapsed("g3")
+    proc = site.worker("g3", "--resume", "--group-writes")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, out + err
+    assert "IndeterminateToolCallError" in out and "book_seat" in out
+    assert site.bookings("g3") == 1
+
+
+def test_a_death_once_the_model_is_asked_again_finds_the_outcome_and_its_frontier(
+    site: Site,
+) -> None:
+    # Paused as the model is asked after the booking turn: its outcome and its
+    # after_tool_result frontier committed together before that.
+    site.kill_at("g4", "asked_again", "--group-writes")
+    where, _, _ = _durable(site, "g4")
+    assert where == (1, "after_tool_result")
+    assert _book_seat(site, "g4") == "completed"
+    site.wait_lease_lapsed("g4")
+    proc = site.worker("g4", "--resume", "--group-writes")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    assert "RESULT completed" in out
+    assert site.bookings("g4") == 1

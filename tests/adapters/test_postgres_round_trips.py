@@ -125,15 +125,16 @@ async def _waits(url: str, wire: _Wire, calls: int, turns: int, run_id: str) -> 
 
 
 @pytest.mark.parametrize(("calls", "per_turn"), [(1, 8), (3, 14)])
-async def test_a_grouped_turn_waits_once_per_write_and_commit_and_its_last_outcome_once(
+async def test_a_grouped_turn_waits_once_per_write_and_once_per_commit(
     pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: int, per_turn: int
 ) -> None:
     """One call: the charge, the frontier with its transcript append (one pipeline), and
-    the claim, then COMMIT (4); the outcome, written with its own COMMIT in one pipeline
-    (1); the next frontier with its append, and the cancel check, then COMMIT (3). Each
-    further call: its claim with the outcome before it, then COMMIT (3). The last outcome
-    in a group of its own cost one more (its write, then its COMMIT: 11 and 17), and the
-    frontier's append and put one each (19 before either)."""
+    the claim, then COMMIT (4); the outcome (its BEGIN with it), the next frontier with its
+    append, and the cancel check, then COMMIT (4). Each further call: its claim with the
+    outcome before it, then COMMIT (3). While the last outcome was written on its own, its
+    COMMIT in the same round trip, the count was the same (one write fewer in the group,
+    one round trip of its own) with one commit more; in a group of its own it cost one
+    more (11 and 17), and the frontier's append and put one each (19 before either)."""
     wire = _Wire(monkeypatch, tmp_path)
     short = await _waits(pg_url, wire, calls, 2, "short")
     long = await _waits(pg_url, wire, calls, 6, "long")

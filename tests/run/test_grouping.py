@@ -2,13 +2,14 @@
 
 On SQLite the stores share one file, so the charge, the ``after_model_call`` frontier and
 the first claim commit together; each outcome commits with the next call's claim; the
-turn's last outcome commits at once, then ``after_tool_result``. Every test here looks at
+turn's last outcome commits with ``after_tool_result``. Every test here looks at
 the file through a second connection, as another process would, at the moment a tool runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from tesserix_adk import (
     Agent,
     AgentRunner,
+    Checkpointer,
     FrontierWritten,
     ScriptedProvider,
     ScriptedTurn,
@@ -26,7 +28,7 @@ from tesserix_adk import (
 )
 from tesserix_adk.errors import StoreReplyLostError, StoreUnavailableError
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.memory import MemoryIdempotencyStore
+from tesserix_adk.stores.memory import MemoryCheckpointStore, MemoryIdempotencyStore
 from tesserix_adk.stores.protocols import RecordStatus
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
 from tesserix_adk.stores.urls import open_stores
@@ -87,23 +89,25 @@ async def _per_turn(tmp_path: Path, calls_per_turn: int, counter: str) -> float:
     return (grown[1] - grown[0]) / 4
 
 
-@pytest.mark.parametrize(("calls", "per_turn"), [(1, 3), (3, 5)])
-async def test_a_turn_commits_once_per_claim_plus_its_last_outcome_and_frontier_on_sqlite(
+@pytest.mark.parametrize(("calls", "per_turn"), [(1, 2), (3, 4)])
+async def test_a_turn_commits_once_per_claim_plus_once_for_its_last_outcome_and_frontier(
     tmp_path: Path, calls: int, per_turn: int
 ) -> None:
-    # One call: [charge + after_model_call + claim], [outcome], [after_tool_result]: 3 (it
-    # was 5). Three calls: the two middle outcomes ride on the next claims: 5 (it was 9).
+    # One call: [charge + after_model_call + claim], [outcome + after_tool_result]: 2 (it
+    # was 5 without groups, 3 while the last outcome committed on its own). Three calls:
+    # the two middle outcomes ride on the next claims: 4 (9 and 5).
     assert await _per_turn(tmp_path, calls, "commits") == per_turn
 
 
-@pytest.mark.parametrize(("calls", "per_turn"), [(1, 5), (3, 9)])
+@pytest.mark.parametrize(("calls", "per_turn"), [(1, 4), (3, 8)])
 async def test_a_grouped_turn_hands_the_sqlite_thread_a_job_only_to_begin_or_end_a_transaction(
     tmp_path: Path, calls: int, per_turn: int
 ) -> None:
-    # One call: [charge: begins; frontier, claim: on the caller's thread; commit], the last
-    # outcome alone, [after_tool_result: begins; the cancel check; commit]: 5 (it was 10:
-    # the group's begin and each of its writes went to the thread). Three calls: each
-    # middle outcome begins the group its next claim joins: 9 (it was 18).
+    # One call: [charge: begins; frontier, claim: on the caller's thread; commit], [the
+    # outcome: begins; after_tool_result, the cancel check: on the caller's thread;
+    # commit]: 4 (10 when the group's begin and each of its writes went to the thread, 5
+    # while the last outcome committed on its own). Three calls: each middle outcome
+    # begins the group its next claim joins: 8 (18 and 9).
     assert await _per_turn(tmp_path, calls, "handoffs") == per_turn
 
 
@@ -247,3 +251,70 @@ async def test_a_group_that_fails_holding_an_outcome_records_it_again_and_stops(
     records = {r.call_id: r for r in await store.records(TENANT, "r")}
     assert records["call_0_0"].status is RecordStatus.completed
     assert "call_0_1" not in records
+
+
+class _LookingCheckpoints(MemoryCheckpointStore):
+    """A checkpoint store elsewhere (it joins no group) that looks, at each
+    ``after_tool_result`` it takes, at what the SQLite file has committed."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.seen: list[set[str]] = []
+
+    async def put(
+        self, tenant: str, run_id: str, payload: bytes, *, step: int, fence: int | None = None
+    ) -> None:
+        if json.loads(payload)["boundary"] == "after_tool_result":
+            with sqlite3.connect(self.path) as other:
+                rows = other.execute("SELECT status FROM adk_idempotency WHERE run_id = 'r'")
+                self.seen.append({str(status) for (status,) in rows})
+        await super().put(tenant, run_id, payload, step=step, fence=fence)
+
+
+async def test_a_frontier_that_commits_on_its_own_never_goes_before_the_last_outcome(
+    sqlite_stores: Stores,
+) -> None:
+    # The idempotency store groups; the checkpoints are elsewhere, so the frontier
+    # commits on its own: the group holding the turn's last outcome commits first, or a
+    # resume from that frontier would never look at the call's record again.
+    looking = _LookingCheckpoints(_database(sqlite_stores).path)
+    runner = AgentRunner(
+        ScriptedProvider(_turns(1, 3)),
+        idempotency=sqlite_stores.idempotency,
+        checkpoints=Checkpointer(looking),
+    )
+
+    @tool
+    def book(seat: str) -> str:
+        return f"booked {seat}"
+
+    run = await runner.run(Agent("g", "b", tools=[book]), "go", tenant=TENANT, run_id="r")
+    assert run.status == "completed"
+    assert looking.seen == [{RecordStatus.completed.value}] * 3
+
+
+async def test_a_group_that_fails_holding_the_turns_last_outcome_records_it_again() -> None:
+    sent: list[str] = []
+
+    @tool
+    def book(seat: str) -> str:
+        sent.append(seat)
+        return f"booked {seat}"
+
+    # Commit 2 holds seat 0-0's outcome, the turn's last: it fails, the outcome is
+    # recorded again, and the run stops before its frontier. The resume replays it.
+    store = GroupingMemoryStore(fail_at=2)
+    checkpoints = Checkpointer(MemoryCheckpointStore())
+    runner = AgentRunner(ScriptedProvider(_turns(1, 1)), idempotency=store, checkpoints=checkpoints)
+    agent = Agent("g", "b", tools=[book])
+    with pytest.raises(StoreUnavailableError, match="nothing more was sent"):
+        await runner.run(agent, "go", tenant=TENANT, run_id="r")
+    assert sent == ["0-0"]
+    [record] = await store.records(TENANT, "r")
+    assert record.status is RecordStatus.completed
+    latest = await checkpoints.latest(TENANT, "r")
+    assert latest is not None and str(latest.boundary) == "after_model_call"
+    resumed = await runner.resume(agent, "r", tenant=TENANT)
+    assert resumed.status == "completed"
+    assert sent == ["0-0"]

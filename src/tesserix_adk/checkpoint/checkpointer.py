@@ -43,9 +43,11 @@ from tesserix_adk.stores.protocols import (
     EMPTY_HISTORY_DIGEST,
     CheckpointStore,
     FrontierWithHistory,
+    GroupedWrites,
     HistoryHandle,
     HistoryStore,
     StepHistory,
+    WriteGroup,
     chain_digest,
 )
 
@@ -137,6 +139,15 @@ class Checkpointer:
             self._failed(frontier, exc)
             return False
         return True
+
+    def joins(self, group: WriteGroup) -> bool:
+        """Whether a frontier written now, with its transcript append, joins ``group``
+        (both stores are on the group's database); a store that does not say so is taken
+        to commit on its own."""
+        stores: list[object] = [self.store]
+        if self.history is not None:
+            stores.append(self.history)
+        return all(isinstance(s, GroupedWrites) and s.joins(group) for s in stores)
 
     def encodes_off_loop(self, frontier: Checkpoint, cursor: TranscriptCursor) -> bool:
         """Whether writing ``frontier`` redacts and encodes enough to do it in a worker

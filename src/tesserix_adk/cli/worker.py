@@ -25,7 +25,15 @@ from tesserix_adk.runner import AgentRunner
 from tesserix_adk.stores.protocols import CheckpointStore, StoredCheckpoint
 from tesserix_adk.stores.urls import open_stores
 
-PAUSES = ("none", "booked", "in_flight", "model_call", "in_group", "stop_before_put")
+PAUSES = (
+    "none",
+    "booked",
+    "in_flight",
+    "model_call",
+    "in_group",
+    "stop_before_put",
+    "asked_again",
+)
 
 
 def _pause(where: str) -> bool:
@@ -82,8 +90,11 @@ class PausingCheckpointStore:
         return await self.inner.latest(tenant, run_id)
 
     def __getattr__(self, name: str) -> Any:
-        # The optional capabilities (step history, run listing) are the inner store's own:
-        # offered here exactly when it offers them, so an isinstance check tells the truth.
+        # The optional capabilities (step history, run listing, write groups) are the inner
+        # store's own: offered here exactly when it offers them, so an isinstance check
+        # tells the truth.
+        if name in ("write_group", "joins"):
+            return getattr(self.inner, name)
         if name not in ("at", "steps", "runs"):
             raise AttributeError(name)
         inner = getattr(self.inner, name)  # AttributeError: the inner store lacks it too
@@ -139,6 +150,24 @@ class _Slow:
         return response
 
 
+class _PausingModel:
+    """A model that pauses the worker when asked the third time: once book_seat's turn
+    (its outcome and ``after_tool_result``) is durable, as everything is before the model
+    is asked again."""
+
+    def __init__(self, inner: Any, where: str) -> None:
+        self.inner = inner
+        self.where = where
+        self.asked = 0
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        self.asked += 1
+        if self.asked == 3:
+            _pause(self.where)
+        response: ModelResponse = await self.inner.complete(request)
+        return response
+
+
 def _at(body: dict[str, Any], boundary: str) -> bool:
     return body.get("boundary") == boundary and body.get("iteration") == 1
 
@@ -157,6 +186,8 @@ async def _main(args: argparse.Namespace) -> int:
     if args.delay:
         provider = _Slow(provider, args.delay)
         os.environ[DELAY_ENV] = str(args.delay)
+    if args.pause == "asked_again":
+        provider = _PausingModel(provider, args.pause)
     runner = AgentRunner.from_stores(
         provider,
         stores,

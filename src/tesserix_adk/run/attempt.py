@@ -219,8 +219,6 @@ class Attempt:
     # at all (not while a turn's calls go out side by side).
     group: PendingGroup | None = None
     folding: bool = True
-    # Whether another call of the turn follows the one being answered (``run.dispatch``).
-    more_calls: bool = False
 
     def emit(self, event: RunEvent) -> None:
         """Report ``event`` to whoever streams the run (a no-op when nobody does)."""

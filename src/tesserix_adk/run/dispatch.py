@@ -97,10 +97,7 @@ async def dispatch_turn(
     finished in. A failure starts no more calls but lets those started finish (see
     ``run.parallel``); then it is raised, and nothing of the turn is appended."""
     grants = {g.call_id: g for g in run.grants}
-    jobs = [
-        functools.partial(_folding, attempt, n < len(calls) - 1, parts, run, oc, grants)
-        for n, oc in enumerate(calls)
-    ]
+    jobs = [functools.partial(_answer, parts, run, attempt, oc, grants) for oc in calls]
     side_by_side = run.agent.parallel_tool_calls > 1 and len(calls) > 1
     if side_by_side:
         # Calls in flight together share no transaction: each claim commits on its own.
@@ -110,8 +107,7 @@ async def dispatch_turn(
         outcomes = await in_model_order(jobs, run.agent.parallel_tool_calls, choose=_turn_error)
     finally:
         attempt.folding = True
-    # The last outcome is durable at once, before the frontier is made (``run.grouping``).
-    await grouping.commit(attempt)
+    # The last outcome commits with the ``after_tool_result`` frontier (``run.grouping``).
     close_turn(run, calls, outcomes)
 
 
@@ -136,20 +132,6 @@ def close_turn(
     answered = {c.call.id for c in calls}
     settled = {g.request for g in run.grants if g.call_id in answered}
     run.grants = [g for g in run.grants if g.call_id not in answered and g.request not in settled]
-
-
-async def _folding(
-    attempt: Attempt,
-    more: bool,
-    parts: RunParts,
-    run: RunState,
-    oc: OutstandingCall,
-    grants: Mapping[str, Grant],
-) -> ToolOutcome:
-    """``_answer``, telling the attempt whether another call of the turn follows this one
-    (calls folded one at a time: only then can its outcome share the next claim's commit)."""
-    attempt.more_calls = more
-    return await _answer(parts, run, attempt, oc, grants)
 
 
 async def _answer(
@@ -392,14 +374,12 @@ async def _redacted_and_completed(
     outcome: ToolOutcome,
     kept: list[RecordedOutcome],
 ) -> None:
-    """The outcome redacted as the record keeps it (into ``kept``), then recorded."""
+    """The outcome redacted as the record keeps it (into ``kept``), then recorded: in a
+    group where the attempt folds, committed with the next call's claim or, the turn's
+    last, with its ``after_tool_result`` frontier."""
     recorded = await redacted_record(parts, outcome)
     kept.append(recorded)
-    if attempt.more_calls:
-        # It commits with the next call's claim. The turn's last outcome commits at once
-        # anyway, so it is written on its own, which on PostgreSQL sends its COMMIT in the
-        # same round trip, not in one of its own after it.
-        await grouping.begin(parts.groups, attempt)
+    await grouping.begin(parts.groups, attempt)
     await complete(parts, run, attempt, tool, oc, recorded.payload)
 
 

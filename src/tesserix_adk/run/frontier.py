@@ -67,9 +67,15 @@ async def write_frontier(
         checkpoints.last_error = redacted_error(exc, parts.redactor)
         _log.warning("run %s: state not checkpointed: %s", run.run_id, checkpoints.last_error)
         return False
-    if attempt.group is not None and checkpoints.encodes_off_loop(frontier, run.cursor):
+    held = attempt.group
+    if held is not None and (
+        checkpoints.encodes_off_loop(frontier, run.cursor)
+        or (held.redo and not checkpoints.joins(held.group))
+    ):
         # A while of redacting and encoding: what the group holds commits first, so no
-        # lease renewal and no other writer waits on this run's open transaction.
+        # lease renewal and no other writer waits on this run's open transaction. And a
+        # frontier that would commit on its own never goes before an outcome the group
+        # holds: a resume from it would never look at that call's record again.
         await grouping.commit(attempt)
     written = await checkpoints.write(frontier, cursor=run.cursor)
     if written:

@@ -12,13 +12,13 @@ wakes):
   the turn's first claim commit together, before the call goes out;
 - with several calls in a turn, one at a time, each call's outcome commits with the next
   call's claim;
-- the turn's last outcome commits at once, on its own (written outside any group, which
-  on PostgreSQL sends its COMMIT in the same round trip), and the ``after_tool_result``
-  frontier after it. Folding that outcome into the frontier's commit would save one commit
-  but widen the window in which a death leaves a call that ran in doubt (until an operator
-  decides) by the frontier's redaction and encoding: an outcome in hand is made durable
-  first. That frontier shares its transaction with the next boundary's reads, committed
-  before the model is asked again.
+- the turn's last outcome commits with the ``after_tool_result`` frontier and its
+  transcript append (and the next boundary's reads), before the model is asked again. That
+  saves a commit a turn, and widens the window in which a death leaves a call that ran in
+  doubt (until an operator decides) by the frontier's making, which runs on the event loop
+  only when small (``Checkpointer.encodes_off_loop``; a heavy one commits the group
+  first). A frontier whose stores do not join the group commits the group first too: a
+  frontier past an outcome is never durable before it.
 
 What this changes for a death: between the model's answer and the first call's claim,
 nothing of the turn is durable, so a resume asks the model again (as it did for a death
