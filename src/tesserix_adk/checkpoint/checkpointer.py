@@ -12,7 +12,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -101,6 +101,9 @@ class Checkpointer:
         self.history = history
         self.redactor = Redactor(extra_patterns=tuple(extra_patterns), enabled=redact)
         self.last_error: Exception | None = None
+        # What a store offers, asked once per store object: a runtime protocol check walks
+        # every member of the protocol, and a frontier is written twice a turn.
+        self._offered: dict[tuple[int, type], tuple[object, bool]] = {}
 
     @classmethod
     def from_stores(
@@ -147,7 +150,22 @@ class Checkpointer:
         stores: list[object] = [self.store]
         if self.history is not None:
             stores.append(self.history)
-        return all(isinstance(s, GroupedWrites) and s.joins(group) for s in stores)
+        return all(self._grouped(s) and s.joins(group) for s in stores)
+
+    def _grouped(self, store: object) -> TypeGuard[GroupedWrites]:
+        return self._offers(store, GroupedWrites)
+
+    def _with_history(self, store: object) -> TypeGuard[FrontierWithHistory]:
+        return self._offers(store, FrontierWithHistory)
+
+    def _offers(self, store: object, capability: type) -> bool:
+        """``isinstance(store, capability)``, remembered for as long as it is that store."""
+        key = (id(store), capability)
+        known = self._offered.get(key)
+        if known is None or known[0] is not store:
+            known = (store, isinstance(store, capability))
+            self._offered[key] = known
+        return known[1]
 
     def encodes_off_loop(self, frontier: Checkpoint, cursor: TranscriptCursor) -> bool:
         """Whether writing ``frontier`` redacts and encodes enough to do it in a worker
@@ -172,7 +190,7 @@ class Checkpointer:
         expected = frontier.history_handle
         stored: HistoryHandle | None = None
         if new or cursor.handle is None:
-            if isinstance(self.store, FrontierWithHistory):
+            if self._with_history(self.store):
                 # One transaction for both where the backend can (one commit, one sync).
                 stored = await self.store.put_with_history(
                     self.history,

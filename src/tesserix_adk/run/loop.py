@@ -54,7 +54,6 @@ from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.recording import to_the_end
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.state import RunState
-from tesserix_adk.stores.protocols import GroupedWrites
 from tesserix_adk.tools import canonical_json
 
 __all__ = ["carry_on", "outstanding_calls", "run_loop"]
@@ -314,8 +313,8 @@ async def _group_and_charge(
             raise StoreUnavailableError(f"the ledger is unreachable: {exc}") from exc
 
     await charge()
-    group = attempt.group
-    if group is not None and isinstance(ledger, GroupedWrites) and ledger.joins(group.group):
+    group, joining = attempt.group, parts.ledger_groups
+    if group is not None and joining is not None and joining.joins(group.group):
         # Lost with the group should it certainly not commit: charged again, once.
         group.retry.append(charge)
 

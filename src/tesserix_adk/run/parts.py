@@ -24,3 +24,6 @@ class RunParts:
     redactor: Redactor
     # The idempotency store's write groups, where its backend offers them (``run.grouping``).
     groups: GroupedWrites | None = None
+    # The ledger, where it may join such a group (asked once: a runtime protocol check
+    # walks every member of the protocol each time).
+    ledger_groups: GroupedWrites | None = None

@@ -168,6 +168,9 @@ class AgentRunner:
             groups=self.idempotency
             if self.group_writes and isinstance(self.idempotency, GroupedWrites)
             else None,
+            ledger_groups=self.ledger
+            if self.group_writes and isinstance(self.ledger, GroupedWrites)
+            else None,
         )
 
     # --- public verbs --------------------------------------------------------------------
