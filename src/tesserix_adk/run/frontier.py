@@ -69,13 +69,14 @@ async def write_frontier(
         return False
     held = attempt.group
     if held is not None and (
-        checkpoints.encodes_off_loop(frontier, run.cursor)
-        or (held.redo and not checkpoints.joins(held.group))
+        checkpoints.encodes_off_loop(frontier, run.cursor) or not checkpoints.joins(held.group)
     ):
         # A while of redacting and encoding: what the group holds commits first, so no
         # lease renewal and no other writer waits on this run's open transaction. And a
-        # frontier that would commit on its own never goes before an outcome the group
-        # holds: a resume from it would never look at that call's record again.
+        # frontier that commits on its own never goes before what the group holds: not
+        # before an outcome (a resume from it would never look at that call's record
+        # again), and not into a wait for the group's own lock (its stores on another
+        # connection to the same file).
         await grouping.commit(attempt)
     written = await checkpoints.write(frontier, cursor=run.cursor)
     if written:

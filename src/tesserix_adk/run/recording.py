@@ -112,6 +112,12 @@ async def complete(
 ) -> None:
     """Record the outcome, retrying while this attempt still holds it in memory."""
     assert oc.key is not None
+    if attempt.group is not None:
+        # Recorded in the open group: should it fail to commit, recorded again, on its own.
+        # Asked before the first try: a try that loses the group (SQLite rolled the whole
+        # transaction back; PostgreSQL lost the connection) sends every later one to the
+        # lost group too, and then only this records it.
+        attempt.group.redo.append(lambda: complete(parts, run, attempt, tool, oc, payload))
     last: Exception | None = None
     for attempt_no in range(COMPLETE_TRIES):
         unknown = True  # whether the store may have applied it: then read it back
@@ -119,9 +125,6 @@ async def complete(
             await parts.idempotency.complete(
                 oc.key, payload, tenant=run.tenant, holder=attempt.holder
             )
-            if attempt.group is not None:
-                # Recorded in the open group: should it fail to commit, recorded again.
-                attempt.group.redo.append(lambda: complete(parts, run, attempt, tool, oc, payload))
             return
         except StoreReplyLostError as exc:
             last = exc
