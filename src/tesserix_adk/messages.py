@@ -96,10 +96,14 @@ class Message:
     is_error: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "role", Role(self.role))
-        if not isinstance(self.content, str):
+        # Each field set only when it is not already what it becomes: a resume builds a
+        # message per transcript entry, thousands at a time.
+        if type(self.role) is not Role:
+            object.__setattr__(self, "role", Role(self.role))
+        if not isinstance(self.content, str | tuple):
             object.__setattr__(self, "content", tuple(self.content))
-        object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if type(self.tool_calls) is not tuple:
+            object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
 
     @property
     def text(self) -> str:

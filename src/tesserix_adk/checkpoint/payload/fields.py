@@ -17,12 +17,13 @@ def _fields(
     """``value`` as a JSON object with every ``required`` key and nothing outside
     ``allowed`` (default: exactly ``required``); a stray key is damage, not an extension."""
     obj = _obj(value)
-    missing = required - obj.keys()
-    if missing:
-        raise KeyError(f"{where} lacks {sorted(missing)}")
-    extra = obj.keys() - (required if allowed is None else allowed)
-    if extra:
-        raise ValueError(f"{where} has unknown field(s) {sorted(extra)}")
+    keys = obj.keys()
+    # Two subset tests, which build nothing; the differences only to say what is wrong.
+    if not required <= keys:
+        raise KeyError(f"{where} lacks {sorted(required - keys)}")
+    bound = required if allowed is None else allowed
+    if not keys <= bound:
+        raise ValueError(f"{where} has unknown field(s) {sorted(keys - bound)}")
     return obj
 
 

@@ -37,30 +37,39 @@ def decode_message(data: bytes) -> Message:
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "is_error"})
 
 
+_REQUIRED = frozenset({"role", "content"})
+_CALL_KEYS = frozenset({"id", "name", "arguments"})
+_ROLES = {role.value: role for role in Role}
+
+
 def _message(raw: Any) -> Message:
-    data = _fields(raw, {"role", "content"}, _MESSAGE_KEYS, "a message")
+    data = _fields(raw, _REQUIRED, _MESSAGE_KEYS, "a message")
     content_raw = data["content"]
-    content: str | list[Part]
+    content: str | tuple[Part, ...]
     if isinstance(content_raw, str):
         content = content_raw
     elif isinstance(content_raw, list):
-        content = [_part(p) for p in content_raw]
+        content = tuple(_part(p) for p in content_raw)
     else:
         raise TypeError("message content is neither text nor a list of parts")
-    calls = [
-        ToolCall(id=_str(c["id"]), name=_str(c["name"]), arguments=_obj(c["arguments"]))
-        for c in (
-            _fields(c, {"id", "name", "arguments"}, where="a tool call")
-            for c in _list(data.get("tool_calls", []))
+    listed = data.get("tool_calls", ())
+    calls = (
+        ()
+        if listed == () or listed == []
+        else tuple(
+            ToolCall(id=_str(c["id"]), name=_str(c["name"]), arguments=_obj(c["arguments"]))
+            for c in (_fields(c, _CALL_KEYS, where="a tool call") for c in _list(listed))
         )
-    ]
-    is_error = _bool(data.get("is_error", False))
+    )
+    role = _ROLES.get(_str(data["role"]))
+    if role is None:
+        raise ValueError(f"{data['role']!r} is not a role")
     return Message(
-        Role(_str(data["role"])),
+        role,
         content,
         calls,
         tool_call_id=_opt_str(data.get("tool_call_id")),
-        is_error=is_error,
+        is_error=_bool(data.get("is_error", False)),
     )
 
 
