@@ -99,15 +99,15 @@ async def test_a_turn_commits_once_per_claim_plus_once_for_its_last_outcome_and_
     assert await _per_turn(tmp_path, calls, "commits") == per_turn
 
 
-@pytest.mark.parametrize(("calls", "per_turn"), [(1, 2), (3, 4)])
-async def test_a_grouped_turn_hands_the_sqlite_thread_a_job_only_to_commit(
+@pytest.mark.parametrize(("calls", "per_turn"), [(1, 4), (3, 8)])
+async def test_a_grouped_turn_hands_the_sqlite_thread_a_job_only_to_begin_or_end_a_transaction(
     tmp_path: Path, calls: int, per_turn: int
 ) -> None:
-    # One call: [charge, frontier, claim: on the caller's thread, the charge beginning the
-    # transaction there; commit], [the outcome, beginning; after_tool_result, the cancel
-    # check; commit]: 2 (10 when the group's begin and each of its writes went to the
-    # thread, 5 while the last outcome committed on its own, 4 while each group began in
-    # the thread). Three calls: one commit a claim, and one for the last outcome: 4.
+    # One call: [charge: begins; frontier, claim: on the caller's thread; commit], [the
+    # outcome: begins; after_tool_result, the cancel check: on the caller's thread;
+    # commit]: 4 (10 when the group's begin and each of its writes went to the thread, 5
+    # while the last outcome committed on its own). Three calls: each middle outcome
+    # begins the group its next claim joins: 8 (18 and 9).
     assert await _per_turn(tmp_path, calls, "handoffs") == per_turn
 
 

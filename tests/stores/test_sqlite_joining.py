@@ -1,7 +1,6 @@
 """A run's calls joining its write group on SQLite (``SqliteDatabase.write``/``read`` inside
-a group): the group takes the connection at its first call, which begins the transaction:
-on the caller's own thread when no other connection holds the file's write lock, else in
-the worker thread (which may wait on another process). Once the transaction is open, a
+a group): the group takes the connection at its first call, in the worker thread (that call
+begins the transaction, which may wait on another process); once the transaction is open, a
 small call runs on the caller's own thread, with no hop to the worker thread and back.
 
 What must not change: every call is answered as it would be in the thread (its value, its
@@ -55,12 +54,11 @@ async def test_a_group_begins_and_commits_without_the_thread_when_nothing_joins_
     assert stored_rows(database.path) == ["after", "before"]
 
 
-async def test_a_groups_first_call_begins_here_when_no_other_connection_holds_the_file(
+async def test_a_groups_first_call_begins_in_the_thread_and_small_ones_after_it_stay_here(
     database: SqliteDatabase,
 ) -> None:
     seen: dict[str, str] = {}
     here = threading.current_thread().name
-    await database.verify()  # the connection is open (opening it is the thread's job)
     before = database.handoffs
     with group_scope():
         group = database.write_group()
@@ -71,49 +69,11 @@ async def test_a_groups_first_call_begins_here_when_no_other_connection_holds_th
             lambda c: c.execute("SELECT count(*) FROM adk_ledger").fetchone()[0], weight=0
         )
         await group.commit()
-    assert seen == {"a": here, "b": here}
-    assert count == 2  # the read saw the group's own writes
-    assert database.handoffs - before == 1  # the commit
-    assert stored_rows(database.path) == ["a", "b"]
-    # Its busy timeout is the store's again: a later writer still waits for the file.
-    with sqlite3.connect(database.path) as other:
-        assert other.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
-    assert await database.read(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0]) == 5000
-
-
-async def test_a_groups_first_call_waits_in_the_thread_while_another_process_writes(
-    database: SqliteDatabase,
-) -> None:
-    """BEGIN IMMEDIATE here would wait out the busy timeout on the loop: with another
-    connection holding the write lock, the first call goes to the thread, which waits there,
-    and lands once the other commits; the loop runs on meanwhile."""
-    seen: dict[str, str] = {}
-    await database.verify()
-    other = sqlite3.connect(database.path, isolation_level=None)
-    try:
-        other.execute("BEGIN IMMEDIATE")
-        other.execute(
-            "INSERT INTO adk_ledger (tenant, run_id, micros, input_tokens, output_tokens) "
-            "VALUES ('t', 'other', 1, 0, 0)"
-        )
-        with group_scope():
-            group = database.write_group()
-            await group.begin()
-            write = asyncio.create_task(database.write(_where("a", seen), weight=0))
-            ticks = 0
-            for _ in range(20):
-                await asyncio.sleep(0.005)
-                ticks += 1
-            assert ticks == 20 and not write.done()
-            other.execute("COMMIT")
-            assert await asyncio.wait_for(write, LIMIT) == "a"
-            await database.write(_where("b", seen), weight=0)
-            await group.commit()
-    finally:
-        other.close()
     assert seen["a"].startswith("tesserix-sqlite")
-    assert seen["b"] == threading.current_thread().name
-    assert stored_rows(database.path) == ["a", "b", "other"]
+    assert seen["b"] == here
+    assert count == 2  # the read saw the group's own writes
+    assert database.handoffs - before == 2  # the first call and the commit
+    assert stored_rows(database.path) == ["a", "b"]
 
 
 @pytest.mark.parametrize("weight", [None, INLINE_BYTES + 1])

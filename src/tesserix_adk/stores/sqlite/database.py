@@ -21,11 +21,11 @@ Write groups (``protocols.grouping``): while a run has a group open, that run's 
 into one ``BEGIN IMMEDIATE`` transaction, each in a savepoint of its own (a write that
 fails is undone alone), committed by ``SqliteWriteGroup.commit``; everybody else's calls
 wait for that commit, since the one connection is inside the group's transaction till then.
-The group takes the connection at its first call (on the caller's thread when the file is
-free, else in the worker thread); who holds it is changed only under ``_lock``, so callers
-on other threads and event loops wait alike; a waiter is woken on its own loop, and no
-thread blocks. Once the group's transaction is open, its small calls run on the caller's
-own thread (``grouping``); ``_lock`` keeps the connection to one thread at a time.
+The group takes the connection at its first call; who holds it is kept in the worker
+thread, so callers on other threads and event loops wait alike; a waiter is woken on its
+own loop, and no thread blocks. Once the group's transaction is open, its small calls run
+on the caller's own thread (``grouping``); ``_lock`` keeps the connection to one thread at
+a time.
 
 Nothing here creates a file, a directory or a table, except ``create_schema()`` (what
 ``tesserix schema apply`` runs).
@@ -115,8 +115,8 @@ class SqliteDatabase:
         self._closed = False
         # The write group holding the connection, from its first call to its commit, and
         # the callers waiting for it to let go, each woken on its own event loop. Changed
-        # only under ``_lock`` (the waiters only in the executor's thread), so whichever
-        # thread or loop a caller runs on, they are one state (see the docstring).
+        # only in the executor's thread (under ``_lock``), so whichever thread or loop a
+        # caller runs on, they are one state (see the docstring).
         self._held: SqliteWriteGroup | None = None
         self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._commits = 0

@@ -2,16 +2,14 @@
 transaction, and what a caller finds while another's group holds the connection
 (``SqliteDatabase``'s docstring says how they wait).
 
-A group takes the connection at its first call, which begins the transaction: on the
-caller's own thread when nobody else uses the connection and no other connection holds the
-file's write lock (tried without waiting), else in the database's worker thread, where
-``BEGIN IMMEDIATE`` may wait on another process. From then on a small call (``weight`` at
-most ``INLINE_BYTES``) runs on the caller's own thread, under the database's lock: inside
-the open transaction, on a file in WAL mode, it cannot wait on a lock, and the hop to the
-thread and back would cost more than its statements. A caller that finds the lock taken
-(the thread is using the connection) queues for the thread instead of waiting on its loop.
-A call that reads back what it cannot know the size of (a record and its outcome) weighs it
-first, with a statement of its own (``Weight``).
+A group takes the connection at its first call, in the database's worker thread: that call
+begins the transaction (``BEGIN IMMEDIATE`` may wait on another process). From then on a
+small call (``weight`` at most ``INLINE_BYTES``) runs on the caller's own thread, under the
+database's lock: inside the open transaction, on a file in WAL mode, it cannot wait on a
+lock, and the hop to the thread and back would cost more than its statements. A caller
+that finds the lock taken (the thread is using the connection) queues for the thread
+instead of waiting on its loop. A call that reads back what it cannot know the size of (a
+record and its outcome) weighs it first, with a statement of its own (``Weight``).
 """
 
 from __future__ import annotations
@@ -145,18 +143,23 @@ class SqliteWriteGroup(OpenGroup):
         weight: int | Callable[[sqlite3.Connection], int],
     ) -> T | _NotRun:
         """``fn`` on the caller's thread, if the group holds the connection inside its open
-        transaction (or can take it and begin one without waiting) on a file in WAL mode,
-        no other thread is using it, and what it moves is small; ``_NOT_RUN`` otherwise."""
+        transaction on a file in WAL mode, no other thread is using it, and what it moves
+        is small; ``_NOT_RUN`` otherwise."""
         database = self.database
         if not database._lock.acquire(blocking=False):
             return _NOT_RUN  # the worker thread is in it: queue behind it, do not wait here
         try:
             conn = database._conn
-            if database._closed or conn is None or not database._wal or self.lost is not None:
-                return _NOT_RUN  # the thread's path says what is wrong, or opens the file
-            held = database._held is self and self.begun
-            if not (held or self._began_here(conn)) or not conn.in_transaction:
-                return _NOT_RUN  # the thread's path says what is wrong, or begins waiting
+            if (
+                database._closed
+                or conn is None
+                or not database._wal
+                or database._held is not self
+                or not self.begun
+                or self.lost is not None
+                or not conn.in_transaction
+            ):
+                return _NOT_RUN  # the thread's path says what is wrong, or begins
             if callable(weight) and not _light(conn, weight):
                 return _NOT_RUN
             try:
@@ -165,32 +168,6 @@ class SqliteWriteGroup(OpenGroup):
                 raise database._translated(exc) from exc
         finally:
             database._lock.release()
-
-    def _began_here(self, conn: sqlite3.Connection) -> bool:
-        """Take the connection and begin the group's transaction on the caller's thread
-        (under the database's lock), if nobody holds the connection and no other
-        connection holds the file's write lock: ``BEGIN IMMEDIATE`` is tried without
-        waiting, since waiting on another process belongs in the worker thread."""
-        database = self.database
-        if self.begun or self.ended or database._held is not None or conn.in_transaction:
-            return False
-        wait = int(database.busy_timeout * 1000)
-        try:
-            conn.execute("PRAGMA busy_timeout = 0")
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            finally:
-                conn.execute(f"PRAGMA busy_timeout = {wait}")
-        except sqlite3.Error:
-            # Busy (or anything else): the thread begins it, waiting, and reports what
-            # is wrong. A BEGIN that took effect before the reset failed is undone.
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            return False
-        database._held = self
-        self.begun = True
-        return True
 
     def _in_thread(
         self,
