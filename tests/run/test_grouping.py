@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from run.helpers import at
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -31,7 +32,9 @@ from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import MemoryCheckpointStore, MemoryIdempotencyStore
 from tesserix_adk.stores.protocols import RecordStatus
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
+from tesserix_adk.stores.sqlite.grouping import SqliteWriteGroup
 from tesserix_adk.stores.urls import open_stores
+from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
 
 pytestmark = pytest.mark.usefixtures("grouped_writes")
 
@@ -318,3 +321,70 @@ async def test_a_group_that_fails_holding_the_turns_last_outcome_records_it_agai
     resumed = await runner.resume(agent, "r", tenant=TENANT)
     assert resumed.status == "completed"
     assert sent == ["0-0"]
+
+
+async def test_a_failed_group_holding_a_masked_calls_claim_and_answer_stops_retryably(
+    sqlite_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A resumed turn: book is sent, then store_key, whose arguments were masked, is claimed
+    # and answered without being sent; book's outcome, store_key's claim and its answer
+    # share one group. If that group fails, store_key's claim is gone with it, so its
+    # answer has nothing to be recorded on: the run stops retryably, as for any failed
+    # group, not with a fence error (it was StaleFenceError), and nothing is sent twice.
+    sent: list[str] = []
+
+    @tool
+    def book(seat: str) -> str:
+        sent.append(seat)
+        return f"booked {seat}"
+
+    @tool
+    def store_key(service: str, api_key: str) -> str:
+        sent.append(api_key)
+        return "stored"
+
+    secret = "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789ABCD"
+    turns: list[Any] = [
+        [("book", {"seat": "1A"}), ("store_key", {"service": "s", "api_key": secret})],
+        "done",
+    ]
+    agent = Agent("g", "b", tools=[book, store_key])
+    checkpoints = Checkpointer.from_stores(sqlite_stores)
+    faulty = FaultyCheckpointStore(checkpoints.store, crash_after=at("after_model_call", 0))
+    checkpoints.store = faulty
+
+    def runner() -> AgentRunner:
+        return AgentRunner(
+            ScriptedProvider(turns),
+            idempotency=sqlite_stores.idempotency,
+            checkpoints=checkpoints,
+            ledger=sqlite_stores.ledger,
+        )
+
+    with pytest.raises(SimulatedCrash):
+        await runner().run(agent, "go", tenant=TENANT, run_id="r")
+    faulty.crash_after = None
+    commit = SqliteWriteGroup._commit_held
+
+    def failing(group: SqliteWriteGroup) -> None:
+        conn = group.database._connection()
+        answered = conn.execute(
+            "SELECT count(*) FROM adk_idempotency WHERE call_id = 'call_0_1' AND outcome "
+            "IS NOT NULL"
+        ).fetchone()[0]
+        if answered:  # the group holding store_key's claim and answer: rolled back
+            conn.execute("ROLLBACK")
+            raise StoreUnavailableError("the disk is gone")
+        commit(group)
+
+    monkeypatch.setattr(SqliteWriteGroup, "_commit_held", failing)
+    with pytest.raises(StoreUnavailableError, match="nothing more was sent"):
+        await runner().resume(agent, "r", tenant=TENANT)
+    assert sent == ["1A"]
+    records = {r.call_id: r for r in await sqlite_stores.idempotency.records(TENANT, "r")}
+    assert records["call_0_0"].status is RecordStatus.completed
+    assert "call_0_1" not in records
+    monkeypatch.setattr(SqliteWriteGroup, "_commit_held", commit)
+    done = await runner().resume(agent, "r", tenant=TENANT)
+    assert done.status == "completed"
+    assert sent == ["1A"]

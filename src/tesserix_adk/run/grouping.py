@@ -18,13 +18,15 @@ wakes):
   doubt (until an operator decides) by the frontier's making, which runs on the event loop
   only when small (``Checkpointer.encodes_off_loop``; a heavy one commits the group
   first). A frontier whose stores do not join the group commits the group first too: a
-  frontier past an outcome is never durable before it.
+  frontier is never durable before what the group holds.
 
 What this changes for a death: between the model's answer and the first call's claim,
 nothing of the turn is durable, so a resume asks the model again (as it did for a death
 before the charge); the charge, the frontier and the claim are all there or none is. A
 group that fails to commit stops the run retryably, after recording again, one by one, the
-outcomes it held and dropping the claims it held (none of those calls was sent).
+outcomes it held and dropping the claims it held (none of those calls was sent). An outcome
+asks to be recorded again before its first write in the group, so one whose write itself
+lost the group is recorded too.
 """
 
 from __future__ import annotations
@@ -59,8 +61,10 @@ class PendingGroup:
     redo: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # Writes made again only if it certainly failed (a charge must not count twice).
     retry: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-    # Claims taken in it (never sent): dropped again if it fails.
+    # Claims taken in it (never sent): dropped again if it fails; and their keys, whose
+    # answers (a call refused unsent) go with the claim, not recorded again.
     undo: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    claimed: set[str] = field(default_factory=set)
     # What a listener hears once the group is durable, never before (``FrontierWritten``).
     events: list[RunEvent] = field(default_factory=list)
 

@@ -86,6 +86,7 @@ async def claim(
         if attempt.group is not None:
             key = oc.key
             attempt.group.undo.append(lambda: release_unsent(parts, run, attempt, key))
+            attempt.group.claimed.add(key)
         return taken
     rec = await read_back(parts, run, oc.key)
     if rec is not None and (
@@ -112,11 +113,12 @@ async def complete(
 ) -> None:
     """Record the outcome, retrying while this attempt still holds it in memory."""
     assert oc.key is not None
-    if attempt.group is not None:
+    if attempt.group is not None and oc.key not in attempt.group.claimed:
         # Recorded in the open group: should it fail to commit, recorded again, on its own.
         # Asked before the first try: a try that loses the group (SQLite rolled the whole
         # transaction back; PostgreSQL lost the connection) sends every later one to the
-        # lost group too, and then only this records it.
+        # lost group too, and then only this records it. (A call claimed in this same
+        # group was never sent: its claim and answer stand or fall together.)
         attempt.group.redo.append(lambda: complete(parts, run, attempt, tool, oc, payload))
     last: Exception | None = None
     for attempt_no in range(COMPLETE_TRIES):
