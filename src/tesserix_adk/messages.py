@@ -100,7 +100,7 @@ class Message:
         # message per transcript entry, thousands at a time.
         if type(self.role) is not Role:
             object.__setattr__(self, "role", Role(self.role))
-        if not isinstance(self.content, str | tuple):
+        if not isinstance(self.content, str) and type(self.content) is not tuple:
             object.__setattr__(self, "content", tuple(self.content))
         if type(self.tool_calls) is not tuple:
             object.__setattr__(self, "tool_calls", tuple(self.tool_calls))

@@ -153,7 +153,10 @@ _call = st.fixed_dictionaries(
     {
         "id": st.text(max_size=4),
         "name": st.text(max_size=4),
-        "arguments": st.dictionaries(st.text(max_size=3), _scalars, max_size=3),
+        # No NaN: a message holding one is not equal to itself, which says nothing here.
+        "arguments": st.dictionaries(
+            st.text(max_size=3), _scalars.filter(lambda v: v == v), max_size=3
+        ),
     }
 )
 _well_formed = st.fixed_dictionaries(

@@ -42,6 +42,7 @@ import hashlib
 import hmac
 import json
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -116,13 +117,20 @@ def unseal(payload: bytes, *, what: str) -> tuple[dict[str, Any], bool]:
     return _object(_loads(payload, what), what), False
 
 
+# The longest integer pydantic-core reads (2.18 and later), Python's default limit too.
+_DIGITS = 4300
+
+
 def _loads(data: bytes, what: str) -> Any:
-    if data.count(b"[") + data.count(b"{") <= MAX_NESTING:
+    limit = sys.get_int_max_str_digits()
+    if data.count(b"[") + data.count(b"{") <= MAX_NESTING and (limit == 0 or limit >= _DIGITS):
         # Shallow enough whatever it holds (see ``_nesting``): parsed from the bytes by
         # pydantic-core, without a copy as text or a call through ``json``'s Python layers,
         # several times faster on a transcript entry. It accepts no document ``json``
-        # refuses (``tests/checkpoint/test_json_reading.py``), and whatever it refuses
-        # goes to ``json``, which decides and says why.
+        # refuses (``tests/checkpoint/test_json_reading.py``, and the attack in
+        # ``test_attacks_fast_decoding.py``), and whatever it refuses goes to ``json``,
+        # which decides and says why. It reads integers of up to 4,300 digits whatever the
+        # interpreter allows, so under a lower limit ``json`` reads them all.
         try:
             return from_json(data)
         except ValueError:
