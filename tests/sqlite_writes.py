@@ -1,7 +1,7 @@
 """Writes on a bare ``SqliteDatabase``, for the tests of its group commit and write groups:
-one ledger row per write, a write that fills the disk, the rows the file holds, and writes
-from event loops in threads (the fresh file is ``tests/stores/conftest.py``'s
-``database``)."""
+one ledger row per write (noting its thread, if asked), a write that fills the disk, the
+rows the file holds, and writes from event loops in threads (the fresh file is
+``tests/stores/conftest.py``'s ``database``)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,17 @@ def fills_the_disk(conn: sqlite3.Connection) -> None:
         )
     finally:
         conn.execute("PRAGMA max_page_count = 4294967294")
+
+
+def noting_thread(key: str, seen: dict[str, str]) -> Callable[[sqlite3.Connection], str]:
+    """``put(key)``, noting in ``seen`` the name of the thread it ran on."""
+    write = put(key)
+
+    def fn(conn: sqlite3.Connection) -> str:
+        seen[key] = threading.current_thread().name
+        return write(conn)
+
+    return fn
 
 
 def stored_rows(path: str) -> list[str]:

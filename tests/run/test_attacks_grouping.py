@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from run.helpers import database_of, scripted, statuses
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -28,7 +29,6 @@ from tesserix_adk import (
     Reconciled,
     RunFinished,
     ScriptedProvider,
-    ScriptedTurn,
     ToolCallAsked,
     tool,
 )
@@ -56,41 +56,6 @@ pytestmark = pytest.mark.usefixtures("grouped_writes")
 
 TENANT = "t"
 LIMIT = 30.0
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> str:
-    return str(tmp_path / "adk.sqlite3")
-
-
-@pytest.fixture
-async def stores(path: str) -> AsyncIterator[Stores]:
-    opened = open_stores(f"sqlite:///{path}")
-    await opened.create_schema()
-    try:
-        yield opened
-    finally:
-        await opened.aclose()
-
-
-def _db(stores: Stores) -> SqliteDatabase:
-    database = stores.idempotency.database  # type: ignore[attr-defined]
-    assert isinstance(database, SqliteDatabase)
-    return database
-
-
-def _script(*turns: list[tuple[str, dict[str, Any]]]) -> list[Any]:
-    return [*(ScriptedTurn(calls=calls, cost_micros=7) for calls in turns), "done"]
-
-
-def _records(path: str, run_id: str) -> dict[str, str]:
-    """call id -> status, as another connection (another process) sees the file now."""
-    with contextlib.closing(sqlite3.connect(path)) as other:
-        rows = other.execute(
-            "SELECT call_id, status FROM adk_idempotency WHERE run_id = ? AND call_id IS NOT NULL",
-            (run_id,),
-        ).fetchall()
-    return {str(c): str(s) for c, s in rows}
 
 
 def _work_rows(path: str, run_id: str) -> int:
@@ -133,7 +98,7 @@ class HookLedger(SqliteLedger):
 
 
 def _hooked(stores: Stores) -> HookLedger:
-    ledger = HookLedger(_db(stores))
+    ledger = HookLedger(database_of(stores))
     stores.ledger = ledger
     return ledger
 
@@ -159,7 +124,7 @@ def test_stores_reused_across_event_loops_keep_working_once_runs_contend_in_each
         agent = Agent("g", "b", tools=[book])
         runs = [
             AgentRunner.from_stores(
-                ScriptedProvider(_script([("book", {"seat": "1"})])), stores
+                ScriptedProvider(scripted([("book", {"seat": "1"})])), stores
             ).run(agent, "go", tenant=TENANT, run_id=f"{tag}{i}")
             for i in range(4)
         ]
@@ -212,7 +177,7 @@ async def test_the_lease_keeps_renewing_while_a_large_frontier_is_encoded_off_th
         sent.append(seat)
         return f"booked {seat}"
 
-    runner = _slow_runner(stores, _script([("book", {"seat": "1"})]))
+    runner = _slow_runner(stores, scripted([("book", {"seat": "1"})]))
     big = "x" * 40_000  # over OFF_LOOP_BYTES: encoded in a worker thread
     run = await asyncio.wait_for(
         runner.run(Agent("g", "b", tools=[book]), big, tenant=TENANT, run_id="r"), LIMIT
@@ -231,7 +196,7 @@ async def test_another_process_can_write_while_a_large_frontier_is_encoded(
     def book(seat: str) -> str:
         return f"booked {seat}"
 
-    runner = _slow_runner(stores, _script([("book", {"seat": "1"})]))
+    runner = _slow_runner(stores, scripted([("book", {"seat": "1"})]))
     # Another process's connection to the file, with a short busy timeout.
     other = SqliteDatabase(path, busy_timeout=0.5)
     outcome: list[str] = []
@@ -290,7 +255,7 @@ async def test_an_outcome_held_in_a_group_survives_a_later_write_sqlite_aborts(
     with contextlib.closing(sqlite3.connect(path)) as setup:
         setup.execute("CREATE TABLE attack_scratch (x)")
         setup.commit()
-    stores.idempotency = AbortingIdempotency(_db(stores))
+    stores.idempotency = AbortingIdempotency(database_of(stores))
     sent: list[str] = []
 
     @tool
@@ -299,13 +264,13 @@ async def test_an_outcome_held_in_a_group_survives_a_later_write_sqlite_aborts(
         return f"booked {seat}"
 
     agent = Agent("g", "b", tools=[book])
-    script = _script([("book", {"seat": "a"}), ("book", {"seat": "b"})])
+    script = scripted([("book", {"seat": "a"}), ("book", {"seat": "b"})])
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
     with pytest.raises(StoreUnavailableError):
         await asyncio.wait_for(runner.run(agent, "go", tenant=TENANT, run_id="r"), LIMIT)
     assert sent == ["a"]
     # The first call ran and the kit had its outcome in hand: it must be on record.
-    assert _records(path, "r").get("call_0_0") == RecordStatus.completed.value
+    assert statuses(path, "r").get("call_0_0") == RecordStatus.completed.value
     again = AgentRunner.from_stores(ScriptedProvider(script), stores)
     run = await asyncio.wait_for(again.resume(agent, "r", tenant=TENANT), LIMIT)
     assert run.status == "completed"
@@ -335,7 +300,7 @@ async def test_a_frontier_write_sqlite_aborts_does_not_take_the_turns_charge_wit
     with contextlib.closing(sqlite3.connect(path)) as setup:
         setup.execute("CREATE TABLE attack_scratch (x)")
         setup.commit()
-    stores.checkpoints = AbortingCheckpoints(_db(stores))
+    stores.checkpoints = AbortingCheckpoints(database_of(stores))
     charged_when_sent: list[int | None] = []
 
     @tool
@@ -346,7 +311,7 @@ async def test_a_frontier_write_sqlite_aborts_does_not_take_the_turns_charge_wit
         charged_when_sent.append(None if row is None else int(row[0]))
         return f"booked {seat}"
 
-    runner = AgentRunner.from_stores(ScriptedProvider(_script([("book", {"seat": "a"})])), stores)
+    runner = AgentRunner.from_stores(ScriptedProvider(scripted([("book", {"seat": "a"})])), stores)
     with contextlib.suppress(StoreUnavailableError):  # stopping, retryably, is fine
         await asyncio.wait_for(
             runner.run(Agent("g", "b", tools=[book]), "go", tenant=TENANT, run_id="r"), LIMIT
@@ -388,7 +353,7 @@ async def test_another_runs_write_from_a_tools_background_task_is_durable_when_i
                 await asyncio.wait_for(written.wait(), 1.0)
 
     ledger.hook = in_the_second_charge
-    script = _script([("spawn", {"what": "x"})], [("spawn", {"what": "y"})])
+    script = scripted([("spawn", {"what": "x"})], [("spawn", {"what": "y"})])
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
     run = await asyncio.wait_for(
         runner.run(Agent("g", "b", tools=[spawn]), "go", tenant=TENANT, run_id="r"), LIMIT
@@ -434,7 +399,7 @@ async def test_a_write_that_lands_while_the_group_commits_is_not_lost(
         return f"spawned {what}"
 
     spawning = tool(spawn)
-    script = _script([("spawn", {"what": "x"})])
+    script = scripted([("spawn", {"what": "x"})])
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
     run = await asyncio.wait_for(
         runner.run(Agent("g", "b", tools=[spawning]), "go", tenant=TENANT, run_id="r"), LIMIT
@@ -456,7 +421,7 @@ async def test_side_by_side_calls_each_find_their_claim_and_frontier_durable(
 
     @tool
     async def book(seat: str) -> str:
-        records = _records(path, "r")
+        records = statuses(path, "r")
         with contextlib.closing(sqlite3.connect(path)) as other:
             (steps,) = other.execute(
                 "SELECT count(*) FROM adk_frontiers WHERE run_id = 'r'"
@@ -466,12 +431,12 @@ async def test_side_by_side_calls_each_find_their_claim_and_frontier_durable(
         return f"booked {seat}"
 
     calls = [("book", {"seat": str(i)}) for i in range(3)]
-    runner = AgentRunner.from_stores(ScriptedProvider(_script(calls)), stores)
+    runner = AgentRunner.from_stores(ScriptedProvider(scripted(calls)), stores)
     agent = Agent("g", "b", tools=[book], parallel_tool_calls=3)
     run = await asyncio.wait_for(runner.run(agent, "go", tenant=TENANT, run_id="r"), LIMIT)
     assert run.status == "completed"
     assert seen == {str(i): (RecordStatus.in_flight.value, 1) for i in range(3)}
-    assert set(_records(path, "r").values()) == {RecordStatus.completed.value}
+    assert set(statuses(path, "r").values()) == {RecordStatus.completed.value}
     await _lock_is_free(stores)
 
 
@@ -485,7 +450,7 @@ async def test_an_unkeyed_side_effecting_call_goes_out_only_once_its_frontier_is
         seen.append(await _latest(path, "r"))
         return f"notified {who}"
 
-    script = _script([("notify", {"who": "a"})], [("notify", {"who": "b"})])
+    script = scripted([("notify", {"who": "a"})], [("notify", {"who": "b"})])
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
     run = await asyncio.wait_for(
         runner.run(Agent("g", "n", tools=[notify]), "go", tenant=TENANT, run_id="r"), LIMIT
@@ -519,7 +484,7 @@ async def test_a_run_cancelled_inside_its_group_lets_go_and_is_not_swallowed(
         return f"booked {seat}"
 
     agent = Agent("g", "b", tools=[book])
-    script = _script([("book", {"seat": "1"})])
+    script = scripted([("book", {"seat": "1"})])
     task = asyncio.create_task(
         AgentRunner.from_stores(ScriptedProvider(script), stores).run(
             agent, "go", tenant=TENANT, run_id="stuck"
@@ -570,7 +535,7 @@ async def test_a_consumer_leaving_the_stream_mid_group_leaves_nothing_held(
         return f"booked {seat}"
 
     agent = Agent("g", "b", tools=[book])
-    script = _script([("book", {"seat": "1"})])
+    script = scripted([("book", {"seat": "1"})])
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
 
     async def leave_early() -> None:
@@ -608,7 +573,7 @@ async def test_a_tool_dying_leaves_its_claim_durable_and_the_resume_refuses_it(
         raise Death
 
     agent = Agent("g", "b", tools=[book])
-    script = _script([("book", {"seat": "1"})])
+    script = scripted([("book", {"seat": "1"})])
     with pytest.raises(Death):
         await asyncio.wait_for(
             AgentRunner.from_stores(ScriptedProvider(script), stores).run(
@@ -617,7 +582,7 @@ async def test_a_tool_dying_leaves_its_claim_durable_and_the_resume_refuses_it(
             LIMIT,
         )
     await _lock_is_free(stores)
-    assert _records(path, "r") == {"call_0_0": RecordStatus.in_flight.value}
+    assert statuses(path, "r") == {"call_0_0": RecordStatus.in_flight.value}
     with pytest.raises(IndeterminateToolCallError, match="book"):
         await asyncio.wait_for(
             AgentRunner.from_stores(ScriptedProvider(script), stores).resume(
@@ -634,7 +599,7 @@ async def test_a_run_waiting_on_an_approval_has_its_request_and_frontier_durable
     def pay(amount: int) -> str:
         return f"paid {amount}"
 
-    runner = AgentRunner.from_stores(ScriptedProvider(_script([("pay", {"amount": 5})])), stores)
+    runner = AgentRunner.from_stores(ScriptedProvider(scripted([("pay", {"amount": 5})])), stores)
     run = await asyncio.wait_for(
         runner.run(Agent("g", "p", tools=[pay]), "go", tenant=TENANT, run_id="r"), LIMIT
     )
@@ -654,7 +619,7 @@ async def test_runs_ending_on_max_iterations_or_the_budget_have_a_durable_final_
     def book(seat: str) -> str:
         return f"booked {seat}"
 
-    script = _script(*([("book", {"seat": str(i)})] for i in range(5)))
+    script = scripted(*([("book", {"seat": str(i)})] for i in range(5)))
     capped = Agent("g", "b", tools=[book], max_iterations=2)
     broke = Agent("h", "b", tools=[book], budget_micros=10)
     for agent, run_id, status in (
@@ -666,7 +631,7 @@ async def test_runs_ending_on_max_iterations_or_the_budget_have_a_durable_final_
         assert run.status == status
         latest = await _latest(path, run_id)
         assert latest.status.value == status
-        assert set(_records(path, run_id).values()) == {RecordStatus.completed.value}
+        assert set(statuses(path, run_id).values()) == {RecordStatus.completed.value}
     with contextlib.closing(sqlite3.connect(path)) as other:
         (spent,) = other.execute("SELECT micros FROM adk_ledger WHERE run_id = 'bud'").fetchone()
     assert spent == 14  # two model calls of 7, both charged
@@ -685,7 +650,7 @@ async def test_runners_on_two_opens_of_one_file_carry_their_runs_side_by_side(
         return f"booked {seat}"
 
     agent = Agent("g", "b", tools=[book])
-    script = _script([("book", {"seat": "a"}), ("book", {"seat": "b"})], [("book", {"seat": "c"})])
+    script = scripted([("book", {"seat": "a"}), ("book", {"seat": "b"})], [("book", {"seat": "c"})])
     async with open_stores(f"sqlite:///{path}") as second:
         runs = [
             AgentRunner.from_stores(ScriptedProvider(script), bundle).run(
@@ -697,7 +662,7 @@ async def test_runners_on_two_opens_of_one_file_carry_their_runs_side_by_side(
     assert [r.status for r in done] == ["completed"] * 6
     assert sorted(sent) == sorted(["a", "b", "c"] * 6)
     for i in range(6):
-        assert set(_records(path, f"r{i}").values()) == {RecordStatus.completed.value}
+        assert set(statuses(path, f"r{i}").values()) == {RecordStatus.completed.value}
 
 
 async def test_a_lease_taken_over_while_a_group_is_open_stops_the_old_holder_unsent(
@@ -713,7 +678,7 @@ async def test_a_lease_taken_over_while_a_group_is_open_stops_the_old_holder_uns
         return f"booked {seat}"
 
     agent = Agent("g", "b", tools=[book])
-    script = _script([("book", {"seat": "1"})])
+    script = scripted([("book", {"seat": "1"})])
 
     async def wait_for_takeover(run_id: str) -> None:
         inside.set()  # the group is open: the model answered, the charge is next
@@ -745,7 +710,7 @@ async def test_a_lease_taken_over_while_a_group_is_open_stops_the_old_holder_uns
             await asyncio.wait_for(first, LIMIT)
         await other.leases.release(lease)
     assert sent == []
-    assert _records(path, "r") == {}
+    assert statuses(path, "r") == {}
     await _lock_is_free(stores)
 
 
@@ -800,7 +765,9 @@ async def test_a_streamed_run_hears_each_frontier_incl_approval_and_final_once_d
                 return event.run
         raise AssertionError("no RunFinished")
 
-    script = _script([("look", {"where": "a"}), ("look", {"where": "b"})], [("pay", {"amount": 3})])
+    script = scripted(
+        [("look", {"where": "a"}), ("look", {"where": "b"})], [("pay", {"amount": 3})]
+    )
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
     run = await asyncio.wait_for(
         listen(runner.stream(agent, "go", tenant=TENANT, run_id="r")), LIMIT
@@ -834,7 +801,7 @@ async def test_a_replay_of_a_grouped_run_leaves_the_original_alone_and_nothing_h
         return f"booked {seat}"
 
     agent = Agent("g", "b", tools=[book])
-    script = _script([("book", {"seat": "a"}), ("book", {"seat": "b"})], [("book", {"seat": "c"})])
+    script = scripted([("book", {"seat": "a"}), ("book", {"seat": "b"})], [("book", {"seat": "c"})])
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
     run = await asyncio.wait_for(runner.run(agent, "go", tenant=TENANT, run_id="r"), LIMIT)
     assert run.status == "completed"
@@ -861,7 +828,7 @@ async def test_a_replay_of_a_grouped_run_leaves_the_original_alone_and_nothing_h
             "SELECT step, payload FROM adk_checkpoint_steps WHERE run_id = 'r' ORDER BY step"
         ).fetchall()
     assert after == before
-    assert set(_records(path, replayed.run_id).values()) == {RecordStatus.completed.value}
+    assert set(statuses(path, replayed.run_id).values()) == {RecordStatus.completed.value}
     await _lock_is_free(stores)
 
 
@@ -883,7 +850,7 @@ class PausingClaims(SqliteIdempotencyStore):
 async def test_a_claim_is_durable_when_sent_while_another_threads_loop_uses_the_stores(
     stores: Stores, path: str
 ) -> None:
-    claims = PausingClaims(_db(stores))
+    claims = PausingClaims(database_of(stores))
     claims.go, claims.done = threading.Event(), threading.Event()
     stores.idempotency = claims
     other_thread: list[str] = []
@@ -908,14 +875,14 @@ async def test_a_claim_is_durable_when_sent_while_another_threads_loop_uses_the_
 
     @tool
     def book(seat: str) -> str:
-        claimed_when_sent.append(_records(path, "r").get("call_0_0"))
+        claimed_when_sent.append(statuses(path, "r").get("call_0_0"))
         return f"booked {seat}"
 
     thread = threading.Thread(target=another_loop, daemon=True)
     thread.start()
     try:
         runner = AgentRunner.from_stores(
-            ScriptedProvider(_script([("book", {"seat": "1"})])), stores
+            ScriptedProvider(scripted([("book", {"seat": "1"})])), stores
         )
         with contextlib.suppress(Exception):
             await asyncio.wait_for(
@@ -949,11 +916,11 @@ async def test_a_tool_carrying_sub_runs_on_the_same_stores_never_waits_on_its_ow
     @tool
     async def delegate(seat: str) -> str:
         inner = AgentRunner.from_stores(
-            ScriptedProvider(_script([("book", {"seat": seat})])), stores
+            ScriptedProvider(scripted([("book", {"seat": seat})])), stores
         )
         run = await inner.run(child, "go", tenant=TENANT, run_id=f"sub-{seat}")
         later = AgentRunner.from_stores(
-            ScriptedProvider(_script([("book", {"seat": f"bg-{seat}"})])), stores
+            ScriptedProvider(scripted([("book", {"seat": f"bg-{seat}"})])), stores
         )
         background.append(
             asyncio.create_task(later.run(child, "go", tenant=TENANT, run_id=f"bg-{seat}"))
@@ -961,7 +928,7 @@ async def test_a_tool_carrying_sub_runs_on_the_same_stores_never_waits_on_its_ow
         return str(run.status)
 
     parent = Agent("parent", "d", tools=[delegate], parallel_tool_calls=2)
-    script = _script(
+    script = scripted(
         [("delegate", {"seat": "a"}), ("delegate", {"seat": "b"})], [("delegate", {"seat": "c"})]
     )
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
@@ -971,7 +938,7 @@ async def test_a_tool_carrying_sub_runs_on_the_same_stores_never_waits_on_its_ow
     assert [r.status for r in finished] == ["completed"] * 3
     assert sorted(booked) == ["a", "b", "bg-a", "bg-b", "bg-c", "c"]
     for run_id in ("p", "sub-a", "sub-b", "sub-c", "bg-a", "bg-b", "bg-c"):
-        assert set(_records(path, run_id).values()) == {RecordStatus.completed.value}
+        assert set(statuses(path, run_id).values()) == {RecordStatus.completed.value}
     await _lock_is_free(stores)
 
 
@@ -998,7 +965,7 @@ async def test_a_reconciler_reading_the_same_stores_settles_a_call_without_a_han
         return f"booked {seat}"
 
     agent = Agent("g", "b", tools=[book])
-    script = _script([("book", {"seat": "1"})], [("book", {"seat": "2"})])
+    script = scripted([("book", {"seat": "1"})], [("book", {"seat": "2"})])
     with pytest.raises(Death):
         await asyncio.wait_for(
             AgentRunner.from_stores(ScriptedProvider(script), stores).run(
@@ -1010,7 +977,7 @@ async def test_a_reconciler_reading_the_same_stores_settles_a_call_without_a_han
     run = await asyncio.wait_for(again.resume(agent, "r", tenant=TENANT), LIMIT)
     assert run.status == "completed"
     assert sent == ["1", "2"]  # the first settled by the reconciler, never sent again
-    assert set(_records(path, "r").values()) == {RecordStatus.completed.value}
+    assert set(statuses(path, "r").values()) == {RecordStatus.completed.value}
     await _lock_is_free(stores)
 
 
@@ -1044,7 +1011,7 @@ async def test_a_run_cancelled_while_waiting_to_record_its_outcome_records_it_fi
 
     def runner(seat: str) -> AgentRunner:
         return AgentRunner.from_stores(
-            ScriptedProvider(_script([("book", {"seat": seat})])), stores
+            ScriptedProvider(scripted([("book", {"seat": seat})])), stores
         )
 
     b = asyncio.create_task(runner("b").run(agent, "go", tenant=TENANT, run_id="b"))
@@ -1060,7 +1027,7 @@ async def test_a_run_cancelled_while_waiting_to_record_its_outcome_records_it_fi
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(b, LIMIT)
     assert (await asyncio.wait_for(a, LIMIT)).status == "completed"
-    assert _records(path, "b") == {"call_0_0": RecordStatus.completed.value}
+    assert statuses(path, "b") == {"call_0_0": RecordStatus.completed.value}
     ledger.hook = None
     run = await asyncio.wait_for(runner("b").resume(agent, "b", tenant=TENANT), LIMIT)
     assert run.status == "completed"
@@ -1099,7 +1066,7 @@ async def test_a_run_cancelled_while_waiting_for_the_lock_after_its_model_answer
         return f"booked {seat}"
 
     agent = Agent("g", "b", tools=[book])
-    script = _script([("book", {"seat": "1"})])
+    script = scripted([("book", {"seat": "1"})])
     model_b = AnswersWhen(ScriptedProvider(script), b_asked, a_inside)
     b = asyncio.create_task(
         AgentRunner(
@@ -1137,7 +1104,7 @@ async def test_a_ledger_outside_the_group_is_charged_once_when_the_group_fails(
     with contextlib.closing(sqlite3.connect(path)) as setup:
         setup.execute("CREATE TABLE attack_scratch (x)")
         setup.commit()
-    claims = AbortingIdempotency(_db(stores))
+    claims = AbortingIdempotency(database_of(stores))
     claims.abort_on = "call_0_0"  # the turn's first claim: its group then fails whole
     ledger = MemoryLedger()  # the ledger elsewhere (another backend)
     sent: list[str] = []
@@ -1148,7 +1115,7 @@ async def test_a_ledger_outside_the_group_is_charged_once_when_the_group_fails(
         return f"booked {seat}"
 
     runner = AgentRunner(
-        ScriptedProvider(_script([("book", {"seat": "1"})])),
+        ScriptedProvider(scripted([("book", {"seat": "1"})])),
         idempotency=claims,
         checkpoints=Checkpointer.from_stores(stores),
         leases=stores.leases,

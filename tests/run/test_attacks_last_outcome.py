@@ -16,19 +16,18 @@ import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from run.helpers import database_of, scripted, statuses
 from sqlite_writes import fills_the_disk
 from tesserix_adk import (
     Agent,
     AgentRunner,
     FrontierWritten,
     ScriptedProvider,
-    ScriptedTurn,
     ToolCallFinished,
     tool,
 )
@@ -57,41 +56,6 @@ TENANT = "t"
 LIMIT = 30.0
 COMPLETED = RecordStatus.completed.value
 IN_FLIGHT = RecordStatus.in_flight.value
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> str:
-    return str(tmp_path / "adk.sqlite3")
-
-
-@pytest.fixture
-async def stores(path: str) -> AsyncIterator[Stores]:
-    opened = open_stores(f"sqlite:///{path}")
-    await opened.create_schema()
-    try:
-        yield opened
-    finally:
-        await opened.aclose()
-
-
-def _db(stores: Stores) -> SqliteDatabase:
-    database = stores.idempotency.database  # type: ignore[attr-defined]
-    assert isinstance(database, SqliteDatabase)
-    return database
-
-
-def _script(*turns: list[tuple[str, dict[str, Any]]]) -> list[Any]:
-    return [*(ScriptedTurn(calls=calls, cost_micros=7) for calls in turns), "done"]
-
-
-def _records(path: str, run_id: str = "r") -> dict[str, str]:
-    """call id -> status, as another connection (another process) sees the file now."""
-    with contextlib.closing(sqlite3.connect(path)) as other:
-        rows = other.execute(
-            "SELECT call_id, status FROM adk_idempotency WHERE run_id = ? AND call_id IS NOT NULL",
-            (run_id,),
-        ).fetchall()
-    return {str(c): str(s) for c, s in rows}
 
 
 def _durable_step(path: str, run_id: str = "r") -> int | None:
@@ -133,11 +97,11 @@ class FirstCompleteAborts(SqliteIdempotencyStore):
 async def _run_with_first_complete_aborting(stores: Stores, calls: int) -> list[str]:
     """A turn of ``calls`` calls whose first outcome's first record attempt aborts: with
     one call that outcome is the turn's last, with two it is a middle one."""
-    stores.idempotency = FirstCompleteAborts(_db(stores))
+    stores.idempotency = FirstCompleteAborts(database_of(stores))
     sent: list[str] = []
     agent = Agent("g", "b", tools=[_booking(sent)])
     turn = [("book", {"seat": str(n)}) for n in range(calls)]
-    runner = AgentRunner.from_stores(ScriptedProvider(_script(turn)), stores)
+    runner = AgentRunner.from_stores(ScriptedProvider(scripted(turn)), stores)
     with contextlib.suppress(StoreUnavailableError):
         await asyncio.wait_for(runner.run(agent, "go", tenant=TENANT, run_id="r"), LIMIT)
     return sent
@@ -153,7 +117,7 @@ async def test_without_groups_a_passing_failure_recording_the_outcome_is_retried
     monkeypatch.setitem(defaults, "group_writes", False)
     sent = await _run_with_first_complete_aborting(stores, calls)
     assert sent[:1] == ["0"]
-    assert _records(path)["call_0_0"] == COMPLETED
+    assert statuses(path)["call_0_0"] == COMPLETED
 
 
 @pytest.mark.parametrize("calls", [1, 2], ids=["last_outcome", "middle_outcome"])
@@ -166,7 +130,7 @@ async def test_an_outcome_whose_first_record_attempt_aborts_the_group_is_still_r
     sent = await _run_with_first_complete_aborting(stores, calls)
     assert sent == ["0"]
     # Rule 1: the outcome of a call that ran is never lost while the process lives.
-    assert _records(path)["call_0_0"] == COMPLETED
+    assert statuses(path)["call_0_0"] == COMPLETED
 
 
 async def test_an_outcome_whose_record_attempt_aborts_the_group_is_never_sent_again(
@@ -177,7 +141,7 @@ async def test_an_outcome_whose_record_attempt_aborts_the_group_is_never_sent_ag
     sent = await _run_with_first_complete_aborting(stores, 1)
     assert sent == ["0"]
     agent = Agent("g", "b", tools=[_booking(sent)])
-    again = AgentRunner.from_stores(ScriptedProvider(_script([("book", {"seat": "0"})])), stores)
+    again = AgentRunner.from_stores(ScriptedProvider(scripted([("book", {"seat": "0"})])), stores)
     try:
         run = await asyncio.wait_for(again.resume(agent, "r", tenant=TENANT), LIMIT)
     except IndeterminateToolCallError as refused:
@@ -202,7 +166,7 @@ class LookingCheckpoints(SqliteCheckpointStore):
 
     def _look(self, payload: bytes) -> None:
         if json.loads(payload).get("boundary") == "after_tool_result":
-            self.seen.append(_records(self.looked_at))
+            self.seen.append(statuses(self.looked_at))
 
     async def put(self, tenant: str, run_id: str, payload: bytes, **kwargs: Any) -> None:
         self._look(payload)
@@ -240,22 +204,22 @@ async def test_a_frontier_whose_stores_do_not_join_finds_the_last_outcome_commit
     stores: Stores, path: str, tmp_path: Path, where: str
 ) -> None:
     sent: list[str] = []
-    looking = LookingCheckpoints(_db(stores), path)
+    looking = LookingCheckpoints(database_of(stores), path)
     history: Any = stores.history
     others: list[Stores] = []
     if where == "another_file":
         other = open_stores(f"sqlite:///{tmp_path / 'checkpoints.sqlite3'}")
         await other.create_schema()
         others.append(other)
-        looking = LookingCheckpoints(_db(other), path)
+        looking = LookingCheckpoints(database_of(other), path)
         history = other.history
         checkpoints = Checkpointer(looking, history=history)
     elif where == "undeclared_wrapper":
         checkpoints = Checkpointer(Undeclared(looking), history=history)  # type: ignore[arg-type]
     else:
         checkpoints = Checkpointer(looking, history=MemoryHistoryStore())
-    assert not checkpoints.joins(_db(stores).write_group())
-    script = _script([("book", {"seat": "a"}), ("book", {"seat": "b"})], [("book", {"seat": "c"})])
+    assert not checkpoints.joins(database_of(stores).write_group())
+    script = scripted([("book", {"seat": "a"}), ("book", {"seat": "b"})], [("book", {"seat": "c"})])
     runner = AgentRunner(
         ScriptedProvider(script),
         idempotency=stores.idempotency,
@@ -291,7 +255,7 @@ class EncodingLooks(Checkpointer):
     def _encoded(self, frontier: Any, cursor: Any) -> Any:
         if frontier.boundary is Boundary.after_tool_result:
             on_loop = _on_a_loop()
-            self.seen.append((on_loop, _records(self.looked_at)))
+            self.seen.append((on_loop, statuses(self.looked_at)))
         return super()._encoded(frontier, cursor)
 
 
@@ -316,7 +280,7 @@ async def test_a_heavy_after_tool_result_frontier_commits_the_last_outcome_befor
     checkpoints = EncodingLooks(stores.checkpoints, history=stores.history)
     checkpoints.looked_at, checkpoints.seen = path, []
     runner = AgentRunner(
-        ScriptedProvider(_script([("fetch", {"page": "1"})])),
+        ScriptedProvider(scripted([("fetch", {"page": "1"})])),
         idempotency=stores.idempotency,
         checkpoints=checkpoints,
         leases=stores.leases,
@@ -362,10 +326,10 @@ async def test_a_frontier_write_that_loses_the_group_has_the_outcome_recorded_ag
     with contextlib.closing(sqlite3.connect(path)) as setup:
         setup.execute("CREATE TABLE attack_scratch (x)")
         setup.commit()
-    stores.checkpoints = AbortingFrontier(_db(stores))
+    stores.checkpoints = AbortingFrontier(database_of(stores))
     sent: list[str] = []
     agent = Agent("g", "b", tools=[_booking(sent)])
-    script = _script([("book", {"seat": "1"})], [("book", {"seat": "2"})])
+    script = scripted([("book", {"seat": "1"})], [("book", {"seat": "2"})])
     heard: list[tuple[str, int]] = []
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
 
@@ -379,7 +343,7 @@ async def test_a_frontier_write_that_loses_the_group_has_the_outcome_recorded_ag
     assert sent == ["1"]
     # The outcome the lost group held is recorded again, on its own; its frontier is not
     # there and nobody heard of it.
-    assert _records(path) == {"call_0_0": COMPLETED}
+    assert statuses(path) == {"call_0_0": COMPLETED}
     assert _durable_step(path) == 1
     assert heard == [("after_model_call", 1)]
     # The resume replays it from its record and books the next seat once.
@@ -399,8 +363,8 @@ async def test_a_lost_group_holding_a_charge_and_no_outcome_charges_it_once(
     with contextlib.closing(sqlite3.connect(path)) as setup:
         setup.execute("CREATE TABLE attack_scratch (x)")
         setup.commit()
-    stores.checkpoints = AbortingFrontier(_db(stores))
-    runner = AgentRunner.from_stores(ScriptedProvider(_script([("nowhere", {"x": 1})])), stores)
+    stores.checkpoints = AbortingFrontier(database_of(stores))
+    runner = AgentRunner.from_stores(ScriptedProvider(scripted([("nowhere", {"x": 1})])), stores)
     with pytest.raises(StoreUnavailableError):
         await asyncio.wait_for(
             runner.run(Agent("g", "b", tools=[]), "go", tenant=TENANT, run_id="r"), LIMIT
@@ -434,7 +398,7 @@ async def test_a_too_large_after_tool_result_frontier_leaves_a_tombstone_and_the
             return await self.inner.complete(request)
 
     agent = Agent("g", "f", tools=[fetch])
-    script = _script([("fetch", {"page": "1"})])
+    script = scripted([("fetch", {"page": "1"})])
     runner = AgentRunner.from_stores(
         DiesWhenAskedAgain(ScriptedProvider(script)), stores, max_bytes=4_000
     )
@@ -443,7 +407,7 @@ async def test_a_too_large_after_tool_result_frontier_leaves_a_tombstone_and_the
     assert sent == ["1"]
     # The tombstone stands for the frontier, committed with the outcome before the model
     # was asked again.
-    assert _records(path) == {"call_0_0": COMPLETED}
+    assert statuses(path) == {"call_0_0": COMPLETED}
     latest = await Checkpointer.from_stores(stores).latest(TENANT, "r")
     assert latest is not None and latest.is_tombstone and latest.step == 2
     again = AgentRunner.from_stores(ScriptedProvider(script), stores, max_bytes=4_000)
@@ -488,13 +452,13 @@ async def test_a_lease_taken_while_the_tool_runs_still_leaves_its_outcome_on_rec
         return f"booked {seat}"
 
     agent = Agent("g", "b", tools=[book])
-    script = _script([("book", {"seat": "1"})], [("book", {"seat": "2"})])
+    script = scripted([("book", {"seat": "1"})], [("book", {"seat": "2"})])
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
     with pytest.raises((StaleFenceError, LeaseLostError)):
         await asyncio.wait_for(runner.run(agent, "go", tenant=TENANT, run_id="r"), LIMIT)
     assert sent == ["1"]
     # Its after_tool_result frontier is refused (fenced out), the outcome it held is not.
-    assert _records(path) == {"call_0_0": COMPLETED}
+    assert statuses(path) == {"call_0_0": COMPLETED}
     assert _durable_step(path) == 1
     _free_lease(path)
     again = AgentRunner.from_stores(ScriptedProvider(script), stores)
@@ -570,11 +534,11 @@ async def test_a_run_cancelled_between_its_last_outcome_and_the_next_model_call_
 
     release = threading.Event()
     if where == "frontier_write":
-        stalling = StallingFrontier(_db(stores))
+        stalling = StallingFrontier(database_of(stores))
         stalling.inside, stalling.never = inside, never
         checkpoints = Checkpointer(stalling, history=stores.history)
     elif where == "cancel_check":
-        idempotency = StallingCancelCheck(_db(stores))
+        idempotency = StallingCancelCheck(database_of(stores))
         idempotency.inside, idempotency.never = inside, never
     else:
         encoding = StallingEncoding(stores.checkpoints, history=stores.history)
@@ -582,7 +546,7 @@ async def test_a_run_cancelled_between_its_last_outcome_and_the_next_model_call_
         checkpoints = encoding
 
     agent = Agent("g", "b", tools=[book])
-    script = _script([("book", {"seat": "1"})], [("book", {"seat": "2"})])
+    script = scripted([("book", {"seat": "1"})], [("book", {"seat": "2"})])
 
     def runner() -> AgentRunner:
         return AgentRunner(
@@ -601,14 +565,14 @@ async def test_a_run_cancelled_between_its_last_outcome_and_the_next_model_call_
     # Inside the window: the outcome is in the open group, not yet durable (a heavy
     # frontier committed it first).
     in_window = COMPLETED if where == "heavy_encoding" else IN_FLIGHT
-    assert _records(path) == {"call_0_0": in_window}
+    assert statuses(path) == {"call_0_0": in_window}
     task.cancel()
     release.set()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, LIMIT)
     assert sent == ["1"]
     # The outcome in hand is durable once the cancelled run let go.
-    assert _records(path) == {"call_0_0": COMPLETED}
+    assert statuses(path) == {"call_0_0": COMPLETED}
     run = await asyncio.wait_for(runner().resume(agent, "r", tenant=TENANT), LIMIT)
     assert run.status == "completed"
     assert sent == ["1", "2"]
@@ -619,16 +583,16 @@ async def test_a_consumer_leaving_the_stream_at_the_last_tool_result_leaves_it_o
 ) -> None:
     sent: list[str] = []
     agent = Agent("g", "b", tools=[_booking(sent)])
-    script = _script([("book", {"seat": "1"}), ("book", {"seat": "2"})], [("book", {"seat": "3"})])
+    script = scripted([("book", {"seat": "1"}), ("book", {"seat": "2"})], [("book", {"seat": "3"})])
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
     async with contextlib.aclosing(runner.stream(agent, "go", tenant=TENANT, run_id="r")) as events:
         async for event in events:
             if isinstance(event, ToolCallFinished) and event.call_id == "call_0_1":
                 # The turn's last outcome is in the open group now, not yet durable.
-                assert _records(path) == {"call_0_0": COMPLETED, "call_0_1": IN_FLIGHT}
+                assert statuses(path) == {"call_0_0": COMPLETED, "call_0_1": IN_FLIGHT}
                 break
     # The iterator returned once the run let go: what it held is committed.
-    assert _records(path) == {"call_0_0": COMPLETED, "call_0_1": COMPLETED}
+    assert statuses(path) == {"call_0_0": COMPLETED, "call_0_1": COMPLETED}
     again = AgentRunner.from_stores(ScriptedProvider(script), stores)
     run = await asyncio.wait_for(again.resume(agent, "r", tenant=TENANT), LIMIT)
     assert run.status == "completed"
@@ -640,12 +604,12 @@ async def test_after_tool_result_is_heard_only_once_it_and_the_last_outcome_are_
 ) -> None:
     sent: list[str] = []
     agent = Agent("g", "b", tools=[_booking(sent)])
-    script = _script([("book", {"seat": "1"}), ("book", {"seat": "2"})], [("book", {"seat": "3"})])
+    script = scripted([("book", {"seat": "1"}), ("book", {"seat": "2"})], [("book", {"seat": "3"})])
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
     heard: list[tuple[int, int | None, dict[str, str]]] = []
     async for event in runner.stream(agent, "go", tenant=TENANT, run_id="r"):
         if isinstance(event, FrontierWritten) and event.boundary is Boundary.after_tool_result:
-            heard.append((event.step, _durable_step(path), _records(path)))
+            heard.append((event.step, _durable_step(path), statuses(path)))
     assert [(step, durable) for step, durable, _ in heard] == [(2, 2), (4, 4)]
     assert heard[0][2] == {"call_0_0": COMPLETED, "call_0_1": COMPLETED}
     assert heard[1][2] == {"call_0_0": COMPLETED, "call_0_1": COMPLETED, "call_1_0": COMPLETED}
@@ -677,7 +641,7 @@ async def test_a_run_ending_right_after_its_turn_has_the_last_outcome_durable_wh
         max_iterations=1 if ending == "max_iterations" else 10,
         budget_micros=7 if ending == "budget" else None,
     )
-    script = _script([("book", {"seat": "1"})], [("book", {"seat": "2"})])
+    script = scripted([("book", {"seat": "1"})], [("book", {"seat": "2"})])
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
     cancel_by.append(AgentRunner.from_stores(ScriptedProvider(script), stores))
     stop = (lambda: "draining" if sent else None) if ending == "stopped" else None
@@ -691,7 +655,7 @@ async def test_a_run_ending_right_after_its_turn_has_the_last_outcome_durable_wh
             ending, ending
         )
     # Durable the moment the run returned (or raised): the outcome and the frontier after it.
-    assert _records(path) == {"call_0_0": COMPLETED}
+    assert statuses(path) == {"call_0_0": COMPLETED}
     latest = await Checkpointer.from_stores(stores).latest(TENANT, "r")
     assert latest is not None
     if ending == "stopped":
@@ -718,14 +682,14 @@ class LooksWhenAsked:
 
     async def complete(self, request: Any) -> Any:
         if request.iteration > 0:
-            self.seen.append(_records(self.path))
+            self.seen.append(statuses(self.path))
         return await self.inner.complete(request)
 
 
 async def test_side_by_side_calls_have_every_outcome_committed_before_their_frontier(
     stores: Stores, path: str
 ) -> None:
-    looking = LookingCheckpoints(_db(stores), path)
+    looking = LookingCheckpoints(database_of(stores), path)
     sent: list[str] = []
 
     @tool
@@ -737,7 +701,7 @@ async def test_side_by_side_calls_have_every_outcome_committed_before_their_fron
     agent = Agent("g", "b", tools=[book], parallel_tool_calls=3)
     calls = [("book", {"seat": str(i)}) for i in range(3)]
     runner = AgentRunner(
-        ScriptedProvider(_script(calls)),
+        ScriptedProvider(scripted(calls)),
         idempotency=stores.idempotency,
         checkpoints=Checkpointer(looking, history=stores.history),
         leases=stores.leases,
@@ -756,7 +720,7 @@ async def test_without_an_after_tool_result_frontier_the_last_outcome_commits_be
 ) -> None:
     sent: list[str] = []
     agent = Agent("g", "b", tools=[_booking(sent)])
-    script = _script([("book", {"seat": "1"}), ("book", {"seat": "2"})], [("book", {"seat": "3"})])
+    script = scripted([("book", {"seat": "1"}), ("book", {"seat": "2"})], [("book", {"seat": "3"})])
     model = LooksWhenAsked(ScriptedProvider(script), path)
     checkpoints = None
     if checkpointed == "after_model_call_only":
@@ -785,7 +749,7 @@ async def test_without_an_after_tool_result_frontier_a_run_ending_after_the_turn
 ) -> None:
     sent: list[str] = []
     agent = Agent("g", "b", tools=[_booking(sent)], max_iterations=1)
-    script = _script([("book", {"seat": "1"})], [("book", {"seat": "2"})])
+    script = scripted([("book", {"seat": "1"})], [("book", {"seat": "2"})])
     checkpoints = None
     if checkpointed == "after_model_call_only":
         checkpoints = Checkpointer.from_stores(
@@ -801,7 +765,7 @@ async def test_without_an_after_tool_result_frontier_a_run_ending_after_the_turn
     run = await asyncio.wait_for(runner.run(agent, "go", tenant=TENANT, run_id="r"), LIMIT)
     assert run.status == "max_iterations"
     assert sent == ["1"]
-    assert _records(path) == {"call_0_0": COMPLETED}
+    assert statuses(path) == {"call_0_0": COMPLETED}
 
 
 async def test_a_run_stopped_at_a_boundary_without_after_tool_result_replays_the_outcome(
@@ -809,7 +773,7 @@ async def test_a_run_stopped_at_a_boundary_without_after_tool_result_replays_the
 ) -> None:
     sent: list[str] = []
     agent = Agent("g", "b", tools=[_booking(sent)])
-    script = _script([("book", {"seat": "1"})], [("book", {"seat": "2"})])
+    script = scripted([("book", {"seat": "1"})], [("book", {"seat": "2"})])
     policy = CheckpointPolicy(boundaries=frozenset({Boundary.after_model_call}))
 
     def runner() -> AgentRunner:
@@ -822,7 +786,7 @@ async def test_a_run_stopped_at_a_boundary_without_after_tool_result_replays_the
             ),
             LIMIT,
         )
-    assert _records(path) == {"call_0_0": COMPLETED}
+    assert statuses(path) == {"call_0_0": COMPLETED}
     latest = await Checkpointer.from_stores(stores).latest(TENANT, "r")
     assert latest is not None and latest.boundary is Boundary.after_model_call
     # The resume carries the turn on from after_model_call: the call is replayed from its
@@ -872,7 +836,7 @@ async def _pg_run_with_the_first_complete_cut(grouped: bool) -> dict[str, str]:
         sent: list[str] = []
         agent = Agent("g", "b", tools=[_booking(sent)])
         runner = AgentRunner.from_stores(
-            ScriptedProvider(_script([("book", {"seat": "1"})])), pg, group_writes=grouped
+            ScriptedProvider(scripted([("book", {"seat": "1"})])), pg, group_writes=grouped
         )
         with contextlib.suppress(StoreUnavailableError):
             await asyncio.wait_for(runner.run(agent, "go", tenant=TENANT, run_id="r"), LIMIT)
@@ -907,7 +871,9 @@ async def test_a_resumed_approved_turn_that_ends_the_run_has_its_last_outcome_du
         return f"paid {amount}"
 
     agent = Agent("g", "p", tools=[look, pay], max_iterations=1)
-    script = _script([("look", {"where": "a"}), ("pay", {"amount": 3})], [("look", {"where": "b"})])
+    script = scripted(
+        [("look", {"where": "a"}), ("pay", {"amount": 3})], [("look", {"where": "b"})]
+    )
     runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
     run = await asyncio.wait_for(runner.run(agent, "go", tenant=TENANT, run_id="r"), LIMIT)
     assert run.status == "waiting_approval"
@@ -919,7 +885,7 @@ async def test_a_resumed_approved_turn_that_ends_the_run_has_its_last_outcome_du
     # outcome (pay) and the final frontier are durable the moment resume returns.
     assert run.status == "max_iterations"
     assert sent == ["look a", "pay 3"]
-    assert _records(path) == {"call_0_0": COMPLETED, "call_0_1": COMPLETED}
+    assert statuses(path) == {"call_0_0": COMPLETED, "call_0_1": COMPLETED}
     latest = await Checkpointer.from_stores(stores).latest(TENANT, "r")
     assert latest is not None and latest.status.finished
 
@@ -937,9 +903,9 @@ async def test_a_final_frontier_through_another_connection_to_the_file_is_writte
     other = SqliteDatabase(path, busy_timeout=0.3)  # short, so the test does not wait 5 s
     sent: list[str] = []
     checkpoints = Checkpointer(SqliteCheckpointStore(other), history=SqliteHistoryStore(other))
-    assert not checkpoints.joins(_db(stores).write_group())
+    assert not checkpoints.joins(database_of(stores).write_group())
     runner = AgentRunner(
-        ScriptedProvider(_script([("book", {"seat": "1"})])),
+        ScriptedProvider(scripted([("book", {"seat": "1"})])),
         idempotency=stores.idempotency,
         checkpoints=checkpoints,
         leases=stores.leases,
@@ -953,7 +919,7 @@ async def test_a_final_frontier_through_another_connection_to_the_file_is_writte
     finally:
         await other.aclose()
     assert run.status == "completed"
-    assert _records(path) == {"call_0_0": COMPLETED}
+    assert statuses(path) == {"call_0_0": COMPLETED}
     latest = await Checkpointer.from_stores(stores).latest(TENANT, "r")
     assert latest is not None
     assert latest.status.finished, (latest.step, latest.boundary, checkpoints.last_error)

@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from run.helpers import at
+from run.helpers import at, database_of
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -31,7 +30,6 @@ from tesserix_adk.errors import StoreReplyLostError, StoreUnavailableError
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import MemoryCheckpointStore, MemoryIdempotencyStore
 from tesserix_adk.stores.protocols import RecordStatus
-from tesserix_adk.stores.sqlite.database import SqliteDatabase
 from tesserix_adk.stores.sqlite.grouping import SqliteWriteGroup
 from tesserix_adk.stores.urls import open_stores
 from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
@@ -39,22 +37,6 @@ from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
 pytestmark = pytest.mark.usefixtures("grouped_writes")
 
 TENANT = "t"
-
-
-@pytest.fixture
-async def sqlite_stores(tmp_path: Path) -> AsyncIterator[Stores]:
-    stores = open_stores(f"sqlite:///{tmp_path / 'adk.sqlite3'}")
-    await stores.create_schema()
-    try:
-        yield stores
-    finally:
-        await stores.aclose()
-
-
-def _database(stores: Stores) -> SqliteDatabase:
-    database = stores.idempotency.database  # type: ignore[attr-defined]
-    assert isinstance(database, SqliteDatabase)
-    return database
 
 
 def _turns(calls_per_turn: int, turns: int) -> list[Any]:
@@ -83,10 +65,10 @@ async def _per_turn(tmp_path: Path, calls_per_turn: int, counter: str) -> float:
             script = ScriptedProvider(_turns(calls_per_turn, turns))
             runner = AgentRunner.from_stores(script, stores)
             agent = Agent("g", "book", tools=[book], max_iterations=50)
-            before = getattr(_database(stores), counter)
+            before = getattr(database_of(stores), counter)
             run = await runner.run(agent, "go", tenant=TENANT, run_id="r")
             assert run.status == "completed"
-            grown.append(getattr(_database(stores), counter) - before)
+            grown.append(getattr(database_of(stores), counter) - before)
         finally:
             await stores.aclose()
     return (grown[1] - grown[0]) / 4
@@ -115,9 +97,9 @@ async def test_a_grouped_turn_hands_the_sqlite_thread_a_job_only_to_begin_or_end
 
 
 async def test_each_claim_and_every_earlier_outcome_are_durable_before_a_call_is_sent(
-    sqlite_stores: Stores,
+    stores: Stores,
 ) -> None:
-    path = _database(sqlite_stores).path
+    path = database_of(stores).path
     seen: list[tuple[str, dict[str, str], int | None]] = []
 
     def look(seat: str) -> None:
@@ -134,7 +116,7 @@ async def test_each_claim_and_every_earlier_outcome_are_durable_before_a_call_is
         look(seat)
         return f"booked {seat}"
 
-    runner = AgentRunner.from_stores(ScriptedProvider(_turns(3, 2)), sqlite_stores)
+    runner = AgentRunner.from_stores(ScriptedProvider(_turns(3, 2)), stores)
     run = await runner.run(Agent("g", "book", tools=[book]), "go", tenant=TENANT, run_id="r")
     assert run.status == "completed"
     in_flight, completed = RecordStatus.in_flight.value, RecordStatus.completed.value
@@ -152,15 +134,15 @@ async def test_each_claim_and_every_earlier_outcome_are_durable_before_a_call_is
 
 
 async def test_frontier_written_is_heard_only_once_the_frontier_is_durable(
-    sqlite_stores: Stores,
+    stores: Stores,
 ) -> None:
-    path = _database(sqlite_stores).path
+    path = database_of(stores).path
 
     @tool
     def book(seat: str) -> str:
         return f"booked {seat}"
 
-    runner = AgentRunner.from_stores(ScriptedProvider(_turns(1, 2)), sqlite_stores)
+    runner = AgentRunner.from_stores(ScriptedProvider(_turns(1, 2)), stores)
     heard: list[tuple[int, int | None]] = []
     async for event in runner.stream(Agent("g", "b", tools=[book]), "go", tenant=TENANT):
         if isinstance(event, FrontierWritten):
@@ -172,21 +154,21 @@ async def test_frontier_written_is_heard_only_once_the_frontier_is_durable(
 
 
 async def test_another_run_on_the_same_file_is_not_held_up_or_joined(
-    sqlite_stores: Stores,
+    stores: Stores,
 ) -> None:
     @tool
     async def book(seat: str) -> str:
         await asyncio.sleep(0.01)
         return f"booked {seat}"
 
-    runner = AgentRunner.from_stores(ScriptedProvider(_turns(2, 3)), sqlite_stores)
+    runner = AgentRunner.from_stores(ScriptedProvider(_turns(2, 3)), stores)
     agent = Agent("g", "b", tools=[book])
     runs = await asyncio.gather(
         *(runner.run(agent, "go", tenant=TENANT, run_id=f"r{i}") for i in range(8))
     )
     assert [r.status for r in runs] == ["completed"] * 8
     for i in range(8):
-        records = await sqlite_stores.idempotency.records(TENANT, f"r{i}")
+        records = await stores.idempotency.records(TENANT, f"r{i}")
         assert len(records) == 6
         assert {r.status for r in records} == {RecordStatus.completed}
 
@@ -276,15 +258,15 @@ class _LookingCheckpoints(MemoryCheckpointStore):
 
 
 async def test_a_frontier_that_commits_on_its_own_never_goes_before_the_last_outcome(
-    sqlite_stores: Stores,
+    stores: Stores,
 ) -> None:
     # The idempotency store groups; the checkpoints are elsewhere, so the frontier
     # commits on its own: the group holding the turn's last outcome commits first, or a
     # resume from that frontier would never look at the call's record again.
-    looking = _LookingCheckpoints(_database(sqlite_stores).path)
+    looking = _LookingCheckpoints(database_of(stores).path)
     runner = AgentRunner(
         ScriptedProvider(_turns(1, 3)),
-        idempotency=sqlite_stores.idempotency,
+        idempotency=stores.idempotency,
         checkpoints=Checkpointer(looking),
     )
 
@@ -324,7 +306,7 @@ async def test_a_group_that_fails_holding_the_turns_last_outcome_records_it_agai
 
 
 async def test_a_failed_group_holding_a_masked_calls_claim_and_answer_stops_retryably(
-    sqlite_stores: Stores, monkeypatch: pytest.MonkeyPatch
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A resumed turn: book is sent, then store_key, whose arguments were masked, is claimed
     # and answered without being sent; book's outcome, store_key's claim and its answer
@@ -349,16 +331,16 @@ async def test_a_failed_group_holding_a_masked_calls_claim_and_answer_stops_retr
         "done",
     ]
     agent = Agent("g", "b", tools=[book, store_key])
-    checkpoints = Checkpointer.from_stores(sqlite_stores)
+    checkpoints = Checkpointer.from_stores(stores)
     faulty = FaultyCheckpointStore(checkpoints.store, crash_after=at("after_model_call", 0))
     checkpoints.store = faulty
 
     def runner() -> AgentRunner:
         return AgentRunner(
             ScriptedProvider(turns),
-            idempotency=sqlite_stores.idempotency,
+            idempotency=stores.idempotency,
             checkpoints=checkpoints,
-            ledger=sqlite_stores.ledger,
+            ledger=stores.ledger,
         )
 
     with pytest.raises(SimulatedCrash):
@@ -381,7 +363,7 @@ async def test_a_failed_group_holding_a_masked_calls_claim_and_answer_stops_retr
     with pytest.raises(StoreUnavailableError, match="nothing more was sent"):
         await runner().resume(agent, "r", tenant=TENANT)
     assert sent == ["1A"]
-    records = {r.call_id: r for r in await sqlite_stores.idempotency.records(TENANT, "r")}
+    records = {r.call_id: r for r in await stores.idempotency.records(TENANT, "r")}
     assert records["call_0_0"].status is RecordStatus.completed
     assert "call_0_1" not in records
     monkeypatch.setattr(SqliteWriteGroup, "_commit_held", commit)

@@ -34,7 +34,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sqlite_writes import fills_the_disk, on_loops_in_threads, put, stored_rows
+from sqlite_writes import fills_the_disk, noting_thread, on_loops_in_threads, put, stored_rows
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, ToolContext, tool
 from tesserix_adk.errors import (
     ConfigurationError,
@@ -59,17 +59,6 @@ def _in_order(path: str) -> list[str]:
     """The ledger's run ids in the order they were inserted (rowid)."""
     with contextlib.closing(sqlite3.connect(path)) as conn:
         return [r[0] for r in conn.execute("SELECT run_id FROM adk_ledger ORDER BY rowid")]
-
-
-def _where(key: str, seen: dict[str, str]) -> Callable[[sqlite3.Connection], str]:
-    """``put(key)``, noting the name of the thread it ran on."""
-    write = put(key)
-
-    def fn(conn: sqlite3.Connection) -> str:
-        seen[key] = threading.current_thread().name
-        return write(conn)
-
-    return fn
 
 
 async def _loop_runs_while(task: asyncio.Future[Any], ticks: int = 20) -> bool:
@@ -254,7 +243,7 @@ async def test_a_groups_first_call_leaves_the_loop_while_another_process_holds_t
     with _process(_SHM_HOLDER, database.path, locks, "-", "2") as holder, group_scope():
         group = database.write_group()
         await group.begin()
-        write = asyncio.create_task(database.write(_where("a", seen), weight=0))
+        write = asyncio.create_task(database.write(noting_thread("a", seen), weight=0))
         try:
             # The loop goes on while the other process holds the lock; the write lands
             # once it lets go.
@@ -285,8 +274,8 @@ async def test_a_groups_first_call_on_a_file_out_of_wal_mode_never_begins_on_the
         with group_scope():
             group = db.write_group()
             await group.begin()
-            await db.write(_where("a", seen), weight=0)
-            await db.write(_where("b", seen), weight=0)
+            await db.write(noting_thread("a", seen), weight=0)
+            await db.write(noting_thread("b", seen), weight=0)
             await group.commit()
         assert all(name.startswith("tesserix-sqlite") for name in seen.values()), seen
         assert stored_rows(db.path) == ["a", "b"]
@@ -304,8 +293,8 @@ async def test_a_groups_first_call_on_a_connection_not_yet_open_begins_in_the_th
         with group_scope():
             group = db.write_group()
             await group.begin()
-            await db.write(_where("a", seen), weight=0)  # opens the file, in the thread
-            await db.write(_where("b", seen), weight=0)  # the transaction is open: here
+            await db.write(noting_thread("a", seen), weight=0)  # opens the file, in the thread
+            await db.write(noting_thread("b", seen), weight=0)  # the transaction is open: here
             await group.commit()
         assert seen["a"].startswith("tesserix-sqlite")
         assert seen["b"] == threading.current_thread().name
@@ -366,7 +355,7 @@ async def test_a_first_call_meeting_a_recovery_in_another_process_waits_in_the_t
     with holder as recovering, group_scope():
         group = database.write_group()
         await group.begin()
-        write = asyncio.create_task(database.write(_where("a", seen), weight=0))
+        write = asyncio.create_task(database.write(noting_thread("a", seen), weight=0))
         assert await _loop_runs_while(write)
         recovering.release()
         assert await asyncio.wait_for(write, LIMIT) == "a"

@@ -20,24 +20,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sqlite_writes import on_loops_in_threads, put, stored_rows
+from sqlite_writes import noting_thread, on_loops_in_threads, put, stored_rows
 from tesserix_adk.errors import StoreUnavailableError
 from tesserix_adk.stores.grouping import group_scope
 from tesserix_adk.stores.sqlite import SqliteDatabase
 from tesserix_adk.stores.sqlite.grouping import INLINE_BYTES
 
 LIMIT = 3.0  # seconds a caller may wait before it counts as hung
-
-
-def _where(key: str, seen: dict[str, str]) -> Callable[[sqlite3.Connection], str]:
-    """``put(key)``, noting the name of the thread it ran on."""
-    write = put(key)
-
-    def fn(conn: sqlite3.Connection) -> str:
-        seen[key] = threading.current_thread().name
-        return write(conn)
-
-    return fn
 
 
 async def test_a_group_begins_and_commits_without_the_thread_when_nothing_joins_it(
@@ -63,8 +52,8 @@ async def test_a_groups_first_call_begins_in_the_thread_and_small_ones_after_it_
     with group_scope():
         group = database.write_group()
         await group.begin()
-        await database.write(_where("a", seen), weight=0)
-        await database.write(_where("b", seen), weight=INLINE_BYTES)
+        await database.write(noting_thread("a", seen), weight=0)
+        await database.write(noting_thread("b", seen), weight=INLINE_BYTES)
         count = await database.read(
             lambda c: c.execute("SELECT count(*) FROM adk_ledger").fetchone()[0], weight=0
         )
@@ -84,8 +73,8 @@ async def test_a_large_or_unweighed_call_of_a_group_goes_to_the_thread(
     with group_scope():
         group = database.write_group()
         await group.begin()
-        await database.write(_where("a", seen), weight=0)
-        await database.write(_where("b", seen), weight=weight)
+        await database.write(noting_thread("a", seen), weight=0)
+        await database.write(noting_thread("b", seen), weight=weight)
         await group.commit()
     assert seen["b"].startswith("tesserix-sqlite")
     assert stored_rows(database.path) == ["a", "b"]
@@ -103,7 +92,7 @@ async def test_a_small_call_that_finds_the_connection_in_use_queues_and_the_loop
         # job): the caller must neither wait for it on the loop nor use the connection.
         database._lock.acquire()
         try:
-            write = asyncio.create_task(database.write(_where("b", seen), weight=0))
+            write = asyncio.create_task(database.write(noting_thread("b", seen), weight=0))
             ticks = 0
             for _ in range(20):
                 await asyncio.sleep(0.005)
