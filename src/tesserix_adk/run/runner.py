@@ -158,6 +158,10 @@ class AgentRunner:
 
     @property
     def _parts(self) -> RunParts:
+        def grouping(store: object) -> GroupedWrites | None:
+            # Asked once a run: a runtime protocol check walks the protocol's members.
+            return store if self.group_writes and isinstance(store, GroupedWrites) else None
+
         return RunParts(
             provider=self.provider,
             idempotency=self.idempotency,
@@ -165,12 +169,8 @@ class AgentRunner:
             ledger=self.ledger,
             approvals=self.approvals,
             redactor=self.redactor,
-            groups=self.idempotency
-            if self.group_writes and isinstance(self.idempotency, GroupedWrites)
-            else None,
-            ledger_groups=self.ledger
-            if self.group_writes and isinstance(self.ledger, GroupedWrites)
-            else None,
+            groups=grouping(self.idempotency),
+            ledger_groups=grouping(self.ledger),
         )
 
     # --- public verbs --------------------------------------------------------------------

@@ -7,7 +7,7 @@ and saves what comes back, all in one ``BEGIN IMMEDIATE`` transaction.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tesserix_adk.stores._common import positive_ttl
@@ -141,15 +141,20 @@ def _live_record(
     return record
 
 
+def _in_chunks(keys: Sequence[str]) -> Iterator[tuple[Sequence[str], str]]:
+    """``keys`` in statement-sized chunks, each with its ``?`` placeholders."""
+    for start in range(0, len(keys), _LOOKUP_CHUNK):
+        chunk = keys[start : start + _LOOKUP_CHUNK]
+        yield chunk, ", ".join("?" * len(chunk))
+
+
 def _outcome_bytes(tenant: str, keys: Sequence[str]) -> Callable[[sqlite3.Connection], int]:
     """What reading back the records of ``keys`` moves: their outcomes' bytes (a call in a
     write group weighs it before it runs on the caller's thread)."""
 
     def weigh(conn: sqlite3.Connection) -> int:
         total = 0
-        for start in range(0, len(keys), _LOOKUP_CHUNK):
-            chunk = keys[start : start + _LOOKUP_CHUNK]
-            marks = ", ".join("?" * len(chunk))
+        for chunk, marks in _in_chunks(keys):
             (size,) = conn.execute(
                 "SELECT coalesce(sum(length(outcome)), 0) FROM adk_idempotency "
                 f"WHERE tenant = ? AND key IN ({marks})",
@@ -260,9 +265,7 @@ class SqliteIdempotencyStore(FencedSqliteStore):
 
         def lookup(conn: sqlite3.Connection) -> dict[str, IdempotencyRecord]:
             found: dict[str, IdempotencyRecord] = {}
-            for start in range(0, len(wanted), _LOOKUP_CHUNK):
-                chunk = wanted[start : start + _LOOKUP_CHUNK]
-                marks = ", ".join("?" * len(chunk))
+            for chunk, marks in _in_chunks(wanted):
                 for row in conn.execute(
                     f"SELECT {_RECORD_COLUMNS} FROM adk_idempotency "
                     f"WHERE tenant = ? AND key IN ({marks}) AND {_LIVE_SQL}",
