@@ -1,7 +1,7 @@
 """Writes on a bare ``SqliteDatabase``, for the tests of its group commit and write groups:
-one ledger row per write (noting its thread, if asked), a write that fills the disk, the
-rows the file holds, and writes from event loops in threads (the fresh file is
-``tests/stores/conftest.py``'s ``database``)."""
+one ledger row per write (noting its thread, if asked), a write that fills the disk or
+interrupts itself, the rows the file holds, and writes from event loops in threads (the
+fresh file is ``tests/stores/conftest.py``'s ``database``)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,17 @@ def fills_the_disk(conn: sqlite3.Connection) -> None:
         )
     finally:
         conn.execute("PRAGMA max_page_count = 4294967294")
+
+
+def interrupts_itself(conn: sqlite3.Connection) -> None:
+    """An endless INSERT SQLite interrupts (SQLITE_INTERRUPT): it rolls back the whole
+    transaction, as an I/O error can."""
+    threading.Timer(0.05, conn.interrupt).start()
+    conn.execute(
+        "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) "
+        "INSERT INTO adk_ledger (tenant, run_id, micros, input_tokens, output_tokens) "
+        "SELECT 'u', 'n' || x, 1, 0, 0 FROM n"
+    )
 
 
 def noting_thread(key: str, seen: dict[str, str]) -> Callable[[sqlite3.Connection], str]:

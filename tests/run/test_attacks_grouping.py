@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from run.helpers import database_of, scripted, statuses
+from sqlite_writes import interrupts_itself
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -232,16 +233,8 @@ class AbortingIdempotency(SqliteIdempotencyStore):
     async def claim(self, key: str, **kwargs: Any) -> Any:
         if kwargs.get("call_id") == self.abort_on and not self.aborted:
             self.aborted = True
-            await self.database.write(_interrupted)
+            await self.database.write(interrupts_itself)
         return await super().claim(key, **kwargs)
-
-
-def _interrupted(conn: sqlite3.Connection) -> None:
-    threading.Timer(0.05, conn.interrupt).start()
-    conn.execute(
-        "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) "
-        "INSERT INTO attack_scratch SELECT x FROM n"
-    )
 
 
 # Found at 49b2095, fixed in 4939a14: _in_group carries on after a write whose error
@@ -252,9 +245,6 @@ def _interrupted(conn: sqlite3.Connection) -> None:
 async def test_an_outcome_held_in_a_group_survives_a_later_write_sqlite_aborts(
     stores: Stores, path: str
 ) -> None:
-    with contextlib.closing(sqlite3.connect(path)) as setup:
-        setup.execute("CREATE TABLE attack_scratch (x)")
-        setup.commit()
     stores.idempotency = AbortingIdempotency(database_of(stores))
     sent: list[str] = []
 
@@ -286,7 +276,7 @@ class AbortingCheckpoints(SqliteCheckpointStore):
     async def put_with_history(self, *args: Any, **kwargs: Any) -> Any:
         if not self.aborted:
             self.aborted = True
-            await self.database.write(_interrupted)
+            await self.database.write(interrupts_itself)
         return await super().put_with_history(*args, **kwargs)
 
 
@@ -297,9 +287,6 @@ class AbortingCheckpoints(SqliteCheckpointStore):
 async def test_a_frontier_write_sqlite_aborts_does_not_take_the_turns_charge_with_it(
     stores: Stores, path: str
 ) -> None:
-    with contextlib.closing(sqlite3.connect(path)) as setup:
-        setup.execute("CREATE TABLE attack_scratch (x)")
-        setup.commit()
     stores.checkpoints = AbortingCheckpoints(database_of(stores))
     charged_when_sent: list[int | None] = []
 
@@ -1101,9 +1088,6 @@ async def test_a_ledger_outside_the_group_is_charged_once_when_the_group_fails(
 ) -> None:
     from tesserix_adk.stores.memory import MemoryLedger
 
-    with contextlib.closing(sqlite3.connect(path)) as setup:
-        setup.execute("CREATE TABLE attack_scratch (x)")
-        setup.commit()
     claims = AbortingIdempotency(database_of(stores))
     claims.abort_on = "call_0_0"  # the turn's first claim: its group then fails whole
     ledger = MemoryLedger()  # the ledger elsewhere (another backend)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from run.helpers import database_of, scripted, statuses
-from sqlite_writes import fills_the_disk
+from sqlite_writes import fills_the_disk, interrupts_itself
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -297,16 +297,6 @@ async def test_a_heavy_after_tool_result_frontier_commits_the_last_outcome_befor
 # --- promises that held: a frontier write that fails inside the group ------------------
 
 
-def _interrupted(conn: sqlite3.Connection) -> None:
-    """A write SQLite aborts together with its whole transaction (an interrupted INSERT;
-    an I/O error or SQLITE_FULL can do the same)."""
-    threading.Timer(0.05, conn.interrupt).start()
-    conn.execute(
-        "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) "
-        "INSERT INTO attack_scratch SELECT x FROM n"
-    )
-
-
 class AbortingFrontier(SqliteCheckpointStore):
     """Writing the first ``after_tool_result`` frontier, one write SQLite aborts with its
     whole transaction: the group holding the turn's last outcome is lost with it."""
@@ -316,16 +306,13 @@ class AbortingFrontier(SqliteCheckpointStore):
     async def put_with_history(self, history: object, *args: Any, **kwargs: Any) -> Any:
         if not self.aborted and json.loads(args[2]).get("boundary") == "after_tool_result":
             self.aborted = True
-            await self.database.write(_interrupted)
+            await self.database.write(interrupts_itself)
         return await super().put_with_history(history, *args, **kwargs)
 
 
 async def test_a_frontier_write_that_loses_the_group_has_the_outcome_recorded_again(
     stores: Stores, path: str
 ) -> None:
-    with contextlib.closing(sqlite3.connect(path)) as setup:
-        setup.execute("CREATE TABLE attack_scratch (x)")
-        setup.commit()
     stores.checkpoints = AbortingFrontier(database_of(stores))
     sent: list[str] = []
     agent = Agent("g", "b", tools=[_booking(sent)])
@@ -360,9 +347,6 @@ async def test_a_lost_group_holding_a_charge_and_no_outcome_charges_it_once(
     # the model's answer and the after_tool_result frontier, so the group holds the charge,
     # both frontiers and no outcome. The frontier's write loses the group: the charge
     # certainly did not commit, so it is made again, once.
-    with contextlib.closing(sqlite3.connect(path)) as setup:
-        setup.execute("CREATE TABLE attack_scratch (x)")
-        setup.commit()
     stores.checkpoints = AbortingFrontier(database_of(stores))
     runner = AgentRunner.from_stores(ScriptedProvider(scripted([("nowhere", {"x": 1})])), stores)
     with pytest.raises(StoreUnavailableError):

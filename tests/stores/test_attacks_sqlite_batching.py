@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from sqlite_writes import fills_the_disk, on_loops_in_threads, put, stored_rows
+from sqlite_writes import fills_the_disk, interrupts_itself, on_loops_in_threads, put, stored_rows
 from tesserix_adk.errors import (
     ConfigurationError,
     LeaseHeldError,
@@ -215,12 +215,7 @@ async def test_a_write_running_transaction_control_leaves_every_caller_told_the_
 def _interrupted(conn: sqlite3.Connection) -> None:
     """SQLITE_INTERRUPT of an INSERT: SQLite rolls back the whole transaction."""
     put("interrupted")(conn)
-    threading.Timer(0.05, conn.interrupt).start()
-    conn.execute(
-        "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) "
-        "INSERT INTO adk_ledger (tenant, run_id, micros, input_tokens, output_tokens) "
-        "SELECT 'u', 'n' || x, 1, 0, 0 FROM n"
-    )
+    interrupts_itself(conn)
 
 
 @pytest.mark.parametrize("abort", [fills_the_disk, _interrupted])

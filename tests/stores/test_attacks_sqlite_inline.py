@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from sqlite_writes import fills_the_disk, put, stored_rows
+from sqlite_writes import fills_the_disk, interrupts_itself, put, stored_rows
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, ToolContext, tool
 from tesserix_adk.errors import (
     AdkError,
@@ -161,12 +161,7 @@ def _interrupted(key: str) -> Callable[[sqlite3.Connection], None]:
 
     def fn(conn: sqlite3.Connection) -> None:
         write(conn)
-        threading.Timer(0.05, conn.interrupt).start()
-        conn.execute(
-            "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) "
-            "INSERT INTO adk_ledger (tenant, run_id, micros, input_tokens, output_tokens) "
-            "SELECT 'u', 'n' || x, 1, 0, 0 FROM n"
-        )
+        interrupts_itself(conn)
 
     return fn
 
