@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import sys
 from typing import Any
 
 import pytest
@@ -18,9 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tesserix_adk.checkpoint.payload.envelope import CHECKPOINT_FORMAT, MAX_NESTING, _loads, seal
-from tesserix_adk.checkpoint.payload.transcript import decode_message
+from tesserix_adk.checkpoint.payload.transcript import decode_message, decode_messages
 from tesserix_adk.errors import CheckpointCorruptError
 from tesserix_adk.messages import BinaryPart, Message, TextPart, ToolCall
+from tesserix_adk.stores.protocols import EMPTY_HISTORY_DIGEST, chain_digest, chained
+from tesserix_adk.testing.corruption import byte_flips
 
 _SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -270,3 +273,98 @@ def test_an_entry_decodes_exactly_when_it_has_the_shape_of_a_message(entry: dict
     got = decode_message(payload)
     assert got == want
     assert type(got.role) is type(want.role) and type(got.tool_calls) is tuple
+
+
+# --- a transcript read in one pass -------------------------------------------------------
+
+
+def _one_by_one(entries: list[bytes]) -> list[Message] | tuple[type[Exception], str]:
+    """The oracle for ``decode_messages``: ``decode_message`` entry by entry, or the error
+    of the first entry it refuses."""
+    try:
+        return [decode_message(e) for e in entries]
+    except Exception as exc:
+        return type(exc), str(exc)
+
+
+def _in_one_pass(entries: list[bytes]) -> list[Message] | tuple[type[Exception], str]:
+    try:
+        return decode_messages(entries)
+    except Exception as exc:
+        return type(exc), str(exc)
+
+
+@st.composite
+def _stored(draw: st.DrawFn) -> bytes:
+    """An entry as a store might hand it back: sealed as the kit writes it, or with its
+    format changed, unsealed (as before checksums), one byte changed, or cut short."""
+    entry = draw(_entries())
+    how = draw(st.sampled_from(["sealed", "format", "unsealed", "flip", "cut"]))
+    if how == "format":
+        fmt = draw(st.one_of(st.sampled_from([1, 3, True, 2.0, "2", None]), _junk))
+        return seal({"format": fmt, **entry})
+    if how == "unsealed":
+        return json.dumps(entry).encode()
+    payload = seal({"format": CHECKPOINT_FORMAT, **entry})
+    if how == "flip":
+        flips = list(byte_flips(payload, deltas=(draw(st.sampled_from([0x01, 0x20, 0x80])),)))
+        return draw(st.sampled_from(flips))[1]
+    if how == "cut":
+        return payload[: draw(st.integers(0, len(payload) - 1))]
+    return payload
+
+
+@_SETTINGS
+@given(st.lists(_stored(), max_size=6))
+def test_a_transcript_read_in_one_pass_reads_as_entry_by_entry(entries: list[bytes]) -> None:
+    want = _one_by_one(entries)
+    got = _in_one_pass(entries)
+    assert got == want
+    if isinstance(got, list):
+        assert all(type(m.role) is type(w.role) for m, w in zip(got, want, strict=True))
+        assert all(type(m.tool_calls) is tuple for m in got)
+
+
+@_SETTINGS
+@given(_entries())
+def test_an_entry_read_in_one_pass_decodes_exactly_when_it_has_the_shape_of_a_message(
+    entry: dict[str, Any],
+) -> None:
+    payload = seal({"format": CHECKPOINT_FORMAT, **entry})
+    want = _oracle(entry)
+    if want is None:
+        with pytest.raises(CheckpointCorruptError):
+            decode_messages([payload])
+        return
+    assert decode_messages([payload]) == [want]
+
+
+def test_a_transcript_read_in_one_pass_reads_json_under_a_lowered_digit_limit() -> None:
+    """pydantic-core reads 4,300 digits whatever the interpreter allows (see ``_loads``)."""
+    payload = seal({"format": CHECKPOINT_FORMAT, "role": "user", "content": "x", "n": 1})
+    big = seal(
+        {
+            "format": CHECKPOINT_FORMAT,
+            "role": "tool",
+            "content": "x",
+            "tool_calls": [{"id": "c", "name": "t", "arguments": {"n": int("9" * 700)}}],
+        }
+    )
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        assert _in_one_pass([payload]) == _one_by_one([payload])
+        got = _in_one_pass([big])
+        assert got == _one_by_one([big])
+        assert isinstance(got, tuple) and got[0] is CheckpointCorruptError
+    finally:
+        sys.set_int_max_str_digits(limit)
+
+
+@_SETTINGS
+@given(st.lists(st.binary(max_size=40), max_size=8), st.sampled_from([EMPTY_HISTORY_DIGEST, "x"]))
+def test_a_digest_chained_in_one_pass_is_the_chain_of_each(items: list[bytes], start: str) -> None:
+    want = start
+    for item in items:
+        want = chain_digest(want, item)
+    assert chained(start, items) == want

@@ -21,7 +21,7 @@ from tesserix_adk.checkpoint.payload import (
     Boundary,
     Checkpoint,
     decode_checkpoint,
-    decode_message,
+    decode_messages,
     encode_checkpoint,
     encode_message,
     tombstone_payload,
@@ -48,7 +48,7 @@ from tesserix_adk.stores.protocols import (
     HistoryStore,
     StepHistory,
     WriteGroup,
-    chain_digest,
+    chained,
 )
 
 __all__ = [
@@ -330,11 +330,8 @@ class Checkpointer:
             )
         # Each entry verifies its own checksum first: a damaged entry is corrupt (exit 4,
         # an operator's case), not merely a transcript that is gone or was replaced.
-        messages = [decode_message(e) for e in entries]
-        digest = EMPTY_HISTORY_DIGEST
-        for entry in entries:
-            digest = chain_digest(digest, entry)
-        if digest != handle.digest:
+        messages = decode_messages(entries)
+        if chained(EMPTY_HISTORY_DIGEST, entries) != handle.digest:
             raise HistoryUnavailableError(
                 f"the transcript of run {checkpoint.run_id!r} does not match its frontier "
                 f"(its {handle.count} message(s) are not the ones it names)"
@@ -347,9 +344,9 @@ def _extended(
 ) -> HistoryHandle:
     """The handle of ``handle``'s prefix extended by ``new``."""
     count, digest = (0, EMPTY_HISTORY_DIGEST) if handle is None else (handle.count, handle.digest)
-    for entry in new:
-        digest = chain_digest(digest, entry)
-    return HistoryHandle(tenant=tenant, run_id=run_id, count=count + len(new), digest=digest)
+    return HistoryHandle(
+        tenant=tenant, run_id=run_id, count=count + len(new), digest=chained(digest, new)
+    )
 
 
 def _same_handle(stored: HistoryHandle, expected: HistoryHandle) -> None:

@@ -48,7 +48,11 @@ from tesserix_adk.checkpoint.payload.outcomes import (
     recorded_outcome,
 )
 from tesserix_adk.checkpoint.payload.redacting import redact_outcome_content
-from tesserix_adk.checkpoint.payload.transcript import decode_message, encode_message
+from tesserix_adk.checkpoint.payload.transcript import (
+    decode_message,
+    decode_messages,
+    encode_message,
+)
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -63,6 +67,7 @@ __all__ = [
     "RecordedOutcome",
     "decode_checkpoint",
     "decode_message",
+    "decode_messages",
     "decode_outcome",
     "encode_checkpoint",
     "encode_message",

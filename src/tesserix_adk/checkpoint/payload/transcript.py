@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Iterable
 from typing import Any
 
-from tesserix_adk.checkpoint.payload.envelope import CHECKPOINT_FORMAT, _sealed_within, _versioned
+from tesserix_adk.checkpoint.payload.envelope import (
+    CHECKPOINT_FORMAT,
+    _reads_fast,
+    _sealed_now,
+    _sealed_within,
+    _versioned,
+)
 from tesserix_adk.checkpoint.payload.fields import _bool, _fields, _list, _obj, _opt_str, _str
 from tesserix_adk.checkpoint.payload.redacting import _redacted_message
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import CheckpointCorruptError
 from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall
 
-__all__ = ["decode_message", "encode_message"]
+__all__ = ["decode_message", "decode_messages", "encode_message"]
 
 
 def encode_message(message: Message, redactor: Redactor) -> bytes:
@@ -32,6 +39,22 @@ def decode_message(data: bytes) -> Message:
         return _message(raw)
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointCorruptError(f"a transcript entry cannot be decoded: {exc}") from exc
+
+
+def decode_messages(entries: Iterable[bytes]) -> list[Message]:
+    """``decode_message`` of each entry, in order: the same messages and the same errors.
+
+    An entry sealed as the kit writes today, holding text and plain tool calls (what a run
+    of tool calls is made of), is read in one pass with less work; any other entry, and
+    any that is not quite that, goes through ``decode_message``, which decides.
+    """
+    fast = _reads_fast()
+    messages: list[Message] = []
+    for entry in entries:
+        raw = _sealed_now(entry, fast)
+        message = None if raw is None else _plain(raw)
+        messages.append(decode_message(entry) if message is None else message)
+    return messages
 
 
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "is_error"})
@@ -71,6 +94,39 @@ def _message(raw: Any) -> Message:
         tool_call_id=_opt_str(data.get("tool_call_id")),
         is_error=_bool(data.get("is_error", False)),
     )
+
+
+def _plain(raw: dict[str, Any]) -> Message | None:
+    """What ``_message`` reads from ``raw`` when its content is text and its calls are plain
+    (exact JSON types, no stray key); ``None`` for anything else, even what it would read."""
+    if not raw.keys() <= _MESSAGE_KEYS:
+        return None
+    role_name = raw.get("role")
+    content = raw.get("content")
+    if type(role_name) is not str or type(content) is not str:
+        return None
+    role = _ROLES.get(role_name)
+    if role is None:
+        return None
+    calls: tuple[ToolCall, ...] = ()
+    if "tool_calls" in raw:
+        listed = raw["tool_calls"]
+        if type(listed) is not list:
+            return None
+        built: list[ToolCall] = []
+        for call in listed:
+            if type(call) is not dict or call.keys() != _CALL_KEYS:
+                return None
+            call_id, name, arguments = call["id"], call["name"], call["arguments"]
+            if type(call_id) is not str or type(name) is not str or type(arguments) is not dict:
+                return None
+            built.append(ToolCall(id=call_id, name=name, arguments=arguments))
+        calls = tuple(built)
+    answers = raw.get("tool_call_id")
+    is_error = raw.get("is_error", False)
+    if (answers is not None and type(answers) is not str) or type(is_error) is not bool:
+        return None
+    return Message(role, content, calls, tool_call_id=answers, is_error=is_error)
 
 
 def _part(raw: Any) -> Part:

@@ -41,6 +41,7 @@ from tesserix_adk.stores.protocols.transcripts import (
     HistoryHandle,
     HistoryStore,
     chain_digest,
+    chained,
 )
 from tesserix_adk.stores.protocols.work import WorkIndex, WorkItem, WorkState
 
@@ -71,4 +72,5 @@ __all__ = [
     "WorkState",
     "WriteGroup",
     "chain_digest",
+    "chained",
 ]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["EMPTY_HISTORY_DIGEST", "HistoryHandle", "HistoryStore", "chain_digest"]
+__all__ = ["EMPTY_HISTORY_DIGEST", "HistoryHandle", "HistoryStore", "chain_digest", "chained"]
 
 
 EMPTY_HISTORY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
@@ -20,6 +20,16 @@ def chain_digest(previous: str, item: bytes) -> str:
     h.update(b"\x00")
     h.update(hashlib.sha256(item).digest())
     return "sha256:" + h.hexdigest()
+
+
+def chained(previous: str, items: Iterable[bytes]) -> str:
+    """``chain_digest`` applied to each of ``items`` in turn: the digest of ``previous``'s
+    prefix extended by all of them (a resume chains every entry of the run)."""
+    sha256 = hashlib.sha256
+    digest = previous.encode("ascii")
+    for item in items:
+        digest = b"sha256:" + sha256(digest + b"\x00" + sha256(item).digest()).hexdigest().encode()
+    return digest.decode("ascii")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
