@@ -4,14 +4,18 @@ outstanding call, but each text is scanned for secrets once."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, tool
 from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.checkpoint.redaction.redactor import _hinted
 from tesserix_adk.stores.urls import open_stores
 
 RESULT = "the fare rules say: " + "refundable within 24 hours, " * 20
@@ -63,3 +67,83 @@ def test_a_text_masked_from_memory_is_masked_as_a_fresh_scan_would() -> None:
     assert [remembering.text(t) for t in texts] == [Redactor().text(t) for t in texts]
     assert all(SECRET not in remembering.text(t) for t in texts)
     assert fresh.text(texts[0]) == remembering.text(texts[0])
+
+
+# The quick look before the rules run, as one regex (what it was before substring tests).
+_ONE_REGEX = re.compile(
+    r"-----begin|sk-|gh[pousr]_|github_pat_|xox|akia|asia|eyj|basic|bearer|://|secret|[/+]"
+    r"|pass|token|key|auth|cookie|credential|input_value="
+)
+_PIECES = st.sampled_from(
+    [
+        "-",
+        "-----begin",
+        "sk",
+        "gh",
+        "p",
+        "o",
+        "u",
+        "s",
+        "r",
+        "_",
+        "github",
+        "pat",
+        "xo",
+        "x",
+        "ak",
+        "ia",
+        "as",
+        "eyj",
+        "ba",
+        "sic",
+        "bear",
+        "er",
+        ":/",
+        "/",
+        "+",
+        "se",
+        "cret",
+        "pa",
+        "ss",
+        "tok",
+        "en",
+        "ke",
+        "y",
+        "au",
+        "th",
+        "coo",
+        "kie",
+        "cred",
+        "ential",
+        "input_value",
+        "=",
+        " ",
+        "é",
+        "K",
+    ]
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(_PIECES, max_size=4).map("".join), st.text(max_size=20))
+def test_the_quick_look_finds_a_hint_exactly_where_the_one_regex_did(
+    pieces: str, noise: str
+) -> None:
+    for text in (pieces, noise + pieces, pieces + noise, pieces.lower()):
+        assert _hinted(text) is (_ONE_REGEX.search(text) is not None), text
+
+
+_LITERALS = [
+    *("-----begin", "sk-", "github_pat_", "xox", "akia", "asia", "eyj", "basic", "bearer"),
+    *("://", "secret", "/", "+", "pass", "token", "key", "auth", "cookie", "credential"),
+    *("input_value=", *(f"gh{c}_" for c in "pousr")),
+]
+
+
+@pytest.mark.parametrize("literal", _LITERALS)
+def test_the_quick_look_finds_each_hint_alone_and_not_a_piece_of_it(literal: str) -> None:
+    assert _ONE_REGEX.fullmatch(literal)
+    assert _hinted(f"zz {literal} zz")
+    for cut in range(1, len(literal)):
+        for piece in (literal[:cut], literal[cut:]):
+            assert _hinted(f"zz {piece} zz") is (_ONE_REGEX.search(piece) is not None), piece

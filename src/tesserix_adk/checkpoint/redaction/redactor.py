@@ -52,11 +52,40 @@ _MEMO_ENTRIES = 128
 _MEMO_MAX_CHARS = 16 * 1024
 
 # Every hint of every rule (patterns, key words, validation messages), for one quick look at
-# a string no rule can touch.
-_ANY_HINT = re.compile(
-    r"-----begin|sk-|gh[pousr]_|github_pat_|xox|akia|asia|eyj|basic|bearer|://|secret|[/+]"
-    r"|pass|token|key|auth|cookie|credential|input_value="
+# a string no rule can touch. Substring tests: one regex alternating them tried each of them
+# at every position of the text, a few times slower on text without any. ("/" covers "://".)
+_HINTS = (
+    "-----begin",
+    "sk-",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "github_pat_",
+    "xox",
+    "akia",
+    "asia",
+    "eyj",
+    "basic",
+    "bearer",
+    "secret",
+    "/",
+    "+",
+    "pass",
+    "token",
+    "key",
+    "auth",
+    "cookie",
+    "credential",
+    "input_value=",
 )
+
+
+def _hinted(lowered: str) -> bool:
+    """Whether ``lowered`` (a lowercased text) holds any hint; without one, no rule masks it."""
+    return any(hint in lowered for hint in _HINTS)
+
 
 # --- JSON text --------------------------------------------------------------------------
 
@@ -158,7 +187,7 @@ class Redactor:
         if len(value) < _SHORTEST_SECRET:
             return value
         lowered = value.lower()
-        if _ANY_HINT.search(lowered) is None:
+        if not _hinted(lowered):
             return value
         for rule in self._rules:
             value = rule.apply(value, lowered)
