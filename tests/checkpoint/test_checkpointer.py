@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,14 @@ from tesserix_adk import (
     TextPart,
     tool,
 )
-from tesserix_adk.checkpoint.payload import decode_checkpoint
+from tesserix_adk.checkpoint.payload import (
+    Boundary,
+    Checkpoint,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.stores.protocols import HistoryHandle
 from tesserix_adk.testing.corruption import resealed
 from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
 from tesserix_adk.testing.secrets import leaked_secrets, planted_secrets
@@ -322,3 +330,29 @@ def test_golden_payloads_of_released_formats_are_still_read(name: str) -> None:
         assert cp.history_handle is not None
         assert cp.history_handle.count == expected["history_count"]
         assert cp.state == expected["state"]
+
+
+@pytest.mark.parametrize("own", ["messages", "handle", "both", "neither"])
+def test_a_frontier_encoded_naming_a_transcript_is_that_frontier_naming_it(own: str) -> None:
+    """``encode_checkpoint(..., history=h)``, what a Checkpointer with a history store
+    writes, is the frontier with its messages dropped and ``h`` as its handle."""
+    ours = HistoryHandle(tenant="t", run_id="r", count=2, digest="sha256:" + "ab" * 32)
+    named = HistoryHandle(tenant="t", run_id="r", count=3, digest="sha256:" + "cd" * 32)
+    messages = (Message.user("book LH123"), Message.assistant("booked"))
+    cp = Checkpoint(
+        tenant="t",
+        run_id="r",
+        agent_name="a",
+        step=4,
+        boundary=Boundary.after_tool_result,
+        status=CheckpointStatus.running,
+        messages=messages if own in ("messages", "both") else None,
+        history_handle=ours if own in ("handle", "both") else None,
+        observation=[{"call_id": "c", "tool": "t", "content": "x", "is_error": False}],
+    )
+    redactor = Redactor()
+    want = encode_checkpoint(dataclasses.replace(cp, messages=None, history_handle=named), redactor)
+    assert encode_checkpoint(cp, redactor, history=named) == want
+    read = decode_checkpoint(want, tenant="t", run_id="r")
+    assert read.messages is None and read.history_handle is not None
+    assert (read.history_handle.count, read.history_handle.digest) == (3, named.digest)

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, tool
+from tesserix_adk.checkpoint import checkpointer as checkpointer_module
+from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.stores.urls import open_stores
 
 
@@ -55,3 +57,24 @@ async def test_a_turn_asks_no_store_what_it_offers_again(
     short = await _protocol_checks(tmp_path, 2, monkeypatch)
     long = await _protocol_checks(tmp_path, 6, monkeypatch)
     assert long - short == 0
+
+
+async def test_a_frontier_is_weighed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whether a frontier is encoded off the event loop is decided by weighing its fresh
+    # content; a grouped run asked it twice a frontier (the runner, then the Checkpointer).
+    counts = {"weighed": 0, "written": 0}
+    weight, write = checkpointer_module._weight, Checkpointer.write
+
+    def weighing(*args: Any) -> int:
+        counts["weighed"] += 1
+        return weight(*args)
+
+    async def writing(self: Checkpointer, *args: Any, **kwargs: Any) -> bool:
+        counts["written"] += 1
+        return await write(self, *args, **kwargs)
+
+    monkeypatch.setattr(checkpointer_module, "_weight", weighing)
+    monkeypatch.setattr(Checkpointer, "write", writing)
+    await _protocol_checks(tmp_path, 3, monkeypatch)  # asserts the run completed
+    assert counts["written"] == 7  # two a turn, and the final one
+    assert counts["weighed"] == counts["written"]

@@ -8,7 +8,6 @@ mean another worker carries the run now and this one must stop at once.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -127,11 +126,14 @@ class Checkpointer:
 
     # --- writing -------------------------------------------------------------------------
 
-    async def write(self, frontier: Checkpoint, *, cursor: TranscriptCursor) -> bool:
+    async def write(
+        self, frontier: Checkpoint, *, cursor: TranscriptCursor, off_loop: bool | None = None
+    ) -> bool:
         """Write ``frontier`` (its ``messages`` the whole live transcript); ``True`` if the
-        store took it. Failures land in ``last_error``; fence and lease errors propagate."""
+        store took it. Failures land in ``last_error``; fence and lease errors propagate.
+        ``off_loop``: what ``encodes_off_loop`` said of it, if the caller asked already."""
         try:
-            await self._write(frontier, cursor)
+            await self._write(frontier, cursor, off_loop)
         except (StaleFenceError, LeaseLostError):
             raise
         except CheckpointTooLargeError as exc:
@@ -174,20 +176,23 @@ class Checkpointer:
         fresh = messages[cursor.persisted :] if self.history is not None else messages
         return _weight(fresh, frontier) > OFF_LOOP_BYTES
 
-    async def _write(self, frontier: Checkpoint, cursor: TranscriptCursor) -> None:
+    async def _write(
+        self, frontier: Checkpoint, cursor: TranscriptCursor, off_loop: bool | None
+    ) -> None:
         frontier_messages = frontier.messages or ()
-        if self.encodes_off_loop(frontier, cursor):
+        if off_loop is None:
+            off_loop = self.encodes_off_loop(frontier, cursor)
+        if off_loop:
             # Redacting and encoding a large payload takes a while even in linear time: in
             # a worker thread the event loop keeps renewing leases in the meantime.
-            new, frontier, payload = await asyncio.to_thread(self._encoded, frontier, cursor)
+            new, expected, payload = await asyncio.to_thread(self._encoded, frontier, cursor)
         else:
-            new, frontier, payload = self._encoded(frontier, cursor)
-        if self.history is None or frontier.history_handle is None:
+            new, expected, payload = self._encoded(frontier, cursor)
+        if self.history is None or expected is None:
             await self.store.put(
                 frontier.tenant, frontier.run_id, payload, step=frontier.step, fence=frontier.fence
             )
             return
-        expected = frontier.history_handle
         stored: HistoryHandle | None = None
         if new or cursor.handle is None:
             if self._with_history(self.store):
@@ -225,11 +230,13 @@ class Checkpointer:
 
     def _encoded(
         self, frontier: Checkpoint, cursor: TranscriptCursor
-    ) -> tuple[list[bytes], Checkpoint, bytes]:
-        """The new transcript entries, the frontier naming them, and its payload: redacted,
-        encoded and sized, nothing written yet."""
+    ) -> tuple[list[bytes], HistoryHandle | None, bytes]:
+        """The new transcript entries, the handle of the transcript they extend (``None``
+        with no history store: the transcript goes inline) and the frontier's payload,
+        naming that handle: redacted, encoded and sized, nothing written yet."""
         messages = frontier.messages or ()
         new: list[bytes] = []
+        handle = None
         if self.history is not None:
             new = [encode_message(m, self.redactor) for m in messages[cursor.persisted :]]
             for entry in new:
@@ -242,15 +249,14 @@ class Checkpointer:
             # The handle is a pure function of the bytes, so the frontier can name it before
             # anything is written, and everything is sized before anything is stored.
             handle = _extended(cursor.handle, new, frontier.tenant, frontier.run_id)
-            frontier = dataclasses.replace(frontier, messages=None, history_handle=handle)
-        payload = encode_checkpoint(frontier, self.redactor)
+        payload = encode_checkpoint(frontier, self.redactor, history=handle)
         if len(payload) > self.max_bytes:
             raise CheckpointTooLargeError(
                 f"the frontier of run {frontier.run_id!r} at step {frontier.step} is "
                 f"{len(payload)} bytes, over max_bytes={self.max_bytes}; it was not written",
                 retryable=False,
             )
-        return new, frontier, payload
+        return new, handle, payload
 
     async def _tombstone(self, frontier: Checkpoint, reason: str) -> None:
         payload = tombstone_payload(

@@ -68,9 +68,8 @@ async def write_frontier(
         _log.warning("run %s: state not checkpointed: %s", run.run_id, checkpoints.last_error)
         return False
     held = attempt.group
-    if held is not None and (
-        checkpoints.encodes_off_loop(frontier, run.cursor) or not checkpoints.joins(held.group)
-    ):
+    off_loop = None if held is None else checkpoints.encodes_off_loop(frontier, run.cursor)
+    if held is not None and (off_loop or not checkpoints.joins(held.group)):
         # A while of redacting and encoding: what the group holds commits first, so no
         # lease renewal and no other writer waits on this run's open transaction. And a
         # frontier that commits on its own never goes before what the group holds: not
@@ -78,7 +77,7 @@ async def write_frontier(
         # again), and not into a wait for the group's own lock (its stores on another
         # connection to the same file).
         await grouping.commit(attempt)
-    written = await checkpoints.write(frontier, cursor=run.cursor)
+    written = await checkpoints.write(frontier, cursor=run.cursor, off_loop=off_loop)
     if written:
         announce(attempt, FrontierWritten(run_id=run.run_id, step=run.step, boundary=boundary))
     return written

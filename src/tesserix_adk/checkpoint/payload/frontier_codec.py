@@ -42,8 +42,11 @@ from tesserix_adk.stores.protocols import HistoryHandle
 __all__ = ["decode_checkpoint", "encode_checkpoint", "tombstone_payload"]
 
 
-def encode_checkpoint(cp: Checkpoint, redactor: Redactor) -> bytes:
-    """The payload of a frontier, with user data redacted, checksummed.
+def encode_checkpoint(
+    cp: Checkpoint, redactor: Redactor, *, history: HistoryHandle | None = None
+) -> bytes:
+    """The payload of a frontier, with user data redacted, checksummed; with ``history``,
+    naming that transcript in place of its own ``messages`` and ``history_handle``.
 
     ``CheckpointTooLargeError(retryable=False)`` if it would nest deeper than
     ``MAX_NESTING`` (nothing is truncated); the size cap is the ``Checkpointer``'s.
@@ -102,9 +105,10 @@ def encode_checkpoint(cp: Checkpoint, redactor: Redactor) -> bytes:
         "written_at": cp.written_at,
         "observation": _redacted_observation(cp.observation, redactor),
     }
-    if cp.history_handle is not None:
-        body["history"] = {"count": cp.history_handle.count, "digest": cp.history_handle.digest}
-    if cp.messages is not None:
+    handle = cp.history_handle if history is None else history
+    if handle is not None:
+        body["history"] = {"count": handle.count, "digest": handle.digest}
+    if cp.messages is not None and history is None:
         body["messages"] = [_redacted_message(m, redactor) for m in cp.messages]
     return _sealed_within(body, f"the frontier of run {cp.run_id!r} at step {cp.step}")
 
