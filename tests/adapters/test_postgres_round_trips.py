@@ -4,16 +4,13 @@ suites count the statements a store executes; only the wire shows how often it w
 
 from __future__ import annotations
 
-import itertools
-import os
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import pq
 
 from adapters import services
+from adapters.wire import Wire
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, tool
 from tesserix_adk.adapters.postgres import open_postgres_stores
 
@@ -22,54 +19,10 @@ pytestmark = pytest.mark.postgres
 T = "acme"
 
 
-class _Wire:
-    """Every connection psycopg opens from here on traces its protocol to a file."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
-        self.folder = folder
-        self.conns: list[Any] = []
-        self.counted = 0
-        self._names = itertools.count()
-        connect = psycopg.AsyncConnection.connect.__func__  # type: ignore[attr-defined]
-
-        async def traced(cls: Any, *args: Any, **kwargs: Any) -> Any:
-            conn = await connect(cls, *args, **kwargs)
-            self._trace(conn)
-            self.conns.append(conn)
-            return conn
-
-        monkeypatch.setattr(psycopg.AsyncConnection, "connect", classmethod(traced))
-
-    def _trace(self, conn: Any) -> None:
-        path = self.folder / f"trace-{next(self._names)}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT)
-        conn.pgconn.trace(fd)  # libpq owns the descriptor from here (fdopen)
-        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-        conn._adk_trace = path
-
-    def waits(self) -> int:
-        """Replies waited for so far, on every traced connection."""
-        for conn in list(self.conns):
-            path = conn._adk_trace
-            if conn.pgconn.status == pq.ConnStatus.OK:
-                conn.pgconn.untrace()  # flushes libpq's buffered stream
-                self._trace(conn)
-            else:
-                self.conns.remove(conn)
-            # Each Sync (a pipeline's end) and each simple Query is answered by one
-            # ReadyForQuery, which the client waits for; a connection's start-up is not.
-            self.counted += sum(
-                line.startswith("F\t") and line.split("\t")[2:3] in (["Sync"], ["Query"])
-                for line in path.read_text(errors="replace").splitlines()
-            )
-            path.unlink()
-        return self.counted
-
-
 async def test_a_write_waits_once_alone_and_once_in_a_group_whose_commit_waits_once(
     pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    wire = _Wire(monkeypatch, tmp_path)
+    wire = Wire(monkeypatch, tmp_path)
     stores = open_postgres_stores(pg_url)
     try:
         await stores.create_schema()
@@ -103,7 +56,7 @@ def _turns(calls_per_turn: int, turns: int) -> list[Any]:
     return [*script, "done"]
 
 
-async def _waits(url: str, wire: _Wire, calls: int, turns: int, run_id: str) -> int:
+async def _waits(url: str, wire: Wire, calls: int, turns: int, run_id: str) -> int:
     @tool
     def book(seat: str) -> str:
         return f"booked {seat}"
@@ -135,7 +88,7 @@ async def test_a_grouped_turn_waits_once_per_write_and_once_per_commit(
     COMMIT in the same round trip, the count was the same (one write fewer in the group,
     one round trip of its own) with one commit more; in a group of its own it cost one
     more (11 and 17), and the frontier's append and put one each (19 before either)."""
-    wire = _Wire(monkeypatch, tmp_path)
+    wire = Wire(monkeypatch, tmp_path)
     short = await _waits(pg_url, wire, calls, 2, "short")
     long = await _waits(pg_url, wire, calls, 6, "long")
     assert (long - short) / 4 == per_turn

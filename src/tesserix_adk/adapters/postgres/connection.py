@@ -53,6 +53,7 @@ from tesserix_adk.adapters.postgres.driver import (
     transaction,
 )
 from tesserix_adk.adapters.postgres.grouping import PostgresWriteGroup
+from tesserix_adk.adapters.postgres.prepared import PreparedStatements
 from tesserix_adk.adapters.postgres.schema import APPLY, SCHEMA_LOCK_CLASS, TABLES, Schema
 from tesserix_adk.adapters.postgres.statements import qualified_tables, qualify
 from tesserix_adk.errors import ConfigurationError, StoreReplyLostError
@@ -132,6 +133,9 @@ class PostgresDatabase:
         # Executions of a statement before psycopg prepares it on the server; None: never
         # (what a transaction pooler needs, as prepared statements live in one session).
         self.prepare_threshold = prepare_threshold
+        # A write group's statements, prepared once per connection (``prepared``); never
+        # behind a transaction pooler, whose sessions do not keep them.
+        self.prepared = None if prepare_threshold is None else PreparedStatements()
         self.begin_statements = begin_statements(self.timeout)
         self._opening = asyncio.Lock()
         self._closed = False

@@ -5,9 +5,9 @@ begun READ COMMITTED with its bounds set ``LOCAL``, so nothing lives in the sess
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
+from functools import lru_cache
 from typing import Any
 
 import psycopg
@@ -15,6 +15,7 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
+from tesserix_adk.adapters.postgres.prepared import PLACEHOLDER, PreparedStatements, lost_statement
 from tesserix_adk.adapters.postgres.schema import APPLY
 from tesserix_adk.errors import ConfigurationError, StoreReplyLostError, StoreUnavailableError
 
@@ -77,6 +78,17 @@ def driver_errors(action: str) -> Iterator[Call]:
             ) from exc
         raise StoreUnavailableError(
             f"PostgreSQL could not be reached while {action}: {exc}"
+        ) from exc
+    except (pg_errors.InvalidSqlStatementName, pg_errors.FeatureNotSupported) as exc:
+        if not lost_statement(exc):
+            raise StoreUnavailableError(
+                f"PostgreSQL failed while {action}: {exc}", retryable=False
+            ) from exc
+        # Statements the kit prepared were dropped or outdated under it (``prepared``): it
+        # prepares them again, so trying again works.
+        raise StoreUnavailableError(
+            f"PostgreSQL no longer had a statement the kit prepared while {action} ({exc}); "
+            "the connection prepares it again"
         ) from exc
     except psycopg.Error as exc:
         raise StoreUnavailableError(
@@ -148,7 +160,14 @@ Statement = tuple[str, Mapping[str, Any]]
 
 # Each bound value in parentheses: psycopg writes -2**63 as " -9223372036854775808", and
 # in "%(step)s::bigint" the cast binds tighter than the minus, which would overflow.
-_PLACEHOLDER = re.compile(r"(?<!%)%\(\w+\)s")
+
+
+@lru_cache(maxsize=256)
+def _parenthesised(sql: str) -> str:
+    """``sql`` with each placeholder in parentheses. The kit's statements are a few dozen
+    fixed texts, each rewritten once rather than on every write (a regex substitution with
+    a template per placeholder: tens of microseconds a statement)."""
+    return PLACEHOLDER.sub(r"(\g<0>)", sql)
 
 
 async def batched(
@@ -156,9 +175,12 @@ async def batched(
     before: Sequence[str],
     statements: Sequence[Statement],
     after: Sequence[str] = (),
+    prepared: PreparedStatements | None = None,
 ) -> list[list[Row]]:
     """``before``, ``statements`` and ``after`` in one message of the simple query protocol,
     their parameters bound by psycopg on the client: one round trip; each statement's rows.
+    With ``prepared``, each statement is prepared on the connection the first time and then
+    executed by name (``prepared`` says why and how).
 
     For writes inside a transaction that stays open after them (a write group). The server
     ends the message with the ReadyForQuery that arms its idle-in-transaction timer, so a
@@ -167,14 +189,30 @@ async def batched(
     Flush without arming it again.
     """
     async with psycopg.AsyncClientCursor(conn, row_factory=dict_row) as cur:
-        bound = [
-            cur.mogrify(_PLACEHOLDER.sub(r"(\g<0>)", sql), params).rstrip().rstrip(";")
-            for sql, params in statements
-        ]
+        prepares: list[str] = []
+        preparing: dict[str, str] = {}
+        if prepared is None:
+            bound = [
+                cur.mogrify(_parenthesised(sql), params).rstrip().rstrip(";")
+                for sql, params in statements
+            ]
+        else:
+            await prepared.settle(conn)
+            known = prepared.on(conn)
+            prepares, bound, preparing = prepared.message(cur, known, statements)
         # A newline after each: an SQL file's last line may be a comment.
-        await cur.execute(";\n".join([*before, *bound, *after]))
+        first = len(before) + len(prepares)
+        error: BaseException | None = None
+        try:
+            await cur.execute(";\n".join([*before, *prepares, *bound, *after]))
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            if prepared is not None:
+                prepared.sent(known, preparing, error)
         results: list[list[Row]] = []
-        first, index = len(before), 0
+        index = 0
         while True:
             if first <= index < first + len(statements):
                 results.append(await cur.fetchall() if cur.description is not None else [])

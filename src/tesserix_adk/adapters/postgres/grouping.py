@@ -98,6 +98,7 @@ class PostgresWriteGroup(OpenGroup):
                 (*self._begin(), "SAVEPOINT adk_write"),
                 [(sql, params)],
                 ("RELEASE SAVEPOINT adk_write",),
+                self.database.prepared,
             )
         except BaseException:
             await self._undone(conn, "adk_write", TransactionStatus.INERROR)
@@ -114,7 +115,12 @@ class PostgresWriteGroup(OpenGroup):
         try:
             # Rolled back to if ``check`` refuses; otherwise left for the group's COMMIT
             # to end, rather than released in a round trip of its own.
-            results = await batched(conn, (*self._begin(), "SAVEPOINT adk_together"), statements)
+            results = await batched(
+                conn,
+                (*self._begin(), "SAVEPOINT adk_together"),
+                statements,
+                prepared=self.database.prepared,
+            )
             self._begun = True
             check(results)
         except BaseException:

@@ -1,0 +1,159 @@
+"""A write group's statements prepared on the server, once per connection.
+
+A group's writes go as simple queries (``driver.batched``: one round trip each, and the
+server's idle timer stays armed), so PostgreSQL would parse and plan every statement again
+on every write: a fifth of a millisecond of the server's time for each of the kit's CTEs,
+a dozen a turn. Instead each statement is prepared (``PREPARE``) the first time it runs on
+a connection, in the same message, and after that sent as ``EXECUTE name(values)``: the
+server keeps its plan, and the wire carries the values, not the statement.
+
+What a connection has prepared is known exactly, never assumed:
+
+- a name is recorded once the message that prepared it has succeeded;
+- a message that failed or was abandoned leaves its names *in doubt* (``PREPARE`` is not
+  undone with a transaction, so it may or may not have run); before the connection's next
+  statement one query asks the server which of them exist, and the rest are forgotten;
+- every ``PREPARE`` uses a fresh name, so none can collide with one in doubt;
+- a statement the server no longer has (``DEALLOCATE`` or ``DISCARD`` run by someone else)
+  or can no longer run as prepared (a table changed under it) fails that write once, and
+  the connection's statements are prepared again from then on.
+
+Behind a transaction pooler (``prepare_threshold=None``) nothing is prepared: a prepared
+statement lives in one server session, which such a pooler does not keep.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
+
+__all__ = ["PLACEHOLDER", "Prepared", "PreparedStatements", "lost_statement"]
+
+# A psycopg named placeholder, not an escaped "%%(".
+PLACEHOLDER = re.compile(r"(?<!%)%\((\w+)\)s")
+
+
+@dataclass(frozen=True, slots=True)
+class _Form:
+    """A statement as ``PREPARE`` takes it: placeholders numbered in order of first use."""
+
+    text: str
+    names: tuple[str, ...]
+
+
+@lru_cache(maxsize=256)
+def _form(sql: str) -> _Form:
+    # The kit's statements are a few dozen fixed texts: each is rewritten once.
+    names: list[str] = []
+
+    def numbered(found: re.Match[str]) -> str:
+        name = found.group(1)
+        if name not in names:
+            names.append(name)
+        return f"(${names.index(name) + 1})"
+
+    return _Form(PLACEHOLDER.sub(numbered, sql).replace("%%", "%"), tuple(names))
+
+
+@dataclass(slots=True, eq=False)
+class Prepared:
+    """What one connection has prepared: statement text to name, and names in doubt."""
+
+    names: dict[str, str] = field(default_factory=dict)
+    doubt: dict[str, str] = field(default_factory=dict)
+
+
+class PreparedStatements:
+    """The kit's statements prepared on each connection of one database's pool."""
+
+    def __init__(self) -> None:
+        self._on: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], Prepared] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._serial = itertools.count(1)
+
+    def on(self, conn: psycopg.AsyncConnection[Any]) -> Prepared:
+        """The record of ``conn`` (empty for a connection not seen before)."""
+        known = self._on.get(conn)
+        if known is None:
+            known = self._on[conn] = Prepared()
+        return known
+
+    async def settle(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Ask the server which names in doubt exist on ``conn``: those are prepared, the
+        rest forgotten. A no-op with none in doubt, or while the transaction has failed
+        (the next statement fails anyway, and they stay in doubt)."""
+        known = self.on(conn)
+        if not known.doubt or conn.info.transaction_status not in (
+            TransactionStatus.IDLE,
+            TransactionStatus.INTRANS,
+        ):
+            return
+        cur = await conn.execute(
+            "SELECT name FROM pg_prepared_statements WHERE name = ANY(%s)",
+            (list(known.doubt.values()),),
+            prepare=False,
+        )
+        there = {row[0] for row in await cur.fetchall()}
+        for sql, name in known.doubt.items():
+            if name in there:
+                known.names[sql] = name
+        known.doubt.clear()
+
+    def message(
+        self,
+        cur: psycopg.AsyncClientCursor[Any],
+        known: Prepared,
+        statements: Sequence[tuple[str, Mapping[str, Any]]],
+    ) -> tuple[list[str], list[str], dict[str, str]]:
+        """The ``PREPARE``s the statements need on this connection, each statement as an
+        ``EXECUTE`` with its values bound, and the names the message prepares (recorded by
+        ``sent`` once it has succeeded)."""
+        preparing: dict[str, str] = {}
+        prepares: list[str] = []
+        executes: list[str] = []
+        for sql, params in statements:
+            form = _form(sql)
+            name = known.names.get(sql) or preparing.get(sql)
+            if name is None:
+                name = preparing[sql] = f"adk_{next(self._serial)}"
+                prepares.append(f"PREPARE {name} AS {form.text.rstrip().rstrip(';')}\n")
+            values = ", ".join(f"%({n})s" for n in form.names)
+            executes.append(
+                cur.mogrify(f"EXECUTE {name}({values})" if values else f"EXECUTE {name}", params)
+            )
+        return prepares, executes, preparing
+
+    @staticmethod
+    def sent(known: Prepared, preparing: dict[str, str], error: BaseException | None) -> None:
+        """After the message: what it prepared is recorded, or in doubt if it failed; a
+        statement the server lost takes the connection's whole record with it."""
+        if error is None:
+            known.names.update(preparing)
+            return
+        known.doubt.update(preparing)
+        if isinstance(error, pg_errors.InvalidSqlStatementName):
+            # Some recorded name is gone (DEALLOCATE ALL, DISCARD ALL): each is asked about
+            # again before the next statement.
+            known.doubt.update(known.names)
+            known.names.clear()
+        elif lost_statement(error):
+            # A table changed under them ("cached plan must not change result type"): they
+            # still exist and would fail again, so the connection prepares afresh.
+            known.names.clear()
+
+
+def lost_statement(error: BaseException) -> bool:
+    """Whether ``error`` says a prepared statement is gone or can no longer run."""
+    if isinstance(error, pg_errors.InvalidSqlStatementName):
+        return True
+    return isinstance(error, pg_errors.FeatureNotSupported) and "cached plan" in str(error)
