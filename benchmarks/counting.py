@@ -52,6 +52,8 @@ class Counts:
 
 _WRITE = re.compile(r"\b(INSERT|UPDATE|DELETE|REPLACE|MERGE)\b", re.IGNORECASE)
 _CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|END|ROLLBACK|SAVEPOINT|RELEASE)\b", re.IGNORECASE)
+_PREPARE = re.compile(r"PREPARE\s+(\w+)\s+AS\s+(.*)", re.IGNORECASE | re.DOTALL)
+_EXECUTE = re.compile(r"EXECUTE\s+(\w+)", re.IGNORECASE)
 
 
 class _SqliteTally:
@@ -197,10 +199,6 @@ class _PgTrace:
             self.names[quoted[0]] = quoted[1]
         elif side == "F" and kind == "Bind" and len(quoted) >= 2:
             self.current = self.names.get(quoted[1], "")
-        elif counts is None:
-            return
-        elif side == "F" and kind == "Execute":
-            self._statement(self.current, counts)
         elif side == "F" and kind == "Query" and quoted:
             # Several statements in one message (a write group's write: its savepoint, the
             # statement, the release), joined by ";" and a newline, which the trace escapes.
@@ -208,7 +206,23 @@ class _PgTrace:
             text = rest.strip()
             text = text[1:-1] if len(text) > 1 and text[0] == text[-1] == '"' else quoted[0]
             for sql in re.split(r";(?:\\x0a|\n)", text):
-                self._statement(sql.strip(), counts)
+                sql = sql.strip()
+                # A group's statements are prepared by SQL once per connection and then
+                # run as EXECUTE name(values): counted by what they run.
+                prepared = _PREPARE.match(sql)
+                if prepared is not None:
+                    # Preparing writes nothing: counted as a statement, not as a write.
+                    self.names[prepared.group(1)] = prepared.group(2)
+                    sql = f"PREPARE {prepared.group(1)}"
+                executed = _EXECUTE.match(sql)
+                if executed is not None:
+                    sql = self.names.get(executed.group(1), sql)
+                if counts is not None:
+                    self._statement(sql, counts)
+        elif counts is None:
+            return
+        elif side == "F" and kind == "Execute":
+            self._statement(self.current, counts)
         elif side == "B" and kind == "ReadyForQuery" and rest.strip() == "I":
             counts.transactions = (counts.transactions or 0) + 1
             if self.wrote:
