@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from adapters import services
+from adapters.pooler import pgbouncer
 from adapters.wire import Wire
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, tool
 from tesserix_adk.adapters.postgres import open_postgres_stores
@@ -63,8 +64,10 @@ async def test_a_groups_statements_are_prepared_once_a_connection_then_sent_by_n
     executes = [q for q in second if "EXECUTE adk_" in q]
     # Every grouped write of the second run: 3 turns of 6 writes, and the final frontier.
     assert len(executes) >= 3 * 5
-    # The statements' text (their CTEs) crosses the wire only inside a PREPARE.
-    assert not [q for q in [*first, *second] if "WITH " in q and "PREPARE " not in q]
+    # The statements' text (their CTEs) crosses the wire only inside a PREPARE, but for
+    # the connection's first message, which asks whether the session is its own.
+    as_text = [q for q in [*first, *second] if "WITH " in q and "PREPARE " not in q]
+    assert len(as_text) == 1 and "pg_backend_pid()" in as_text[0]
 
 
 async def test_behind_a_transaction_pooler_nothing_is_prepared(
@@ -80,7 +83,27 @@ async def test_behind_a_transaction_pooler_nothing_is_prepared(
     finally:
         await stores.aclose()
     assert [q for q in sent if "WITH " in q], "the statements go as text"
-    assert not [q for q in sent if "PREPARE " in q or "EXECUTE " in q]
+    assert not [q for q in sent if "PREPARE adk_" in q or "EXECUTE adk_" in q]
+
+
+async def test_behind_a_pooler_nothing_is_prepared_whatever_prepare_threshold_says(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A prepared statement lives in one server session, which a transaction pooler does
+    not keep for a client: the kit sees the pid it was given is not its backend's."""
+    wire = Wire(monkeypatch, tmp_path)
+    with pgbouncer() as bouncer:
+        url = bouncer.url(schema=pg_schema, prepare_threshold="100000")
+        stores = open_postgres_stores(url)
+        try:
+            await stores.create_schema()
+            await _run(stores, "pooled")
+            await _run(stores, "pooled-again")
+            sent = wire.read()
+        finally:
+            await stores.aclose()
+    assert [q for q in sent if "pg_backend_pid()" in q], "asked on its first message"
+    assert not [q for q in sent if "PREPARE adk_" in q or "EXECUTE adk_" in q]
 
 
 @pytest.fixture
@@ -93,6 +116,14 @@ async def conn(pg_url: str) -> Any:
         await connection.close()
 
 
+async def _prepared(conn: Any) -> PreparedStatements:
+    """A record for ``conn`` that has learnt the session is its own (its first message)."""
+    prepared = PreparedStatements()
+    assert await batched(conn, (), [("SELECT 1 AS one", {})], prepared=prepared) == [[{"one": 1}]]
+    assert prepared.on(conn).direct is True
+    return prepared
+
+
 async def _on_server(conn: Any) -> set[str]:
     cur = await conn.execute("SELECT name FROM pg_prepared_statements")
     return {row[0] for row in await cur.fetchall()}
@@ -101,7 +132,7 @@ async def _on_server(conn: Any) -> set[str]:
 async def test_a_statement_prepared_in_a_message_that_failed_is_found_not_prepared_again(
     conn: Any,
 ) -> None:
-    prepared = PreparedStatements()
+    prepared = await _prepared(conn)
     failing = ("SELECT 1 / %(zero)s::integer AS q", {"zero": 0})
     with pytest.raises(psycopg.errors.DivisionByZero):
         await batched(conn, (), [(UPSERT, {"k": "a", "v": 1}), failing], prepared=prepared)
@@ -117,7 +148,7 @@ async def test_a_statement_prepared_in_a_message_that_failed_is_found_not_prepar
 
 
 async def test_a_prepare_that_failed_is_forgotten_and_prepared_afresh(conn: Any) -> None:
-    prepared = PreparedStatements()
+    prepared = await _prepared(conn)
     missing = ("SELECT v FROM nowhere WHERE k = %(k)s", {"k": "a"})
     with pytest.raises(psycopg.errors.UndefinedTable):
         await batched(conn, (), [missing], prepared=prepared)
@@ -131,7 +162,7 @@ async def test_a_prepare_that_failed_is_forgotten_and_prepared_afresh(conn: Any)
 async def test_a_message_abandoned_midway_leaves_its_names_in_doubt_then_settled(
     conn: Any,
 ) -> None:
-    prepared = PreparedStatements()
+    prepared = await _prepared(conn)
     slow = ("SELECT pg_sleep(%(s)s::float8) AS slept", {"s": 5})
     task = asyncio.create_task(
         batched(conn, (), [(UPSERT, {"k": "b", "v": 1}), slow], prepared=prepared)
@@ -150,7 +181,7 @@ async def test_a_message_abandoned_midway_leaves_its_names_in_doubt_then_settled
 async def test_statements_deallocated_under_the_kit_fail_once_then_are_prepared_again(
     conn: Any,
 ) -> None:
-    prepared = PreparedStatements()
+    prepared = await _prepared(conn)
     await batched(conn, (), [(UPSERT, {"k": "c", "v": 1})], prepared=prepared)
     await conn.execute("DEALLOCATE ALL")
     with pytest.raises(psycopg.errors.InvalidSqlStatementName):
@@ -160,7 +191,7 @@ async def test_statements_deallocated_under_the_kit_fail_once_then_are_prepared_
 
 
 async def test_a_statement_whose_table_changed_is_prepared_again(conn: Any) -> None:
-    prepared = PreparedStatements()
+    prepared = await _prepared(conn)
     everything = ("SELECT * FROM kv WHERE k = %(k)s", {"k": "d"})
     await batched(conn, (), [(UPSERT, {"k": "d", "v": 1})], prepared=prepared)
     assert await batched(conn, (), [everything], prepared=prepared) == [[{"k": "d", "v": 1}]]

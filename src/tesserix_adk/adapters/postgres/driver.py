@@ -15,7 +15,12 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from tesserix_adk.adapters.postgres.prepared import PLACEHOLDER, PreparedStatements, lost_statement
+from tesserix_adk.adapters.postgres.prepared import (
+    BACKEND_PID,
+    PLACEHOLDER,
+    PreparedStatements,
+    lost_statement,
+)
 from tesserix_adk.adapters.postgres.schema import APPLY
 from tesserix_adk.errors import ConfigurationError, StoreReplyLostError, StoreUnavailableError
 
@@ -160,8 +165,6 @@ Statement = tuple[str, Mapping[str, Any]]
 
 # Each bound value in parentheses: psycopg writes -2**63 as " -9223372036854775808", and
 # in "%(step)s::bigint" the cast binds tighter than the minus, which would overflow.
-
-
 @lru_cache(maxsize=256)
 def _parenthesised(sql: str) -> str:
     """``sql`` with each placeholder in parentheses. The kit's statements are a few dozen
@@ -189,31 +192,35 @@ async def batched(
     Flush without arming it again.
     """
     async with psycopg.AsyncClientCursor(conn, row_factory=dict_row) as cur:
+        known = None if prepared is None else prepared.on(conn)
+        asks: list[str] = []
         prepares: list[str] = []
         preparing: dict[str, str] = {}
-        if prepared is None:
+        if prepared is not None and known is not None and known.direct:
+            await prepared.settle(conn)
+            prepares, bound, preparing = prepared.message(cur, known, statements)
+        else:
+            if known is not None and known.direct is None:
+                asks.append(BACKEND_PID)
             bound = [
                 cur.mogrify(_parenthesised(sql), params).rstrip().rstrip(";")
                 for sql, params in statements
             ]
-        else:
-            await prepared.settle(conn)
-            known = prepared.on(conn)
-            prepares, bound, preparing = prepared.message(cur, known, statements)
         # A newline after each: an SQL file's last line may be a comment.
-        first = len(before) + len(prepares)
-        error: BaseException | None = None
+        first = len(before) + len(asks) + len(prepares)
         try:
-            await cur.execute(";\n".join([*before, *prepares, *bound, *after]))
+            await cur.execute(";\n".join([*before, *asks, *prepares, *bound, *after]))
         except BaseException as exc:
-            error = exc
+            if prepared is not None and known is not None and known.direct:
+                prepared.sent(known, preparing, exc)
             raise
-        finally:
-            if prepared is not None:
-                prepared.sent(known, preparing, error)
+        if prepared is not None and known is not None and preparing:
+            prepared.sent(known, preparing, None)
         results: list[list[Row]] = []
         index = 0
         while True:
+            if asks and index == len(before) and prepared is not None and known is not None:
+                prepared.answered(conn, known, await cur.fetchall())
             if first <= index < first + len(statements):
                 results.append(await cur.fetchall() if cur.description is not None else [])
             index += 1

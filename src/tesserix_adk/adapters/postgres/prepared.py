@@ -18,8 +18,12 @@ What a connection has prepared is known exactly, never assumed:
   or can no longer run as prepared (a table changed under it) fails that write once, and
   the connection's statements are prepared again from then on.
 
-Behind a transaction pooler (``prepare_threshold=None``) nothing is prepared: a prepared
-statement lives in one server session, which such a pooler does not keep.
+A prepared statement lives in one server session, so nothing is prepared unless the
+connection is that session's own: the first message on each connection also asks the
+server its backend's pid, and statements are prepared from then on only if it is the pid
+the connection was given at start-up. A pooler (PgBouncer, in any mode, or a managed one)
+hands out a pid of its own, so behind one nothing is prepared, whatever
+``prepare_threshold`` says; with ``prepare_threshold=None`` nothing is prepared anywhere.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
-__all__ = ["PLACEHOLDER", "Prepared", "PreparedStatements", "lost_statement"]
+__all__ = ["BACKEND_PID", "PLACEHOLDER", "Prepared", "PreparedStatements", "lost_statement"]
+
+# Asked in the first message on a connection, beside its statements (no round trip more).
+BACKEND_PID = "SELECT pg_backend_pid() AS adk_backend_pid"
 
 # A psycopg named placeholder, not an escaped "%%(".
 PLACEHOLDER = re.compile(r"(?<!%)%\((\w+)\)s")
@@ -66,10 +73,12 @@ def _form(sql: str) -> _Form:
 
 @dataclass(slots=True, eq=False)
 class Prepared:
-    """What one connection has prepared: statement text to name, and names in doubt."""
+    """What one connection has prepared: statement text to name, and names in doubt; and
+    whether it is its server session's own (``None`` until the server has said)."""
 
     names: dict[str, str] = field(default_factory=dict)
     doubt: dict[str, str] = field(default_factory=dict)
+    direct: bool | None = None
 
 
 class PreparedStatements:
@@ -132,6 +141,13 @@ class PreparedStatements:
                 cur.mogrify(f"EXECUTE {name}({values})" if values else f"EXECUTE {name}", params)
             )
         return prepares, executes, preparing
+
+    @staticmethod
+    def answered(conn: psycopg.AsyncConnection[Any], known: Prepared, rows: list[Any]) -> None:
+        """The server's answer to ``BACKEND_PID``: the connection is its session's own if
+        it names the backend the connection was given at start-up."""
+        pid = rows[0]["adk_backend_pid"] if rows else None
+        known.direct = pid is not None and pid == conn.info.backend_pid
 
     @staticmethod
     def sent(known: Prepared, preparing: dict[str, str], error: BaseException | None) -> None:
