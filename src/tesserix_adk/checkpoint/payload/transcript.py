@@ -35,26 +35,33 @@ def decode_message(data: bytes) -> Message:
     """Read one transcript entry; ``CheckpointCorruptError`` if it cannot be read or does
     not verify (an entry from before checksums is read in its exact old shape only)."""
     raw, _ = _versioned(data, "a transcript entry")
-    try:
-        return _message(raw)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointCorruptError(f"a transcript entry cannot be decoded: {exc}") from exc
+    return _read(raw)
 
 
 def decode_messages(entries: Iterable[bytes]) -> list[Message]:
     """``decode_message`` of each entry, in order: the same messages and the same errors.
 
-    An entry sealed as the kit writes today, holding text and plain tool calls (what a run
-    of tool calls is made of), is read in one pass with less work; any other entry, and
-    any that is not quite that, goes through ``decode_message``, which decides.
+    An entry sealed as the kit writes today is verified and parsed with less work, and one
+    holding text and plain tool calls (what a run of tool calls is made of) read without
+    the general walk; any other entry goes through ``decode_message``, which decides.
     """
-    fast = _reads_fast()
     messages: list[Message] = []
     for entry in entries:
-        raw = _sealed_now(entry, fast)
-        message = None if raw is None else _plain(raw)
-        messages.append(decode_message(entry) if message is None else message)
+        # The interpreter's digit limit is read for each entry, as ``_loads`` reads it.
+        raw = _sealed_now(entry, _reads_fast())
+        if raw is None:
+            messages.append(decode_message(entry))
+            continue
+        message = _plain(raw)
+        messages.append(_read(raw) if message is None else message)
     return messages
+
+
+def _read(raw: dict[str, Any]) -> Message:
+    try:
+        return _message(raw)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointCorruptError(f"a transcript entry cannot be decoded: {exc}") from exc
 
 
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "is_error"})

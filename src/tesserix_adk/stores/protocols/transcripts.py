@@ -26,10 +26,12 @@ def chained(previous: str, items: Iterable[bytes]) -> str:
     """``chain_digest`` applied to each of ``items`` in turn: the digest of ``previous``'s
     prefix extended by all of them (a resume chains every entry of the run)."""
     sha256 = hashlib.sha256
-    digest = previous.encode("ascii")
+    digest: bytes | None = None
     for item in items:
-        digest = b"sha256:" + sha256(digest + b"\x00" + sha256(item).digest()).hexdigest().encode()
-    return digest.decode("ascii")
+        # ``previous`` is encoded only once there is something to chain onto it.
+        prefix = previous.encode("ascii") if digest is None else digest
+        digest = b"sha256:" + sha256(prefix + b"\x00" + sha256(item).digest()).hexdigest().encode()
+    return previous if digest is None else digest.decode("ascii")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
