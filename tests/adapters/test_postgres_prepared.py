@@ -220,3 +220,12 @@ async def test_a_group_write_after_its_statements_were_deallocated_stops_retryab
         await _run(stores, "after")
     finally:
         await stores.aclose()
+
+
+async def test_two_records_over_one_connection_never_name_a_statement_alike(conn: Any) -> None:
+    """Two databases built over one pool each keep their own record of the same sessions."""
+    first, second = await _prepared(conn), await _prepared(conn)
+    for prepared in (first, second, first):
+        [[row]] = await batched(conn, (), [(UPSERT, {"k": "e", "v": 5})], prepared=prepared)
+        assert row == {"k": "e", "v": 5}
+    assert len(await _on_server(conn)) == 2

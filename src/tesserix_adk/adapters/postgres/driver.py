@@ -198,6 +198,7 @@ async def batched(
         preparing: dict[str, str] = {}
         if prepared is not None and known is not None and known.direct:
             await prepared.settle(conn)
+        if prepared is not None and known is not None and known.direct and not known.doubt:
             prepares, bound, preparing = prepared.message(cur, known, statements)
         else:
             if known is not None and known.direct is None:

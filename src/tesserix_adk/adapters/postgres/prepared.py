@@ -13,7 +13,10 @@ What a connection has prepared is known exactly, never assumed:
 - a message that failed or was abandoned leaves its names *in doubt* (``PREPARE`` is not
   undone with a transaction, so it may or may not have run); before the connection's next
   statement one query asks the server which of them exist, and the rest are forgotten;
-- every ``PREPARE`` uses a fresh name, so none can collide with one in doubt;
+- every ``PREPARE`` uses a fresh name, so none can collide with one in doubt (or with
+  another database object's over the same pool);
+- while names are in doubt and the server cannot be asked (a failed transaction), the
+  statements go as text, preparing nothing;
 - a statement the server no longer has (``DEALLOCATE`` or ``DISCARD`` run by someone else)
   or can no longer run as prepared (a table changed under it) fails that write once, and
   the connection's statements are prepared again from then on.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import secrets
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -89,6 +93,8 @@ class PreparedStatements:
             weakref.WeakKeyDictionary()
         )
         self._serial = itertools.count(1)
+        # Two databases over one pool each keep a record: their names never meet.
+        self._prefix = f"adk_{secrets.token_hex(4)}_"
 
     def on(self, conn: psycopg.AsyncConnection[Any]) -> Prepared:
         """The record of ``conn`` (empty for a connection not seen before)."""
@@ -134,7 +140,7 @@ class PreparedStatements:
             form = _form(sql)
             name = known.names.get(sql) or preparing.get(sql)
             if name is None:
-                name = preparing[sql] = f"adk_{next(self._serial)}"
+                name = preparing[sql] = f"{self._prefix}{next(self._serial)}"
                 prepares.append(f"PREPARE {name} AS {form.text.rstrip().rstrip(';')}\n")
             values = ", ".join(f"%({n})s" for n in form.names)
             executes.append(
