@@ -133,9 +133,9 @@ class PostgresDatabase:
         # Executions of a statement before psycopg prepares it on the server; None: never
         # (what a transaction pooler needs, as prepared statements live in one session).
         self.prepare_threshold = prepare_threshold
-        # A write group's statements, prepared once per connection (``prepared``); never
-        # behind a transaction pooler, whose sessions do not keep them.
-        self.prepared = None if prepare_threshold is None else PreparedStatements()
+        # The kit's statements, prepared on each direct connection after that many runs
+        # (``prepared``); never with None, as behind a transaction pooler.
+        self.prepared = None if prepare_threshold is None else PreparedStatements(prepare_threshold)
         self.begin_statements = begin_statements(self.timeout)
         self._opening = asyncio.Lock()
         self._closed = False
@@ -171,7 +171,8 @@ class PostgresDatabase:
             conninfo,
             kwargs={
                 **_socket_options(conninfo, timeout),
-                "prepare_threshold": prepare_threshold,
+                # The kit prepares its statements itself (``prepared``): psycopg never.
+                "prepare_threshold": None,
             },
             min_size=pool_min,
             max_size=pool_max,
@@ -248,7 +249,7 @@ class PostgresDatabase:
                 call.sent = True
                 try:
                     async with asyncio.timeout(self.timeout):
-                        return await alone(conn, self.begin_statements, sql, params)
+                        return await alone(conn, self.begin_statements, sql, params, self.prepared)
                 except TimeoutError as exc:
                     raise StoreReplyLostError(
                         f"PostgreSQL did not answer {action} within {self.timeout:g} s; the "

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
-from functools import lru_cache
 from typing import Any
 
 import psycopg
@@ -17,8 +16,8 @@ from psycopg.rows import dict_row
 
 from tesserix_adk.adapters.postgres.prepared import (
     BACKEND_PID,
-    PLACEHOLDER,
     PreparedStatements,
+    as_text,
     lost_statement,
 )
 from tesserix_adk.adapters.postgres.schema import APPLY
@@ -139,12 +138,24 @@ async def transaction(
 
 
 async def alone(
-    conn: psycopg.AsyncConnection[Any], begin: tuple[str, ...], sql: str, params: Mapping[str, Any]
+    conn: psycopg.AsyncConnection[Any],
+    begin: tuple[str, ...],
+    sql: str,
+    params: Mapping[str, Any],
+    prepared: PreparedStatements | None = None,
 ) -> list[Row]:
     """``sql`` in a transaction of its own, sent with its ``begin`` and COMMIT in one
-    pipeline (one round trip); its rows."""
+    round trip; its rows. With ``prepared``, as one message that runs the statement
+    prepared (``batched``); else as one pipeline, bound on the server."""
     if not conn.autocommit:
         await conn.set_autocommit(True)
+    if prepared is not None:
+        try:
+            (rows,) = await batched(conn, begin, [(sql, params)], ("COMMIT",), prepared)
+        except BaseException:
+            await roll_back(conn)
+            raise
+        return rows
     try:
         async with conn.cursor(row_factory=dict_row) as cur:
             # The pipeline's exit is its one Sync (a sync() inside it would cost a second
@@ -163,16 +174,6 @@ async def alone(
 Statement = tuple[str, Mapping[str, Any]]
 
 
-# Each bound value in parentheses: psycopg writes -2**63 as " -9223372036854775808", and
-# in "%(step)s::bigint" the cast binds tighter than the minus, which would overflow.
-@lru_cache(maxsize=256)
-def _parenthesised(sql: str) -> str:
-    """``sql`` with each placeholder in parentheses. The kit's statements are a few dozen
-    fixed texts, each rewritten once rather than on every write (a regex substitution with
-    a template per placeholder: tens of microseconds a statement)."""
-    return PLACEHOLDER.sub(r"(\g<0>)", sql)
-
-
 async def batched(
     conn: psycopg.AsyncConnection[Any],
     before: Sequence[str],
@@ -185,32 +186,35 @@ async def batched(
     With ``prepared``, each statement is prepared on the connection the first time and then
     executed by name (``prepared`` says why and how).
 
-    For writes inside a transaction that stays open after them (a write group). The server
+    For writes inside a transaction that stays open after them (a write group), or ended
+    by a COMMIT in ``after`` (``alone``). The server
     ends the message with the ReadyForQuery that arms its idle-in-transaction timer, so a
     holder frozen inside the transaction is ended by the server. A pipeline would not do:
     psycopg ends one with a Flush after its Sync, and the server disarms that timer on the
     Flush without arming it again.
     """
-    async with psycopg.AsyncClientCursor(conn, row_factory=dict_row) as cur:
-        known = None if prepared is None else prepared.on(conn)
-        asks: list[str] = []
-        prepares: list[str] = []
-        preparing: dict[str, str] = {}
-        if prepared is not None and known is not None and known.direct:
-            await prepared.settle(conn)
-        if prepared is not None and known is not None and known.direct and not known.doubt:
-            prepares, bound, preparing = prepared.message(cur, known, statements)
-        else:
-            if known is not None and known.direct is None:
-                asks.append(BACKEND_PID)
-            bound = [
-                cur.mogrify(_parenthesised(sql), params).rstrip().rstrip(";")
-                for sql, params in statements
-            ]
-        # A newline after each: an SQL file's last line may be a comment.
-        first = len(before) + len(asks) + len(prepares)
+    # Binds the values on the client (``mogrify``) and sends nothing: the message goes on a
+    # cursor of the connection's own, without parameters, so as one simple Query.
+    binder = psycopg.AsyncClientCursor(conn)
+    known = None if prepared is None else prepared.on(conn)
+    asks: list[str] = []
+    prepares: list[str] = []
+    preparing: dict[str, str] = {}
+    if prepared is not None and known is not None and known.direct:
+        await prepared.settle(conn)
+    if prepared is not None and known is not None and known.direct and not known.doubt:
+        prepares, bound, preparing = prepared.message(binder, known, statements)
+    else:
+        if known is not None and known.direct is None:
+            asks.append(BACKEND_PID)
+        bound = [as_text(binder, sql, params) for sql, params in statements]
+    # A newline after each: an SQL file's last line may be a comment.
+    first = len(before) + len(asks) + len(prepares)
+    async with conn.cursor(row_factory=dict_row) as cur:
         try:
-            await cur.execute(";\n".join([*before, *asks, *prepares, *bound, *after]))
+            await cur.execute(
+                ";\n".join([*before, *asks, *prepares, *bound, *after]), prepare=False
+            )
         except BaseException as exc:
             if prepared is not None and known is not None and known.direct:
                 prepared.sent(known, preparing, exc)

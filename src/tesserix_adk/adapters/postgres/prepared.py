@@ -21,6 +21,12 @@ What a connection has prepared is known exactly, never assumed:
   or can no longer run as prepared (a table changed under it) fails that write once, and
   the connection's statements are prepared again from then on.
 
+The kit prepares every statement it runs this way, in a group or alone (``driver.alone``),
+once it has run ``prepare_threshold`` times as text on the connection; psycopg's own
+preparing is off on the kit's connections. It must be: psycopg answers every ROLLBACK on a
+connection where it has prepared anything with ``DEALLOCATE ALL``, which would take the
+kit's statements with it after any failed write.
+
 A prepared statement lives in one server session, so nothing is prepared unless the
 connection is that session's own: the first message on each connection also asks the
 server its backend's pid, and statements are prepared from then on only if it is the pid
@@ -44,13 +50,20 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
-__all__ = ["BACKEND_PID", "PLACEHOLDER", "Prepared", "PreparedStatements", "lost_statement"]
+__all__ = [
+    "BACKEND_PID",
+    "Prepared",
+    "PreparedStatements",
+    "as_text",
+    "lost_statement",
+]
 
 # Asked in the first message on a connection, beside its statements (no round trip more).
 BACKEND_PID = "SELECT pg_backend_pid() AS adk_backend_pid"
 
-# A psycopg named placeholder, not an escaped "%%(".
-PLACEHOLDER = re.compile(r"(?<!%)%\((\w+)\)s")
+# A psycopg named placeholder, or an escaped percent sign ("%%"), read left to right: in
+# "7 %%%(n)s" the "%%" is a literal and "%(n)s" the placeholder.
+_TOKEN = re.compile(r"%%|%\((\w+)\)s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +81,27 @@ def _form(sql: str) -> _Form:
 
     def numbered(found: re.Match[str]) -> str:
         name = found.group(1)
+        if name is None:
+            return "%"  # PREPARE takes the statement as it is: no escapes
         if name not in names:
             names.append(name)
         return f"(${names.index(name) + 1})"
 
-    return _Form(PLACEHOLDER.sub(numbered, sql).replace("%%", "%"), tuple(names))
+    return _Form(_TOKEN.sub(numbered, sql), tuple(names))
+
+
+# Each bound value in parentheses: psycopg writes -2**63 as " -9223372036854775808", and
+# in "%(step)s::bigint" the cast binds tighter than the minus, which would overflow.
+@lru_cache(maxsize=256)
+def _parenthesised(sql: str) -> str:
+    # Rewritten once per statement rather than on every write (a regex substitution with a
+    # template per placeholder: tens of microseconds a statement).
+    return _TOKEN.sub(lambda found: found[0] if found[1] is None else f"({found[0]})", sql)
+
+
+def as_text(cur: psycopg.AsyncClientCursor[Any], sql: str, params: Mapping[str, Any]) -> str:
+    """``sql`` with its values bound by psycopg, to send as text."""
+    return cur.mogrify(_parenthesised(sql), params).rstrip().rstrip(";")
 
 
 @dataclass(slots=True, eq=False)
@@ -83,12 +112,15 @@ class Prepared:
     names: dict[str, str] = field(default_factory=dict)
     doubt: dict[str, str] = field(default_factory=dict)
     direct: bool | None = None
+    # Times each statement went as text, towards ``prepare_threshold``.
+    runs: dict[str, int] = field(default_factory=dict)
 
 
 class PreparedStatements:
     """The kit's statements prepared on each connection of one database's pool."""
 
-    def __init__(self) -> None:
+    def __init__(self, threshold: int = 0) -> None:
+        self.threshold = threshold
         self._on: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], Prepared] = (
             weakref.WeakKeyDictionary()
         )
@@ -101,6 +133,8 @@ class PreparedStatements:
         known = self._on.get(conn)
         if known is None:
             known = self._on[conn] = Prepared()
+            # Built by hand, a pool's connections may prepare by psycopg's count too.
+            conn.prepare_threshold = None
         return known
 
     async def settle(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -137,8 +171,12 @@ class PreparedStatements:
         prepares: list[str] = []
         executes: list[str] = []
         for sql, params in statements:
-            form = _form(sql)
             name = known.names.get(sql) or preparing.get(sql)
+            if name is None and known.runs.get(sql, 0) < self.threshold:
+                known.runs[sql] = known.runs.get(sql, 0) + 1
+                executes.append(as_text(cur, sql, params))
+                continue
+            form = _form(sql)
             if name is None:
                 name = preparing[sql] = f"{self._prefix}{next(self._serial)}"
                 prepares.append(f"PREPARE {name} AS {form.text.rstrip().rstrip(';')}\n")
