@@ -65,7 +65,8 @@ Pool = AsyncConnectionPool[psycopg.AsyncConnection[Any]]
 
 # Seconds: the client-side deadline of every call, unless the URL says ``timeout=``.
 DEFAULT_TIMEOUT = 5.0
-# psycopg's own default: a statement is prepared on the server from its fifth execution.
+# Runs of a statement as text on a connection before the kit prepares it there (psycopg's
+# own default for its own preparing, which is off on the kit's connections: ``prepared``).
 PREPARE_THRESHOLD = 5
 # A connection refused for one of these is a setting to fix, not an outage: by the server
 # (unknown database or role, bad password, no CONNECT privilege) or by a pooler (PgBouncer's

@@ -91,8 +91,9 @@ def open_postgres_stores(url: str) -> Stores:
     below the lease ttl; the server's statement and lock timeouts are set below it),
     ``schema`` (the schema the kit's tables are in, qualified in every statement: no
     startup parameter, so it works behind a pooler; default: the search_path's first) and
-    ``prepare_threshold`` (``none``: never prepare a statement on the server, which a
-    transaction pooler needs; or after how many executions, default 5); everything else
+    ``prepare_threshold`` (``none``: never prepare a statement on the server, as behind a
+    transaction pooler; or after how many runs as text on a direct connection, default 5:
+    see ``prepared``); everything else
     goes to psycopg (e.g. ``options=-csearch_path%3Dmy_schema`` on a direct connection).
     ``create_schema()`` applies ``EXPECTED_CHECKPOINT_SCHEMA``; ``verify()`` checks it;
     ``aclose()`` closes the pool.
