@@ -16,19 +16,13 @@ import contextlib
 import copy
 import dataclasses
 import enum
-import importlib
-import io
 import json
-import math
 import random
-import re
-import subprocess
 import sys
-import tarfile
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -39,6 +33,7 @@ from hypothesis import strategies as st
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from archived import archived, canonical
 from booking import BOOK_TURNS, Airline, booking_agent
 from tesserix_adk import (
     AgentRunner,
@@ -88,56 +83,13 @@ _FAST = settings(
 @pytest.fixture(scope="module")
 def old(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     """The modules of ``tesserix_adk`` at ``902064a^``, imported as ``tesserix_adk_old``."""
-    archived = subprocess.run(
-        ["git", "-C", str(_REPO), "archive", _BEFORE, "src/tesserix_adk"],
-        capture_output=True,
-        check=False,
-    )
-    if archived.returncode != 0:
-        pytest.skip(f"no git history to build the old decoder from: {archived.stderr[:200]!r}")
-    root = tmp_path_factory.mktemp("before_902064a")
-    with tarfile.open(fileobj=io.BytesIO(archived.stdout)) as tar:
-        if hasattr(tarfile, "data_filter"):  # 3.11.4 and later
-            tar.extraction_filter = tarfile.data_filter
-        tar.extractall(root)
-    package = root / "tesserix_adk_old"
-    (root / "src" / "tesserix_adk").rename(package)
-    for source in package.rglob("*.py"):
-        text = source.read_text(encoding="utf-8")
-        source.write_text(re.sub(r"\btesserix_adk\b", "tesserix_adk_old", text), encoding="utf-8")
-    sys.path.insert(0, str(root))
-    try:
-        payload = importlib.import_module("tesserix_adk_old.checkpoint.payload")
+    with archived(_BEFORE, "tesserix_adk_old", tmp_path_factory.mktemp("before_902064a")) as module:
+        payload = module("checkpoint.payload")
         yield SimpleNamespace(
-            envelope=importlib.import_module("tesserix_adk_old.checkpoint.payload.envelope"),
+            envelope=module("checkpoint.payload.envelope"),
             payload=payload,
-            messages=importlib.import_module("tesserix_adk_old.messages"),
+            messages=module("messages"),
         )
-    finally:
-        sys.path.remove(str(root))
-        for name in [n for n in sys.modules if n.split(".")[0] == "tesserix_adk_old"]:
-            del sys.modules[name]
-
-
-def _canon(value: Any) -> Any:
-    """A comparable form that keeps what ``==`` forgets: types (1 vs 1.0 vs True, list vs
-    tuple), the sign of zero, NaN, key order, enum classes."""
-    if isinstance(value, enum.Enum):
-        return ("enum", type(value).__name__, value.value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        return (
-            type(value).__name__,
-            tuple((f.name, _canon(getattr(value, f.name))) for f in fields),
-        )
-    if isinstance(value, float):
-        return ("float", "nan" if math.isnan(value) else repr(value))
-    if isinstance(value, Mapping):
-        items = tuple((_canon(k), _canon(v)) for k, v in value.items())
-        return ("map", type(value).__name__, items)
-    if isinstance(value, list | tuple):
-        return (type(value).__name__, tuple(_canon(v) for v in value))
-    return (type(value).__name__, value)
 
 
 def _has_nan(canon: Any) -> bool:
@@ -152,7 +104,7 @@ def _result(read: Callable[[bytes], Any], data: bytes) -> tuple[str, Any]:
         got = read(data)
     except Exception as exc:  # any escape is compared, typed or not
         return ("raised", type(exc).__name__)
-    return ("read", _canon(got))
+    return ("read", canonical(got))
 
 
 def _same_as_before(
@@ -174,7 +126,7 @@ def _json_meaning(data: bytes) -> tuple[str, Any]:
         return ("raised", "CheckpointCorruptError")
     if not _within(value, MAX_NESTING):
         return ("raised", "CheckpointCorruptError")
-    return ("read", _canon(value))
+    return ("read", canonical(value))
 
 
 def _within(value: Any, limit: int) -> bool:
@@ -863,11 +815,11 @@ def test_a_well_formed_entry_decodes_to_a_normalised_message_equal_to_a_user_bui
         )
         assert type(got.tool_calls) is tuple
         assert all(type(c) is ToolCall and type(c.arguments) is dict for c in got.tool_calls)
-        if not _has_nan(_canon(got)):  # a NaN argument is equal only by _canon
+        if not _has_nan(canonical(got)):  # a NaN argument is equal only by _canon
             assert got == _user_message(entry)
-        assert _canon(got) == _canon(_user_message(entry))
+        assert canonical(got) == canonical(_user_message(entry))
         before = old.payload.decode_message(payload)
-        assert _canon(got) == _canon(before)
+        assert canonical(got) == canonical(before)
         with pytest.raises(dataclasses.FrozenInstanceError):
             got.content = "changed"  # type: ignore[misc]
 
@@ -938,7 +890,7 @@ def test_a_user_built_message_normalises_as_before(
     assert type(got.role) is Role and got.role.value == before.role.value
     assert type(got.content) is (str if isinstance(content, str) else tuple)
     assert type(got.tool_calls) is tuple
-    assert _canon(got) == _canon(before)
+    assert canonical(got) == canonical(before)
     same = Message(
         Role(str(role)),
         content if isinstance(content, str) else tuple(content),

@@ -24,15 +24,9 @@ import dataclasses
 import enum
 import hashlib
 import importlib
-import io
 import json
-import math
-import re
-import subprocess
 import sys
-import tarfile
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,6 +34,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from archived import archived, canonical
 from tesserix_adk.checkpoint.checkpointer import Checkpointer, TranscriptCursor
 from tesserix_adk.checkpoint.payload import (
     CHECKPOINT_FORMAT,
@@ -67,7 +62,6 @@ from tesserix_adk.stores.protocols import (
 )
 from tesserix_adk.testing.secrets import planted_cases, planted_secrets
 
-_REPO = Path(__file__).resolve().parents[2]
 _BEFORE = "87f240d^"
 _OLD = "tesserix_adk_pre_fast_transcript"
 
@@ -88,62 +82,16 @@ _SETTINGS = settings(
 @pytest.fixture(scope="module")
 def old(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     """The modules of ``tesserix_adk`` at ``87f240d^``, imported as ``_OLD``."""
-    archived = subprocess.run(
-        ["git", "-C", str(_REPO), "archive", _BEFORE, "src/tesserix_adk"],
-        capture_output=True,
-        check=False,
-    )
-    if archived.returncode != 0:
-        pytest.skip(f"no git history to build the old code from: {archived.stderr[:200]!r}")
-    root = tmp_path_factory.mktemp("before_87f240d")
-    with tarfile.open(fileobj=io.BytesIO(archived.stdout)) as tar:
-        if hasattr(tarfile, "data_filter"):  # 3.11.4 and later
-            tar.extraction_filter = tarfile.data_filter
-        tar.extractall(root)
-    package = root / _OLD
-    (root / "src" / "tesserix_adk").rename(package)
-    for source in package.rglob("*.py"):
-        text = source.read_text(encoding="utf-8")
-        source.write_text(re.sub(r"\btesserix_adk\b", _OLD, text), encoding="utf-8")
-    sys.path.insert(0, str(root))
-    try:
+    with archived(_BEFORE, _OLD, tmp_path_factory.mktemp("before_87f240d")) as module:
         yield SimpleNamespace(
-            envelope=importlib.import_module(f"{_OLD}.checkpoint.payload.envelope"),
-            payload=importlib.import_module(f"{_OLD}.checkpoint.payload"),
-            checkpointer=importlib.import_module(f"{_OLD}.checkpoint.checkpointer"),
-            redactor=importlib.import_module(f"{_OLD}.checkpoint.redaction.redactor"),
-            protocols=importlib.import_module(f"{_OLD}.stores.protocols"),
-            history=importlib.import_module(f"{_OLD}.stores.memory.history"),
-            messages=importlib.import_module(f"{_OLD}.messages"),
+            envelope=module("checkpoint.payload.envelope"),
+            payload=module("checkpoint.payload"),
+            checkpointer=module("checkpoint.checkpointer"),
+            redactor=module("checkpoint.redaction.redactor"),
+            protocols=module("stores.protocols"),
+            history=module("stores.memory.history"),
+            messages=module("messages"),
         )
-    finally:
-        sys.path.remove(str(root))
-        for name in [n for n in sys.modules if n.split(".")[0] == _OLD]:
-            del sys.modules[name]
-
-
-def _canon(value: Any) -> Any:
-    """A comparable form that keeps what ``==`` forgets: types (1 vs 1.0 vs True, list vs
-    tuple, str vs a subclass), the sign of zero, NaN, key order, enum classes by name."""
-    if isinstance(value, enum.Enum):
-        return ("enum", type(value).__name__, value.value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        return (
-            type(value).__name__,
-            tuple((f.name, _canon(getattr(value, f.name))) for f in fields),
-        )
-    if isinstance(value, float):
-        return ("float", "nan" if math.isnan(value) else repr(value))
-    if isinstance(value, int) and not isinstance(value, bool):
-        # Compared without str(): a huge integer may be past the interpreter's digit limit.
-        return (type(value).__name__, value.bit_length(), value % (2**61 - 1), value < 0)
-    if isinstance(value, Mapping):
-        items = tuple((_canon(k), _canon(v)) for k, v in value.items())
-        return ("map", type(value).__name__, items)
-    if isinstance(value, list | tuple):
-        return (type(value).__name__, tuple(_canon(v) for v in value))
-    return (type(value).__name__, value)
 
 
 def _outcome(read: Callable[[], Any]) -> tuple[Any, ...]:
@@ -152,7 +100,7 @@ def _outcome(read: Callable[[], Any]) -> tuple[Any, ...]:
         got = read()
     except Exception as exc:  # any escape is compared, typed or not
         return ("raised", type(exc).__name__, str(exc))
-    return ("read", _canon(got))
+    return ("read", canonical(got))
 
 
 def _one_by_one(old: SimpleNamespace, entries: list[Any]) -> tuple[Any, ...]:
@@ -555,7 +503,7 @@ def test_a_generator_of_entries_is_read_once_and_in_order(old: SimpleNamespace) 
             seen.append(i)
             yield entry
 
-    assert _canon(decode_messages(entries())) == _one_by_one(old, [_PLAIN, _CALLS, _PLAIN])[1]
+    assert canonical(decode_messages(entries())) == _one_by_one(old, [_PLAIN, _CALLS, _PLAIN])[1]
     assert seen == [0, 1, 2]
 
 
