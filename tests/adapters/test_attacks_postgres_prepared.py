@@ -175,7 +175,9 @@ _CLOCK = re.compile(r"\b1\d{9}\.\d+|datetime\.datetime\([^)]*\)")
 
 _DUMPS = {
     "adk_ledger": "*",
-    "adk_work": "tenant, run_id, agent, state, attempts, reason, input, not_before - since",
+    # want.sql reads the clock twice (since, then not_before): microseconds apart.
+    "adk_work": "tenant, run_id, agent, state, attempts, reason, input, "
+    "round(extract(epoch FROM not_before - since)::numeric, 2)",
     "adk_idempotency": "key, status, holder, tenant, run_id, iteration, tool, call_id, "
     "side_effects, idempotent, fence, outcome, expires_at - since",
     "adk_approvals": "id, tenant, run_id, calls::text, iteration, status",

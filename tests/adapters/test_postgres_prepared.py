@@ -4,6 +4,7 @@ by name, and what a connection has prepared is known, never assumed (``prepared`
 from __future__ import annotations
 
 import asyncio
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from adapters.wire import Wire
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, tool
 from tesserix_adk.adapters.postgres import open_postgres_stores
 from tesserix_adk.adapters.postgres.driver import batched
-from tesserix_adk.adapters.postgres.prepared import PreparedStatements
+from tesserix_adk.adapters.postgres.prepared import PreparedStatements, _form
 from tesserix_adk.errors import StoreUnavailableError
 from tesserix_adk.stores.bundle import Stores
 
@@ -237,3 +238,35 @@ async def test_two_records_over_one_connection_never_name_a_statement_alike(conn
         [[row]] = await batched(conn, (), [(UPSERT, {"k": "e", "v": 5})], prepared=prepared)
         assert row == {"k": "e", "v": 5}
     assert len(await _on_server(conn)) == 2
+
+
+_NARROW = {"integer": ("integer", "int4", "int"), "smallint": ("smallint", "int2")}
+
+
+async def test_a_value_prepared_as_a_narrow_integer_is_cast_so_in_the_statement_too(
+    pg_stores: Stores, pg_admin: Any
+) -> None:
+    """Prepared, a value takes the type its context gives it; as text, a literal keeps its
+    own. Where the two could differ (an integer column compared with a Python int past
+    int4), the statement casts the value itself, so both read it alike (found by attack:
+    records_from compared ``iteration`` uncast and failed past 2**31 once prepared)."""
+    sql = resources.files("tesserix_adk.adapters.postgres") / "sql"
+    files = sorted(
+        f for folder in sql.iterdir() for f in folder.iterdir() if f.name.endswith(".sql")
+    )
+    assert len(files) > 30
+    uncast = []
+    for file in files:
+        text = file.read_text(encoding="utf-8")
+        form = _form(text)
+        await pg_admin.execute(f"PREPARE adk_probe AS {form.text}")
+        cur = await pg_admin.execute(
+            "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'adk_probe'"
+        )
+        (types,) = await cur.fetchone()
+        await pg_admin.execute("DEALLOCATE adk_probe")
+        for name, kind in zip(form.names, types, strict=True):
+            casts = _NARROW.get(kind, ())
+            if casts and not any(f"%({name})s::{cast}" in text for cast in casts):
+                uncast.append(f"{file.name}: {name} ({kind})")
+    assert uncast == []
