@@ -131,11 +131,10 @@ class PostgresDatabase:
         # tables qualified by ``schema`` when one is named (checked: ConfigurationError).
         self.schema = Schema.load(schema)
         self.tables = qualified_tables(schema)
-        # Executions of a statement before psycopg prepares it on the server; None: never
-        # (what a transaction pooler needs, as prepared statements live in one session).
+        # Runs of a statement as text on a connection before the kit prepares it there, on
+        # direct connections only (``prepared``); None: never (behind a transaction pooler,
+        # as prepared statements live in one session).
         self.prepare_threshold = prepare_threshold
-        # The kit's statements, prepared on each direct connection after that many runs
-        # (``prepared``); never with None, as behind a transaction pooler.
         self.prepared = None if prepare_threshold is None else PreparedStatements(prepare_threshold)
         self.begin_statements = begin_statements(self.timeout)
         self._opening = asyncio.Lock()

@@ -183,15 +183,14 @@ async def batched(
 ) -> list[list[Row]]:
     """``before``, ``statements`` and ``after`` in one message of the simple query protocol,
     their parameters bound by psycopg on the client: one round trip; each statement's rows.
-    With ``prepared``, each statement is prepared on the connection the first time and then
-    executed by name (``prepared`` says why and how).
+    With ``prepared``, each statement is prepared on a direct connection once it has run
+    there often enough as text, and executed by name after (``prepared`` says why and how).
 
-    For writes inside a transaction that stays open after them (a write group), or ended
-    by a COMMIT in ``after`` (``alone``). The server
-    ends the message with the ReadyForQuery that arms its idle-in-transaction timer, so a
-    holder frozen inside the transaction is ended by the server. A pipeline would not do:
-    psycopg ends one with a Flush after its Sync, and the server disarms that timer on the
-    Flush without arming it again.
+    For writes inside a transaction that stays open after them (a write group), or ended by
+    a COMMIT in ``after`` (``alone``). The server ends the message with the ReadyForQuery
+    that arms its idle-in-transaction timer, so a holder frozen inside the transaction is
+    ended by the server. A pipeline would not do: psycopg ends one with a Flush after its
+    Sync, and the server disarms that timer on the Flush without arming it again.
     """
     # Binds the values on the client (``mogrify``) and sends nothing: the message goes on a
     # cursor of the connection's own, without parameters, so as one simple Query.

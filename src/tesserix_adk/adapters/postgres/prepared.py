@@ -1,11 +1,12 @@
-"""A write group's statements prepared on the server, once per connection.
+"""The kit's statements prepared on the server, once per connection.
 
-A group's writes go as simple queries (``driver.batched``: one round trip each, and the
-server's idle timer stays armed), so PostgreSQL would parse and plan every statement again
-on every write: a fifth of a millisecond of the server's time for each of the kit's CTEs,
-a dozen a turn. Instead each statement is prepared (``PREPARE``) the first time it runs on
-a connection, in the same message, and after that sent as ``EXECUTE name(values)``: the
-server keeps its plan, and the wire carries the values, not the statement.
+Every call goes as one simple query (``driver.batched``: one round trip, and a write
+group's idle timer stays armed), so PostgreSQL would parse and plan each statement again on
+every call: a fifth of a millisecond of the server's time for each of the kit's CTEs, a
+dozen a turn. Instead, once a statement has run ``prepare_threshold`` times as text on a
+connection, it is prepared there (``PREPARE``, in the message that next runs it) and sent
+as ``EXECUTE name(values)`` from then on: the server keeps its plan, and the wire carries
+the values, not the statement.
 
 What a connection has prepared is known exactly, never assumed:
 
@@ -21,11 +22,10 @@ What a connection has prepared is known exactly, never assumed:
   or can no longer run as prepared (a table changed under it) fails that write once, and
   the connection's statements are prepared again from then on.
 
-The kit prepares every statement it runs this way, in a group or alone (``driver.alone``),
-once it has run ``prepare_threshold`` times as text on the connection; psycopg's own
-preparing is off on the kit's connections. It must be: psycopg answers every ROLLBACK on a
-connection where it has prepared anything with ``DEALLOCATE ALL``, which would take the
-kit's statements with it after any failed write.
+This holds for every statement the kit runs, in a group or alone (``driver.alone``), and
+psycopg's own preparing is off on the kit's connections. It must be: psycopg answers every
+ROLLBACK on a connection where it has prepared anything with ``DEALLOCATE ALL``, which would
+take the kit's statements with it after any failed write.
 
 A prepared statement lives in one server session, so nothing is prepared unless the
 connection is that session's own: the first message on each connection also asks the
@@ -90,12 +90,11 @@ def _form(sql: str) -> _Form:
     return _Form(_TOKEN.sub(numbered, sql), tuple(names))
 
 
-# Each bound value in parentheses: psycopg writes -2**63 as " -9223372036854775808", and
-# in "%(step)s::bigint" the cast binds tighter than the minus, which would overflow.
 @lru_cache(maxsize=256)
 def _parenthesised(sql: str) -> str:
-    # Rewritten once per statement rather than on every write (a regex substitution with a
-    # template per placeholder: tens of microseconds a statement).
+    # Each bound value in parentheses: psycopg writes -2**63 as " -9223372036854775808",
+    # and in "%(step)s::bigint" the cast binds tighter than the minus, which would
+    # overflow. Rewritten once per statement, not on every call (tens of microseconds).
     return _TOKEN.sub(lambda found: found[0] if found[1] is None else f"({found[0]})", sql)
 
 
@@ -165,8 +164,9 @@ class PreparedStatements:
         statements: Sequence[tuple[str, Mapping[str, Any]]],
     ) -> tuple[list[str], list[str], dict[str, str]]:
         """The ``PREPARE``s the statements need on this connection, each statement as an
-        ``EXECUTE`` with its values bound, and the names the message prepares (recorded by
-        ``sent`` once it has succeeded)."""
+        ``EXECUTE`` with its values bound (or as text, until it has run ``threshold``
+        times), and the names the message prepares (recorded by ``sent`` once it has
+        succeeded)."""
         preparing: dict[str, str] = {}
         prepares: list[str] = []
         executes: list[str] = []
