@@ -50,6 +50,7 @@ from tesserix_adk.adapters.redis.keys import _glob_escape, _Keys
 from tesserix_adk.adapters.redis.lua import _read
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.errors import (
+    CheckpointCorruptError,
     CheckpointTooLargeError,
     HistoryUnavailableError,
     StaleFenceError,
@@ -1335,3 +1336,35 @@ async def test_a_run_on_keep_last_one_prunes_its_steps_and_resumes_from_its_tran
             await services.delete_prefixed(client, redis_prefix)
         finally:
             await client.aclose()
+
+
+# Found by review: put.lua and append.lua, run alone (a frontier without a transcript
+# store beside it, or stores on different clients), wrote before a key of another type
+# failed a later command, as put_with_history.lua did before it checked its keys; the
+# caller was told of a failure for a write that had partly landed.
+@pytest.mark.parametrize("damaged", ["cp:frontier", "cp:steps", "cp:step-fences", "cp:step-index"])
+async def test_a_damaged_key_fails_a_frontier_written_alone_with_nothing_written(
+    redis_client: Redis, redis_prefix: str, damaged: str
+) -> None:
+    cp, _ = _stores(redis_client, redis_prefix)
+    await cp.put(T, "r", b"one", step=1, fence=1)
+    await redis_client.delete(_Keys(redis_prefix).run(T, "r", damaged))
+    await redis_client.set(_Keys(redis_prefix).run(T, "r", damaged), b"damaged")
+    before = await _dump(redis_client, redis_prefix, "r")
+    with pytest.raises(CheckpointCorruptError):
+        await cp.put(T, "r", b"two", step=2, fence=2)
+    assert await _dump(redis_client, redis_prefix, "r") == before
+
+
+@pytest.mark.parametrize("damaged", ["history:items", "history:digests"])
+async def test_a_damaged_key_fails_an_append_alone_with_nothing_written(
+    redis_client: Redis, redis_prefix: str, damaged: str
+) -> None:
+    _, history = _stores(redis_client, redis_prefix)
+    handle = await history.append(T, "r", [b"m0"], fence=1, after=None)
+    await redis_client.delete(_Keys(redis_prefix).run(T, "r", damaged))
+    await redis_client.set(_Keys(redis_prefix).run(T, "r", damaged), b"damaged")
+    before = await _dump(redis_client, redis_prefix, "r")
+    with pytest.raises(CheckpointCorruptError):
+        await history.append(T, "r", [b"m1"], fence=2, after=handle)
+    assert await _dump(redis_client, redis_prefix, "r") == before

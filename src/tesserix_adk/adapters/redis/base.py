@@ -9,7 +9,7 @@ from typing import Any
 from tesserix_adk.adapters.redis.connection import Client, _driver_errors, _require_bytes
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX, _Keys
 from tesserix_adk.adapters.redis.lua import register
-from tesserix_adk.errors import StaleFenceError
+from tesserix_adk.errors import CheckpointCorruptError, StaleFenceError
 from tesserix_adk.stores._common import positive_ttl, stale_fence, unsealable
 
 
@@ -42,6 +42,16 @@ def _ttl_micros(ttl: float) -> int:
 def _pairs(flat: Sequence[Any]) -> dict[bytes, bytes]:
     """A Lua ``HGETALL`` reply (flat list) as a mapping."""
     return {bytes(flat[i]): bytes(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _refuse_damaged_key(result: Sequence[Any], run_id: str) -> None:
+    """``CheckpointCorruptError`` if a script answered ``{'damaged', key}``: a key of the
+    run holds another type than the kit writes there, and the script wrote nothing."""
+    if result and result[0] == b"damaged":
+        raise CheckpointCorruptError(
+            f"the key {_text(result[1])!r} of run {run_id!r} holds another type than the "
+            "kit writes there; nothing was written"
+        )
 
 
 def _stale(what: str, run_id: str, fence: int | None, seen: bytes | str) -> StaleFenceError:

@@ -10,6 +10,7 @@ from tesserix_adk.adapters.redis.base import (
     _fence_arg,
     _fence_of,
     _FencedRedisStore,
+    _refuse_damaged_key,
     _stale,
     _text,
 )
@@ -17,7 +18,7 @@ from tesserix_adk.adapters.redis.connection import Client, _driver_errors
 from tesserix_adk.adapters.redis.history import RedisHistoryStore
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX, _enc, _glob_escape
 from tesserix_adk.adapters.redis.lua import register
-from tesserix_adk.errors import CheckpointCorruptError, CheckpointTooLargeError, ConfigurationError
+from tesserix_adk.errors import CheckpointTooLargeError, ConfigurationError
 from tesserix_adk.stores.protocols import HistoryHandle, StoredCheckpoint
 
 __all__ = ["RedisCheckpointStore"]
@@ -69,6 +70,7 @@ class RedisCheckpointStore(_FencedRedisStore):
             result = await self._put(keys=keys, args=self._put_args(payload, step, fence))
         if result[0] == b"stale":
             raise _stale("write", run_id, fence, result[1])
+        _refuse_damaged_key(result, run_id)
 
     async def put_with_history(
         self,
@@ -106,11 +108,7 @@ class RedisCheckpointStore(_FencedRedisStore):
             )
         if result[0] == b"stale":
             raise _stale(_text(result[1]), run_id, fence, result[2])
-        if result[0] == b"damaged":
-            raise CheckpointCorruptError(
-                f"the key {_text(result[1])!r} of run {run_id!r} holds another type than the "
-                "kit writes there; nothing was written"
-            )
+        _refuse_damaged_key(result, run_id)
         return appending.answer(result)
 
     def _put_args(self, payload: bytes, step: int, fence: int | None) -> list[str | bytes]:

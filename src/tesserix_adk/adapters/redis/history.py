@@ -6,7 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tesserix_adk.adapters.redis.base import _fence_arg, _FencedRedisStore, _stale
+from tesserix_adk.adapters.redis.base import (
+    _fence_arg,
+    _FencedRedisStore,
+    _refuse_damaged_key,
+    _stale,
+)
 from tesserix_adk.adapters.redis.connection import Client, _driver_errors
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX
 from tesserix_adk.adapters.redis.lua import register
@@ -75,6 +80,7 @@ class RedisHistoryStore(_FencedRedisStore):
             )
         if result[0] == b"stale":
             raise _stale("append", run_id, fence, result[1])
+        _refuse_damaged_key(result, run_id)
         return pending.answer(result)
 
     def _appending(
