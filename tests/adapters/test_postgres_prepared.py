@@ -1,4 +1,4 @@
-"""A write group's statements are prepared on the server once per connection and then sent
+"""The kit's statements are prepared on the server once per direct connection and then sent
 by name, and what a connection has prepared is known, never assumed (``prepared``)."""
 
 from __future__ import annotations
