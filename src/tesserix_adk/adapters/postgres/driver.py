@@ -15,7 +15,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from tesserix_adk.adapters.postgres.prepared import (
-    BACKEND_PID,
+    Outgoing,
     PreparedStatements,
     as_text,
     lost_statement,
@@ -195,36 +195,26 @@ async def batched(
     # Binds the values on the client (``mogrify``) and sends nothing: the message goes on a
     # cursor of the connection's own, without parameters, so as one simple Query.
     binder = psycopg.AsyncClientCursor(conn)
-    known = None if prepared is None else prepared.on(conn)
-    asks: list[str] = []
-    prepares: list[str] = []
-    preparing: dict[str, str] = {}
-    if prepared is not None and known is not None and known.direct:
-        await prepared.settle(conn)
-    if prepared is not None and known is not None and known.direct and not known.doubt:
-        prepares, bound, preparing = prepared.message(binder, known, statements)
-    else:
-        if known is not None and known.direct is None:
-            asks.append(BACKEND_PID)
-        bound = [as_text(binder, sql, params) for sql, params in statements]
+    out = (
+        Outgoing([as_text(binder, sql, params) for sql, params in statements])
+        if prepared is None
+        else await prepared.compose(conn, binder, statements)
+    )
     # A newline after each: an SQL file's last line may be a comment.
-    first = len(before) + len(asks) + len(prepares)
+    message = ";\n".join([*before, *out.head, *out.bound, *after])
+    first = len(before) + len(out.head)
     async with conn.cursor(row_factory=dict_row) as cur:
         try:
-            await cur.execute(
-                ";\n".join([*before, *asks, *prepares, *bound, *after]), prepare=False
-            )
+            await cur.execute(message, prepare=False)
         except BaseException as exc:
-            if prepared is not None and known is not None and known.direct:
-                prepared.sent(known, preparing, exc)
+            out.done(exc)
             raise
-        if prepared is not None and known is not None and preparing:
-            prepared.sent(known, preparing, None)
+        out.done(None)
         results: list[list[Row]] = []
         index = 0
         while True:
-            if asks and index == len(before) and prepared is not None and known is not None:
-                prepared.answered(conn, known, await cur.fetchall())
+            if out.asks and index == len(before):
+                out.answered(conn, await cur.fetchall())
             if first <= index < first + len(statements):
                 results.append(await cur.fetchall() if cur.description is not None else [])
             index += 1

@@ -52,6 +52,7 @@ from psycopg.pq import TransactionStatus
 
 __all__ = [
     "BACKEND_PID",
+    "Outgoing",
     "Prepared",
     "PreparedStatements",
     "as_text",
@@ -136,11 +137,11 @@ class PreparedStatements:
             conn.prepare_threshold = None
         return known
 
-    async def settle(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    @staticmethod
+    async def _settle(conn: psycopg.AsyncConnection[Any], known: Prepared) -> None:
         """Ask the server which names in doubt exist on ``conn``: those are prepared, the
         rest forgotten. A no-op with none in doubt, or while the transaction has failed
         (the next statement fails anyway, and they stay in doubt)."""
-        known = self.on(conn)
         if not known.doubt or conn.info.transaction_status not in (
             TransactionStatus.IDLE,
             TransactionStatus.INTRANS,
@@ -157,16 +158,21 @@ class PreparedStatements:
                 known.names[sql] = name
         known.doubt.clear()
 
-    def message(
+    async def compose(
         self,
-        cur: psycopg.AsyncClientCursor[Any],
-        known: Prepared,
+        conn: psycopg.AsyncConnection[Any],
+        binder: psycopg.AsyncClientCursor[Any],
         statements: Sequence[tuple[str, Mapping[str, Any]]],
-    ) -> tuple[list[str], list[str], dict[str, str]]:
-        """The ``PREPARE``s the statements need on this connection, each statement as an
-        ``EXECUTE`` with its values bound (or as text, until it has run ``threshold``
-        times), and the names the message prepares (recorded by ``sent`` once it has
-        succeeded)."""
+    ) -> Outgoing:
+        """The statements as ``conn``'s next message sends them: prepared and executed by
+        name where the connection may (direct, nothing in doubt), else as text, with the
+        pid question on a connection not yet asked."""
+        known = self.on(conn)
+        if known.direct:
+            await self._settle(conn, known)
+        if not known.direct or known.doubt:
+            bound = [as_text(binder, sql, params) for sql, params in statements]
+            return Outgoing(bound, [BACKEND_PID] if known.direct is None else [], known)
         preparing: dict[str, str] = {}
         prepares: list[str] = []
         executes: list[str] = []
@@ -174,7 +180,7 @@ class PreparedStatements:
             name = known.names.get(sql) or preparing.get(sql)
             if name is None and known.runs.get(sql, 0) < self.threshold:
                 known.runs[sql] = known.runs.get(sql, 0) + 1
-                executes.append(as_text(cur, sql, params))
+                executes.append(as_text(binder, sql, params))
                 continue
             form = _form(sql)
             if name is None:
@@ -182,25 +188,44 @@ class PreparedStatements:
                 prepares.append(f"PREPARE {name} AS {form.text.rstrip().rstrip(';')}\n")
             values = ", ".join(f"%({n})s" for n in form.names)
             executes.append(
-                cur.mogrify(f"EXECUTE {name}({values})" if values else f"EXECUTE {name}", params)
+                binder.mogrify(f"EXECUTE {name}({values})" if values else f"EXECUTE {name}", params)
             )
-        return prepares, executes, preparing
+        return Outgoing(executes, prepares, known, preparing)
 
-    @staticmethod
-    def answered(conn: psycopg.AsyncConnection[Any], known: Prepared, rows: list[Any]) -> None:
+
+@dataclass(slots=True, eq=False)
+class Outgoing:
+    """One message's statements as they go (``bound``), what goes before them (``head``:
+    the pid question, or the ``PREPARE``s), and what the connection's record learns once
+    the message has been answered."""
+
+    bound: list[str]
+    head: list[str] = field(default_factory=list)
+    known: Prepared | None = None
+    preparing: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def asks(self) -> bool:
+        """Whether ``head`` is the pid question (its answer is read by ``answered``)."""
+        return self.head == [BACKEND_PID]
+
+    def answered(self, conn: psycopg.AsyncConnection[Any], rows: list[Any]) -> None:
         """The server's answer to ``BACKEND_PID``: the connection is its session's own if
         it names the backend the connection was given at start-up."""
-        pid = rows[0]["adk_backend_pid"] if rows else None
-        known.direct = pid is not None and pid == conn.info.backend_pid
+        if self.known is not None:
+            pid = rows[0]["adk_backend_pid"] if rows else None
+            self.known.direct = pid is not None and pid == conn.info.backend_pid
 
-    @staticmethod
-    def sent(known: Prepared, preparing: dict[str, str], error: BaseException | None) -> None:
+    def done(self, error: BaseException | None) -> None:
         """After the message: what it prepared is recorded, or in doubt if it failed; a
         statement the server lost takes the connection's whole record with it."""
-        if error is None:
-            known.names.update(preparing)
+        known = self.known
+        if known is None or not known.direct:
             return
-        known.doubt.update(preparing)
+        if error is None:
+            known.names.update(self.preparing)
+            return
+        known.doubt.update(self.preparing)
         if isinstance(error, pg_errors.InvalidSqlStatementName):
             # Some recorded name is gone (DEALLOCATE ALL, DISCARD ALL): each is asked about
             # again before the next statement.
