@@ -50,11 +50,12 @@ async def _commits(
     stores: Stores, monkeypatch: pytest.MonkeyPatch, calls: int, turns: int, run_id: str
 ) -> int:
     sent: list[str] = []
-    execute = psycopg.AsyncConnection.execute
+    execute = psycopg.AsyncCursor.execute
 
     async def counting(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(query, str) and query.strip().upper() == "COMMIT":
-            sent.append(query)
+        # A COMMIT goes alone or as the last statement of a group's message.
+        if isinstance(query, str):
+            sent.extend(s for s in query.split(";\n") if s.strip().upper() == "COMMIT")
         return await execute(self, query, *args, **kwargs)
 
     @tool
@@ -63,7 +64,7 @@ async def _commits(
 
     runner = AgentRunner.from_stores(ScriptedProvider(_turns(calls, turns)), stores)
     with monkeypatch.context() as patch:
-        patch.setattr(psycopg.AsyncConnection, "execute", counting)
+        patch.setattr(psycopg.AsyncCursor, "execute", counting)
         run = await runner.run(
             Agent("g", "b", tools=[book], max_iterations=20), "go", tenant=TENANT, run_id=run_id
         )
@@ -159,3 +160,97 @@ async def test_a_group_whose_connection_is_lost_sends_nothing_and_charges_once(
     assert pg_stores.ledger is not None
     # Lost with the group, then charged again: the model call is paid for once.
     assert await pg_stores.ledger.spent(TENANT, "r") == 5
+
+
+async def test_a_claim_whose_reply_is_lost_with_the_commit_is_dropped_and_sent_once_later(
+    pg_stores: Stores, pg_admin: psycopg.AsyncConnection[Any]
+) -> None:
+    """The turn's claim carries the group's COMMIT; its connection dies while the server
+    runs it, so nobody knows whether the charge, the frontier and the claim committed. The
+    run stops retryably with nothing sent and its claim dropped (never left in doubt), and
+    the run retried books once."""
+    import asyncio
+
+    await pg_admin.execute(
+        "CREATE FUNCTION adk_test_trap() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN PERFORM pg_sleep(30); RETURN NEW; END $$"
+    )
+    await pg_admin.execute(
+        "CREATE TRIGGER adk_test_trap BEFORE INSERT ON adk_idempotency "
+        "FOR EACH ROW EXECUTE FUNCTION adk_test_trap()"
+    )
+
+    async def cut() -> None:
+        while True:
+            cur = await pg_admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                "AND pid <> pg_backend_pid()"
+            )
+            pids = [pid for (pid,) in await cur.fetchall()]
+            if pids:
+                await pg_admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+                return
+            await asyncio.sleep(0.01)
+
+    sent: list[str] = []
+
+    @tool
+    def book(seat: str) -> str:
+        sent.append(seat)
+        return f"booked {seat}"
+
+    agent = Agent("g", "b", tools=[book])
+    runner = AgentRunner.from_stores(ScriptedProvider(_turns(1, 1)), pg_stores)
+    cutting = asyncio.ensure_future(cut())
+    with pytest.raises(StoreUnavailableError) as stopped:
+        await runner.run(agent, "go", tenant=TENANT, run_id="r")
+    await cutting
+    assert stopped.value.retryable
+    assert sent == []
+    assert [r for r in await pg_stores.idempotency.records(TENANT, "r")] == []
+    await pg_admin.execute("DROP TRIGGER adk_test_trap ON adk_idempotency")
+    # Nothing of the turn is known to be durable: the run is retried from its start.
+    again = AgentRunner.from_stores(ScriptedProvider(_turns(1, 1)), pg_stores)
+    run = await again.run(agent, "go", tenant=TENANT, run_id="r")
+    assert run.status == "completed"
+    assert sent == ["0-0"]
+
+
+async def test_a_claim_committed_with_its_group_whose_reply_is_lost_is_dropped_not_in_doubt(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The message carrying the turn's claim and the group's COMMIT is applied, and then
+    its reply is lost: the charge, the frontier and the claim are durable, and the run
+    cannot know it. Nothing was sent, so the claim is dropped; the resume sends the call
+    once instead of refusing it as in doubt."""
+    from tesserix_adk.adapters.postgres import grouping as pg_grouping
+
+    batched = pg_grouping.batched
+
+    async def reply_lost(conn: Any, before: Any, statements: Any, *rest: Any, **named: Any) -> Any:
+        answer = await batched(conn, before, statements, *rest, **named)
+        if "COMMIT" in (rest[0] if rest else ()) and "claim_fenced" in statements[0][0]:
+            raise psycopg.OperationalError("the reply was lost (the test)")
+        return answer
+
+    sent: list[str] = []
+
+    @tool
+    def book(seat: str) -> str:
+        sent.append(seat)
+        return f"booked {seat}"
+
+    agent = Agent("g", "b", tools=[book])
+    runner = AgentRunner.from_stores(ScriptedProvider(_turns(1, 1)), pg_stores)
+    with monkeypatch.context() as patch:
+        patch.setattr(pg_grouping, "batched", reply_lost)
+        with pytest.raises(StoreUnavailableError) as stopped:
+            await runner.run(agent, "go", tenant=TENANT, run_id="r")
+    assert stopped.value.retryable
+    assert sent == []
+    assert await pg_stores.checkpoints.latest(TENANT, "r") is not None, "it was committed"
+    assert await pg_stores.idempotency.records(TENANT, "r") == []
+    resumed = AgentRunner.from_stores(ScriptedProvider(_turns(1, 1)), pg_stores)
+    run = await resumed.resume(agent, "r", tenant=TENANT)
+    assert run.status == "completed"
+    assert sent == ["0-0"]

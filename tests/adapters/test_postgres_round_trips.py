@@ -77,17 +77,18 @@ async def _waits(url: str, wire: Wire, calls: int, turns: int, run_id: str) -> i
         await stores.aclose()
 
 
-@pytest.mark.parametrize(("calls", "per_turn"), [(1, 8), (3, 14)])
-async def test_a_grouped_turn_waits_once_per_write_and_once_per_commit(
+@pytest.mark.parametrize(("calls", "per_turn"), [(1, 6), (3, 10)])
+async def test_a_grouped_turn_waits_once_per_write_and_its_commits_ride_with_the_last(
     pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: int, per_turn: int
 ) -> None:
-    """One call: the charge, the frontier with its transcript append (one pipeline), and
-    the claim, then COMMIT (4); the outcome (its BEGIN with it), the next frontier with its
-    append, and the cancel check, then COMMIT (4). Each further call: its claim with the
-    outcome before it, then COMMIT (3). While the last outcome was written on its own, its
-    COMMIT in the same round trip, the count was the same (one write fewer in the group,
-    one round trip of its own) with one commit more; in a group of its own it cost one
-    more (11 and 17), and the frontier's append and put one each (19 before either)."""
+    """One call: the charge (its BEGIN with it), the frontier with its transcript append
+    (one message), and the claim with the COMMIT (3); the outcome, the next frontier with
+    its append, and the cancel check with the COMMIT (3). Each further call: its claim
+    with the outcome before it, the COMMIT with the claim (2). While each COMMIT went in a
+    round trip of its own the counts were 8 and 14; before the turn's last outcome
+    committed with its frontier they were the same with one commit more; in a group of its
+    own it cost one more (11 and 17), and the frontier's append and put one each (19
+    before either)."""
     wire = Wire(monkeypatch, tmp_path)
     short = await _waits(pg_url, wire, calls, 2, "short")
     long = await _waits(pg_url, wire, calls, 6, "long")

@@ -285,7 +285,14 @@ async def _call_tool(
             _unsent(run, attempt, oc, stop.error)
             raise stop.error from None
         return _finished(run, attempt, oc, await told(parts, outcome), CallDisposition.dispatched)
-    rec = await claim(parts, run, attempt, tool, oc)
+    claiming = claim(parts, run, attempt, tool, oc)
+    # No claim, no dispatch: the claim (and what joined it) is durable before the call
+    # goes out, its COMMIT sent with it. A masked call is answered unsent, in the group.
+    rec = await (
+        claiming
+        if oc.redacted
+        else grouping.committing_with(parts.commits_with_next, attempt, claiming)
+    )
     if _held_elsewhere(rec, attempt) and not oc.redacted and _safe_to_resend(tool):
         # Another attempt's claim (an earlier one of this run, or a live run sharing a
         # business key) on a call that may be sent again (no side effects, or the far side
@@ -327,7 +334,7 @@ async def _call_tool(
         how = CallDisposition.refused
         outcome = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
     else:
-        # No claim, no dispatch: the claim (and what joined it) is durable first.
+        # Committed with the claim; a claim taken over after it went alone.
         await grouping.commit(attempt)
         _started(run, attempt, oc)
         try:

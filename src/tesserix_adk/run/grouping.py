@@ -36,20 +36,30 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from tesserix_adk.errors import AdkError, StoreReplyLostError, StoreUnavailableError
 from tesserix_adk.run.events import RunEvent
 from tesserix_adk.run.recording import to_the_end
 from tesserix_adk.stores.grouping import group_scope, in_scope
-from tesserix_adk.stores.protocols import GroupedWrites, WriteGroup
+from tesserix_adk.stores.protocols import CommitsWithNext, GroupedWrites, WriteGroup
 
 if TYPE_CHECKING:
     from tesserix_adk.run.attempt import Attempt
 
-__all__ = ["PendingGroup", "announce", "begin", "commit", "grouped", "held_and_grouped"]
+__all__ = [
+    "PendingGroup",
+    "announce",
+    "begin",
+    "commit",
+    "committing_with",
+    "grouped",
+    "held_and_grouped",
+]
 
 _log = logging.getLogger("tesserix_adk.runner")
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True, eq=False)
@@ -173,6 +183,21 @@ async def _called_off(
             await step()
     for event in pending.events:
         attempt.emit(event)
+
+
+async def committing_with(
+    backend: CommitsWithNext | None, attempt: Attempt, last: Awaitable[T]
+) -> T:
+    """``last`` (the open group's last statement: a claim, the cancel check), then the
+    group committed: a ``backend`` that can sends the COMMIT in the same message, which
+    saves a round trip. ``last`` failing leaves the group open, as it was; what ends the
+    attempt commits it, or says why not."""
+    pending = attempt.group
+    if pending is not None and backend is not None:
+        backend.commit_with_next(pending.group)
+    answer = await last
+    await commit(attempt)
+    return answer
 
 
 def announce(attempt: Attempt, event: RunEvent) -> None:

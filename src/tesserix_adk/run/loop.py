@@ -70,7 +70,12 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
     or a call needs an approval."""
     agent = run.agent
     while True:
-        cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
+        # The last statement of what the last turn left open: its COMMIT goes with it.
+        cancelled = await grouping.committing_with(
+            parts.commits_with_next,
+            attempt,
+            cancel_requested(parts.idempotency, run.tenant, run.run_id),
+        )
         if cancelled is not None:
             return await _finish(
                 parts, run, attempt, RunStatus.cancelled, output=cancelled.describe()
@@ -81,7 +86,8 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
         if run.iteration >= agent.max_iterations:
             return await _finish(parts, run, attempt, RunStatus.max_iterations)
         attempt.guard()
-        # Whatever the last turn left open is durable before the model hears of it.
+        # Whatever the last turn left open is durable before the model hears of it
+        # (committed with the cancel check above; here, should anything have joined since).
         await grouping.commit(attempt)
         response = await _call_model(parts, run, attempt)
         if isinstance(response, str):

@@ -7,7 +7,13 @@ from dataclasses import dataclass
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.providers.base import Provider
-from tesserix_adk.stores.protocols import ApprovalStore, GroupedWrites, IdempotencyStore, Ledger
+from tesserix_adk.stores.protocols import (
+    ApprovalStore,
+    CommitsWithNext,
+    GroupedWrites,
+    IdempotencyStore,
+    Ledger,
+)
 
 __all__ = ["RunParts"]
 
@@ -27,3 +33,6 @@ class RunParts:
     # The ledger, where it may join such a group (asked once: a runtime protocol check
     # walks every member of the protocol each time).
     ledger_groups: GroupedWrites | None = None
+    # The idempotency store, where its groups can send their COMMIT with their last
+    # statement (asked once, as above).
+    commits_with_next: CommitsWithNext | None = None

@@ -58,6 +58,12 @@ async def claim(
     parts: RunParts, run: RunState, attempt: Attempt, tool: Tool, oc: OutstandingCall
 ) -> IdempotencyRecord:
     assert oc.key is not None
+    if attempt.group is not None:
+        # Dropped again should the group fail, asked for before the claim is sent: a claim
+        # whose reply was lost with the group's COMMIT in its message may be durable.
+        key = oc.key
+        attempt.group.undo.append(lambda: release_unsent(parts, run, attempt, key))
+        attempt.group.claimed.add(key)
     try:
         taken = await parts.idempotency.claim(
             oc.key,
@@ -83,10 +89,6 @@ async def claim(
     except Exception as exc:
         lost = exc  # a driver error the store did not translate: the outcome is unknown
     else:
-        if attempt.group is not None:
-            key = oc.key
-            attempt.group.undo.append(lambda: release_unsent(parts, run, attempt, key))
-            attempt.group.claimed.add(key)
         return taken
     rec = await read_back(parts, run, oc.key)
     if rec is not None and (

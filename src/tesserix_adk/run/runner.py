@@ -58,6 +58,7 @@ from tesserix_adk.run.state import RunState, as_messages
 from tesserix_adk.run.streaming import stream_run
 from tesserix_adk.stores.protocols import (
     ApprovalStore,
+    CommitsWithNext,
     GroupedWrites,
     HistoryStore,
     IdempotencyStore,
@@ -171,6 +172,11 @@ class AgentRunner:
             redactor=self.redactor,
             groups=grouping(self.idempotency),
             ledger_groups=grouping(self.ledger),
+            commits_with_next=(
+                self.idempotency
+                if self.group_writes and isinstance(self.idempotency, CommitsWithNext)
+                else None
+            ),
         )
 
     # --- public verbs --------------------------------------------------------------------

@@ -61,6 +61,13 @@ class FencedStore:
         """Whether this store's writes join ``group`` (one on the same database)."""
         return isinstance(group, PostgresWriteGroup) and group.database is self.database
 
+    def commit_with_next(self, group: object) -> None:
+        """``group``'s COMMIT goes with its next single statement
+        (``protocols.grouping.CommitsWithNext``)."""
+        if self.joins(group):
+            assert isinstance(group, PostgresWriteGroup)
+            group.commit_with_next()
+
     async def seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Raise the highest-seen fence for the run without writing data."""
         row = await self.database.row(

@@ -3,9 +3,11 @@
 The group takes a pooled connection at its first write and keeps it to its commit: each
 write of the run's stores goes there, in a savepoint of its own (a statement that fails is
 undone alone; the group goes on), sent with the savepoint in one message, so a write costs
-one round trip as before and the group one COMMIT. Other runs use other connections and
-wait for nothing. If the connection is lost or the server ends the transaction, the group is
-lost: nothing joins it afresh, and its commit says so.
+one round trip as before and the group one COMMIT, which rides in the message of the
+group's last statement when the runner says which that is (``commit_with_next``). Other runs
+use other connections and wait for nothing. If the connection is lost or the server ends the
+transaction, the group is lost: nothing joins it afresh, and its commit says so, in doubt
+when the lost message carried the COMMIT.
 """
 
 from __future__ import annotations
@@ -39,11 +41,21 @@ class PostgresWriteGroup(OpenGroup):
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._begun = False
         self._lost: str | None = None
+        # Whether the group's next single statement carries its COMMIT; and, once lost,
+        # whether the message it was lost with carried it (then it may have committed).
+        self._commit_next = False
+        self._in_doubt = False
 
     async def begin(self) -> None:
         """Open the group for the current attempt; its connection is taken at its first
         write, so a group nothing joins costs nothing."""
         self._enter()
+
+    def commit_with_next(self) -> None:
+        """Send the COMMIT with the group's next single statement (``protocols.grouping``);
+        statements sent together never carry it (their check may refuse them after they
+        ran, and they are undone together), so it waits for the next one alone."""
+        self._commit_next = True
 
     async def rows(self, action: str, sql: str, params: Mapping[str, Any]) -> list[Row]:
         """``sql`` in the group's transaction; its rows."""
@@ -81,8 +93,9 @@ class PostgresWriteGroup(OpenGroup):
                     return await work(conn)
             except TimeoutError as exc:
                 self._lost = f"PostgreSQL did not answer {action} within {db.timeout:g} s"
+                fate = "may have been committed" if self._in_doubt else "is lost, not committed"
                 raise StoreReplyLostError(
-                    f"{self._lost}; the run's group of writes is lost, not committed"
+                    f"{self._lost}; the run's group of writes {fate}"
                 ) from exc
 
     def _begin(self) -> tuple[str, ...]:
@@ -91,20 +104,43 @@ class PostgresWriteGroup(OpenGroup):
     async def _in_group(
         self, conn: psycopg.AsyncConnection[Any], sql: str, params: Mapping[str, Any]
     ) -> list[Row]:
+        committing, self._commit_next = self._commit_next, False
+        after = ("RELEASE SAVEPOINT adk_write", *(("COMMIT",) if committing else ()))
         try:
-            # One round trip, which leaves the server's idle timer armed (``batched``).
+            # One round trip, which leaves the server's idle timer armed (``batched``),
+            # unless it ends the transaction.
             (rows,) = await batched(
                 conn,
                 (*self._begin(), "SAVEPOINT adk_write"),
                 [(sql, params)],
-                ("RELEASE SAVEPOINT adk_write",),
+                after,
                 self.database.prepared,
             )
-        except BaseException:
+        except BaseException as exc:
             await self._undone(conn, "adk_write", TransactionStatus.INERROR)
+            if committing and self._lost is not None:
+                self._in_doubt = _commit_in_doubt(conn, exc)
+                if self._in_doubt:
+                    self._lost = (
+                        "the reply to the message that carried the COMMIT of the run's group "
+                        "of writes was lost; it may have been committed"
+                    )
             raise
-        self._begun = True
+        if committing:
+            await self._committed()
+        else:
+            self._begun = True
         return rows
+
+    async def _committed(self) -> None:
+        """The COMMIT rode with the statement that just answered: the group is closed (a
+        later write goes alone) and its connection goes back."""
+        self._leave()
+        conn, self._conn = self._conn, None
+        self._begun = False
+        if conn is not None:
+            with suppress(Exception):
+                await self.database.pool.putconn(conn)
 
     async def _together_in_group(
         self,
@@ -165,6 +201,8 @@ class PostgresWriteGroup(OpenGroup):
         conn, self._conn = self._conn, None
         try:
             if self._lost is not None:
+                if self._in_doubt:
+                    raise StoreReplyLostError(self._lost)
                 raise StoreUnavailableError(self._lost)
             if conn is None or not self._begun:
                 return
@@ -185,3 +223,18 @@ class PostgresWriteGroup(OpenGroup):
                 # rolled back or discarded by the pool, never handed out as it is.
                 with suppress(Exception):
                     await self.database.pool.putconn(conn)
+
+
+def _commit_in_doubt(conn: psycopg.AsyncConnection[Any], exc: BaseException) -> bool:
+    """Whether a message that ended with the group's COMMIT, and failed with ``exc``, may
+    have committed. Not if the transaction is still open (the COMMIT was never reached),
+    nor if the server answered with an error once it was over (the COMMIT itself failed:
+    a statement failing before it leaves the transaction aborted, not over). Anything
+    else (the connection lost, the wait cancelled) cannot tell."""
+    status = conn.info.transaction_status
+    if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        return False
+    answered = isinstance(exc, psycopg.Error) and not isinstance(
+        exc, (psycopg.OperationalError, psycopg.InterfaceError)
+    )
+    return not (status is TransactionStatus.IDLE and answered)

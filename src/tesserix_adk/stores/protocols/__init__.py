@@ -26,7 +26,7 @@ from tesserix_adk.stores.protocols.checkpoints import (
     StepHistory,
     StoredCheckpoint,
 )
-from tesserix_adk.stores.protocols.grouping import GroupedWrites, WriteGroup
+from tesserix_adk.stores.protocols.grouping import CommitsWithNext, GroupedWrites, WriteGroup
 from tesserix_adk.stores.protocols.idempotency import (
     IdempotencyRecord,
     IdempotencyStore,
@@ -51,6 +51,7 @@ __all__ = [
     "ApprovalStatus",
     "ApprovalStore",
     "CheckpointStore",
+    "CommitsWithNext",
     "FencedStore",
     "FrontierWithHistory",
     "GroupedWrites",

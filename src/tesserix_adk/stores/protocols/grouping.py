@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-__all__ = ["GroupedWrites", "WriteGroup"]
+__all__ = ["CommitsWithNext", "GroupedWrites", "WriteGroup"]
 
 
 class WriteGroup(Protocol):
@@ -44,4 +44,20 @@ class GroupedWrites(Protocol):
     def joins(self, group: WriteGroup) -> bool:
         """Whether this store's writes join ``group`` while it is open (it is a group on
         this store's database)."""
+        ...
+
+
+@runtime_checkable
+class CommitsWithNext(Protocol):
+    """A ``GroupedWrites`` store whose groups can send their COMMIT with their last
+    statement (optional; asked once a run)."""
+
+    def commit_with_next(self, group: WriteGroup) -> None:
+        """A hint about ``group`` (one of this store's): its next single statement is its
+        last before ``commit``, so the COMMIT may go with it (one round trip fewer). Once
+        that statement has answered, the group is committed and closed, and ``commit`` has
+        nothing left to do; a statement that fails is undone alone and the group goes on,
+        uncommitted. ``commit`` is called all the same, and says how the group ended
+        (``StoreReplyLostError`` when the reply of the statement carrying the COMMIT was
+        lost: it may have committed). Any other group: nothing."""
         ...
