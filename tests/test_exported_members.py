@@ -26,6 +26,7 @@ EXPECTED = {
     "Reconciled",
     "ReconciledAs",
     "RunStoppedError",
+    "ReplayNotResumableError",
     "Worker",
     "WorkIndex",
     "WorkItem",

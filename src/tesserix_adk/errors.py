@@ -25,6 +25,7 @@ reading the attribute, never by matching on names.
     │   ├── HistoryUnavailableError     the transcript no longer resolves
     │   ├── NoCheckpointError           nothing checkpointed under that id
     │   ├── RunFailedError              the run ended ``failed``; it is not carried on
+    │   ├── ReplayNotResumableError     a replay is carried on only by the replay itself
     │   └── RunStoppedError             stopped at a boundary on request (retryable)
     └── LeaseError
         ├── LeaseHeldError            another holder has the lease (.holder)
@@ -52,6 +53,7 @@ __all__ = [
     "LeaseLostError",
     "NoCheckpointError",
     "ProviderError",
+    "ReplayNotResumableError",
     "ResumeConflictError",
     "ResumeError",
     "RevisionMismatchError",
@@ -231,6 +233,12 @@ class NoCheckpointError(ResumeError):
 
 class RunFailedError(ResumeError):
     """The run ended ``failed``; it is not carried on."""
+
+
+class ReplayNotResumableError(ResumeError):
+    """The run is a replay that stopped before it finished: only the ``replay`` call that
+    started it had its stubs (they are not stored), so nothing carries it on; replay again
+    instead (never retryable)."""
 
 
 class RunStoppedError(ResumeError):

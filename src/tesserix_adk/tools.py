@@ -72,6 +72,15 @@ def default_key(
     return "k1:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
+def replay_key(run_id: str, key: str) -> str:
+    """The key a replay (run ``run_id``) gives a call its tool keys ``key``: one of its own,
+    whatever the key names, so a stub's outcome is never recorded under the original run's
+    record (a key naming the business object is shared by every run that books it), nor the
+    original's outcome read as the replay's."""
+    body = canonical_json(["replay", run_id, key])
+    return "r1:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolContext:
     """What a tool may know about the call it serves; pass ``idempotency_key`` on to the

@@ -36,6 +36,7 @@ from tesserix_adk.errors import (
     IndeterminateToolCallError,
     LeaseError,
     NoCheckpointError,
+    ReplayNotResumableError,
     ResumeConflictError,
     RevisionMismatchError,
     RunFailedError,
@@ -64,6 +65,7 @@ _PARK = (
     CheckpointCorruptError,
     CheckpointTooLargeError,
     RunFailedError,
+    ReplayNotResumableError,
     ConfigurationError,
 )
 # Someone else carries the run now, or will: nothing to record.

@@ -27,17 +27,20 @@ from tesserix_adk import (
     AgentRunner,
     IndeterminateToolCallError,
     LeasePolicy,
+    ReplayNotResumableError,
     RevisionMismatchError,
     RunStatus,
     ScriptedProvider,
     StaleFenceError,
     ToolContext,
     Worker,
+    WorkState,
     tool,
 )
 from tesserix_adk.checkpoint.payload import encode_outcome
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.cli import ExitCode, frontier_main
+from tesserix_adk.cli.failures import exit_code_for
 from tesserix_adk.messages import ToolOutcome
 from tesserix_adk.stores import open_stores
 from tesserix_adk.stores.bundle import Stores
@@ -383,12 +386,6 @@ async def test_an_approval_note_with_a_secret_reaches_no_store_and_not_the_model
     assert airline.sent == Counter()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a denial note the CLI accepts is copied into every denied call's result, so a "
-    "turn of nine denied calls makes the run's frontiers tombstones: the finished run reads "
-    "as refused",
-)
 async def test_a_long_denial_note_never_turns_the_runs_frontiers_into_tombstones(
     tmp_path: Path,
 ) -> None:
@@ -419,6 +416,54 @@ async def test_a_long_denial_note_never_turns_the_runs_frontiers_into_tombstones
         latest = await runner.checkpoints.latest(T, "r")  # type: ignore[union-attr]
         assert latest is not None
         assert not latest.is_tombstone, latest.reason
+
+
+async def test_a_note_longer_than_the_cli_takes_is_refused_in_one_sentence(
+    tmp_path: Path,
+) -> None:
+    url = _url(tmp_path)
+    airline = Airline()
+    async with _opened(url) as stores:
+        run = await _runner(stores).run(airline.agent(), "book", tenant=T, run_id="r")
+        assert run.pending_approval is not None
+        request = run.pending_approval.id
+    before = _rows(url)
+    code, _, err = await _cli(
+        url, "approve", request, "--tenant", T, "--by", "bob", "--deny", "--note", "x" * 4001
+    )
+    assert code == ExitCode.USAGE
+    assert err.count("\n") == 1 and "at most 4000" in err and "Traceback" not in err
+    assert _rows(url) == before
+
+
+async def test_a_long_note_decided_through_the_api_reaches_the_run_abridged_not_as_tombstones(
+    tmp_path: Path,
+) -> None:
+    """The store takes any note; the run's grants carry at most 4,000 characters of it
+    (and say where the rest is), so nine denied calls still fit in a frontier."""
+    url = _url(tmp_path)
+    airline = Airline()
+    turns: list[Any] = [[("book", {"flight": f"F{i}"}) for i in range(9)], "Nothing booked."]
+    async with _opened(url) as stores:
+        runner = _runner(stores, turns)
+        run = await runner.run(airline.agent(), "book", tenant=T, run_id="r")
+        assert run.pending_approval is not None
+        request = run.pending_approval.id
+        await stores.approvals.decide(T, request, approved=False, by="bob", note="y" * 120_000)
+        run = await runner.resume(airline.agent(), "r", tenant=T)
+        assert run.status is RunStatus.completed
+        assert airline.sent == Counter()
+        latest = await runner.checkpoints.latest(T, "r")  # type: ignore[union-attr]
+        assert latest is not None and not latest.is_tombstone
+        answers_told = [
+            m.text for m in await runner.checkpoints.messages(latest) if m.role == "tool"
+        ]  # type: ignore[union-attr]
+        assert len(answers_told) == 9
+        for told in answers_told:
+            assert "y" * 4000 in told and "y" * 4001 not in told
+            assert f"116000 characters more in approval {request}" in told
+        decided = await stores.approvals.get(T, request)
+        assert decided is not None and decided.note == "y" * 120_000
 
 
 # --- resolve -----------------------------------------------------------------------------
@@ -685,11 +730,6 @@ async def test_replay_from_every_step_never_books_and_never_touches_the_original
     assert _rows(url, "r") == original
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a replay carried on by another attempt (a worker woken by `tesserix approve`) "
-    "has lost its stubs and sends the side-effecting tool for real",
-)
 async def test_a_replay_that_waits_on_approval_never_books_for_real(tmp_path: Path) -> None:
     """A replay with ``book`` stubbed reaches the approval again and waits; approving its
     request (which wakes it for a worker, as ``approve`` does) must not lead to a real
@@ -710,14 +750,13 @@ async def test_a_replay_that_waits_on_approval_never_books_for_real(tmp_path: Pa
     async with _opened(url) as stores:
         worker = Worker(_runner(stores), [airline.agent()], exit_when_idle=True, poll_interval=0.01)
         await asyncio.wait_for(worker.run(), 30)
+        # The worker parks it, saying why, rather than carrying it on.
+        [parked] = [i for i in await stores.work.items(T) if i.run_id == replayed.run_id]  # type: ignore[union-attr]
+        assert parked.state is WorkState.parked
+        assert "ReplayNotResumableError" in (parked.reason or "")
     assert airline.sent == Counter({"LH1": 1})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="resume() of a replay's run id is not refused and dispatches the real tool the "
-    "replay had stubbed",
-)
 async def test_a_replay_resumed_after_it_stopped_never_books_for_real(tmp_path: Path) -> None:
     """The same through ``run --resume`` of the replay's id (the command ``approve``
     prints for it): a debugging replay is never carried on with the real tool."""
@@ -730,17 +769,13 @@ async def test_a_replay_resumed_after_it_stopped_never_books_for_real(tmp_path: 
         )
         assert replayed.pending_approval is not None
         await stores.approvals.decide(T, replayed.pending_approval.id, approved=True, by="a")
-        with contextlib.suppress(Exception):
+        with pytest.raises(ReplayNotResumableError, match="replay again"):
             await _runner(stores).resume(airline.agent(), replayed.run_id, tenant=T)
     assert airline.sent == Counter({"LH1": 1})
+    # `tesserix run --resume` of it exits 4: it must not be carried on.
+    assert exit_code_for(ReplayNotResumableError("x")) == ExitCode.MUST_NOT_CARRY_ON
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a replay records its stub's outcome under the tool's key; a key naming the "
-    "business object (not the run) is shared with the original run, which is then told the "
-    "stub's fake booking and never books",
-)
 async def test_a_stubbed_replay_never_hands_its_stub_outcome_to_the_original_run(
     tmp_path: Path,
 ) -> None:
@@ -809,11 +844,6 @@ async def test_a_replay_of_a_run_waiting_on_approval_leaves_its_request_alone(
     assert airline.sent == Counter()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a replay from a finished step returns the step as it was, without the "
-    "replay_of label the README promises (and writes no frontier for the new run id)",
-)
 async def test_a_replay_from_the_final_step_is_labelled_as_a_replay(tmp_path: Path) -> None:
     url = _url(tmp_path)
     airline = Airline()
@@ -826,11 +856,6 @@ async def test_a_replay_from_the_final_step_is_labelled_as_a_replay(tmp_path: Pa
         assert run.replay_of == f"r@{steps[-1]}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="replay checks only for a frontier under --new-run-id, so it takes the id of a "
-    "submitted run: the submitted input never runs and the worker carries the replay instead",
-)
 async def test_a_replay_never_takes_the_id_of_a_submitted_run(tmp_path: Path) -> None:
     """``new_run_id`` naming a run that was submitted but not started yet (it has no
     frontier): the replay must be refused, and the worker start the submitted run."""

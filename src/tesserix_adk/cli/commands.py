@@ -97,6 +97,19 @@ def _named(value: str) -> str:
     return value
 
 
+# A decision's note is read by people, and carried into the run (``GRANT_NOTE_CHARS``).
+NOTE_CHARS = 4000
+
+
+def _note(value: str) -> str:
+    """A note on a decision: at most ``NOTE_CHARS`` characters."""
+    if len(value) > NOTE_CHARS:
+        raise argparse.ArgumentTypeError(
+            f"is {len(value)} characters long; a note is at most {NOTE_CHARS}"
+        )
+    return value
+
+
 def _seconds(value: str) -> float:
     """A duration on the command line: a finite number of seconds, zero or more."""
     try:
@@ -154,7 +167,7 @@ def add_frontier_commands(sub: Any, parents: Parents = ()) -> None:
     p.add_argument("--tenant", required=True, type=_named)
     p.add_argument("--by", required=True, type=_named, help="who decides")
     p.add_argument("--deny", action="store_true")
-    p.add_argument("--note", help="why (secrets in it are masked before it is stored)")
+    p.add_argument("--note", type=_note, help="why (secrets in it are masked before it is stored)")
     p.add_argument(
         "--agent",
         type=_named,
@@ -224,7 +237,7 @@ def resume_main(
 
 def add_worker_commands(sub: Any, parents: Parents = ()) -> None:
     """Add ``submit`` and ``worker`` to ``sub`` (an ``add_subparsers()`` result)."""
-    add_work_commands(sub, parents, named=_named, seconds=_seconds)
+    add_work_commands(sub, parents, named=_named, seconds=_seconds, note=_note)
 
 
 def add_resume_commands(sub: Any, parents: Parents = ()) -> None:
@@ -246,7 +259,7 @@ def add_resume_commands(sub: Any, parents: Parents = ()) -> None:
         "outstanding call's tool is unchanged (audited; needs --by)",
     )
     p.add_argument("--by", type=_named, help="who accepts the revision change")
-    p.add_argument("--note", help="why (secrets in it are masked before it is stored)")
+    p.add_argument("--note", type=_note, help="why (secrets in it are masked before it is stored)")
     _json(p)
     p = sub.add_parser(
         "replay", help="run forward from a past step as a new run (debugging)", parents=parents

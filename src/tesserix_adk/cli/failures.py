@@ -29,6 +29,7 @@ from tesserix_adk.errors import (
     IndeterminateToolCallError,
     LeaseError,
     NoCheckpointError,
+    ReplayNotResumableError,
     ResumeConflictError,
     RevisionMismatchError,
     RunFailedError,
@@ -67,6 +68,7 @@ _MUST_NOT = (
     CheckpointTooLargeError,
     RevisionMismatchError,
     RunFailedError,
+    ReplayNotResumableError,
 )
 
 

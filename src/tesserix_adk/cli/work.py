@@ -44,9 +44,11 @@ __all__ = ["WORK_COMMANDS", "add_work_commands", "run_work_command"]
 WORK_COMMANDS = frozenset({"submit", "worker", "cancel"})
 
 
-def add_work_commands(sub: Any, parents: Any = (), *, named: Any, seconds: Any) -> None:
-    """Add ``submit`` and ``worker`` to ``sub``; ``named``/``seconds`` read ids and
-    durations as the other commands do."""
+def add_work_commands(
+    sub: Any, parents: Any = (), *, named: Any, seconds: Any, note: Any = str
+) -> None:
+    """Add ``submit``, ``worker`` and ``cancel`` to ``sub``; ``named``/``seconds``/``note``
+    read ids, durations and notes as the other commands do."""
     p = sub.add_parser(
         "submit", help="record a run for a worker to start; prints its id", parents=parents
     )
@@ -90,7 +92,7 @@ def add_work_commands(sub: Any, parents: Any = (), *, named: Any, seconds: Any) 
     p.add_argument("run", metavar="RUN", type=named)
     p.add_argument("--tenant", required=True, type=named)
     p.add_argument("--by", required=True, type=named, help="who cancels")
-    p.add_argument("--reason", help="why (secrets in it are masked before it is stored)")
+    p.add_argument("--reason", type=note, help="why (secrets in it are masked before it is stored)")
     _add_json(p)
 
 

@@ -28,6 +28,11 @@ from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import ApprovalRequest, ApprovalStatus
 from tesserix_adk.tools import canonical_json
 
+# The longest note a grant carries into the run's frontiers, in characters: one turn's
+# grants each hold it, and each denied call's answer repeats it, so a long one would make
+# every frontier of the run too large to write. The approval keeps the whole note.
+GRANT_NOTE_CHARS = 4000
+
 __all__ = ["approval_request_id", "ask_approval", "take_decision"]
 
 
@@ -147,6 +152,16 @@ def approval_request_id(
     return "req-" + hashlib.sha256(body.encode("utf-8")).hexdigest()[:24]
 
 
+def _granted_note(parts: RunParts, request: ApprovalRequest) -> str:
+    """The request's note as its grants carry it: masked, and at most GRANT_NOTE_CHARS
+    (a longer one is cut there and says where the rest is)."""
+    note = parts.redactor.text(request.note or "")
+    if len(note) <= GRANT_NOTE_CHARS:
+        return note
+    rest = len(note) - GRANT_NOTE_CHARS
+    return f"{note[:GRANT_NOTE_CHARS]}… ({rest} characters more in approval {request.id})"
+
+
 def _grant(
     parts: RunParts,
     run: RunState,
@@ -170,6 +185,6 @@ def _grant(
                     key=keys.get(call.id),
                     approved=approved,
                     by=request.by,
-                    note=None if request.note is None else parts.redactor.text(request.note),
+                    note=None if request.note is None else _granted_note(parts, request),
                 )
             )

@@ -54,7 +54,7 @@ from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.recording import to_the_end
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.state import RunState
-from tesserix_adk.tools import canonical_json
+from tesserix_adk.tools import canonical_json, replay_key
 
 __all__ = ["carry_on", "outstanding_calls", "run_loop"]
 
@@ -204,6 +204,10 @@ def outstanding_calls(run: RunState, calls: Sequence[ToolCall]) -> list[Outstand
             call=call,
             occurrence=occurrence,
         )
+        if key is not None and run.replay_of is not None:
+            # A key naming the business object is the original run's too: a replay's stub
+            # must never record under it, nor find the original's record there.
+            key = replay_key(run.run_id, key)
         result.append(
             OutstandingCall(
                 call=call, key=key, side_effects=tool.side_effects, idempotent=tool.idempotent

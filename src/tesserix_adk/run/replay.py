@@ -54,7 +54,7 @@ async def replay_from(
     check_ids(tenant=tenant, run_id=new_id)
     if new_id == run_id:
         raise ConfigurationError("a replay never writes into the original run")
-    if await checkpoints.store.latest(tenant, new_id) is not None:
+    if await _taken(runner, tenant, new_id):
         raise ConfigurationError(f"run {new_id!r} already exists; a replay starts a run of its own")
     run = replay_state(agent, cp, messages, new_id)
     attempt = Attempt(holder=new_holder(runner.worker), stubs=dict(stubs))
@@ -63,6 +63,17 @@ async def replay_from(
         if cp.status.finished:
             return finished_run(replayed)
         return await carry_on(runner._parts, run, attempt, replayed)
+
+
+async def _taken(runner: AgentRunner, tenant: str, run_id: str) -> bool:
+    """Whether any run holds ``run_id``: a frontier, a submission waiting for a worker, or
+    records left by a start whose first frontier was never written."""
+    checkpoints = runner._require_checkpoints()
+    if await checkpoints.store.latest(tenant, run_id) is not None:
+        return True
+    if runner.work is not None and await runner.work.input(tenant, run_id) is not None:
+        return True
+    return bool(await runner.idempotency.records(tenant, run_id))
 
 
 def check_stubs(agent: Agent, stubs: Mapping[str, Callable[..., Any]], live: Sequence[str]) -> None:
@@ -131,6 +142,7 @@ def replayed_frontier(cp: Checkpoint, run: RunState) -> Checkpoint:
     return dataclasses.replace(
         cp,
         run_id=run.run_id,
+        replay_of=run.replay_of,
         pending_approval=None,
         outstanding=tuple(outstanding_calls(run, [oc.call for oc in cp.outstanding])),
     )

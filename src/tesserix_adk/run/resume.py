@@ -6,7 +6,12 @@ from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer, TranscriptCursor, state_from_json
 from tesserix_adk.checkpoint.payload import Boundary, Checkpoint, CheckpointStatus
 from tesserix_adk.checkpoint.planning import ResumePlan
-from tesserix_adk.errors import CheckpointTooLargeError, RevisionMismatchError, RunFailedError
+from tesserix_adk.errors import (
+    CheckpointTooLargeError,
+    ReplayNotResumableError,
+    RevisionMismatchError,
+    RunFailedError,
+)
 from tesserix_adk.run.attempt import AheadCall, Attempt
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import Ledger
@@ -55,7 +60,8 @@ def note_ahead(attempt: Attempt, plan: ResumePlan) -> None:
 
 
 def refuse_unresumable(cp: Checkpoint, agent: Agent) -> None:
-    """Refuse a tombstone, a changed agent, or a run that ended ``failed``."""
+    """Refuse a tombstone, a changed agent, a run that ended ``failed``, or a replay that
+    did not finish."""
     if cp.is_tombstone:
         raise CheckpointTooLargeError(
             f"run {cp.run_id!r} cannot be carried on: its frontier at step {cp.step} was "
@@ -69,6 +75,16 @@ def refuse_unresumable(cp: Checkpoint, agent: Agent) -> None:
         )
     if cp.status is CheckpointStatus.failed:
         raise RunFailedError(f"run {cp.run_id!r} ended failed at step {cp.step}")
+    if _unfinished_replay(cp):
+        raise ReplayNotResumableError(
+            f"run {cp.run_id!r} is a replay of {cp.replay_of} that stopped at step {cp.step}; "
+            "its stubs lived only in the replay call that started it, so it is never carried "
+            "on (its tools would be sent for real): replay again from the step instead"
+        )
+
+
+def _unfinished_replay(cp: Checkpoint) -> bool:
+    return cp.replay_of is not None and not cp.status.finished and not cp.is_tombstone
 
 
 def resumable(cp: Checkpoint, agent: Agent) -> bool:
@@ -77,6 +93,7 @@ def resumable(cp: Checkpoint, agent: Agent) -> bool:
         not cp.is_tombstone
         and cp.agent_revision == agent.revision
         and cp.status is not CheckpointStatus.failed
+        and not _unfinished_replay(cp)
     )
 
 
