@@ -72,6 +72,12 @@ def default_key(
     return "k1:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
+def key_digest(key: str) -> str:
+    """An idempotency key as an operator sees it (``sha256:`` and 16 hex digits): enough
+    to tell a run's calls apart, never the key, which a tool passes on to the world."""
+    return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 def replay_key(run_id: str, key: str) -> str:
     """The key a replay (run ``run_id``) gives a call its tool keys ``key``: one of its own,
     whatever the key names, so a stub's outcome is never recorded under the original run's

@@ -25,6 +25,7 @@ from tesserix_adk.stores.protocols import (
     RecordsFrom,
     RecordStatus,
 )
+from tesserix_adk.tools import key_digest
 
 __all__ = [
     "PlannedCall",
@@ -66,7 +67,10 @@ class PlannedCall:
 
     def describe(self) -> str:
         """``<tool> (<call id>): <disposition> - <reason>``."""
-        return f"{self.tool} ({self.call_id or self.key}): {self.disposition} - {self.reason}"
+        # A call without a call id is named by its key's digest: the key itself is what the
+        # tool passes on to the world, and this sentence reaches logs, parked reasons, pages.
+        name = self.call_id or (key_digest(self.key) if self.key else "no call id")
+        return f"{self.tool} ({name}): {self.disposition} - {self.reason}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

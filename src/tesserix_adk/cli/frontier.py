@@ -33,6 +33,7 @@ from tesserix_adk.errors import (
 from tesserix_adk.leases import never_ran_wait, previous_end_ago
 from tesserix_adk.messages import ToolOutcome
 from tesserix_adk.run.attempt import run_claim_key
+from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import step_history
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, WorkState
@@ -126,6 +127,13 @@ async def _approve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
         raise NoCheckpointError(
             f"no approval request {args.request!r} belongs to tenant {args.tenant!r}"
         )
+    cancelled = await cancel_requested(stores.idempotency, args.tenant, request.run_id)
+    if cancelled is not None:
+        # A page or a script that still shows the request: the run waits on nothing now.
+        raise Refused(
+            f"run {request.run_id!r} was cancelled ({cancelled.describe()}); nothing waits "
+            f"on approval request {args.request!r} any more"
+        )
     # The note is user data bound for a store like any other: an operator pasting what they
     # saw ("the key sk-... works again") must not leave the key in the approval record.
     note = None if args.note is None else Redactor().text(args.note)
@@ -215,7 +223,7 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
     content: Any = None
     if not args.never_ran:
         try:
-            content = json.loads(args.outcome)
+            content = json.loads(args.outcome, parse_constant=_not_json)
         except ValueError as exc:
             raise UsageError(f"--outcome is not valid JSON: {exc}") from exc
     await _no_live_resumer(stores, args)
@@ -295,16 +303,27 @@ def _margin_passed(
         )
 
 
+def _not_json(name: str) -> Any:
+    """``NaN`` and ``Infinity`` are Python's, not JSON: an outcome holding one would be
+    stored as bytes no JSON reader takes."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def _the_call(records: list[IdempotencyRecord], args: argparse.Namespace) -> IdempotencyRecord:
-    matches = [r for r in records if r.tool is not None and args.call in (r.call_id, r.key)]
+    matches = [
+        r
+        for r in records
+        if r.tool is not None and args.call in (r.call_id, r.key, key_digest(r.key))
+    ]
     if not matches:
         raise NoCheckpointError(
             f"run {args.run!r} of tenant {args.tenant!r} has no call {args.call!r} on record"
         )
     if len(matches) > 1:
+        digests = ", ".join(str(key_digest(r.key)) for r in matches)
         raise UsageError(
-            f"call id {args.call!r} matches {len(matches)} records; pass the idempotency key "
-            f"instead ({', '.join(r.key for r in matches)})"
+            f"call id {args.call!r} matches {len(matches)} records; pass the digest of the "
+            f"one meant instead ({digests})"
         )
     return matches[0]
 

@@ -7,12 +7,12 @@ the outside world. An error is one object: ``{"error": {"exit_code": N, "message
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any, TextIO
 
 from tesserix_adk.stores.protocols import IdempotencyRecord, RunLease
 from tesserix_adk.timestamps import iso_time
+from tesserix_adk.tools import key_digest as digest_of
 
 __all__ = ["claim_json", "emit", "error_json", "key_digest", "lease_json", "when"]
 
@@ -34,9 +34,7 @@ def when(epoch: float | None) -> str | None:
 
 def key_digest(key: str | None) -> str | None:
     """An idempotency key as an operator may see it: enough to tell keys apart."""
-    if key is None:
-        return None
-    return "sha256:" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+    return None if key is None else digest_of(key)
 
 
 def lease_json(lease: RunLease | None) -> dict[str, Any] | None:

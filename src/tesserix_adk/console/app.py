@@ -10,13 +10,15 @@ import contextlib
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qsl, unquote_to_bytes
+from urllib.parse import parse_qsl, unquote, unquote_to_bytes
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tesserix_adk.cli.failures import explain
 from tesserix_adk.console import actions, pages
@@ -102,7 +104,7 @@ def create_app(
         return RedirectResponse(pages.tenant_path(name, "runs"), status_code=303)
 
     async def runs_list(request: Request) -> Response:
-        tenant = request.path_params["tenant"]
+        tenant = _param(request, "tenant")
         q = request.query_params
         where = RunFilter(
             status=q.get("status") or None, agent=q.get("agent") or None, stuck=bool(q.get("stuck"))
@@ -110,7 +112,7 @@ def create_app(
         return _html(pages.runs_page(tenant, where, await runs(stores(), tenant, where)))
 
     async def run(request: Request) -> Response:
-        tenant, run_id = request.path_params["tenant"], request.path_params["run"]
+        tenant, run_id = _param(request, "tenant"), _param(request, "run")
         detail = await run_detail(stores(), tenant, run_id)
         if detail is None:
             text = f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
@@ -125,14 +127,17 @@ def create_app(
         return _html(pages.run_page(tenant, detail, request.state.csrf))
 
     async def approve(request: Request) -> Response:
-        tenant, request_id = request.path_params["tenant"], request.path_params["request"]
+        tenant, request_id = _param(request, "tenant"), _param(request, "request")
         form = request.state.form
+        decision = form.get("decision")
+        if decision not in ("approve", "deny"):
+            raise Refusal(400, "say approve or deny: the decision is taken as asked, never guessed")
         argv = actions.approve_argv(
             tenant,
             request_id,
             by=form.get("by", ""),
             note=form.get("note") or None,
-            deny=form.get("decision") == "deny",
+            deny=decision == "deny",
         )
         done = await actions.carry_out(argv, stores())
         back = ""
@@ -142,9 +147,12 @@ def create_app(
         return _result(tenant, back, "Approval", done)
 
     async def resolve(request: Request) -> Response:
-        tenant, run_id = request.path_params["tenant"], request.path_params["run"]
+        tenant, run_id = _param(request, "tenant"), _param(request, "run")
         form = request.state.form
-        never_ran = form.get("what", "never_ran") == "never_ran"
+        what = form.get("what")
+        if what not in ("never_ran", "outcome"):
+            raise Refusal(400, "say whether the call never ran or what its outcome was")
+        never_ran = what == "never_ran"
         argv = actions.resolve_argv(
             tenant,
             run_id,
@@ -156,7 +164,7 @@ def create_app(
         return _result(tenant, run_id, "Resolution", await actions.carry_out(argv, stores()))
 
     async def cancel(request: Request) -> Response:
-        tenant, run_id = request.path_params["tenant"], request.path_params["run"]
+        tenant, run_id = _param(request, "tenant"), _param(request, "run")
         form = request.state.form
         argv = actions.cancel_argv(
             tenant, run_id, by=form.get("by", ""), reason=form.get("reason") or None
@@ -178,7 +186,7 @@ def create_app(
 
     async def static(request: Request) -> Response:
         # Behind the same Host and token checks as every page.
-        response: Response = await files.get_response(request.path_params["path"], request.scope)
+        response: Response = await files.get_response(_param(request, "path"), request.scope)
         return response
 
     routes: list[Any] = [
@@ -195,7 +203,28 @@ def create_app(
         Route("/t/{tenant}/approvals/{request}", guarded(approve, write=True), methods=["POST"]),
         Route("/static/{path:path}", guarded(static)),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_RoutedRaw)])
+
+
+class _RoutedRaw:
+    """Routes on the address as sent: an id's encoded ``/`` (``%2F``) stays inside its
+    part, so ``/t/acme%2Feu/runs`` is tenant ``acme/eu``, never tenant ``acme``'s run
+    ``eu``. Each handler decodes its own parts (``_param``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw:
+            # Percent-encoded ASCII as sent (anything else is refused by ``_check_path``).
+            scope = {**scope, "path": raw.decode("latin-1")}
+        await self.app(scope, receive, send)
+
+
+def _param(request: Request, name: str) -> str:
+    """A part of the address, decoded (``_check_path`` made sure it is UTF-8)."""
+    return unquote(request.path_params[name], errors="strict")
 
 
 def _check_path(request: Request) -> None:
@@ -253,4 +282,9 @@ async def _form(request: Request) -> dict[str, str]:
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
         raise Refusal(415, "the console takes forms only")
-    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+    try:
+        fields = parse_qsl(body.decode("utf-8"), keep_blank_values=True, errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        # A value that is not UTF-8 would be carried out with U+FFFD in its place.
+        raise Refusal(400, "that form is not UTF-8") from None
+    return dict(fields)

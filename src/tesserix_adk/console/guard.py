@@ -10,13 +10,14 @@ another site cannot reach the console by rebinding its own name to 127.0.0.1.
 from __future__ import annotations
 
 import ipaddress
+import re
 import secrets
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
 
-__all__ = ["CSRF_COOKIE", "TOKEN_COOKIE", "Guard", "Refusal", "csrf_of", "is_loopback"]
+__all__ = ["CSRF_COOKIE", "TOKEN_COOKIE", "Guard", "Refusal", "csrf_of", "host_name", "is_loopback"]
 
 CSRF_COOKIE = "tesserix_csrf"
 TOKEN_COOKIE = "tesserix_token"
@@ -31,6 +32,17 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+# RFC 9110's Host: a name, an IPv4 address or a bracketed IPv6 one, then perhaps a port.
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::[0-9]{1,5})?")
+
+
+def host_name(host: str) -> str:
+    """The name a ``Host`` header gives, or ``""`` when it is not one (``a\\@localhost``
+    is no host, whatever a URL parser would make of it)."""
+    match = _HOST.fullmatch(host)
+    return "" if match is None else match.group(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +62,7 @@ class Guard:
 
     def check_host(self, request: Request) -> None:
         """Served on loopback, the request must name a loopback host (DNS rebinding)."""
-        host = request.headers.get("host", "")
-        if self.loopback_only and not is_loopback(urlsplit(f"//{host}").hostname or ""):
+        if self.loopback_only and not is_loopback(host_name(request.headers.get("host", ""))):
             raise Refusal(421, "this console answers to loopback names only")
 
     def check_token(self, request: Request) -> None:

@@ -11,6 +11,7 @@ from tesserix_adk.checkpoint.payload import CheckpointStatus
 from tesserix_adk.console.reads import RunDetail, RunFilter, RunSummary, key_digest, shown_value
 from tesserix_adk.console.templates import Markup, join, render
 from tesserix_adk.stores.protocols import RecordStatus, RunLease
+from tesserix_adk.tools import key_digest as digest_of
 
 __all__ = ["page", "run_page", "runs_page", "tenant_path"]
 
@@ -92,7 +93,8 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
                 "resolve_form.html",
                 action=run_path + "/resolve",
                 csrf=csrf,
-                call=p.call_id or p.key or "",
+                # The record by its key's digest: one record, whatever the call ids.
+                call=digest_of(p.key),
             )
         plan_rows.append(
             render(
