@@ -823,12 +823,6 @@ def _tool_error_run(tmp_path: Path, error: BaseException, **kwargs: Any) -> tupl
 # --- defects ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a secret right after an escape sequence (\\n, \\t) as repr() and JSON-in-text "
-    "write it is preceded by a letter, so the patterns' word-boundary look-behinds skip it "
-    "and the tool's error result is stored unmasked",
-)
 @pytest.mark.parametrize(
     "make",
     [
@@ -858,11 +852,6 @@ def test_a_secret_after_an_escaped_newline_in_a_tool_error_is_masked(
     assert p.found_in(stored) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the runner logs a tool's ToolOutcomeUnknownError message unredacted "
-    "(run/dispatch.py: 'may have run, its outcome unknown: %s')",
-)
 def test_a_lost_reply_message_is_masked_in_the_runner_log(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -878,11 +867,6 @@ def test_a_lost_reply_message_is_masked_in_the_runner_log(
     assert p.found_in(log_text(caplog)) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the runner logs a reconciler's exception message unredacted "
-    "(run/reconciling.py: 'the reconciler of %s failed (%s: %s)')",
-)
 def test_a_failing_reconciler_message_is_masked_in_the_runner_log(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -923,11 +907,6 @@ def test_a_failing_reconciler_message_is_masked_in_the_runner_log(
     assert p.found_in(log_text(caplog)) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool name the model asks for is stored as it came (transcript, frontier), "
-    "never redacted, so a model that echoes a key as a tool name stores the key",
-)
 def test_a_secret_as_a_model_asked_tool_name_is_masked(tmp_path: Path) -> None:
     p = Planted()
     url = f"sqlite:///{tmp_path / 'adk.sqlite3'}"
@@ -971,11 +950,6 @@ def test_a_secret_split_across_two_text_parts_is_masked(tmp_path: Path) -> None:
     assert not (head in stored and tail in stored)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a secret-named key without a separator before its last word (PGPASSWORD, "
-    "DBPASSWORD, MYSQLTOKEN) is not taken for a credential, so its value is stored",
-)
 def test_a_value_under_pgpassword_is_masked(tmp_path: Path) -> None:
     p = Planted()
     env = {"PGPASSWORD": f"pw-{p.tag('pgpassword')}"}
@@ -1037,11 +1011,6 @@ def _result_run(tmp_path: Path, result: Any) -> tuple[str, Any]:
     return stored + cli_views(url, "r1"), run
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="JSON text that Python's json.loads refuses (an integer over 4300 digits) falls "
-    "back to free-text masking, which leaves strings nested under a secret-named key",
-)
 def test_json_text_with_a_long_integer_still_masks_nested_credentials(tmp_path: Path) -> None:
     p = Planted()
     text = (

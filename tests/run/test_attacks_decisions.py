@@ -621,7 +621,9 @@ async def test_cancel_then_approve_then_a_worker_sends_nothing(tmp_path: Path) -
         ended = await _runner(stores).cancel("r", tenant=T, by="ops", reason="customer left")
         assert ended is not None and ended.status is RunStatus.cancelled
     code, _out, err = await _cli(url, "approve", request, "--tenant", T, "--by", "alice")
-    assert code == ExitCode.CARRIED_ON, err  # accepted; nothing is sent (below)
+    # Refused: the run waits on nothing now (the console's stale page hits the same).
+    assert code == ExitCode.MUST_NOT_CARRY_ON and "was cancelled" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
     async with _opened(url) as stores:
         worker = Worker(_runner(stores), [airline.agent()], exit_when_idle=True, poll_interval=0.01)
         await asyncio.wait_for(worker.run(), 30)

@@ -31,6 +31,7 @@ from tesserix_adk.checkpoint.payload import (
     decode_outcome,
 )
 from tesserix_adk.checkpoint.planning import PlannedCall, ToolDisposition
+from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
@@ -280,7 +281,7 @@ async def _call_tool(
         await grouping.commit(attempt)
         _started(run, attempt, oc)
         try:
-            outcome = await _invoke(attempt, tool, oc.call, ctx)
+            outcome = await _invoke(attempt, tool, oc.call, ctx, parts.redactor)
         except _NotSent as stop:
             _unsent(run, attempt, oc, stop.error)
             raise stop.error from None
@@ -338,7 +339,7 @@ async def _call_tool(
         await grouping.commit(attempt)
         _started(run, attempt, oc)
         try:
-            outcome = await _invoke(attempt, tool, oc.call, ctx)
+            outcome = await _invoke(attempt, tool, oc.call, ctx, parts.redactor)
         except _NotSent as stop:
             # The lease check stopped the call before it started: nothing is in doubt, so
             # the claim goes rather than leave every later resume refusing it.
@@ -406,7 +407,9 @@ class _NotSent(Exception):
         self.error = error
 
 
-async def _invoke(attempt: Attempt, tool: Tool, call: ToolCall, ctx: ToolContext) -> ToolOutcome:
+async def _invoke(
+    attempt: Attempt, tool: Tool, call: ToolCall, ctx: ToolContext, redactor: Redactor
+) -> ToolOutcome:
     """Run the tool (or its replay stub); an ``Exception`` is the call's error outcome,
     except the guard's own refusal, which stops the run with nothing sent, and a
     ``ToolOutcomeUnknownError``, which stops it with the call left in doubt."""
@@ -437,7 +440,12 @@ async def _invoke(attempt: Attempt, tool: Tool, call: ToolCall, ctx: ToolContext
         # Sent, and whether it took effect is unknown: told to the model as an error it
         # would be asked for again under a new key. Its claim stays in flight, for the
         # reconciler or an operator, as if the process had died inside the call.
-        _log.warning("%s (%s) may have run, its outcome unknown: %s", tool.name, call.id, exc)
+        _log.warning(
+            "%s (%s) may have run, its outcome unknown: %s",
+            tool.name,
+            call.id,
+            redactor.text(str(exc)),
+        )
         exc.add_note(f"the call {tool.name} ({call.id}) is left in doubt, its claim in flight")
         raise
     except Exception as exc:

@@ -18,6 +18,7 @@ from typing import Any
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.payload import encode_outcome
 from tesserix_adk.checkpoint.planning import PlannedCall, ResumePlan
+from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.leases import NEVER_RAN_MARGIN, never_ran_wait
 from tesserix_adk.messages import ToolCall, ToolOutcome
 from tesserix_adk.reconcile import Reconciled, ReconciledAs
@@ -69,7 +70,7 @@ async def reconcile_in_doubt(
     recorded = False
     for pc, tool in askable:
         attempt.guard()
-        answer = await _ask(tool, pc, attempt, tenant=tenant, run_id=run_id)
+        answer = await _ask(tool, pc, attempt, parts.redactor, tenant=tenant, run_id=run_id)
         if answer.found not in (ReconciledAs.completed, ReconciledAs.never_ran):
             continue
         assert pc.key is not None
@@ -87,7 +88,13 @@ async def reconcile_in_doubt(
 
 
 async def _ask(
-    tool: Tool, pc: PlannedCall, attempt: Attempt, *, tenant: str, run_id: str
+    tool: Tool,
+    pc: PlannedCall,
+    attempt: Attempt,
+    redactor: Redactor,
+    *,
+    tenant: str,
+    run_id: str,
 ) -> Reconciled:
     """The reconciler's answer; anything but a ``Reconciled`` in time is ``unknown``."""
     assert tool.reconcile is not None
@@ -110,7 +117,7 @@ async def _ask(
             run_id,
             pc.describe(),
             type(exc).__name__,
-            exc,
+            redactor.text(str(exc)),
         )
         return Reconciled.unknown()
     if not isinstance(result, Reconciled):

@@ -59,7 +59,7 @@ def encode_checkpoint(
         outstanding.append(
             {
                 "id": oc.call.id,
-                "name": oc.call.name,
+                "name": redactor.text(oc.call.name),
                 "arguments": redactor.value(arguments),
                 "key": oc.key,
                 "side_effects": oc.side_effects,

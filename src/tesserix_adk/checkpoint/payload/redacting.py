@@ -55,6 +55,8 @@ def _redacted_message(message: Message, redactor: Redactor) -> dict[str, Any]:
             for p in data["content"]
         ]
     for call in data.get("tool_calls", ()):
+        # A name is the model's text too: one echoing a key would store the key.
+        call["name"] = redactor.text(call["name"])
         call["arguments"] = redactor.value(call["arguments"])
     return data
 

@@ -52,6 +52,8 @@ def _mask_key_values(text: str) -> str:
         key_start = m.start() - _KEY_CHARS.match(head).end()  # type: ignore[union-attr]
         if key_start == floor > done and text[floor - 1] in _KEY_CHAR_SET:
             continue  # longer than any credential name
+        if m.start() > key_start > 0 and text[key_start - 1] == "\\":
+            key_start += 1  # ``\npassword=``: the ``n`` ends an escape (repr, JSON), not the key
         kind = _key_kind(text[key_start : m.end("word")])
         if kind is None:
             continue

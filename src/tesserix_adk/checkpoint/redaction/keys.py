@@ -63,6 +63,7 @@ _NOT_SECRET = frozenset(
         "cancellation_token",
     }
 )
+_PASSWORD_WORDS = ("password", "passwd", "passphrase")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _KEY_SEPARATORS = re.compile(r"[-.\s_]+")
 
@@ -80,6 +81,10 @@ def _named_kind(key: str) -> str | None:
     for suffix, kind in _KEY_SUFFIXES.items():
         if name.endswith("_" + suffix):
             return kind
+    # A password word needs no separator before it (``PGPASSWORD``, ``DBPASSWORD``): no
+    # ordinary key ends in one. (``token`` does: ``NEXTTOKEN`` pages.)
+    if name.endswith(_PASSWORD_WORDS):
+        return "password"
     return None
 
 

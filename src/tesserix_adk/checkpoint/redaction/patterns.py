@@ -6,6 +6,10 @@ private-key blocks and passwords in URLs (the user stays). A token wrapped acros
 line break, or a JSON-escaped ``\\n``, right after it and a next line that is all token
 characters) is masked with its continuation lines. Each match becomes ``[redacted:<kind>]``.
 
+A token is one when no token character comes right before it, unless that character ends
+an escape (``\\nsk-…`` as ``repr`` or JSON text writes a line break before a key): the look-
+behinds read ``(?<!(?<!\\)[…]…)``.
+
 Every built-in pattern is linear-time (bounded quantifiers, possessive runs, anchors that
 cannot restart inside a run), and none is compiled at import.
 """
@@ -113,20 +117,24 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         _Rule(
             "anthropic_key",
             re.compile(
-                _prefixed_token("sk-ant-(?<![A-Za-z0-9_-]sk-ant-)", key_body, key_letters, 20)
+                _prefixed_token(
+                    r"sk-ant-(?<!(?<!\\)[A-Za-z0-9_-]sk-ant-)", key_body, key_letters, 20
+                )
             ),
             ("sk-ant-",),
         ),
         _Rule(
             "openai_key",
             # ``sk-…`` and ``sk-proj-…``; 20 characters at least, so ``sk-learn`` stays.
-            re.compile(_prefixed_token("sk-(?<![A-Za-z0-9_-]sk-)", key_body, key_letters, 20)),
+            re.compile(
+                _prefixed_token(r"sk-(?<!(?<!\\)[A-Za-z0-9_-]sk-)", key_body, key_letters, 20)
+            ),
             ("sk-",),
         ),
         _Rule(
             "github_token",
             re.compile(
-                r"g(?<![A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,}+|ithub_pat_[A-Za-z0-9_]{22,}+)"
+                r"g(?<!(?<!\\)[A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,}+|ithub_pat_[A-Za-z0-9_]{22,}+)"
                 r"(?![A-Za-z0-9_])" + _wrapped(r"[A-Za-z0-9_]", r"[A-Za-z_]") + "*"
             ),
             ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
@@ -134,7 +142,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         _Rule(
             "slack_token",
             re.compile(
-                r"xox(?<![A-Za-z0-9]xox)[abprs]-[A-Za-z0-9-]{10,}+"
+                r"xox(?<!(?<!\\)[A-Za-z0-9]xox)[abprs]-[A-Za-z0-9-]{10,}+"
                 + _wrapped(r"[A-Za-z0-9-]", r"[A-Za-z-]")
                 + "*"
             ),
@@ -142,13 +150,13 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         ),
         _Rule(
             "aws_access_key_id",
-            re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+            re.compile(r"(?<!(?<!\\)[A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
             ("akia", "asia"),
         ),
         _Rule(
             "jwt",
             re.compile(
-                r"eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]*+"
+                r"eyJ(?<!(?<!\\)[A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]*+"
                 + _wrapped(key_body, key_letters)
                 + "*"
             ),
@@ -157,7 +165,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         _Rule(
             "basic_auth",
             re.compile(
-                r"(?P<keep>(?<![A-Za-z0-9_])(?i:basic)[ \t]{1,16}+)"
+                r"(?P<keep>(?<!(?<!\\)[A-Za-z0-9_])(?i:basic)[ \t]{1,16}+)"
                 r"(?P<token>[A-Za-z0-9+/]{4,}+={0,2}+)(?![A-Za-z0-9+/=])"
             ),
             ("basic",),
@@ -168,7 +176,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             # RFC 6750 b64token. A word of prose after "bearer" is not a token: one with no
             # digit has to be 20 characters long to count.
             re.compile(
-                r"(?P<keep>(?<![A-Za-z0-9_])(?i:bearer)[ \t]{1,16}+)"
+                r"(?P<keep>(?<!(?<!\\)[A-Za-z0-9_])(?i:bearer)[ \t]{1,16}+)"
                 r"(?:(?=[A-Za-z\-._~+/]*+[0-9])[A-Za-z0-9\-._~+/]{8,}+|[A-Za-z0-9\-._~+/]{20,}+)"
                 r"=*+" + _wrapped(r"[A-Za-z0-9\-._~+/=]", r"[A-Za-z\-._~+/=]") + "*"
             ),
@@ -192,8 +200,8 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             "aws_secret_key",
             # Next to a hint: any 40 base64 characters.
             re.compile(
-                r"(?P<keep>(?i:(?<![A-Za-z0-9])(?:aws_)?secret_(?:access_)?key"
-                r"|(?<![A-Za-z0-9])secretaccesskey)"
+                r"(?P<keep>(?i:(?<!(?<!\\)[A-Za-z0-9])(?:aws_)?secret_(?:access_)?key"
+                r"|(?<!(?<!\\)[A-Za-z0-9])secretaccesskey)"
                 r"[\"']?[ \t]{0,16}+[:=][ \t]{0,16}+[\"']?)" + b64 + r"{40}(?![A-Za-z0-9/+=])"
             ),
             ("secret",),
@@ -204,7 +212,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             # Standalone: exactly 40 base64 characters with a ``/`` or ``+`` and both cases,
             # so a hex digest (sha1, a git sha) never matches.
             re.compile(
-                r"(?<![A-Za-z0-9/+=])"
+                r"(?<!(?<!\\)[A-Za-z0-9/+=])"
                 r"(?=[A-Za-z0-9]{0,39}[/+])(?=[A-Z0-9/+]{0,39}[a-z])(?=[a-z0-9/+]{0,39}[A-Z])"
                 + b64
                 + r"{40}(?![A-Za-z0-9/+=])"

@@ -214,7 +214,9 @@ class Redactor:
         every duplicate of a key, not only the one a parser would keep.
         """
         try:
-            json.loads(text)
+            # Only whether it is JSON: an integer is not built (one past the interpreter's
+            # digit limit is still JSON, and its neighbours still masked by key).
+            json.loads(text, parse_int=len)
         except (ValueError, RecursionError):
             return None
         out: list[str] = []
