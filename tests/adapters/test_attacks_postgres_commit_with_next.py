@@ -242,12 +242,6 @@ async def test_a_commit_refused_with_the_claim_charges_every_model_call_once(
     assert await _spent(pg_stores, "refused") == COST * provider.calls
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a COMMIT the server answers with a serialization failure or a statement timeout "
-    "(OperationalError subclasses) is judged in doubt, so the charge of a model call made is "
-    "never made again although the group certainly failed",
-)
 @pytest.mark.parametrize(
     "raising",
     [
@@ -364,12 +358,6 @@ async def test_a_claim_message_whose_backend_dies_books_once_and_never_charges_t
     _pool_is_clean(pg_stores)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a group the server ended while its holder was frozen (idle_in_transaction_"
-    "session_timeout, before the claim and COMMIT were sent) is judged in doubt when the "
-    "claim's message finds the session gone, so that turn's model call is never charged",
-)
 async def test_a_group_the_server_ended_while_frozen_charges_every_model_call_once(
     pg_url: str, pg_admin: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -370,3 +370,64 @@ async def test_a_failed_group_holding_a_masked_calls_claim_and_answer_stops_retr
     done = await runner().resume(agent, "r", tenant=TENANT)
     assert done.status == "completed"
     assert sent == ["1A"]
+
+
+class _RollingBackStore(GroupingMemoryStore):
+    """Its failing commit undoes the outcomes recorded in the group (as a database rolls
+    them back), and recording them again fails too: what the runner drops then shows."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__(fail_at)
+        self.in_group: dict[tuple[str, str], Any] = {}
+        self.down = False
+
+    async def complete(self, key: str, outcome: bytes, *, tenant: str, holder: str) -> Any:
+        if self.down:
+            raise StoreUnavailableError("the store is down (the test)")
+        self.in_group.setdefault((tenant, key), self._records.get((tenant, key)))
+        return await super().complete(key, outcome, tenant=tenant, holder=holder)
+
+    def rolled_back(self) -> None:
+        for where, before in self.in_group.items():
+            self._records[where] = before
+        self.down = True
+
+
+class _RollingBackGroup(_FailingGroup):
+    store: _RollingBackStore
+
+    async def commit(self) -> None:
+        try:
+            await super().commit()
+        except StoreReplyLostError:
+            self.store.rolled_back()
+            raise StoreUnavailableError("the commit failed (the test)") from None
+        self.store.in_group.clear()
+
+
+async def test_a_twin_that_found_its_twins_outcome_never_drops_the_claim_of_a_sent_call() -> None:
+    """Two calls of one turn under one business key: the first is sent and its outcome
+    recorded in the group; the second finds that outcome and is answered with it. The
+    group fails to commit (the outcome is rolled back: the key is claimed in flight, sent)
+    and recording the outcome again fails too. The claim must stay: it is what tells a
+    resume the call may have run. Dropping it (the second twin's claim asked to be dropped)
+    would let a resume send the booking again."""
+    sent: list[str] = []
+
+    def by_seat(*, occurrence: int = 0, **kw: Any) -> str:
+        return f"seat-{kw['arguments']['seat']}"  # one key for both twins, on purpose
+
+    @tool(key=by_seat)
+    def book(seat: str) -> str:
+        sent.append(seat)
+        return f"booked {seat}"
+
+    store = _RollingBackStore(fail_at=2)
+    store.write_group = lambda: _RollingBackGroup(store)  # type: ignore[method-assign]
+    script: list[Any] = [ScriptedTurn(calls=[("book", {"seat": "7A"}), ("book", {"seat": "7A"})])]
+    runner = AgentRunner(ScriptedProvider([*script, "done"]), idempotency=store)
+    with pytest.raises(StoreUnavailableError):
+        await runner.run(Agent("g", "b", tools=[book]), "go", tenant=TENANT, run_id="r")
+    assert sent == ["7A"]
+    [record] = await store.records(TENANT, "r")
+    assert record.status is RecordStatus.in_flight, "the sent call's claim was dropped"

@@ -58,12 +58,26 @@ async def claim(
     parts: RunParts, run: RunState, attempt: Attempt, tool: Tool, oc: OutstandingCall
 ) -> IdempotencyRecord:
     assert oc.key is not None
-    if attempt.group is not None:
+    group, key = attempt.group, oc.key
+
+    async def drop() -> None:
+        await release_unsent(parts, run, attempt, key)
+
+    if group is not None:
         # Dropped again should the group fail, asked for before the claim is sent: a claim
         # whose reply was lost with the group's COMMIT in its message may be durable.
-        key = oc.key
-        attempt.group.undo.append(lambda: release_unsent(parts, run, attempt, key))
-        attempt.group.claimed.add(key)
+        group.undo.append(drop)
+        group.claimed.add(key)
+
+    def answered(rec: IdempotencyRecord) -> IdempotencyRecord:
+        if group is not None and not (
+            rec.status is RecordStatus.in_flight and rec.holder == attempt.holder
+        ):
+            # Not a claim this call took (an outcome recorded under the key, a twin's or
+            # another run's): nothing of it is dropped, whatever becomes of the group.
+            group.undo.remove(drop)
+        return rec
+
     try:
         taken = await parts.idempotency.claim(
             oc.key,
@@ -89,13 +103,13 @@ async def claim(
     except Exception as exc:
         lost = exc  # a driver error the store did not translate: the outcome is unknown
     else:
-        return taken
+        return answered(taken)
     rec = await read_back(parts, run, oc.key)
     if rec is not None and (
         rec.status is RecordStatus.completed
         or (rec.status is RecordStatus.in_flight and rec.holder == attempt.holder)
     ):
-        return rec
+        return answered(rec)
     # Perhaps applied, certainly not sent: drop the claim if it is there, so a retry does
     # not find a claim of ours in doubt.
     await release_unsent(parts, run, attempt, oc.key)

@@ -227,14 +227,20 @@ class PostgresWriteGroup(OpenGroup):
 
 def _commit_in_doubt(conn: psycopg.AsyncConnection[Any], exc: BaseException) -> bool:
     """Whether a message that ended with the group's COMMIT, and failed with ``exc``, may
-    have committed. Not if the transaction is still open (the COMMIT was never reached),
-    nor if the server answered with an error once it was over (the COMMIT itself failed:
-    a statement failing before it leaves the transaction aborted, not over). Anything
-    else (the connection lost, the wait cancelled) cannot tell."""
+    have committed. Not if the transaction is still open (the COMMIT was never reached);
+    nor if the server answered with an error once it was over (the COMMIT itself failed,
+    a serialization failure or a timeout as much as a constraint: a statement failing
+    before it leaves the transaction aborted, not over); nor if the server had ended the
+    session for idling in the transaction before the message came. Anything else (the
+    connection lost, the wait cancelled) cannot tell."""
     status = conn.info.transaction_status
     if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
         return False
-    answered = isinstance(exc, psycopg.Error) and not isinstance(
-        exc, (psycopg.OperationalError, psycopg.InterfaceError)
-    )
-    return not (status is TransactionStatus.IDLE and answered)
+    sqlstate = exc.sqlstate if isinstance(exc, psycopg.Error) else None
+    if sqlstate == _IDLE_SESSION_ENDED:
+        return False
+    return not (status is TransactionStatus.IDLE and sqlstate is not None)
+
+
+# The server ended the session for idling inside its transaction (``_idle_bound``).
+_IDLE_SESSION_ENDED = "25P03"
