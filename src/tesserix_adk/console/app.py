@@ -231,6 +231,9 @@ def _check_path(request: Request) -> None:
     """An address whose ids are not UTF-8 names no tenant or run: refused, never read as
     the replacement character (two such addresses would be one tenant nobody typed)."""
     raw = request.scope.get("raw_path") or request.url.path.encode()
+    if not raw.isascii():
+        # Sent unencoded, its bytes would be routed as Latin-1 (``_RoutedRaw``).
+        raise Refusal(400, "that address is not percent-encoded")
     try:
         unquote_to_bytes(raw).decode("utf-8")
     except UnicodeDecodeError:
@@ -287,4 +290,8 @@ async def _form(request: Request) -> dict[str, str]:
     except (UnicodeDecodeError, ValueError):
         # A value that is not UTF-8 would be carried out with U+FFFD in its place.
         raise Refusal(400, "that form is not UTF-8") from None
-    return dict(fields)
+    form = dict(fields)
+    if len(form) != len(fields):
+        # ``decision=deny&decision=approve``: which one was meant is not guessed.
+        raise Refusal(400, "that form gives a field twice")
+    return form

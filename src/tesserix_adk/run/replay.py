@@ -59,6 +59,12 @@ async def replay_from(
     run = replay_state(agent, cp, messages, new_id)
     attempt = Attempt(holder=new_holder(runner.worker), stubs=dict(stubs))
     async with runner._holding(attempt, tenant, new_id):
+        # Asked again under the lease: another start of the id (a replay, a run) may have
+        # taken it since the first look, and finished, leaving the lease free.
+        if await _taken(runner, tenant, new_id):
+            raise ConfigurationError(
+                f"run {new_id!r} already exists; a replay starts a run of its own"
+            )
         replayed = replayed_frontier(cp, run)
         if cp.status.finished:
             return finished_run(replayed)

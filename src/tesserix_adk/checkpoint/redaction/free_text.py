@@ -53,7 +53,8 @@ def _mask_key_values(text: str) -> str:
         if key_start == floor > done and text[floor - 1] in _KEY_CHAR_SET:
             continue  # longer than any credential name
         if m.start() > key_start > 0 and text[key_start - 1] == "\\":
-            key_start += 1  # ``\npassword=``: the ``n`` ends an escape (repr, JSON), not the key
+            # ``\npassword=``, ``\x0btoken=``: the escape (repr, JSON) is not the key's.
+            key_start = min(m.start(), key_start + _escape_length(text, key_start))
         kind = _key_kind(text[key_start : m.end("word")])
         if kind is None:
             continue
@@ -74,6 +75,16 @@ def _mask_key_values(text: str) -> str:
         return text
     out.append(text[done:])
     return "".join(out)
+
+
+_ESCAPE = re.compile(r"x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.", re.DOTALL)
+
+
+def _escape_length(text: str, at: int) -> int:
+    """How long the escape is whose backslash is right before ``at`` (one letter, or a
+    ``\\x``, ``\\u`` or ``\\U`` code)."""
+    found = _ESCAPE.match(text, at)
+    return 0 if found is None else found.end() - at
 
 
 def _value_span(

@@ -7,8 +7,8 @@ line break, or a JSON-escaped ``\\n``, right after it and a next line that is al
 characters) is masked with its continuation lines. Each match becomes ``[redacted:<kind>]``.
 
 A token is one when no token character comes right before it, unless that character ends
-an escape (``\\nsk-…`` as ``repr`` or JSON text writes a line break before a key): the look-
-behinds read ``(?<!(?<!\\)[…]…)``.
+an escape (``\\nsk-…``, ``\\u201csk-…`` as ``repr`` or JSON text write them before a key):
+see ``_NOT_ESCAPE_END``.
 
 Every built-in pattern is linear-time (bounded quantifiers, possessive runs, anchors that
 cannot restart inside a run), and none is compiled at import.
@@ -29,6 +29,12 @@ _PLACEHOLDER_TEXT = "[redacted:"
 
 # The shortest string any built-in rule can match (``s://:p@``, ``token=x``).
 _SHORTEST_SECRET = 7
+
+
+# Not the end of an escape as ``repr`` or JSON writes one: a token character right before a
+# token counts (it is part of a longer word) unless it ends ``\\n``, ``\\x0b``, ``\\u201c`` or
+# ``\\U0001f511``. Fixed-width look-behinds, so every pattern stays linear.
+_NOT_ESCAPE_END = r"(?<!\\)(?<!\\x[0-9A-Fa-f])(?<!\\u[0-9A-Fa-f]{3})(?<!\\U[0-9A-Fa-f]{7})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +124,10 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             "anthropic_key",
             re.compile(
                 _prefixed_token(
-                    r"sk-ant-(?<!(?<!\\)[A-Za-z0-9_-]sk-ant-)", key_body, key_letters, 20
+                    r"sk-ant-(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9_-]sk-ant-)",
+                    key_body,
+                    key_letters,
+                    20,
                 )
             ),
             ("sk-ant-",),
@@ -127,14 +136,18 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             "openai_key",
             # ``sk-…`` and ``sk-proj-…``; 20 characters at least, so ``sk-learn`` stays.
             re.compile(
-                _prefixed_token(r"sk-(?<!(?<!\\)[A-Za-z0-9_-]sk-)", key_body, key_letters, 20)
+                _prefixed_token(
+                    r"sk-(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9_-]sk-)", key_body, key_letters, 20
+                )
             ),
             ("sk-",),
         ),
         _Rule(
             "github_token",
             re.compile(
-                r"g(?<!(?<!\\)[A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,}+|ithub_pat_[A-Za-z0-9_]{22,}+)"
+                r"g(?<!"
+                + _NOT_ESCAPE_END
+                + r"[A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,}+|ithub_pat_[A-Za-z0-9_]{22,}+)"
                 r"(?![A-Za-z0-9_])" + _wrapped(r"[A-Za-z0-9_]", r"[A-Za-z_]") + "*"
             ),
             ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
@@ -142,7 +155,9 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         _Rule(
             "slack_token",
             re.compile(
-                r"xox(?<!(?<!\\)[A-Za-z0-9]xox)[abprs]-[A-Za-z0-9-]{10,}+"
+                r"xox(?<!"
+                + _NOT_ESCAPE_END
+                + r"[A-Za-z0-9]xox)[abprs]-[A-Za-z0-9-]{10,}+"
                 + _wrapped(r"[A-Za-z0-9-]", r"[A-Za-z-]")
                 + "*"
             ),
@@ -150,13 +165,17 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         ),
         _Rule(
             "aws_access_key_id",
-            re.compile(r"(?<!(?<!\\)[A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+            re.compile(
+                r"(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"
+            ),
             ("akia", "asia"),
         ),
         _Rule(
             "jwt",
             re.compile(
-                r"eyJ(?<!(?<!\\)[A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]*+"
+                r"eyJ(?<!"
+                + _NOT_ESCAPE_END
+                + r"[A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]{5,}+\.[A-Za-z0-9_-]*+"
                 + _wrapped(key_body, key_letters)
                 + "*"
             ),
@@ -165,7 +184,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         _Rule(
             "basic_auth",
             re.compile(
-                r"(?P<keep>(?<!(?<!\\)[A-Za-z0-9_])(?i:basic)[ \t]{1,16}+)"
+                r"(?P<keep>(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9_])(?i:basic)[ \t]{1,16}+)"
                 r"(?P<token>[A-Za-z0-9+/]{4,}+={0,2}+)(?![A-Za-z0-9+/=])"
             ),
             ("basic",),
@@ -176,7 +195,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             # RFC 6750 b64token. A word of prose after "bearer" is not a token: one with no
             # digit has to be 20 characters long to count.
             re.compile(
-                r"(?P<keep>(?<!(?<!\\)[A-Za-z0-9_])(?i:bearer)[ \t]{1,16}+)"
+                r"(?P<keep>(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9_])(?i:bearer)[ \t]{1,16}+)"
                 r"(?:(?=[A-Za-z\-._~+/]*+[0-9])[A-Za-z0-9\-._~+/]{8,}+|[A-Za-z0-9\-._~+/]{20,}+)"
                 r"=*+" + _wrapped(r"[A-Za-z0-9\-._~+/=]", r"[A-Za-z\-._~+/=]") + "*"
             ),
@@ -200,8 +219,10 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             "aws_secret_key",
             # Next to a hint: any 40 base64 characters.
             re.compile(
-                r"(?P<keep>(?i:(?<!(?<!\\)[A-Za-z0-9])(?:aws_)?secret_(?:access_)?key"
-                r"|(?<!(?<!\\)[A-Za-z0-9])secretaccesskey)"
+                r"(?P<keep>(?i:(?<!"
+                + _NOT_ESCAPE_END
+                + r"[A-Za-z0-9])(?:aws_)?secret_(?:access_)?key"
+                r"|(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9])secretaccesskey)"
                 r"[\"']?[ \t]{0,16}+[:=][ \t]{0,16}+[\"']?)" + b64 + r"{40}(?![A-Za-z0-9/+=])"
             ),
             ("secret",),
@@ -212,7 +233,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             # Standalone: exactly 40 base64 characters with a ``/`` or ``+`` and both cases,
             # so a hex digest (sha1, a git sha) never matches.
             re.compile(
-                r"(?<!(?<!\\)[A-Za-z0-9/+=])"
+                r"(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9/+=])"
                 r"(?=[A-Za-z0-9]{0,39}[/+])(?=[A-Z0-9/+]{0,39}[a-z])(?=[a-z0-9/+]{0,39}[A-Z])"
                 + b64
                 + r"{40}(?![A-Za-z0-9/+=])"
