@@ -127,6 +127,41 @@ async def write_group(stores: Stores) -> AsyncIterator[Any]:
         yield group
 
 
+def marked_sleep(tag: str, seconds: float = 30) -> str:
+    """PL/pgSQL that names its backend ``tag`` (for this transaction) and then sleeps, so
+    a test can find the backend it put to sleep, never another test's (``asleep``)."""
+    return f"PERFORM set_config('application_name', '{tag}', true); PERFORM pg_sleep({seconds})"
+
+
+async def asleep(admin: Any, tag: str) -> int:
+    """The pid of the backend sleeping under ``tag`` (``marked_sleep``), once it does."""
+    import asyncio
+
+    for _ in range(1000):
+        cur = await admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+            "AND application_name = %s",
+            (tag,),
+        )
+        pids = [pid for (pid,) in await cur.fetchall()]
+        if pids:
+            assert len(pids) == 1, pids
+            return int(pids[0])
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no backend ever slept as {tag!r}")
+
+
+async def still_asleep(admin: Any, tag: str) -> int:
+    """How many backends sleep under ``tag`` now."""
+    cur = await admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+        "AND application_name = %s",
+        (tag,),
+    )
+    row = await cur.fetchone()
+    return 0 if row is None else int(row[0])
+
+
 @asynccontextmanager
 async def postgres_schema() -> AsyncIterator[str]:
     """A fresh, empty schema of its own (its name); dropped ``CASCADE`` after."""

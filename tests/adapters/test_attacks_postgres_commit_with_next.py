@@ -37,6 +37,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("grouped_writes")]
 
 T = "acme"
 COST = 100
+SLEEPER = "adk-test-attack-commit-with-next"  # its own schema's triggers sleep under this name
 REAL_BATCHED = pg_grouping.batched
 
 
@@ -303,17 +304,7 @@ async def test_a_claim_message_whose_reply_is_lost_books_once_and_charges_once(
 
 
 async def _backend_asleep(admin: psycopg.AsyncConnection[Any]) -> int:
-    for _ in range(1000):
-        cur = await admin.execute(
-            "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
-            "AND pid <> pg_backend_pid()"
-        )
-        pids = [pid for (pid,) in await cur.fetchall()]
-        if pids:
-            assert len(pids) == 1
-            return int(pids[0])
-        await asyncio.sleep(0.01)
-    raise AssertionError("no backend ever slept in the trigger")
+    return await services.asleep(admin, SLEEPER)
 
 
 @pytest.mark.parametrize("deferred", [False, True], ids=["in-claim", "at-commit"])
@@ -327,7 +318,8 @@ async def test_a_claim_message_whose_backend_dies_books_once_and_never_charges_t
     await pg_admin.execute("CREATE SEQUENCE adk_test_once")
     await pg_admin.execute(
         "CREATE FUNCTION adk_test_trap() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-        "IF nextval('adk_test_once') = 2 THEN PERFORM pg_sleep(30); END IF; RETURN NEW; END $$"
+        f"IF nextval('adk_test_once') = 2 THEN {services.marked_sleep(SLEEPER)}; END IF; "
+        "RETURN NEW; END $$"
     )
     if deferred:
         await pg_admin.execute(
@@ -428,7 +420,7 @@ async def test_an_outcome_committed_with_the_cancel_check_is_never_lost_nor_sent
     elif how == "refused-at-commit":
         await _on_outcome_at_commit(pg_admin, "RAISE EXCEPTION 'refused at commit'")
     else:
-        await _on_outcome_at_commit(pg_admin, "PERFORM pg_sleep(30)")
+        await _on_outcome_at_commit(pg_admin, services.marked_sleep(SLEEPER))
     oracle = Oracle()
     provider = ScriptedProvider(_script(2, 1))
     runner = AgentRunner.from_stores(provider, pg_stores)
@@ -716,7 +708,8 @@ async def test_a_process_killed_around_the_claims_message_never_sends_a_call_twi
         await pg_admin.execute("CREATE SEQUENCE adk_test_once")
         await pg_admin.execute(
             "CREATE FUNCTION adk_test_trap() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "IF nextval('adk_test_once') = 2 THEN PERFORM pg_sleep(1); END IF; "
+            f"IF nextval('adk_test_once') = 2 THEN {services.marked_sleep(SLEEPER, 1)}; "
+            "END IF; "
             "RETURN NEW; END $$"
         )
         await pg_admin.execute(
@@ -747,11 +740,7 @@ async def test_a_process_killed_around_the_claims_message_never_sends_a_call_twi
     if mode == "asleep":
         # The orphaned backend wakes and finishes the message, COMMIT included.
         for _ in range(500):
-            cur = await pg_admin.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
-            )
-            row = await cur.fetchone()
-            if row is not None and row[0] == 0:
+            if await services.still_asleep(pg_admin, SLEEPER) == 0:
                 break
             await asyncio.sleep(0.01)
     sent: list[str] = []

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.postgres
 
 T = "acme"
 FLAGS = ToolFlags(side_effects=True, idempotent=False)
+SLEEPER = "adk-test-commit-with-next"  # its own schema's trigger sleeps under this name
 
 
 async def _claim(stores: Stores, key: str, run_id: str = "r") -> Any:
@@ -152,24 +153,15 @@ async def test_a_commit_the_server_refuses_loses_the_group_for_certain(
 async def test_a_reply_lost_with_the_commit_in_it_leaves_the_group_in_doubt(
     pg_stores: Stores, pg_admin: psycopg.AsyncConnection[Any]
 ) -> None:
-    await _trigger(pg_admin, "PERFORM pg_sleep(30)", deferred=False)
+    await _trigger(pg_admin, services.marked_sleep(SLEEPER), deferred=False)
     stores = pg_stores
     async with services.write_group(stores) as group:
         await stores.history.append(T, "r", [b"{}"], fence=None, after=None)
         group.commit_with_next()
         claiming = asyncio.ensure_future(_claim(stores, "k1"))
         # The claim is on the server, asleep in the trigger: its connection dies.
-        for _ in range(500):
-            cur = await pg_admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
-                "AND pid <> pg_backend_pid()"
-            )
-            pids = [pid for (pid,) in await cur.fetchall()]
-            if pids:
-                break
-            await asyncio.sleep(0.01)
-        assert len(pids) == 1
-        await pg_admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+        pid = await services.asleep(pg_admin, SLEEPER)
+        await pg_admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         with pytest.raises(StoreReplyLostError):
             await claiming
         # The COMMIT was in the message: nobody can say it did not run.
@@ -183,22 +175,13 @@ async def test_a_reply_lost_without_the_commit_in_it_loses_the_group_for_certain
 ) -> None:
     """The same death without ``commit_with_next``: no COMMIT was sent, so the group
     certainly did not commit (its charge is then made again by the runner)."""
-    await _trigger(pg_admin, "PERFORM pg_sleep(30)", deferred=False)
+    await _trigger(pg_admin, services.marked_sleep(SLEEPER), deferred=False)
     stores = pg_stores
     async with services.write_group(stores) as group:
         await stores.history.append(T, "r", [b"{}"], fence=None, after=None)
         claiming = asyncio.ensure_future(_claim(stores, "k1"))
-        for _ in range(500):
-            cur = await pg_admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
-                "AND pid <> pg_backend_pid()"
-            )
-            pids = [pid for (pid,) in await cur.fetchall()]
-            if pids:
-                break
-            await asyncio.sleep(0.01)
-        assert len(pids) == 1
-        await pg_admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+        pid = await services.asleep(pg_admin, SLEEPER)
+        await pg_admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         with pytest.raises(StoreReplyLostError):
             await claiming
         with pytest.raises(StoreUnavailableError) as failed:

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("grouped_writes")]
 
 
 TENANT = "t"
+SLEEPER = "adk-test-grouping"  # its own schema's trigger sleeps under this name
 
 
 def _turns(calls_per_turn: int, turns: int) -> list[Any]:
@@ -173,7 +174,7 @@ async def test_a_claim_whose_reply_is_lost_with_the_commit_is_dropped_and_sent_o
 
     await pg_admin.execute(
         "CREATE FUNCTION adk_test_trap() RETURNS trigger LANGUAGE plpgsql AS "
-        "$$ BEGIN PERFORM pg_sleep(30); RETURN NEW; END $$"
+        f"$$ BEGIN {services.marked_sleep(SLEEPER)}; RETURN NEW; END $$"
     )
     await pg_admin.execute(
         "CREATE TRIGGER adk_test_trap BEFORE INSERT ON adk_idempotency "
@@ -181,16 +182,8 @@ async def test_a_claim_whose_reply_is_lost_with_the_commit_is_dropped_and_sent_o
     )
 
     async def cut() -> None:
-        while True:
-            cur = await pg_admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
-                "AND pid <> pg_backend_pid()"
-            )
-            pids = [pid for (pid,) in await cur.fetchall()]
-            if pids:
-                await pg_admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
-                return
-            await asyncio.sleep(0.01)
+        pid = await services.asleep(pg_admin, SLEEPER)
+        await pg_admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
     sent: list[str] = []
 
