@@ -300,12 +300,14 @@ async def test_a_backend_killed_between_the_pair_and_its_commit_alone_writes_nei
 
 @pytest.fixture
 async def slow_history(pg_admin: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
-    """Every insert into adk_history whose item is b'slow' sleeps 0.6 s first."""
+    """Every insert into adk_history whose item is b'slow' sleeps 0.6 s first; b'slower'
+    sleeps past ``quick_stores``' deadline."""
     await pg_admin.execute(
         """
         CREATE FUNCTION adk_test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
             IF NEW.item = 'slow'::bytea THEN PERFORM pg_sleep(0.6); END IF;
+            IF NEW.item = 'slower'::bytea THEN PERFORM pg_sleep(3); END IF;
             RETURN NEW;
         END $$;
         CREATE TRIGGER adk_test_slow BEFORE INSERT ON adk_history
@@ -317,8 +319,10 @@ async def slow_history(pg_admin: psycopg.AsyncConnection[Any]) -> AsyncIterator[
 
 @pytest.fixture
 async def quick_stores(pg_url: str) -> AsyncIterator[Stores]:
-    """The stores with a 0.5 s deadline (the server's statement_timeout: 0.4 s)."""
-    stores = open_postgres_stores(services.with_query(pg_url, timeout="0.5"))
+    """The stores with a 2 s deadline (the server's statement_timeout: 1.6 s): the server
+    cancels first with 0.4 s to spare, enough on a loaded machine (0.1 s was not: a CI run
+    beside other test runs saw the client give up first and the group lost)."""
+    stores = open_postgres_stores(services.with_query(pg_url, timeout="2"))
     try:
         yield stores
     finally:
@@ -333,7 +337,7 @@ async def test_a_pair_the_server_times_out_alone_writes_neither(
 ) -> None:
     handle = await _first(pg_stores, "slow")
     with pytest.raises(StoreUnavailableError) as caught:
-        await _pair(quick_stores, "slow", b"f2", step=2, items=[b"slow"], after=handle)
+        await _pair(quick_stores, "slow", b"f2", step=2, items=[b"slower"], after=handle)
     # Cancelled by the server (statement_timeout) before the client gave up: a known outcome.
     assert not isinstance(caught.value, StoreReplyLostError)
     assert await _state(pg_admin, "slow") == (b"f1", [1], [b"m1"])
@@ -351,7 +355,7 @@ async def test_a_pair_the_server_times_out_in_a_group_is_undone_alone(
     async with services.write_group(quick_stores) as group:
         await quick_stores.checkpoints.put(T, "before", b"b", step=1, fence=None)
         with pytest.raises(StoreUnavailableError):
-            await _pair(quick_stores, "slowg", b"f2", step=2, items=[b"slow"], after=handle)
+            await _pair(quick_stores, "slowg", b"f2", step=2, items=[b"slower"], after=handle)
         await group.commit()
     assert await _state(pg_admin, "slowg") == (b"f1", [1], [b"m1"])
     assert (await _state(pg_admin, "before"))[0] == b"b"
@@ -531,9 +535,20 @@ def _frozen_while_another_waits(url: str, run_id: str) -> dict[str, Any]:
     return out
 
 
+@pytest.fixture
+async def short_idle_stores(pg_url: str) -> AsyncIterator[Stores]:
+    """The stores with a 0.5 s deadline, so a group's idle bound is 1 s."""
+    stores = open_postgres_stores(services.with_query(pg_url, timeout="0.5"))
+    try:
+        yield stores
+    finally:
+        await stores.aclose()
+
+
 async def test_a_group_frozen_inside_its_transaction_is_ended_by_the_server(
-    quick_stores: Stores, pg_admin: psycopg.AsyncConnection[Any], pg_url: str
+    short_idle_stores: Stores, pg_admin: psycopg.AsyncConnection[Any], pg_url: str
 ) -> None:
+    quick_stores = short_idle_stores
     # The kit's own bound for a group (``_idle_bound``, 1 s here): a frozen holder's rows
     # are freed by the server. It never fired while each write ended a psycopg pipeline,
     # whose Flush after its Sync disarms the server's idle timer (a strict xfail until
