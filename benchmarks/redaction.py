@@ -85,6 +85,11 @@ HOSTILE: dict[str, Build] = {
     "open brackets": lambda n: _fill("[", n),
     "json with a huge token": lambda n: '{"token": "' + _fill("a", n) + '"}',
     "wrapped key lines": lambda n: "sk-" + "proj-" + "Ab3" * 10 + _fill("\nxY7Qa1", n),
+    # Escapes before keys (the look-behinds that excuse an escape's end).
+    "escaped key prefixes": lambda n: _fill("\\nsk-", n),
+    "escaped password keys": lambda n: _fill("\\x0bpassword=", n),
+    "escaped unicode before keys": lambda n: _fill("\\u201csk-aaaa\\n", n),
+    "backslash runs": lambda n: _fill("\\\\\\\\n", n),
 }
 
 

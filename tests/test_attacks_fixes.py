@@ -649,27 +649,18 @@ def test_ordinary_text_with_escapes_stays(text: str) -> None:
     assert Redactor().text(text) == text
 
 
-def _seconds_for(text: str) -> float:
-    import time
-
-    redactor = Redactor()
-    start = time.perf_counter()
-    redactor.text(text)
-    return time.perf_counter() - start
-
-
 @pytest.mark.parametrize(
     "unit",
     ["\\nsk-", "\\npassword=", "\\nbasic ", "\\nsecret_key=", "\\\\\\\\n", "\\nsk-aaaa\\n", "a\\"],
 )
-def test_redaction_stays_linear_on_escape_heavy_text(unit: str) -> None:
-    """Doubling hostile input at most about doubles the time (generous: 5x), the best of
-    three runs each, so a quadratic look-behind would show (it would be 4x and rising)."""
-    small = (unit * (100_000 // len(unit) + 1))[:100_000]
-    large = small * 4
-    t_small = min(_seconds_for(small + str(i)) for i in range(3))
-    t_large = min(_seconds_for(large + str(i)) for i in range(3))
-    assert t_large <= max(20 * t_small, 0.05), (t_small, t_large)
+def test_escape_heavy_text_is_redacted_whole_and_still_masks_a_key_after_it(unit: str) -> None:
+    """400 KB of hostile escapes, then a real key: it finishes, and the key is masked. (How
+    long it takes, against inputs of other sizes, is ``benchmarks/redaction.py``'s
+    "escaped …" rows: tests time nothing.)"""
+    hostile = (unit * (400_000 // len(unit) + 1))[:400_000]
+    masked = Redactor().text(hostile + " " + KEY)
+    assert masked.endswith(" [redacted:openai_key]")
+    assert KEY not in masked
 
 
 def _dump(url: str) -> str:
