@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import shlex
 import sys
 import tempfile
 
@@ -71,7 +72,8 @@ async def main(url: str) -> int:
             print(f"resume refused ({type(refused).__name__}): {refused}")
         print(f"airline holds {len(BOOKINGS)} booking(s)")
     if not url.startswith("memory:"):
-        print(f"look at it: tesserix inspect {run_id} --tenant acme --store {url}")
+        # Quoted for the shell: a URL's ``&`` or ``?`` would otherwise be read by it.
+        print(f"look at it: tesserix inspect {run_id} --tenant acme --store {shlex.quote(url)}")
     return 0 if len(BOOKINGS) == 1 else 1
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -243,3 +245,46 @@ def test_replay_exit_codes(airline: Airline) -> None:
     _run(stores.checkpoints.put("acme", "r", b'{"format": 1, "ten', step=3))
     corrupt = _replay(stores, airline, "--from-step", "3", *stub)
     assert corrupt[0] == ExitCode.MUST_NOT_CARRY_ON, corrupt
+
+
+_WITHOUT_EXTRAS = r"""
+import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):
+    # As if the ``[ui]`` and ``[postgres]`` extras were never installed.
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("starlette", "uvicorn", "psycopg", "psycopg_pool"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
+sys.meta_path.insert(0, Absent())
+from tesserix_adk.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["ui", "--port", "0"], 'pip install "tesserix-adk[ui]"'),
+        (
+            ["runs", "--tenant", "t", "--store", "postgresql://postgres@127.0.0.1:1/x"],
+            "tesserix-adk[postgres]",
+        ),
+    ],
+)
+def test_a_missing_extra_is_one_sentence_and_exit_2(
+    tmp_path: Path, argv: list[str], said: str
+) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ADK_STORE": f"sqlite:///{tmp_path / 'ui.sqlite3'}"}
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_EXTRAS, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == ExitCode.USAGE, done.stderr
+    assert said in done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr

@@ -89,7 +89,8 @@ def explain(exc: BaseException) -> tuple[ExitCode, str]:
 
 
 def _code_of(exc: BaseException) -> ExitCode:
-    if isinstance(exc, UsageError):
+    if isinstance(exc, (UsageError, ImportError)):
+        # An ImportError is an extra not installed (its message says which): fix the set-up.
         return ExitCode.USAGE
     if isinstance(exc, NoCheckpointError):
         return ExitCode.NOTHING_CHECKPOINTED

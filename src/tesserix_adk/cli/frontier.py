@@ -363,7 +363,7 @@ async def _record_resolution(
             },
         )
     elif woken:
-        out.write("a worker carries the run on\n")
+        out.write("a worker carries the run on (a running `tesserix worker`; else resume it)\n")
     return ExitCode.CARRIED_ON
 
 

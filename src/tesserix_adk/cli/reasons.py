@@ -47,6 +47,7 @@ def blocked(cp: Checkpoint, parked: WorkItem | None, revision: str | None) -> st
         return (
             f"needs agent revision {cp.agent_revision}"
             + ("" if revision is None else f" (the agent is now {revision})")
-            + "; carry it on with `tesserix run --resume RUN --accept-revision --by NAME`"
+            + "; carry it on with `tesserix run --resume RUN --tenant T --agent MODULE:ATTR "
+            "--accept-revision --by NAME`"
         )
     return None

@@ -70,24 +70,23 @@ def _port(value: str) -> int:
 
 def run_ui(args: argparse.Namespace, url: str) -> int:
     """Serve the console on ``args.host``/``args.port`` over the store ``url`` until stopped."""
-    from tesserix_adk.console.guard import is_loopback
+    try:
+        import uvicorn
 
+        from tesserix_adk.console import create_app
+        from tesserix_adk.console.guard import is_loopback
+    except ImportError as exc:
+        sys.stderr.write(
+            f"tesserix: ui: the console needs the ui extra ({exc}): "
+            'pip install "tesserix-adk[ui]"\n'
+        )
+        return int(ExitCode.USAGE)
     token = args.token or os.environ.get(TOKEN_ENV) or None
     loopback = is_loopback(args.host)
     if not loopback and token is None:
         sys.stderr.write(
             f"tesserix: ui: host {escaped(args.host)} is not loopback, so the console needs a "
             f"token: pass --token or set ${TOKEN_ENV}\n"
-        )
-        return int(ExitCode.USAGE)
-    try:
-        import uvicorn
-
-        from tesserix_adk.console import create_app
-    except ImportError as exc:
-        sys.stderr.write(
-            f"tesserix: ui: the console needs the ui extra ({exc}): "
-            'pip install "tesserix-adk[ui]"\n'
         )
         return int(ExitCode.USAGE)
     from tesserix_adk.stores.urls import redact_url

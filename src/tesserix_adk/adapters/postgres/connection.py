@@ -325,7 +325,8 @@ class PostgresDatabase:
             if await cur.fetchone() is None:
                 raise ConfigurationError(
                     f"the schema {named!r} the store URL names does not exist; create it "
-                    f'first (CREATE SCHEMA "{named}"), as a role that may'
+                    f'first (CREATE SCHEMA "{named}", as a role allowed to), then apply the '
+                    "kit's tables"
                 )
             return named
         cur = await conn.execute("SELECT current_schema()")
