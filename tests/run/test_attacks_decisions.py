@@ -748,8 +748,13 @@ async def test_a_replay_that_waits_on_approval_never_books_for_real(tmp_path: Pa
     code, _out, err = await _cli(
         url, "approve", replayed.pending_approval.id, "--tenant", T, "--by", "alice"
     )
-    assert code == ExitCode.CARRIED_ON, err
+    # Refused: nothing would carry the replay on (a page or a script shows the request).
+    assert code == ExitCode.MUST_NOT_CARRY_ON and "replay again" in err
     async with _opened(url) as stores:
+        # Approved through the store all the same, and woken for a worker.
+        request = replayed.pending_approval.id
+        await stores.approvals.decide(T, request, approved=True, by="alice")
+        await stores.work.want(T, replayed.run_id, agent="booking", state=WorkState.decided)  # type: ignore[union-attr]
         worker = Worker(_runner(stores), [airline.agent()], exit_when_idle=True, poll_interval=0.01)
         await asyncio.wait_for(worker.run(), 30)
         # The worker parks it, saying why, rather than carrying it on.

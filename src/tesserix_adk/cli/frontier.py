@@ -134,6 +134,14 @@ async def _approve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
             f"run {request.run_id!r} was cancelled ({cancelled.describe()}); nothing waits "
             f"on approval request {args.request!r} any more"
         )
+    cp = await Checkpointer.from_stores(stores).latest(args.tenant, request.run_id)
+    if cp is not None and cp.replay_of is not None and not cp.status.finished:
+        # Nothing carries a replay on (``ReplayNotResumableError``): approving it would only
+        # wake a worker that parks it.
+        raise Refused(
+            f"run {request.run_id!r} is a replay of {cp.replay_of}, which is never carried on "
+            "(its stubs lived only in the replay call); replay again instead"
+        )
     # The note is user data bound for a store like any other: an operator pasting what they
     # saw ("the key sk-... works again") must not leave the key in the approval record.
     note = None if args.note is None else Redactor().text(args.note)
