@@ -34,6 +34,7 @@ from tesserix_adk.leases import never_ran_wait, previous_end_ago
 from tesserix_adk.messages import ToolOutcome
 from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.run.cancelling import cancel_requested
+from tesserix_adk.run.resume import unfinished_replay
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import step_history
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, WorkState
@@ -135,7 +136,7 @@ async def _approve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
             f"on approval request {args.request!r} any more"
         )
     cp = await Checkpointer.from_stores(stores).latest(args.tenant, request.run_id)
-    if cp is not None and cp.replay_of is not None and not cp.status.finished:
+    if cp is not None and unfinished_replay(cp):
         # Nothing carries a replay on (``ReplayNotResumableError``): approving it would only
         # wake a worker that parks it.
         raise Refused(

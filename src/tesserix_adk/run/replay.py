@@ -54,32 +54,30 @@ async def replay_from(
     check_ids(tenant=tenant, run_id=new_id)
     if new_id == run_id:
         raise ConfigurationError("a replay never writes into the original run")
-    if await _taken(runner, tenant, new_id):
-        raise ConfigurationError(f"run {new_id!r} already exists; a replay starts a run of its own")
+    await _refuse_taken(runner, tenant, new_id)
     run = replay_state(agent, cp, messages, new_id)
     attempt = Attempt(holder=new_holder(runner.worker), stubs=dict(stubs))
     async with runner._holding(attempt, tenant, new_id):
         # Asked again under the lease: another start of the id (a replay, a run) may have
         # taken it since the first look, and finished, leaving the lease free.
-        if await _taken(runner, tenant, new_id):
-            raise ConfigurationError(
-                f"run {new_id!r} already exists; a replay starts a run of its own"
-            )
+        await _refuse_taken(runner, tenant, new_id)
         replayed = replayed_frontier(cp, run)
         if cp.status.finished:
             return finished_run(replayed)
         return await carry_on(runner._parts, run, attempt, replayed)
 
 
-async def _taken(runner: AgentRunner, tenant: str, run_id: str) -> bool:
-    """Whether any run holds ``run_id``: a frontier, a submission waiting for a worker, or
-    records left by a start whose first frontier was never written."""
+async def _refuse_taken(runner: AgentRunner, tenant: str, run_id: str) -> None:
+    """Refuse ``run_id`` if any run holds it: a frontier, a submission waiting for a worker,
+    or records left by a start whose first frontier was never written."""
     checkpoints = runner._require_checkpoints()
-    if await checkpoints.store.latest(tenant, run_id) is not None:
-        return True
-    if runner.work is not None and await runner.work.input(tenant, run_id) is not None:
-        return True
-    return bool(await runner.idempotency.records(tenant, run_id))
+    taken = (
+        await checkpoints.store.latest(tenant, run_id) is not None
+        or (runner.work is not None and await runner.work.input(tenant, run_id) is not None)
+        or bool(await runner.idempotency.records(tenant, run_id))
+    )
+    if taken:
+        raise ConfigurationError(f"run {run_id!r} already exists; a replay starts a run of its own")
 
 
 def check_stubs(agent: Agent, stubs: Mapping[str, Callable[..., Any]], live: Sequence[str]) -> None:

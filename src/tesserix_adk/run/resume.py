@@ -22,6 +22,7 @@ __all__ = [
     "refuse_unresumable",
     "restore",
     "resumable",
+    "unfinished_replay",
 ]
 
 
@@ -75,7 +76,7 @@ def refuse_unresumable(cp: Checkpoint, agent: Agent) -> None:
         )
     if cp.status is CheckpointStatus.failed:
         raise RunFailedError(f"run {cp.run_id!r} ended failed at step {cp.step}")
-    if _unfinished_replay(cp):
+    if unfinished_replay(cp):
         raise ReplayNotResumableError(
             f"run {cp.run_id!r} is a replay of {cp.replay_of} that stopped at step {cp.step}; "
             "its stubs lived only in the replay call that started it, so it is never carried "
@@ -83,8 +84,10 @@ def refuse_unresumable(cp: Checkpoint, agent: Agent) -> None:
         )
 
 
-def _unfinished_replay(cp: Checkpoint) -> bool:
-    return cp.replay_of is not None and not cp.status.finished and not cp.is_tombstone
+def unfinished_replay(cp: Checkpoint) -> bool:
+    """A replay that stopped before it finished: nothing carries it on (its stubs lived
+    only in the ``replay`` call). A tombstone is refused before it is asked this."""
+    return cp.replay_of is not None and not cp.status.finished
 
 
 def resumable(cp: Checkpoint, agent: Agent) -> bool:
@@ -93,7 +96,7 @@ def resumable(cp: Checkpoint, agent: Agent) -> bool:
         not cp.is_tombstone
         and cp.agent_revision == agent.revision
         and cp.status is not CheckpointStatus.failed
-        and not _unfinished_replay(cp)
+        and not unfinished_replay(cp)
     )
 
 
