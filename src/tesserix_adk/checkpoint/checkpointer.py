@@ -23,6 +23,8 @@ from tesserix_adk.checkpoint.payload import (
     decode_messages,
     encode_checkpoint,
     encode_message,
+    observation_refers,
+    resolve_observation,
     tombstone_payload,
 )
 from tesserix_adk.checkpoint.redaction import Redactor
@@ -310,6 +312,14 @@ class Checkpointer:
 
     def _step_history(self) -> StepHistory:
         return step_history(self.store)
+
+    async def observation(self, checkpoint: Checkpoint) -> Any:
+        """The frontier's observation (the last turn's tool results) as the run kept it:
+        entries it names in its transcript (``content_at``) are read from there, verified
+        (the errors of ``messages``)."""
+        if not observation_refers(checkpoint.observation):
+            return checkpoint.observation
+        return resolve_observation(checkpoint.observation, await self.messages(checkpoint))
 
     async def messages(self, checkpoint: Checkpoint) -> list[Message]:
         """The transcript a frontier names, verified.

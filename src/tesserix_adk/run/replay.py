@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import state_from_json
-from tesserix_adk.checkpoint.payload import Checkpoint
+from tesserix_adk.checkpoint.payload import Checkpoint, resolve_observation
 from tesserix_adk.errors import CheckpointTooLargeError, ConfigurationError, NoCheckpointError
 from tesserix_adk.run.attempt import Attempt, new_holder
 from tesserix_adk.run.ids import check_ids
@@ -136,7 +136,7 @@ def replay_state(agent: Agent, cp: Checkpoint, messages: list[Any], new_id: str)
         state=state_from_json(cp.state, agent.state_schema),
         grants=list(cp.grants),
         replay_of=f"{cp.run_id}@{cp.step}",
-        observation=cp.observation,
+        observation=resolve_observation(cp.observation, messages),
     )
 
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer, TranscriptCursor, state_from_json
-from tesserix_adk.checkpoint.payload import Boundary, Checkpoint, CheckpointStatus
+from tesserix_adk.checkpoint.payload import (
+    Boundary,
+    Checkpoint,
+    CheckpointStatus,
+    resolve_observation,
+)
 from tesserix_adk.checkpoint.planning import ResumePlan
 from tesserix_adk.errors import (
     CheckpointTooLargeError,
@@ -43,7 +48,7 @@ async def restore(
     run.state = state_from_json(cp.state, run.agent.state_schema)
     run.grants = list(cp.grants)
     run.replay_of = cp.replay_of
-    run.observation = cp.observation
+    run.observation = resolve_observation(cp.observation, run.messages)
     run.cursor = TranscriptCursor(handle=cp.history_handle, persisted=len(run.messages))
     note_ahead(attempt, plan)
     run.spent = cp.micros if ledger is None else await ledger.spent(run.tenant, run.run_id)

@@ -10,6 +10,7 @@ One module per concept:
 - ``frontier``: the ``Checkpoint`` dataclass and the records it holds;
 - ``frontier_codec``: frontiers, step snapshots and tombstones to bytes and back;
 - ``transcript``: one transcript entry to bytes and back;
+- ``observation``: the last turn's results, named in the transcript instead of copied;
 - ``outcomes``: a tool's recorded outcome, replaced (never truncated) when too large;
 - ``redacting``: the one redaction path for a tool's result;
 - ``fields``: the strict readers every decoder uses.
@@ -40,6 +41,10 @@ from tesserix_adk.checkpoint.payload.frontier_codec import (
     decode_checkpoint,
     encode_checkpoint,
     tombstone_payload,
+)
+from tesserix_adk.checkpoint.payload.observation import (
+    observation_refers,
+    resolve_observation,
 )
 from tesserix_adk.checkpoint.payload.outcomes import (
     RecordedOutcome,
@@ -72,8 +77,10 @@ __all__ = [
     "encode_checkpoint",
     "encode_message",
     "encode_outcome",
+    "observation_refers",
     "recorded_outcome",
     "redact_outcome_content",
+    "resolve_observation",
     "seal",
     "tombstone_payload",
     "unseal",

@@ -100,7 +100,10 @@ class Checkpoint:
     ``messages`` is set when the transcript is inline, ``history_handle`` when it lives in a
     ``HistoryStore``. ``usage``/``micros`` are for reporting: the ledger decides spend.
     ``observation`` is the last turn's tool results (what an operator replaying a step
-    wants to see first); ``state`` is the agent's typed state as JSON.
+    wants to see first). Where the transcript lives in a ``HistoryStore``, an entry it holds
+    word for word is stored as its position there (``content_at``) instead of a copy:
+    ``Checkpointer.observation`` reads it back whole. ``state`` is the agent's typed state
+    as JSON.
     """
 
     format: int = CHECKPOINT_FORMAT

@@ -32,7 +32,8 @@ from tesserix_adk.checkpoint.payload.frontier import (
     OutstandingCall,
     PendingApproval,
 )
-from tesserix_adk.checkpoint.payload.redacting import _redacted_message, _redacted_observation
+from tesserix_adk.checkpoint.payload.observation import _encoded_observation, check_observation
+from tesserix_adk.checkpoint.payload.redacting import _redacted_message
 from tesserix_adk.checkpoint.payload.transcript import _message
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
@@ -50,6 +51,9 @@ def encode_checkpoint(
 
     ``CheckpointTooLargeError(retryable=False)`` if it would nest deeper than
     ``MAX_NESTING`` (nothing is truncated); the size cap is the ``Checkpointer``'s.
+
+    With ``history`` naming exactly ``cp.messages``, the observation names the results
+    that transcript holds instead of copying them (``observation``).
     """
     outstanding = []
     for oc in cp.outstanding:
@@ -103,7 +107,13 @@ def encode_checkpoint(
         "replay_of": cp.replay_of,
         "output": None if cp.output is None else redactor.text(cp.output),
         "written_at": cp.written_at,
-        "observation": _redacted_observation(cp.observation, redactor),
+        "observation": _encoded_observation(
+            cp.observation,
+            redactor,
+            cp.messages
+            if history is not None and cp.messages is not None and len(cp.messages) == history.count
+            else None,
+        ),
     }
     handle = cp.history_handle if history is None else history
     if handle is not None:
@@ -219,6 +229,7 @@ def _from_json(raw: Mapping[str, Any], fmt: int) -> Checkpoint:
     messages = raw.get("messages")
     if handle is None and messages is None:
         raise ValueError("the frontier has neither a transcript nor a history handle")
+    check_observation(raw.get("observation"), None if handle is None else handle.count)
     pending = raw["pending_approval"]
     usage = _fields(raw["usage"], {"input_tokens", "output_tokens", "micros"}, where="usage")
     boundary = raw["boundary"]
