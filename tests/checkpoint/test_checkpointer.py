@@ -12,7 +12,6 @@ from pydantic import BaseModel
 
 from booking import BOOK_TURNS, Airline, booking_agent
 from tesserix_adk import (
-    CHECKPOINT_FORMAT,
     Agent,
     AgentRunner,
     BinaryPart,
@@ -33,6 +32,7 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.checkpoint.payload import (
+    NAMING_FORMAT,
     Boundary,
     Checkpoint,
     decode_checkpoint,
@@ -197,11 +197,11 @@ async def _overwrite(store: MemoryCheckpointStore, payload: bytes) -> None:
     ("mangle", "error"),
     [
         (
-            lambda p: resealed(p, lambda b: b.update(format=CHECKPOINT_FORMAT + 1)),
+            lambda p: resealed(p, lambda b: b.update(format=NAMING_FORMAT + 1)),
             CheckpointFormatError,
         ),
         (
-            lambda p: json.dumps({**json.loads(p), "format": CHECKPOINT_FORMAT + 1}).encode(),
+            lambda p: json.dumps({**json.loads(p), "format": NAMING_FORMAT + 1}).encode(),
             CheckpointFormatError,
         ),
         (lambda p: json.dumps(json.loads(p)).encode(), CheckpointCorruptError),

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, tool
 from tesserix_adk.checkpoint.payload import (
+    CHECKPOINT_FORMAT,
+    NAMING_FORMAT,
     Boundary,
     Checkpoint,
     CheckpointStatus,
@@ -131,6 +133,21 @@ def test_without_a_history_store_the_observation_stays_inline() -> None:
     payload = encode_checkpoint(_frontier(messages, [_observed("c1", RESULT)]), Redactor())
     cp = decode_checkpoint(payload, tenant="t", run_id="r")
     assert cp.observation == [_observed("c1", RESULT)]
+
+
+def test_a_frontier_that_names_entries_is_format_3_and_one_that_names_none_format_2() -> None:
+    # A kit that reads only format 2 refuses the first (a typed error), and reads the second.
+    named, _ = _encoded(_turn(), [_observed("c1", RESULT)])
+    copied, _ = _encoded(_turn(), [_observed("c1", {"held": True})])
+    assert decode_checkpoint(named, tenant="t", run_id="r").format == NAMING_FORMAT == 3
+    assert decode_checkpoint(copied, tenant="t", run_id="r").format == CHECKPOINT_FORMAT == 2
+
+
+def test_named_entries_in_a_format_2_frontier_are_corrupt() -> None:
+    payload, _ = _encoded(_turn(), [_observed("c1", RESULT)])
+    bad = _resealed(payload, lambda b: b.update(format=2))
+    with pytest.raises(CheckpointCorruptError, match="format-2"):
+        decode_checkpoint(bad, tenant="t", run_id="r")
 
 
 # --- property: what reads back is what an inline copy reads back ------------------------

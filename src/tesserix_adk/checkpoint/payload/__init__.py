@@ -43,6 +43,7 @@ from tesserix_adk.checkpoint.payload.frontier_codec import (
     tombstone_payload,
 )
 from tesserix_adk.checkpoint.payload.observation import (
+    NAMING_FORMAT,
     observation_refers,
     resolve_observation,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "DEFAULT_MAX_BYTES",
     "MAX_NESTING",
+    "NAMING_FORMAT",
     "Boundary",
     "Checkpoint",
     "CheckpointStatus",

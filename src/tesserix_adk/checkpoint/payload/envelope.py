@@ -8,7 +8,9 @@ either the digest or the member's shape is broken. The payload stays plain JSON,
 operators and tests can still read it. A checksum guards against damage, not against a
 forger: anyone who can rewrite the bytes can recompute sha256.
 
-**Formats.** ``CHECKPOINT_FORMAT`` is the frontier version; 2 added the checksum. A reader
+**Formats.** ``CHECKPOINT_FORMAT`` is the payload version; 2 added the checksum. A frontier
+whose observation names transcript entries is format 3 (``observation.NAMING_FORMAT``), so
+a kit that reads only 2 refuses it; every other payload is still written as 2. A reader
 verifies the checksum *before* it believes the ``format`` field, so a changed format digit is
 corrupt, not a newer format. A newer format is refused with ``CheckpointFormatError`` (its
 bytes left for a newer kit) when it verifies, or when it carries no checksum this reader
@@ -64,7 +66,8 @@ __all__ = [
 ]
 
 CHECKPOINT_FORMAT = 2
-"""The frontier format this kit writes; 2 added the checksum."""
+"""The format this kit writes every payload in (2 added the checksum), except a frontier
+that names transcript entries (format 3, ``NAMING_FORMAT``)."""
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 """The default cap on one frontier, one transcript entry and one recorded outcome."""

@@ -32,7 +32,12 @@ from tesserix_adk.checkpoint.payload.frontier import (
     OutstandingCall,
     PendingApproval,
 )
-from tesserix_adk.checkpoint.payload.observation import _encoded_observation, check_observation
+from tesserix_adk.checkpoint.payload.observation import (
+    NAMING_FORMAT,
+    _encoded_observation,
+    check_observation,
+    observation_refers,
+)
 from tesserix_adk.checkpoint.payload.redacting import _redacted_message
 from tesserix_adk.checkpoint.payload.transcript import _message
 from tesserix_adk.checkpoint.redaction import Redactor
@@ -71,8 +76,15 @@ def encode_checkpoint(
                 "redacted": oc.redacted or redactor.changed(arguments),
             }
         )
+    observation = _encoded_observation(
+        cp.observation,
+        redactor,
+        cp.messages
+        if history is not None and cp.messages is not None and len(cp.messages) == history.count
+        else None,
+    )
     body: dict[str, Any] = {
-        "format": CHECKPOINT_FORMAT,
+        "format": NAMING_FORMAT if observation_refers(observation) else CHECKPOINT_FORMAT,
         "tenant": cp.tenant,
         "run_id": cp.run_id,
         "agent": {"name": cp.agent_name, "revision": cp.agent_revision},
@@ -107,13 +119,7 @@ def encode_checkpoint(
         "replay_of": cp.replay_of,
         "output": None if cp.output is None else redactor.text(cp.output),
         "written_at": cp.written_at,
-        "observation": _encoded_observation(
-            cp.observation,
-            redactor,
-            cp.messages
-            if history is not None and cp.messages is not None and len(cp.messages) == history.count
-            else None,
-        ),
+        "observation": observation,
     }
     handle = cp.history_handle if history is None else history
     if handle is not None:
@@ -150,9 +156,9 @@ def decode_checkpoint(payload: bytes, *, tenant: str, run_id: str) -> Checkpoint
     fmt = raw.get("format")
     if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
         raise CheckpointCorruptError(f"{what} has no valid format")
-    if fmt > CHECKPOINT_FORMAT:
+    if fmt > NAMING_FORMAT:
         raise CheckpointFormatError(
-            f"{what} has format {fmt}, newer than the {CHECKPOINT_FORMAT} this kit reads; "
+            f"{what} has format {fmt}, newer than the {NAMING_FORMAT} this kit reads; "
             "resume it with a newer tesserix-adk"
         )
     if sealed and fmt < 2:
@@ -229,7 +235,7 @@ def _from_json(raw: Mapping[str, Any], fmt: int) -> Checkpoint:
     messages = raw.get("messages")
     if handle is None and messages is None:
         raise ValueError("the frontier has neither a transcript nor a history handle")
-    check_observation(raw.get("observation"), None if handle is None else handle.count)
+    check_observation(raw.get("observation"), None if handle is None else handle.count, fmt)
     pending = raw["pending_approval"]
     usage = _fields(raw["usage"], {"input_tokens", "output_tokens", "micros"}, where="usage")
     boundary = raw["boundary"]

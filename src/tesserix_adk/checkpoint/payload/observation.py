@@ -7,7 +7,7 @@ entry's position (``content_at``) instead of a second copy. Anything else is wri
 whole. A reader gets the same observation back from ``resolve_observation`` with the
 transcript the frontier names, verified by its chained digest, so a position is only as
 good as the transcript it points into; one that points anywhere but that call's result is
-corrupt, never read as something else.
+corrupt, never read as something else. Such a frontier is format 3 (``NAMING_FORMAT``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,14 @@ from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import CheckpointCorruptError
 from tesserix_adk.messages import Message, Role
 
-__all__ = ["observation_refers", "resolve_observation"]
+__all__ = ["NAMING_FORMAT", "last_results", "observation_refers", "resolve_observation"]
 
 _AT = "content_at"
+
+NAMING_FORMAT = 3
+"""The format of a frontier whose observation names transcript entries: a kit that reads
+only format 2 refuses it (``CheckpointFormatError``) instead of reading entries without
+their content. Every other payload is still written as format 2."""
 _NAMED_KEYS = frozenset({"call_id", "tool", "is_error", _AT})
 
 
@@ -31,12 +36,16 @@ def _encoded_observation(
     observation: Any, redactor: Redactor, messages: Sequence[Message] | None
 ) -> Any:
     """The observation as a frontier writes it: redacted, and with ``messages`` (the whole
-    transcript the frontier names) each entry it holds word for word named by position,
-    its content neither redacted again nor copied."""
+    transcript the frontier names) each entry its last results hold word for word named
+    by position, its content neither redacted again nor copied."""
     if messages is None or not isinstance(observation, list | tuple):
         return _redacted_observation(observation, redactor)
     _bounded(observation, "the observation")
-    held = _results(messages, len(observation))
+    held = {
+        (m.tool_call_id, m.content, m.is_error): at
+        for at in last_results(messages)
+        if (m := messages[at]).tool_call_id is not None and isinstance(m.content, str)
+    }
     out: list[Any] = []
     for entry in observation:
         at = _position(entry, held)
@@ -50,20 +59,19 @@ def _encoded_observation(
     return out
 
 
-def _results(messages: Sequence[Message], entries: int) -> dict[tuple[str, str, bool], int]:
-    """Where the transcript's last tool results are, by (call id, text, error flag).
-
-    The last turn's results end the transcript, or come just before the model's next
-    message (and an approval's or a final answer's): only that tail is looked at, so a
-    frontier costs the same at turn 1,000 as at turn 10. A result not found is copied.
-    """
-    held: dict[tuple[str, str, bool], int] = {}
-    start = max(0, len(messages) - 2 * entries - 4)
-    for at in range(start, len(messages)):
-        m = messages[at]
-        if m.role is Role.tool and m.tool_call_id is not None and isinstance(m.content, str):
-            held[(m.tool_call_id, m.content, m.is_error)] = at
-    return held
+def last_results(messages: Sequence[Message]) -> range:
+    """Where the transcript's last run of tool results is: at its end, or just before its
+    last message (the model's next one, an approval's, a final answer). The last turn's
+    results are there, and a position elsewhere is never one of them, so a frontier costs
+    the same at turn 1,000 as at turn 10, and an id the provider reuses every turn never
+    names an earlier turn's result."""
+    end = len(messages)
+    if end and messages[end - 1].role is not Role.tool:
+        end -= 1
+    start = end
+    while start > 0 and messages[start - 1].role is Role.tool:
+        start -= 1
+    return range(start, end)
 
 
 def _position(entry: Any, held: Mapping[tuple[str, str, bool], int]) -> int | None:
@@ -83,17 +91,25 @@ def observation_refers(observation: Any) -> bool:
     )
 
 
-def check_observation(observation: Any, count: int | None) -> None:
+def check_observation(observation: Any, count: int | None, fmt: int) -> None:
     """Refuse (``ValueError``, which the decoder reports as corrupt) a named entry that is
-    malformed or points past the ``count`` entries of the transcript the frontier names
-    (``None``: it names none)."""
+    malformed, in a format before ``NAMING_FORMAT``, or points past the ``count`` entries
+    of the transcript the frontier names (``None``: it names none)."""
     if not observation_refers(observation):
         return
+    if fmt < NAMING_FORMAT:
+        raise ValueError(f"the observation names a transcript entry in a format-{fmt} frontier")
     for entry in observation:
         if not isinstance(entry, dict) or _AT not in entry:
             continue
         if entry.keys() != _NAMED_KEYS:
             raise ValueError(f"the observation names a transcript entry with keys {sorted(entry)}")
+        if not (
+            type(entry["call_id"]) is str
+            and type(entry["tool"]) is str
+            and type(entry["is_error"]) is bool
+        ):
+            raise ValueError("the observation names a transcript entry with a field mistyped")
         at = entry[_AT]
         if count is None:
             raise ValueError("the observation names a transcript entry, and the frontier none")
@@ -115,7 +131,7 @@ def resolve_observation(observation: Any, messages: Sequence[Message]) -> Any:
             out.append(entry)
             continue
         at = entry[_AT]
-        m = messages[at] if type(at) is int and 0 <= at < len(messages) else None
+        m = messages[at] if type(at) is int and at in last_results(messages) else None
         if (
             m is None
             or m.role is not Role.tool
@@ -125,7 +141,7 @@ def resolve_observation(observation: Any, messages: Sequence[Message]) -> Any:
         ):
             raise CheckpointCorruptError(
                 f"the frontier's observation names transcript entry {at!r}, which is not the "
-                f"result of call {entry['call_id']!r}"
+                f"result of call {entry['call_id']!r} in the transcript's last turn"
             )
         out.append(
             {
