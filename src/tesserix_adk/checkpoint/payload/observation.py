@@ -125,13 +125,14 @@ def resolve_observation(observation: Any, messages: Sequence[Message]) -> Any:
     if a position is not that call's result there."""
     if not observation_refers(observation):
         return observation
+    last = last_results(messages)
     out: list[Any] = []
     for entry in observation:
         if not isinstance(entry, dict) or _AT not in entry:
             out.append(entry)
             continue
         at = entry[_AT]
-        m = messages[at] if type(at) is int and at in last_results(messages) else None
+        m = messages[at] if type(at) is int and at in last else None
         if (
             m is None
             or m.role is not Role.tool
