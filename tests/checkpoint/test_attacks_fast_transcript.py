@@ -846,9 +846,12 @@ _SECRETISH = st.sampled_from(
 def test_any_text_is_masked_as_the_old_redactor_masked_it(
     old: SimpleNamespace, text: str, extra: tuple[str, ...]
 ) -> None:
-    assert Redactor(extra_patterns=extra).text(text) == old.redactor.Redactor(
-        extra_patterns=extra
-    ).text(text)
+    # Everything the old redactor masked is masked still. Rules were widened on purpose
+    # since (a key right after an escape, a password word with no separator before it,
+    # 2cf9fa2 and d52c68d), so the new one may mask more: masking the old one's output
+    # again must give what the new one gives.
+    new = Redactor(extra_patterns=extra)
+    assert new.text(text) == new.text(old.redactor.Redactor(extra_patterns=extra).text(text))
 
 
 # --- 4. a frontier written naming its transcript: the same bytes as before ------------
