@@ -35,12 +35,13 @@ from tesserix_adk.errors import (
     ProviderError,
     StoreUnavailableError,
 )
-from tesserix_adk.messages import Message, ToolCall
+from tesserix_adk.messages import Message, ToolCall, Usage
 from tesserix_adk.providers.base import ModelRequest, ModelResponse, StreamingProvider
 from tesserix_adk.run import grouping
 from tesserix_adk.run.approvals import ask_approval, take_decision
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.cancelling import cancel_requested
+from tesserix_adk.run.costs import paid
 from tesserix_adk.run.dispatch import REFUSED_ARGUMENTS, dispatch_turn
 from tesserix_adk.run.events import (
     AttemptResumed,
@@ -277,6 +278,7 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
     attempt.emit(ModelCallStarted(run_id=run.run_id, iteration=run.iteration, model=agent.model))
     try:
         response = await _asked(parts, run, attempt, request)
+        cost, usage = paid(response)
     except ConfigurationError:
         raise  # a usage mistake, not a run failure: nothing durable is written
     except AdkError as exc:
@@ -293,17 +295,17 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
             f"{parts.redactor.text(str(exc))}",
             retryable=True,
         ) from exc
-    run.usage = run.usage + response.usage
-    run.spent += response.cost_micros
+    run.usage = run.usage + usage
+    run.spent += cost
     # The charge, the frontier and the first claim commit together (``run.grouping``). A
     # model call made is paid: the charge is made even if the run is cancelled meanwhile,
     # unless the ledger takes longer than CHARGE_GRACE to answer.
-    await to_the_end(_group_and_charge(parts, run, attempt, response), grace=CHARGE_GRACE)
+    await to_the_end(_group_and_charge(parts, run, attempt, cost, usage), grace=CHARGE_GRACE)
     return response
 
 
 async def _group_and_charge(
-    parts: RunParts, run: RunState, attempt: Attempt, response: ModelResponse
+    parts: RunParts, run: RunState, attempt: Attempt, cost: int, usage: Usage
 ) -> None:
     await grouping.begin(parts.groups, attempt)
     ledger = parts.ledger
@@ -314,9 +316,7 @@ async def _group_and_charge(
 
     async def charge() -> None:
         try:
-            await ledger.charge(
-                run.tenant, run.run_id, response.cost_micros, response.usage, fence=fence
-            )
+            await ledger.charge(run.tenant, run.run_id, cost, usage, fence=fence)
         except AdkError:
             raise
         except Exception as exc:

@@ -1,0 +1,46 @@
+"""What a model call costs, as the run counts it and the ledger charges it.
+
+A provider's answer reports its cost in micros and its tokens. The run and the ledger read
+them only through ``paid``: a cost is whole micros, rounded up (a fraction of a micro is
+never charged as nothing), and one that is negative, not a finite number, or past what
+every ledger holds exactly is refused. Refused, not clamped: a provider reporting a refund
+or NaN is broken, and the budget must not be switched off by it.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+from tesserix_adk.errors import ProviderError
+from tesserix_adk.messages import Usage
+from tesserix_adk.providers.base import ModelResponse
+
+__all__ = ["MAX_COST_MICROS", "paid"]
+
+MAX_COST_MICROS = 2**53 - 1
+"""The most one model call may cost, in micros: exact as a JSON number, in every ledger."""
+
+
+def paid(response: ModelResponse) -> tuple[int, Usage]:
+    """The whole micros and the tokens ``response`` reports; ``ProviderError`` (not
+    retryable: asking again pays again) if either cannot be charged as given."""
+    cost = response.cost_micros
+    if isinstance(cost, bool) or not isinstance(cost, Real):
+        raise _refused(f"a cost of {cost!r} micros, not a number")
+    if not math.isfinite(cost) or not 0 <= cost <= MAX_COST_MICROS:
+        raise _refused(f"a cost of {cost!r} micros")
+    usage = response.usage
+    for name in ("input_tokens", "output_tokens"):
+        tokens = getattr(usage, name)
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise _refused(f"{name}={tokens!r}")
+    return math.ceil(cost), usage
+
+
+def _refused(what: str) -> ProviderError:
+    return ProviderError(
+        f"the provider answered {what}, which the ledger cannot charge; the call's cost "
+        "is not counted, and the run stops rather than ask again",
+        retryable=False,
+    )
