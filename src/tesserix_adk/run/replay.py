@@ -124,7 +124,10 @@ def usable_step(
 
 
 def replay_state(agent: Agent, cp: Checkpoint, messages: list[Any], new_id: str) -> RunState:
-    """The new run's state: the step's conversation under a run id of its own."""
+    """The new run's state: the step's conversation under a run id of its own. It starts
+    from the step's spend, as from its iterations and usage, so the agent's budget allows
+    it no more model calls than the original had left there (its own ledger holds only
+    what it spends)."""
     return RunState(
         agent=agent,
         tenant=cp.tenant,
@@ -133,6 +136,7 @@ def replay_state(agent: Agent, cp: Checkpoint, messages: list[Any], new_id: str)
         iteration=cp.iteration,
         steps_used=cp.steps_used,
         usage=cp.usage,
+        spent=cp.micros,
         state=state_from_json(cp.state, agent.state_schema),
         grants=list(cp.grants),
         replay_of=f"{cp.run_id}@{cp.step}",
