@@ -251,6 +251,14 @@ class Worker:
     async def _carry(self, item: WorkItem) -> Carried:
         try:
             how = await self._take(item)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this worker cancelled it (draining past its deadline)
+            # Raised by the run's own code (a provider or a tool) with nobody cancelling:
+            # a failure of that run, counted and delayed like any other, never a silent end
+            # that takes it again at once.
+            how = await self._after_error(item, _LeakedCancel(f"{exc!r} raised inside the run"))
         except Exception as exc:  # a worker outlives any one run
             how = await self._after_error(item, exc)
         self.carried.append((item, how))
@@ -353,3 +361,7 @@ class Worker:
         if self.telemetry is not None:
             self.telemetry.parked(item.agent, why)
         return Carried.parked
+
+
+class _LeakedCancel(Exception):
+    """A ``CancelledError`` the run's own code raised while nothing cancelled it."""
