@@ -27,9 +27,9 @@ def decoded(what: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
             try:
                 return fn(*args, **kwargs)
             except _DAMAGE as exc:
+                # The store's damage in the kit's words; the Python error stays the cause.
                 raise CheckpointCorruptError(
-                    f"a stored {what} cannot be read ({type(exc).__name__}: {exc}); the "
-                    "store holds a damaged row"
+                    f"a stored {what} cannot be read ({exc}); the store holds a damaged row"
                 ) from exc
 
         return read

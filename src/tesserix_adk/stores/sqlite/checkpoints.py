@@ -14,6 +14,7 @@ from typing import Any
 
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.stores.protocols import HistoryHandle, StoredCheckpoint
+from tesserix_adk.stores.rows import decoded, typed
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
 from tesserix_adk.stores.sqlite.fencing import FencedSqliteStore, fenced
 from tesserix_adk.stores.sqlite.history import SqliteHistoryStore, append_history
@@ -147,6 +148,7 @@ class SqliteCheckpointStore(FencedSqliteStore):
     async def steps(self, tenant: str, run_id: str) -> list[int]:
         """The steps still kept for the run, ascending."""
 
+        @decoded("checkpoint step")
         def steps(conn: sqlite3.Connection) -> list[int]:
             rows = conn.execute(
                 "SELECT step FROM adk_checkpoint_steps WHERE tenant = ? AND run_id = ? "
@@ -183,8 +185,11 @@ class SqliteCheckpointStore(FencedSqliteStore):
         await self.database.write(forget)
 
 
+@decoded("checkpoint")
 def _stored_checkpoint(row: Sequence[Any]) -> StoredCheckpoint:
     payload, step, fence = row
     return StoredCheckpoint(
-        payload=bytes(payload), step=int(step), fence=None if fence is None else int(fence)
+        payload=bytes(typed(payload, bytes, what="its payload")),
+        step=typed(step, int, what="its step"),
+        fence=typed(fence, int, type(None), what="its fence"),
     )

@@ -8,6 +8,7 @@ from dataclasses import replace
 from tesserix_adk.errors import LeaseHeldError, LeaseLostError
 from tesserix_adk.stores._common import positive_ttl
 from tesserix_adk.stores.protocols import RunLease
+from tesserix_adk.stores.rows import decoded
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
 from tesserix_adk.stores.sqlite.fencing import NOW_SQL, sqlite_now
 
@@ -36,6 +37,7 @@ class SqliteLeaseStore:
         """Take the run (raising its fence) or raise ``LeaseHeldError`` naming the holder."""
         ttl = positive_ttl(ttl)
 
+        @decoded("lease")
         def acquire(conn: sqlite3.Connection) -> RunLease:
             now = sqlite_now(conn)
             row = conn.execute(
@@ -68,6 +70,7 @@ class SqliteLeaseStore:
         """Extend a live lease, keeping its fence, or raise ``LeaseLostError``."""
         ttl = positive_ttl(ttl)
 
+        @decoded("lease")
         def renew(conn: sqlite3.Connection) -> RunLease:
             now = sqlite_now(conn)
             row = conn.execute(
@@ -113,6 +116,7 @@ class SqliteLeaseStore:
     async def current(self, tenant: str, run_id: str) -> RunLease | None:
         """The lease live by the store's clock, else ``None``."""
 
+        @decoded("lease")
         def current(conn: sqlite3.Connection) -> RunLease | None:
             row = conn.execute(
                 "SELECT fence, holder, expires_at FROM adk_run_leases "
@@ -135,6 +139,7 @@ class SqliteLeaseStore:
     async def ended_ago(self, tenant: str, run_id: str) -> float | None:
         """Seconds since the run's last lease ended; ``None`` if one is live or none ended."""
 
+        @decoded("lease")
         def ended_ago(conn: sqlite3.Connection) -> float | None:
             now = sqlite_now(conn)
             row = conn.execute(

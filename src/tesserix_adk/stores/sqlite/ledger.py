@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from tesserix_adk.messages import Usage
+from tesserix_adk.stores.rows import decoded
 from tesserix_adk.stores.sqlite.fencing import FencedSqliteStore, fenced
 
 __all__ = ["SqliteLedger"]
@@ -38,6 +39,7 @@ class SqliteLedger(FencedSqliteStore):
     async def spent(self, tenant: str, run_id: str) -> int:
         """Micros charged to the run so far (0 for an unknown run)."""
 
+        @decoded("ledger row")
         def spent(conn: sqlite3.Connection) -> int:
             row = conn.execute(
                 "SELECT micros FROM adk_ledger WHERE tenant = ? AND run_id = ?", (tenant, run_id)
@@ -49,6 +51,7 @@ class SqliteLedger(FencedSqliteStore):
     async def usage(self, tenant: str, run_id: str) -> Usage:
         """Tokens charged to the run so far."""
 
+        @decoded("ledger row")
         def usage(conn: sqlite3.Connection) -> Usage:
             row = conn.execute(
                 "SELECT input_tokens, output_tokens FROM adk_ledger "
