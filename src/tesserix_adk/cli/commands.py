@@ -23,7 +23,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn, TextIO
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.cli.failures import ExitCode, UsageError, exit_code_for, explain
+from tesserix_adk.cli.failures import (
+    ExitCode,
+    UsageError,
+    exit_code_for,
+    explain,
+    output_closed,
+)
 from tesserix_adk.cli.frontier import run_frontier_command
 from tesserix_adk.cli.jsonout import emit, error_json
 from tesserix_adk.cli.listing import add_runs_arguments
@@ -101,8 +107,22 @@ def _named(value: str) -> str:
 NOTE_CHARS = 4000
 
 
+def _text(value: str) -> str:
+    """Free text on the command line (a note, an input, an outcome): text a store can keep.
+    A byte the terminal sent that is not UTF-8 reaches Python as a lone surrogate, which
+    nothing can encode: refused here, before anything is written."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(
+            "is not UTF-8 text (a byte in it could not be read as UTF-8)"
+        ) from None
+    return value
+
+
 def _note(value: str) -> str:
-    """A note on a decision: at most ``NOTE_CHARS`` characters."""
+    """A note on a decision: UTF-8 text of at most ``NOTE_CHARS`` characters."""
+    value = _text(value)
     if len(value) > NOTE_CHARS:
         raise argparse.ArgumentTypeError(
             f"is {len(value)} characters long; a note is at most {NOTE_CHARS}"
@@ -184,7 +204,9 @@ def add_frontier_commands(sub: Any, parents: Parents = ()) -> None:
     p.add_argument("--tenant", required=True, type=_named)
     p.add_argument("--call", required=True, type=_named, help="provider call id or idempotency key")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--outcome", help="the call's outcome as JSON (secrets are masked)")
+    what.add_argument(
+        "--outcome", type=_text, help="the call's outcome as JSON (secrets are masked)"
+    )
     what.add_argument("--never-ran", action="store_true")
     p.add_argument("--by", required=True, type=_named, help="who checked")
     p.add_argument(
@@ -237,7 +259,7 @@ def resume_main(
 
 def add_worker_commands(sub: Any, parents: Parents = ()) -> None:
     """Add ``submit`` and ``worker`` to ``sub`` (an ``add_subparsers()`` result)."""
-    add_work_commands(sub, parents, named=_named, seconds=_seconds, note=_note)
+    add_work_commands(sub, parents, named=_named, seconds=_seconds, note=_note, text=_text)
 
 
 def add_resume_commands(sub: Any, parents: Parents = ()) -> None:
@@ -357,6 +379,8 @@ def _run(
     except KeyboardInterrupt:
         err.write("tesserix: interrupted\n")
         return 130
+    except BrokenPipeError:
+        return output_closed(out)
     except Exception as exc:
         code, text = explain(exc)
         err.write(text + "\n")

@@ -122,14 +122,16 @@ def run_demo(*, keep: str | None = None) -> int:
     ``keep``: a directory to leave the store and the airline in (``""``: the temporary
     one), with the commands to explore them printed at the end; ``None`` removes them."""
     if keep:
-        workdir = Path(keep).expanduser().resolve()
-        if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
-            sys.stderr.write(
-                f"tesserix demo: {keep!r} is not a new or empty directory; pass one for the "
-                "demo's store and airline\n"
-            )
+        refused = f"tesserix demo: {keep!r} is not a new or empty directory"
+        try:
+            workdir = Path(keep).expanduser().resolve()
+            if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
+                sys.stderr.write(f"{refused}; pass one for the demo's store and airline\n")
+                return 2
+            workdir.mkdir(parents=True, exist_ok=True)
+        except (OSError, RuntimeError) as exc:  # under a file, unwritable, a symlink loop
+            sys.stderr.write(f"{refused} it can make ({getattr(exc, 'strerror', None) or exc})\n")
             return 2
-        workdir.mkdir(parents=True, exist_ok=True)
     else:
         workdir = Path(tempfile.mkdtemp(prefix="tesserix-demo-"))
     demo = _Demo(workdir)

@@ -13,9 +13,13 @@ apply the schema), a Redis database index the server lacks or an option no one k
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import sqlite3
 from enum import IntEnum
+from typing import TextIO
 
 from tesserix_adk.cli.text import sentence
 from tesserix_adk.errors import (
@@ -37,7 +41,15 @@ from tesserix_adk.errors import (
     StoreUnavailableError,
 )
 
-__all__ = ["ExitCode", "Refused", "UsageError", "exit_code_for", "explain"]
+__all__ = [
+    "OUTPUT_CLOSED",
+    "ExitCode",
+    "Refused",
+    "UsageError",
+    "exit_code_for",
+    "explain",
+    "output_closed",
+]
 
 
 class ExitCode(IntEnum):
@@ -70,6 +82,21 @@ _MUST_NOT = (
     RunFailedError,
     ReplayNotResumableError,
 )
+
+
+# What a command whose reader went away exits with (``yes | head`` does the same): 128 +
+# SIGPIPE, as if the signal had ended it, and nothing said, since nobody reads on.
+OUTPUT_CLOSED = 128 + signal.SIGPIPE
+
+
+def output_closed(out: TextIO) -> int:
+    """Stop writing to ``out``, whose reader went away, without a second error at exit
+    (the interpreter flushes standard output as it ends); ``OUTPUT_CLOSED``."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
+        os.close(devnull)
+    return int(OUTPUT_CLOSED)
 
 
 def exit_code_for(exc: BaseException) -> ExitCode:

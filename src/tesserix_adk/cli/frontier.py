@@ -14,7 +14,7 @@ import time
 from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
-from tesserix_adk.checkpoint.payload import encode_outcome
+from tesserix_adk.checkpoint.payload import MAX_NESTING, encode_outcome, within_nesting
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.cli.failures import ExitCode, Refused, UsageError
 from tesserix_adk.cli.inspecting import run_inspect
@@ -227,6 +227,9 @@ async def _wake(stores: Stores, tenant: str, run_id: str, state: WorkState) -> b
     return True
 
 
+_TOO_DEEP = object()
+
+
 async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
     record = _the_call(await stores.idempotency.records(args.tenant, args.run), args)
     content: Any = None
@@ -235,6 +238,15 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
             content = json.loads(args.outcome, parse_constant=_not_json)
         except ValueError as exc:
             raise UsageError(f"--outcome is not valid JSON: {exc}") from exc
+        except RecursionError:
+            content = _TOO_DEEP
+        # Within its record's envelope: a deeper one would be stored replaced by an error
+        # saying so, not as the operator gave it.
+        if content is _TOO_DEEP or not within_nesting(content, MAX_NESTING - 1):
+            raise UsageError(
+                f"--outcome nests deeper than {MAX_NESTING - 1} levels of arrays and "
+                "objects, more than a recorded outcome may"
+            )
     await _no_live_resumer(stores, args)
     if await stores.leases.current(args.tenant, args.run) is None:
         # Asked before the lease is taken: a refused try must not itself end a lease (and

@@ -9,6 +9,7 @@ here.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import socket
@@ -89,8 +90,17 @@ def run_ui(args: argparse.Namespace, url: str) -> int:
             f"token: pass --token or set ${TOKEN_ENV}\n"
         )
         return int(ExitCode.USAGE)
-    from tesserix_adk.stores.urls import redact_url
+    from tesserix_adk.errors import ConfigurationError
+    from tesserix_adk.stores.urls import open_stores, redact_url
 
+    try:
+        # Read now (it does no I/O), so a URL no store can open is one sentence here, not
+        # a traceback from the server's start-up.
+        probe = open_stores(url)
+    except ConfigurationError as exc:
+        sys.stderr.write(f"tesserix: ui: {escaped(str(exc))}\n")
+        return int(ExitCode.USAGE)
+    asyncio.run(probe.aclose())
     try:
         sock = _listen(args.host, args.port)
     except OSError as exc:

@@ -45,16 +45,16 @@ WORK_COMMANDS = frozenset({"submit", "worker", "cancel"})
 
 
 def add_work_commands(
-    sub: Any, parents: Any = (), *, named: Any, seconds: Any, note: Any = str
+    sub: Any, parents: Any = (), *, named: Any, seconds: Any, note: Any = str, text: Any = str
 ) -> None:
-    """Add ``submit``, ``worker`` and ``cancel`` to ``sub``; ``named``/``seconds``/``note``
-    read ids, durations and notes as the other commands do."""
+    """Add ``submit``, ``worker`` and ``cancel`` to ``sub``; ``named``/``seconds``/``note``/
+    ``text`` read ids, durations, notes and free text as the other commands do."""
     p = sub.add_parser(
         "submit", help="record a run for a worker to start; prints its id", parents=parents
     )
     p.add_argument("--agent", required=True, type=named, help="module:attr of the agent")
     p.add_argument("--tenant", required=True, type=named)
-    p.add_argument("--input", required=True, help="the user's message (stored redacted)")
+    p.add_argument("--input", required=True, type=text, help="the user's message (stored redacted)")
     p.add_argument("--run-id", type=named, help="the run's id (default: a new one)")
     _add_json(p)
     _add_temporal(p, named)
@@ -125,13 +125,18 @@ def _temporal(args: argparse.Namespace) -> Any:
     return commands
 
 
+# More runs at once than any one process carries: a bound every store's query takes (a
+# worker asks its index for about twice this many runs at a time).
+MAX_CONCURRENCY = 10_000
+
+
 def _positive_int(value: str) -> int:
     try:
         n = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not at least 1")
+    if not 1 <= n <= MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(f"{value!r} is not from 1 to {MAX_CONCURRENCY:,}")
     return n
 
 

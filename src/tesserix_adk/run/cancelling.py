@@ -77,6 +77,13 @@ async def request_cancel(
     """Record the request (the first one stands: asking again returns it)."""
     key = cancel_key(tenant, run_id)
     holder = f"cancel:{by}"
+    request = CancelRequest(
+        by=by, at=time.time(), reason=None if reason is None else redactor.text(reason)
+    )
+    content = {"by": request.by, "at": request.at, "reason": request.reason}
+    # Encoded before the claim: a request that cannot be written must not leave a claim in
+    # flight that nobody completes (it never expires, and would stop every later cancel).
+    encoded = encode_outcome(ToolOutcome(call_id="cancel", content=content), redactor)
     rec = await idempotency.claim(
         key,
         holder=holder,
@@ -91,11 +98,6 @@ async def request_cancel(
         found = await cancel_requested(idempotency, tenant, run_id)
         if found is not None:
             return found
-    request = CancelRequest(
-        by=by, at=time.time(), reason=None if reason is None else redactor.text(reason)
-    )
-    content = {"by": request.by, "at": request.at, "reason": request.reason}
-    encoded = encode_outcome(ToolOutcome(call_id="cancel", content=content), redactor)
     await idempotency.complete(key, encoded, tenant=tenant, holder=holder)
     return request
 

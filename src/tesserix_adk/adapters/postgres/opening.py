@@ -9,6 +9,7 @@ The kit's own options (``keep_last``, ``pool_min``, ``pool_max``, ``timeout``, `
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -32,14 +33,20 @@ from tesserix_adk.stores.urls import keep_last_option, store_options
 __all__ = ["open_postgres_stores"]
 
 
+# A day: any deadline past it is a mistake (the server's timeouts are set in milliseconds
+# below it, and must fit its 32-bit settings).
+_MOST_SECONDS = 86_400.0
+
+
 def _positive_seconds(name: str, raw: str) -> float:
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not (value > 0 and math.isfinite(value)):
+    if not (0 < value <= _MOST_SECONDS):
         raise ConfigurationError(
-            f"{name} in the PostgreSQL store URL must be a positive number of seconds, got {raw!r}"
+            f"{name} in the PostgreSQL store URL must be a positive number of seconds up to "
+            f"{_MOST_SECONDS:,.0f}, got {raw!r}"
         )
     return value
 
@@ -76,10 +83,36 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
     options, kept = store_options(url, query, "PostgreSQL", driver=True)
     out = base + ("?" + kept if kept else "") + (hash_ + fragment if fragment else "")
     try:
-        conninfo_to_dict(out)  # parses only: a typo'd option is a usage mistake, not an outage
+        # Parses only: a typo'd option is a usage mistake, not an outage.
+        params = conninfo_to_dict(out)
     except psycopg.ProgrammingError as exc:
         raise ConfigurationError(f"the PostgreSQL store URL is not usable: {exc}") from exc
+    _check_params(params)
     return out, options
+
+
+_SSLMODES = frozenset({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"})
+
+
+def _check_params(params: Mapping[str, object]) -> None:
+    """What libpq would refuse only on connecting (and the kit would report as an outage
+    to retry): ports, ``sslmode`` and ``connect_timeout``, checked now."""
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ConfigurationError(
+                f"the PostgreSQL store URL names port {port!r}; a port is 1 to 65535"
+            )
+    sslmode = params.get("sslmode")
+    if sslmode is not None and str(sslmode) not in _SSLMODES:
+        raise ConfigurationError(
+            f"sslmode in the PostgreSQL store URL must be one of {', '.join(sorted(_SSLMODES))}, "
+            f"got {sslmode!r}"
+        )
+    timeout = params.get("connect_timeout")
+    if timeout is not None and not str(timeout).strip().lstrip("-").isdigit():
+        raise ConfigurationError(
+            f"connect_timeout in the PostgreSQL store URL must be whole seconds, got {timeout!r}"
+        )
 
 
 def open_postgres_stores(url: str) -> Stores:

@@ -34,6 +34,13 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
     """The URL for redis-py and the kit's own options, taken out of its query."""
     parts = urlsplit(url)
     options, rest = store_options(url, parts.query, "Redis", driver=True)
+    db = parts.path.strip("/")
+    # A database number the server could never hold is a mistake in the URL, not an outage
+    # (one the server lacks, it refuses itself: also a usage error).
+    if db and "," not in parts.netloc and not (db.isdigit() and int(db) < 2**31):
+        raise ConfigurationError(
+            f"the database in the Redis store URL must be a number from 0, got {db!r}"
+        )
     driver_url = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment))
     return driver_url, options
 
