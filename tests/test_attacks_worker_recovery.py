@@ -629,12 +629,6 @@ async def test_a_cancelled_error_leaking_from_the_model_is_not_retaken_in_a_hot_
 # --- parking: once, with a reason, and an operator's action is not lost -------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Worker parks with an unconditional work.park after the runner released the "
-    "lease: an operator's resolve (which wakes the run) landing in between is overwritten, "
-    "the run stays parked under the stale 'cannot tell' reason and no worker carries it",
-)
 async def test_an_operator_resolve_between_a_workers_release_and_its_park_is_not_lost(
     tmp_path: Path,
 ) -> None:
@@ -673,12 +667,14 @@ async def test_an_operator_resolve_between_a_workers_release_and_its_park_is_not
         await asyncio.wait_for(first.run(), 30)
         stores.work.park = real_park  # type: ignore[method-assign]
         assert codes == [0]  # the resolve went through and said a worker carries it on
-        assert [how for _, how in first.carried] == [Carried.parked]
         second = Worker(_runner(stores), [agent], poll_interval=0.02, exit_when_idle=True)
         await asyncio.wait_for(second.run(), 30)
         parked = await stores.work.items(T, state=WorkState.parked)
         assert parked == [], f"still parked after the resolve: {parked[0].reason[:80]}..."
-        assert [how for _, how in second.carried] == [Carried.finished]
+        # Parked, then woken by the worker itself on seeing the call settled meanwhile, and
+        # carried to the end (by it, as it happens, or the next worker).
+        carried = [how for _, how in first.carried + second.carried]
+        assert carried[0] is Carried.parked and carried[-1] is Carried.finished, carried
         assert len(airline.bookings) == 1
     finally:
         await stores.aclose()

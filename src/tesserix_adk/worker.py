@@ -46,7 +46,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.runner import AgentRunner
-from tesserix_adk.stores.protocols import WorkIndex, WorkItem, WorkState
+from tesserix_adk.stores.protocols import RecordStatus, WorkIndex, WorkItem, WorkState
 
 if TYPE_CHECKING:
     from tesserix_adk.telemetry import Telemetry
@@ -323,7 +323,10 @@ class Worker:
             return Carried.elsewhere
         retryable = isinstance(exc, AdkError) and exc.retryable
         if isinstance(exc, (*_PARK, NoCheckpointError)) and not retryable:
-            return await self._park_as(item, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+            parked = await self._park_as(item, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+            if isinstance(exc, IndeterminateToolCallError):
+                await self._unless_settled_meanwhile(item, exc)
+            return parked
         if item.attempts + 1 >= self.max_attempts:
             return await self._park_as(
                 item,
@@ -345,6 +348,32 @@ class Worker:
                 reason=reason,
             )
         return Carried.retry
+
+    async def _unless_settled_meanwhile(
+        self, item: WorkItem, exc: IndeterminateToolCallError
+    ) -> None:
+        """Wake the run again if an operator settled every call it was parked for between
+        the runner letting it go and the park: the operator's wake-up came first and the
+        park overwrote it. (One that comes after the park unparks it itself.)"""
+        keys = [c.key for c in exc.calls]
+        if not keys or None in keys:
+            return  # a call with no record is settled by no record: nothing to look at
+        try:
+            found = await self.runner.idempotency.lookup(
+                [k for k in keys if k is not None], tenant=item.tenant
+            )
+            if len(found) < len(keys) or any(
+                r.status is RecordStatus.in_flight for r in found.values()
+            ):
+                return
+            _log.info(
+                "run %s/%s: its calls were settled while it was being parked; waking it",
+                item.tenant,
+                item.run_id,
+            )
+            await self.work.want(item.tenant, item.run_id, agent=item.agent)
+        except Exception as exc2:  # it stays parked: an operator's next action wakes it
+            _log.warning("run %s/%s: could not look again: %r", item.tenant, item.run_id, exc2)
 
     async def _park(self, item: WorkItem, reason: str) -> Carried:
         return await self._park_as(item, reason, "parked")
