@@ -4,16 +4,20 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 from tesserix_adk.errors import CheckpointCorruptError
 from tesserix_adk.messages import ToolCall
 
-__all__ = ["decoded", "stored_calls", "typed"]
+__all__ = ["decoded", "due_items", "leading", "stored_calls", "typed"]
+
+_log = logging.getLogger("tesserix_adk.stores")
 
 P = ParamSpec("P")
 T = TypeVar("T")
+R = TypeVar("R")
 
 _DAMAGE = (ValueError, KeyError, TypeError, IndexError, AttributeError, UnicodeDecodeError)
 
@@ -64,3 +68,32 @@ def typed(value: Any, *kinds: type, what: str) -> Any:
     if not isinstance(value, kinds):
         raise ValueError(f"{what} is {type(value).__name__} {value!r}")
     return value
+
+
+def due_items(
+    rows: Iterable[R], read: Callable[[R], T], named: set[str], where: Callable[[R], str]
+) -> list[T]:
+    """The work index rows a worker polled, read; a damaged one (a hand edit, another kit's)
+    is left out rather than stop the worker from carrying every other run, and named
+    (``where``: its tenant and run, as far as they read) in the log once per store
+    (``named`` remembers which)."""
+    items: list[T] = []
+    for row in rows:
+        try:
+            items.append(read(row))
+        except CheckpointCorruptError as exc:
+            try:
+                run = where(row)
+            except Exception:
+                run = "(unreadable)"
+            if run not in named:
+                named.add(run)
+                _log.warning("the work index entry of run %s is left out: %s", run, exc)
+    return items
+
+
+def leading(row: Sequence[Any]) -> str:
+    """``tenant/run`` of a row that starts with them (bytes or text)."""
+    return "/".join(
+        p.decode("utf-8", "replace") if isinstance(p, bytes) else str(p) for p in row[:2]
+    )

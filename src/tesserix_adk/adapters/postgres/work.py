@@ -19,7 +19,7 @@ from tesserix_adk.adapters.postgres.connection import PostgresDatabase, Row
 from tesserix_adk.adapters.postgres.fenced import run_params
 from tesserix_adk.adapters.postgres.statements import Statements
 from tesserix_adk.stores.protocols import WorkItem, WorkState
-from tesserix_adk.stores.rows import decoded, typed
+from tesserix_adk.stores.rows import decoded, due_items, typed
 
 __all__ = ["DEFAULT_SCAN", "PostgresWorkIndex"]
 
@@ -39,6 +39,10 @@ class _SQL(Statements):
     done: str
     due: str
     items: str
+
+
+def _where(row: Row) -> str:
+    return f"{row.get('tenant')}/{row.get('run_id')}"
 
 
 @decoded("work index entry")
@@ -76,6 +80,7 @@ class PostgresWorkIndex:
         self.database = database
         self.scan = scan
         self._sql = _SQL.load("work", database.schema.schema)
+        self._damaged: set[str] = set()  # damaged entries already named in the log
 
     async def submit(self, tenant: str, run_id: str, *, agent: str, input: bytes) -> bool:
         """Record a run as submitted; ``False`` (nothing written) when the run is known."""
@@ -148,7 +153,7 @@ class PostgresWorkIndex:
                 "agents": None if agents is None else [str(a) for a in agents],
             },
         )
-        return [_item(row) for row in rows]
+        return due_items(rows, _item, self._damaged, _where)
 
     async def items(
         self, tenant: str | None = None, *, state: WorkState | None = None

@@ -20,7 +20,7 @@ from tesserix_adk.adapters.redis.durability import _Durability
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX, _enc, _Keys
 from tesserix_adk.adapters.redis.lua import register
 from tesserix_adk.stores.protocols import WorkItem, WorkState
-from tesserix_adk.stores.rows import decoded
+from tesserix_adk.stores.rows import decoded, due_items, leading
 
 __all__ = ["DEFAULT_SCAN", "RedisWorkIndex"]
 
@@ -73,6 +73,7 @@ class RedisWorkIndex:
     ) -> None:
         if scan < 1:
             raise ValueError(f"scan must be at least 1, got {scan}")
+        self._damaged: set[str] = set()  # damaged entries already named in the log
         _require_bytes(client)
         self._client = client
         self._keys = _Keys(prefix)
@@ -195,7 +196,7 @@ class RedisWorkIndex:
                 keys=self._indexes(),
                 args=[self._keys.prefix, str(limit), str(self._scan), *(wanted or ["0"])],
             )
-        return [_item(row) for row in rows]
+        return due_items(rows, _item, self._damaged, leading)
 
     async def items(
         self, tenant: str | None = None, *, state: WorkState | None = None

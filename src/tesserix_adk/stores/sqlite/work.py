@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tesserix_adk.stores.protocols import WorkItem, WorkState
-from tesserix_adk.stores.rows import decoded, typed
+from tesserix_adk.stores.rows import decoded, due_items, leading, typed
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
 from tesserix_adk.stores.sqlite.fencing import NOW_SQL
 
@@ -164,6 +164,7 @@ class SqliteWorkIndex:
             raise ValueError(f"scan must be at least 0, got {scan}")
         self.database = database
         self.scan = scan
+        self._damaged: set[str] = set()  # damaged entries already named in the log
 
     async def submit(self, tenant: str, run_id: str, *, agent: str, input: bytes) -> bool:
         """Record a run as submitted; ``False`` (nothing written) when the run is known."""
@@ -230,7 +231,7 @@ class SqliteWorkIndex:
         def due(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(sql, params).fetchall()
 
-        return [_item(row) for row in await self.database.read(due)]
+        return due_items(await self.database.read(due), _item, self._damaged, leading)
 
     async def items(
         self, tenant: str | None = None, *, state: WorkState | None = None
