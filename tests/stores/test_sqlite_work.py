@@ -221,17 +221,25 @@ async def test_a_damaged_entry_is_a_typed_error(
         await work.items(T)
 
 
-async def test_a_damaged_due_entry_or_input_is_a_typed_error(
-    stores: Stores, tmp_path: Path
+async def test_a_damaged_entry_or_input_is_a_typed_error_and_left_out_of_a_poll(
+    stores: Stores, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     work = _work(stores)
     await work.submit(T, "r1", agent=A, input=b"in")
+    await work.submit(T, "r2", agent=A, input=b"in")
     with raw(tmp_path / "adk.sqlite3") as conn:
-        conn.execute("UPDATE adk_work SET input = 'text, not bytes', agent = X'00'")
+        conn.execute(
+            "UPDATE adk_work SET input = 'text, not bytes', agent = X'00' WHERE run_id = 'r1'"
+        )
     with pytest.raises(CheckpointCorruptError, match="work index input"):
         await work.input(T, "r1")
     with pytest.raises(CheckpointCorruptError, match="work index entry"):
-        await work.due(limit=10)
+        await work.items(T)  # an operator's listing says so
+    # A worker's poll leaves it out, naming it once, and still finds the others.
+    assert [i.run_id for i in await work.due(limit=10)] == ["r2"]
+    assert [i.run_id for i in await work.due(limit=10)] == ["r2"]
+    named = [r.getMessage() for r in caplog.records if "acme/r1" in r.getMessage()]
+    assert len(named) == 1 and "left out" in named[0]
 
 
 async def test_the_schema_refuses_a_state_no_kit_writes(stores: Stores, tmp_path: Path) -> None:
