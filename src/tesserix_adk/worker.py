@@ -355,12 +355,12 @@ class Worker:
         """Wake the run again if an operator settled every call it was parked for between
         the runner letting it go and the park: the operator's wake-up came first and the
         park overwrote it. (One that comes after the park unparks it itself.)"""
-        keys = [c.key for c in exc.calls]
+        keys = {c.key for c in exc.calls}
         if not keys or None in keys:
             return  # a call with no record is settled by no record: nothing to look at
         try:
             found = await self.runner.idempotency.lookup(
-                [k for k in keys if k is not None], tenant=item.tenant
+                sorted(k for k in keys if k is not None), tenant=item.tenant
             )
             if len(found) < len(keys) or any(
                 r.status is RecordStatus.in_flight for r in found.values()

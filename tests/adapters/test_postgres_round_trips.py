@@ -77,16 +77,17 @@ async def _waits(url: str, wire: Wire, calls: int, turns: int, run_id: str) -> i
         await stores.aclose()
 
 
-@pytest.mark.parametrize(("calls", "per_turn"), [(1, 7), (3, 11)])
+@pytest.mark.parametrize(("calls", "per_turn"), [(1, 7), (3, 13)])
 async def test_a_grouped_turn_waits_once_per_write_and_its_commits_ride_with_the_last(
     pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: int, per_turn: int
 ) -> None:
     """One call: the charge (its BEGIN with it), the check for a cancel asked while the
     model thought, the frontier with its transcript append (one message), and the claim
     with the COMMIT (4); the outcome, the next frontier with its append, and the cancel
-    check with the COMMIT (3). Each further call: its claim with the outcome before it,
-    the COMMIT with the claim (2). Before the check after the model's answer (a cancel
-    asked while it thought did not stop its calls) the counts were 6 and 10; while each
+    check with the COMMIT (3). Each further call: a check for a cancel asked while the
+    calls before it were out, its claim with the outcome before it, the COMMIT with the
+    claim (3). Before those checks (a cancel asked while the model thought, or while a
+    turn's first call was out, did not stop the calls after it) the counts were 6 and 10; while each
     COMMIT went in a round trip of its own, 8 and 14; before the turn's last outcome
     committed with its frontier they were the same with one commit more; in a group of its
     own it cost one more (11 and 17), and the frontier's append and put one each (19

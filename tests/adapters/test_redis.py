@@ -691,15 +691,17 @@ async def _requests_per_turn(stores: Stores, turns: int) -> int:
     return len(sent)
 
 
-async def test_a_turn_sends_eight_requests(redis_stores: Stores) -> None:
-    # Per turn: the charge; after_model_call's frontier and append in one script; the
-    # claim; the outcome (finding its run, then recording it); after_tool_result's frontier
-    # and append in one script; the cancel check (finding its run, then reading it). It
-    # was 10: each frontier and its append went as two scripts.
+async def test_a_turn_sends_nine_requests(redis_stores: Stores) -> None:
+    # Per turn: the charge; the check for a cancel asked while the model thought;
+    # after_model_call's frontier and append in one script; the claim; the outcome
+    # (finding its run, then recording it); after_tool_result's frontier and append in one
+    # script; the cancel check before the model is asked again (finding its run, then
+    # reading it). It was 8 before the check after the model's answer, and 10 while each
+    # frontier and its append went as two scripts.
     await _requests_per_turn(redis_stores, 1)  # every script loaded on the server
     short = await _requests_per_turn(redis_stores, 2)
     long = await _requests_per_turn(redis_stores, 6)
-    assert (long - short) / 4 == 8
+    assert (long - short) / 4 == 9
 
 
 # --- clocks ------------------------------------------------------------------------------

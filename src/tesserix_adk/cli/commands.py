@@ -29,6 +29,7 @@ from tesserix_adk.cli.failures import (
     exit_code_for,
     explain,
     output_closed,
+    say,
 )
 from tesserix_adk.cli.frontier import run_frontier_command
 from tesserix_adk.cli.jsonout import emit, error_json
@@ -377,13 +378,13 @@ def _run(
     except HelpShown:
         return int(ExitCode.CARRIED_ON)
     except KeyboardInterrupt:
-        err.write("tesserix: interrupted\n")
+        say(err, "tesserix: interrupted")
         return 130
     except BrokenPipeError:
         return output_closed(out)
     except Exception as exc:
         code, text = explain(exc)
-        err.write(text + "\n")
+        say(err, text)
         if wants_json[0]:
             with contextlib.suppress(Exception):
                 emit(out, error_json(int(code), text.removeprefix("tesserix: ")))

@@ -49,6 +49,7 @@ __all__ = [
     "exit_code_for",
     "explain",
     "output_closed",
+    "say",
 ]
 
 
@@ -97,6 +98,16 @@ def output_closed(out: TextIO) -> int:
         os.dup2(devnull, out.fileno())
         os.close(devnull)
     return int(OUTPUT_CLOSED)
+
+
+def say(stream: TextIO, line: str) -> None:
+    """Write ``line`` to ``stream`` (stderr, mostly); if its reader went away, write no more
+    there: the exit code still says what happened."""
+    try:
+        stream.write(line + "\n")
+        stream.flush()
+    except (OSError, ValueError):
+        output_closed(stream)
 
 
 def exit_code_for(exc: BaseException) -> ExitCode:

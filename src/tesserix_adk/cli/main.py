@@ -28,7 +28,7 @@ from tesserix_adk.cli.commands import (
     new_parser,
     run_command,
 )
-from tesserix_adk.cli.failures import ExitCode, UsageError, explain
+from tesserix_adk.cli.failures import ExitCode, UsageError, explain, say
 from tesserix_adk.cli.jsonout import emit, error_json
 from tesserix_adk.cli.text import sentence
 from tesserix_adk.cli.ui import add_ui_command
@@ -48,6 +48,7 @@ exit codes: 0 carried on, 1 nothing checkpointed, 2 bad command line,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit code."""
+    _standard_streams()
     _quiet_logging()
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -70,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             _check_store_url(url)
         except UsageError as exc:
-            sys.stderr.write(f"tesserix: {sentence(str(exc))}\n")
+            say(sys.stderr, f"tesserix: {sentence(str(exc))}")
             return int(ExitCode.USAGE)
         return run_ui(args, url)
     try:
@@ -82,10 +83,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_command(args, stores=stores, agents={})
 
 
+def _standard_streams() -> None:
+    """A standard stream the shell closed (``>&-``, ``2>&-``) becomes one that discards
+    what is written: the command still runs and exits with its own code."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - for the process
+
+
 def _failed(code: ExitCode, text: str, args_list: Sequence[str]) -> int:
     """One sentence on stderr; under ``--json`` the error object on stdout too, as every
     command prints its own failures (here the command never got to run)."""
-    sys.stderr.write(text + "\n")
+    say(sys.stderr, text)
     if "--json" in args_list:
         emit(sys.stdout, error_json(int(code), text.removeprefix("tesserix: ")))
     return int(code)

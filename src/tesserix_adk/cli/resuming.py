@@ -12,7 +12,7 @@ from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.checkpoint.planning import ResumePlan
 from tesserix_adk.cli.describe import describe
-from tesserix_adk.cli.failures import ExitCode, UsageError
+from tesserix_adk.cli.failures import ExitCode, UsageError, output_closed
 from tesserix_adk.cli.inspecting import asked_approval
 from tesserix_adk.cli.jsonout import emit, when
 from tesserix_adk.cli.loading import ProviderSource, built_provider, import_ref, load_agent
@@ -59,7 +59,7 @@ async def run_resume_command(
                 runner, agent, args.resume, tenant=args.tenant, by=args.by, note=args.note
             )
             if accepted is not None and not as_json:
-                out.write(escaped(accepted.describe()) + f" (step {accepted.step})\n")
+                _told(out, escaped(accepted.describe()) + f" (step {accepted.step})\n")
         spent = await stores.ledger.spent(args.tenant, args.resume)
         held: dict[str, Any] = {}
 
@@ -67,9 +67,9 @@ async def run_resume_command(
             held.update(holder=holder, fence=fence)
             if as_json:
                 return
-            out.write(describe(cp, plan=plan, spent=spent, approval=approval) + "\n")
+            _told(out, describe(cp, plan=plan, spent=spent, approval=approval) + "\n")
             holding = f"fence {fence}" if fence is not None else "no lease store"
-            out.write(f"holding the run as {escaped(holder)} ({holding})\n")
+            _told(out, f"holding the run as {escaped(holder)} ({holding})\n")
             out.flush()
 
         run = await runner.resume(agent, args.resume, tenant=args.tenant, on_frontier=found)
@@ -79,8 +79,8 @@ async def run_resume_command(
         tail = f": {escaped(str(run.output))}" if run.output else ""
         if run.pending_approval is not None:
             tail = f": waiting on approval {escaped(run.pending_approval.id)}"
-        out.write(
-            f"now {run.status} at iteration {run.iteration}, {run.spent_micros} micros{tail}\n"
+        _told(
+            out, f"now {run.status} at iteration {run.iteration}, {run.spent_micros} micros{tail}\n"
         )
     if run.status is RunStatus.failed:
         return ExitCode.MUST_NOT_CARRY_ON
@@ -125,7 +125,7 @@ async def _already_ended(
     spent = await stores.ledger.spent(args.tenant, args.resume)
     if cp.status is CheckpointStatus.failed:
         if not getattr(args, "json", False):
-            out.write(describe(cp, spent=spent) + "\n")
+            _told(out, describe(cp, spent=spent) + "\n")
         raise RunFailedError(
             f"run {args.resume!r} ended failed at step {cp.step}; nothing was done (no lease "
             "taken, nothing sent)"
@@ -148,10 +148,11 @@ async def _already_ended(
             },
         )
         return True
-    out.write(describe(cp, spent=spent) + "\n")
-    out.write(
+    _told(out, describe(cp, spent=spent) + "\n")
+    _told(
+        out,
         f"nothing was done: run {escaped(cp.run_id)} already ended {cp.status} at step "
-        f"{cp.step} (no lease taken, nothing sent)\n"
+        f"{cp.step} (no lease taken, nothing sent)\n",
     )
     return True
 
@@ -197,8 +198,19 @@ async def _replay(
         )
         return ExitCode.CARRIED_ON
     tail = f": {escaped(str(run.output))}" if run.output else ""
-    out.write(
+    _told(
+        out,
         f"replay {escaped(run.run_id)} (replay of {escaped(run.replay_of or '')}) now "
-        f"{run.status} at iteration {run.iteration}{tail}\n"
+        f"{run.status} at iteration {run.iteration}{tail}\n",
     )
     return ExitCode.CARRIED_ON
+
+
+def _told(out: TextIO, text: str) -> None:
+    """Write ``text``; once the reader is gone, write no more but carry on: a resume is
+    work someone asked for, and stopping it half-way for want of a reader helps nobody
+    (the exit code still says how it ended)."""
+    try:
+        out.write(text)
+    except (BrokenPipeError, ValueError):
+        output_closed(out)

@@ -4,9 +4,9 @@ The request is a record in the idempotency store under the run's cancel key (a r
 no tool, as a resume claim is), so it is durable on every backend and needs no schema of
 its own; its outcome says who asked, when and why. The holder carrying the run finds it at
 the next boundary, before the model is asked again or once it has answered (before
-anything it asked for is claimed or sent), and ends the run there with a final
-``cancelled`` frontier, dispatching nothing more; a run nobody holds is ended by whoever
-asked.
+anything it asked for is claimed or sent; a turn's later calls are answered "not sent"),
+and ends the run there with a final ``cancelled`` frontier, dispatching nothing more; a
+run nobody holds is ended by whoever asked.
 
 The same boundary hears an interrupt a store driver lost: a cancellation of the task
 carrying the run (Ctrl-C is ``asyncio.run`` cancelling its main task) that an await

@@ -19,7 +19,8 @@ from tesserix_adk.providers.base import ModelResponse
 __all__ = ["MAX_COST_MICROS", "paid"]
 
 MAX_COST_MICROS = 2**53 - 1
-"""The most one model call may cost, in micros: exact as a JSON number, in every ledger."""
+"""The most one model call may cost, in micros, and the most tokens it may count: exact as
+a JSON number and in every ledger (which adds them up in 64 bits)."""
 
 
 def paid(response: ModelResponse) -> tuple[int, Usage]:
@@ -27,15 +28,24 @@ def paid(response: ModelResponse) -> tuple[int, Usage]:
     retryable: asking again pays again) if either cannot be charged as given."""
     cost = response.cost_micros
     if isinstance(cost, bool) or not isinstance(cost, Real):
-        raise _refused(f"a cost of {cost!r} micros, not a number")
-    if not math.isfinite(cost) or not 0 <= cost <= MAX_COST_MICROS:
-        raise _refused(f"a cost of {cost!r} micros")
+        raise _refused(f"a cost of {_short(cost)} micros, not a number")
+    # Compared before anything converts it: an int past a float's range would overflow.
+    if not 0 <= cost <= MAX_COST_MICROS:  # NaN compares false, so it stops here too
+        raise _refused(f"a cost of {_short(cost)} micros")
     usage = response.usage
     for name in ("input_tokens", "output_tokens"):
         tokens = getattr(usage, name)
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-            raise _refused(f"{name}={tokens!r}")
+        if isinstance(tokens, bool) or not isinstance(tokens, int):
+            raise _refused(f"{name}={_short(tokens)}")
+        if not 0 <= tokens <= MAX_COST_MICROS:
+            raise _refused(f"{name}={_short(tokens)} tokens")
     return math.ceil(cost), usage
+
+
+def _short(value: object) -> str:
+    """``repr`` of a reported value, cut (a 400-digit cost need not be printed whole)."""
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 200 else "a huge int"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _refused(what: str) -> ProviderError:

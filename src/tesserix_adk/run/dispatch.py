@@ -43,6 +43,7 @@ from tesserix_adk.messages import Message, ToolCall, ToolOutcome
 from tesserix_adk.providers._common import MALFORMED_ARGUMENTS
 from tesserix_adk.run import grouping
 from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.events import (
     CallDisposition,
     ToolCallFinished,
@@ -98,7 +99,12 @@ async def dispatch_turn(
     finished in. A failure starts no more calls but lets those started finish (see
     ``run.parallel``); then it is raised, and nothing of the turn is appended."""
     grants = {g.call_id: g for g in run.grants}
-    jobs = [functools.partial(_answer, parts, run, attempt, oc, grants) for oc in calls]
+    # A call after the turn's first asks for a cancel first: one asked while an earlier
+    # call of the turn was out stops the rest (the first was asked before the claim).
+    jobs = [
+        functools.partial(_answer, parts, run, attempt, oc, grants, first=n == 0)
+        for n, oc in enumerate(calls)
+    ]
     side_by_side = run.agent.parallel_tool_calls > 1 and len(calls) > 1
     if side_by_side:
         # Calls in flight together share no transaction: each claim commits on its own.
@@ -141,9 +147,12 @@ async def _answer(
     attempt: Attempt,
     oc: OutstandingCall,
     grants: Mapping[str, Grant],
+    *,
+    first: bool = True,
 ) -> ToolOutcome:
     """One call's result: refused without a dispatch (unknown tool, refused arguments, not
-    approved), or through the dispatch unit."""
+    approved, the run cancelled since the turn's first call), or through the dispatch
+    unit."""
     tool = run.agent.tools.get(oc.call.name)
     refused = oc.call.arguments.get(REFUSED_ARGUMENTS)
     if refused is not None:
@@ -160,6 +169,10 @@ async def _answer(
         content = f"unknown tool {oc.call.name!r}"
     elif tool.requires_approval and not _approved(grants.get(oc.call.id)):
         content = _denial(grants.get(oc.call.id))
+    elif not first and (
+        cancelled := await cancel_requested(parts.idempotency, run.tenant, run.run_id)
+    ):
+        content = f"not sent: the run was {cancelled.describe()}"
     else:
         return await call_tool(parts, run, attempt, tool, oc)
     outcome = ToolOutcome(call_id=oc.call.id, content=content, is_error=True)

@@ -11,7 +11,7 @@ from typing import Any, ParamSpec, TypeVar
 from tesserix_adk.errors import CheckpointCorruptError
 from tesserix_adk.messages import ToolCall
 
-__all__ = ["decoded", "due_items", "leading", "stored_calls", "typed"]
+__all__ = ["decoded", "due_items", "leading", "stored_calls", "typed", "with_damaged"]
 
 _log = logging.getLogger("tesserix_adk.stores")
 
@@ -88,8 +88,21 @@ def due_items(
                 run = "(unreadable)"
             if run not in named:
                 named.add(run)
-                _log.warning("the work index entry of run %s is left out: %s", run, exc)
+                _log.warning("the work index entry of run %r is left out: %s", run, exc)
     return items
+
+
+# At most this many damaged entries are asked past a poll's limit: beyond it, more damage
+# than any store should hold, a worker may find fewer runs than it has room for.
+MAX_DAMAGED_ASKED = 100
+
+
+def with_damaged(limit: int, named: set[str]) -> int:
+    """How many entries a poll of ``limit`` asks for: as many more as damaged entries this
+    store has met, since they come back and are left out, and must not take the place of
+    runs behind them (a worker with one free slot would otherwise only ever meet the
+    damaged one)."""
+    return limit + min(len(named), MAX_DAMAGED_ASKED)
 
 
 def leading(row: Sequence[Any]) -> str:

@@ -91,6 +91,14 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
     return out, options
 
 
+def _whole_number(text: str) -> bool:
+    try:
+        int(text)  # what libpq reads: signs and spaces around it included
+    except ValueError:
+        return False
+    return True
+
+
 _SSLMODES = frozenset({"disable", "allow", "prefer", "require", "verify-ca", "verify-full"})
 
 
@@ -109,7 +117,7 @@ def _check_params(params: Mapping[str, object]) -> None:
             f"got {sslmode!r}"
         )
     timeout = params.get("connect_timeout")
-    if timeout is not None and not str(timeout).strip().lstrip("-").isdigit():
+    if timeout is not None and not _whole_number(str(timeout)):
         raise ConfigurationError(
             f"connect_timeout in the PostgreSQL store URL must be whole seconds, got {timeout!r}"
         )

@@ -19,7 +19,7 @@ from tesserix_adk.adapters.postgres.connection import PostgresDatabase, Row
 from tesserix_adk.adapters.postgres.fenced import run_params
 from tesserix_adk.adapters.postgres.statements import Statements
 from tesserix_adk.stores.protocols import WorkItem, WorkState
-from tesserix_adk.stores.rows import decoded, due_items, typed
+from tesserix_adk.stores.rows import decoded, due_items, typed, with_damaged
 
 __all__ = ["DEFAULT_SCAN", "PostgresWorkIndex"]
 
@@ -144,16 +144,17 @@ class PostgresWorkIndex:
         """Up to ``limit`` runs a worker may take now, in take order: one statement."""
         if limit <= 0:
             return []
+        asked = with_damaged(limit, self._damaged)
         rows = await self.database.rows(
             "finding runs that want a worker",
             self._sql.due,
             {
-                "row_limit": int(limit),
-                "scan": int(limit) + self.scan,
+                "row_limit": int(asked),
+                "scan": int(asked) + self.scan,
                 "agents": None if agents is None else [str(a) for a in agents],
             },
         )
-        return due_items(rows, _item, self._damaged, _where)
+        return due_items(rows, _item, self._damaged, _where)[:limit]
 
     async def items(
         self, tenant: str | None = None, *, state: WorkState | None = None

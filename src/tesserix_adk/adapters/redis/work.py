@@ -20,7 +20,7 @@ from tesserix_adk.adapters.redis.durability import _Durability
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX, _enc, _Keys
 from tesserix_adk.adapters.redis.lua import register
 from tesserix_adk.stores.protocols import WorkItem, WorkState
-from tesserix_adk.stores.rows import decoded, due_items, leading
+from tesserix_adk.stores.rows import decoded, due_items, leading, with_damaged
 
 __all__ = ["DEFAULT_SCAN", "RedisWorkIndex"]
 
@@ -191,12 +191,13 @@ class RedisWorkIndex:
             return []
         await self._durability.ensure()
         wanted = [] if agents is None else ["1", *agents]
+        asked = with_damaged(limit, self._damaged)
         with _driver_errors("finding runs that want a worker"):
             rows = await self._due(
                 keys=self._indexes(),
-                args=[self._keys.prefix, str(limit), str(self._scan), *(wanted or ["0"])],
+                args=[self._keys.prefix, str(asked), str(self._scan), *(wanted or ["0"])],
             )
-        return due_items(rows, _item, self._damaged, leading)
+        return due_items(rows, _item, self._damaged, leading)[:limit]
 
     async def items(
         self, tenant: str | None = None, *, state: WorkState | None = None

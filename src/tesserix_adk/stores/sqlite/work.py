@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tesserix_adk.stores.protocols import WorkItem, WorkState
-from tesserix_adk.stores.rows import decoded, due_items, leading, typed
+from tesserix_adk.stores.rows import decoded, due_items, leading, typed, with_damaged
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
 from tesserix_adk.stores.sqlite.fencing import NOW_SQL
 
@@ -217,6 +217,7 @@ class SqliteWorkIndex:
         """Up to ``limit`` runs a worker may take now, in take order: one statement."""
         if limit <= 0:
             return []
+        wanted, limit = limit, with_damaged(limit, self._damaged)
         params: dict[str, Any] = {"row_limit": int(limit), "scan": int(limit) + self.scan}
         asked = None if agents is None else list(dict.fromkeys(str(a) for a in agents))
         if asked is not None:
@@ -231,7 +232,7 @@ class SqliteWorkIndex:
         def due(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(sql, params).fetchall()
 
-        return due_items(await self.database.read(due), _item, self._damaged, leading)
+        return due_items(await self.database.read(due), _item, self._damaged, leading)[:wanted]
 
     async def items(
         self, tenant: str | None = None, *, state: WorkState | None = None
