@@ -358,6 +358,8 @@ class Worker:
         keys = {c.key for c in exc.calls}
         if not keys or None in keys:
             return  # a call with no record is settled by no record: nothing to look at
+        if item.attempts + 1 >= self.max_attempts:
+            return  # woken often enough: should a resume still refuse, it stays parked
         try:
             found = await self.runner.idempotency.lookup(
                 sorted(k for k in keys if k is not None), tenant=item.tenant
@@ -371,7 +373,15 @@ class Worker:
                 item.tenant,
                 item.run_id,
             )
-            await self.work.want(item.tenant, item.run_id, agent=item.agent)
+            # After a delay, counted as an attempt: should planning still refuse a run
+            # whose records all look settled, this wakes it a bounded number of times.
+            await self.work.want(
+                item.tenant,
+                item.run_id,
+                agent=item.agent,
+                delay=self.backoff.delay(item.attempts, self._rng),
+                reason="its calls were settled while it was being parked",
+            )
         except Exception as exc2:  # it stays parked: an operator's next action wakes it
             _log.warning("run %s/%s: could not look again: %r", item.tenant, item.run_id, exc2)
 
