@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 
@@ -18,9 +19,12 @@ from on_temporal.helpers import (
     run_id,
     store_url,
     tesserix,
+    wait_for_file,
     worker_running,
     world_stores,
 )
+from tesserix_adk import ScriptedProvider
+from tesserix_adk.providers.base import ModelRequest, ModelResponse
 from tesserix_adk.temporal import start_run
 from tesserix_adk.testing.secrets import leaked_secrets, planted_secrets
 
@@ -101,3 +105,90 @@ async def test_no_planted_secret_reaches_temporals_history(
     raw = b"".join(event.SerializeToString() for event in history.events)
     assert b"LH123" in raw  # the input is there to be read, only its secrets are masked
     assert leaked_secrets(raw) == []
+
+
+class _Thinking(ScriptedProvider):
+    """Answers as scripted, but its second answer (the run has a frontier by then) waits
+    until ``go`` is set."""
+
+    def __init__(self, turns: list[Any]) -> None:
+        super().__init__(turns)
+        self.asked = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        if len(request.messages) > 1 and not self.go.is_set():
+            self.asked.set()
+            await self.go.wait()
+        return await super().complete(request)
+
+
+async def test_tesserix_cancel_while_the_model_thinks_sends_none_of_its_calls(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    # As on the runner's own loop: a cancel acknowledged while the model thinks stops the
+    # calls it answers with (the check after its answer), and one acknowledged while a
+    # sequential turn's first call is out stops the rest (each call activity asks first).
+    rid, url = run_id(), store_url(tmp_path)
+    provider = _Thinking(
+        [[("book_seat", {"flight": "LH123"})], [("book_seat", {"flight": "UA456"})], "Booked."]
+    )
+    with in_world(tmp_path):
+        client = await Client.connect(temporal_server.address)
+        async with await world_stores(tmp_path) as stores:
+            q = queue()
+            async with worker_running(client, fast_runner(provider, stores), [airline.agent], q):
+                handle = await start_run(
+                    client,
+                    airline.agent,
+                    "Book LH123 then UA456",
+                    tenant=TENANT,
+                    run_id=rid,
+                    task_queue=q,
+                    options=FAST,
+                )
+                await asyncio.wait_for(provider.asked.wait(), 30)
+                cancelled = await tesserix(
+                    "cancel", rid, "--tenant", TENANT, "--by", "ops", "--store", url
+                )
+                assert cancelled.returncode == 0, cancelled.stderr
+                provider.go.set()
+                outcome = await asyncio.wait_for(handle.result(), 30)
+        assert outcome.status == "cancelled"
+        assert [flight for flight, _ in airline.bookings()] == ["LH123"]  # not UA456
+
+
+async def test_tesserix_cancel_during_a_turns_first_call_sends_none_of_the_rest(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    rid, url = run_id(), store_url(tmp_path)
+    turns: list[Any] = [
+        [("book_seat", {"flight": "LH123"}), ("book_seat", {"flight": "UA456"})],
+        "Booked both.",
+    ]
+    with in_world(tmp_path):
+        (tmp_path / "hold_before").touch()
+        client = await Client.connect(temporal_server.address)
+        async with await world_stores(tmp_path) as stores:
+            q = queue()
+            async with worker_running(
+                client, fast_runner(ScriptedProvider(turns), stores), [airline.agent], q
+            ):
+                handle = await start_run(
+                    client,
+                    airline.agent,
+                    "Book LH123 and UA456",
+                    tenant=TENANT,
+                    run_id=rid,
+                    task_queue=q,
+                    options=FAST,
+                )
+                await wait_for_file(tmp_path / "entered")  # inside the first booking
+                cancelled = await tesserix(
+                    "cancel", rid, "--tenant", TENANT, "--by", "ops", "--store", url
+                )
+                assert cancelled.returncode == 0, cancelled.stderr
+                (tmp_path / "hold_before").unlink()
+                outcome = await asyncio.wait_for(handle.result(), 30)
+        assert outcome.status == "cancelled"
+        assert [flight for flight, _ in airline.bookings()] == ["LH123"]

@@ -167,6 +167,15 @@ async def tool_call(
                 content=f"not sent: the run ended {cp.status.value}",
                 is_error=True,
             )
+        cancelled = await cancel_requested(parts.idempotency, call.tenant, call.run_id)
+        if cancelled is not None:
+            # Asked while the model thought or an earlier call was out: nothing more is
+            # sent; the next model turn ends the run cancelled.
+            return ToolResult(
+                call_id=call.call_id,
+                content=f"not sent: the run was {cancelled.describe()}",
+                is_error=True,
+            )
         if cp.boundary is not Boundary.after_model_call or cp.iteration != call.iteration:
             raise CheckpointCorruptError(
                 f"run {call.run_id!r}: call {call.call_id} of iteration {call.iteration} was "
@@ -277,6 +286,10 @@ async def _ask_model(parts: RunParts, run: RunState, attempt: Attempt) -> StepRe
     run.messages.append(message)
     if not message.tool_calls:
         return await _finish(parts, run, attempt, RunStatus.completed, message.text)
+    # A cancel asked while the model thought ends the run here, before anything is sent.
+    cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
+    if cancelled is not None:
+        return await _finish(parts, run, attempt, RunStatus.cancelled, cancelled.describe())
     calls = loop.outstanding_calls(run, message.tool_calls)
     loop._refuse_divergence(run, attempt, calls)
     await _must_write(parts, run, attempt, calls)
