@@ -58,3 +58,30 @@ def test_submit_cancel_and_worker_speak_json(
     ended = _json(capsys)
     assert isinstance(ended, dict) and ended["state"] == "already_ended"
     assert ended["status"] == "completed"
+
+
+def test_runs_lists_a_submitted_run_before_a_worker_starts_it(
+    store: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # At 3 a.m. "is my run there at all?": a run waiting for a worker is listed, as
+    # submitted, and once a worker carried it, listed once with its frontier's status.
+    submit = ["--store", store, "submit", "--agent", AGENT, "--tenant", "acme", "--input", "book"]
+    assert main([*submit, "--run-id", "queued"]) == 0
+    capsys.readouterr()
+    runs = ["--store", store, "runs", "--tenant", "acme"]
+    assert main([*runs, "--json"]) == 0
+    (row,) = _json(capsys)["runs"]  # type: ignore[index]
+    assert row["run_id"] == "queued" and row["status"] == "submitted"
+    assert row["agent"] == "booking" and row["step"] is None and row["updated_at"].endswith("Z")
+    assert main([*runs, "--no-header"]) == 0
+    assert capsys.readouterr().out.split()[:3] == ["queued", "booking", "submitted"]
+    # Filters apply: another agent's, a checkpoint status, --stuck leave it out.
+    for extra in (["--agent", "other"], ["--status", "running"], ["--stuck"]):
+        assert main([*runs, *extra, "--json"]) == 0
+        assert _json(capsys) == {"runs": []}, extra
+    worker = ["--store", store, "worker", "--agent", AGENT, "--exit-when-idle"]
+    assert main(worker) == 0
+    capsys.readouterr()
+    assert main([*runs, "--json"]) == 0
+    (row,) = _json(capsys)["runs"]  # type: ignore[index]
+    assert row["run_id"] == "queued" and row["status"] == "completed"

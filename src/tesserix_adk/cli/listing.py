@@ -1,4 +1,5 @@
-"""``tesserix runs``: a tenant's runs, newest first, with filters and a limit.
+"""``tesserix runs``: a tenant's runs, newest first, with filters and a limit; a run
+submitted and not yet started by a worker is listed as ``submitted``.
 
 Columns: run, agent, status and step, when the frontier was written (ISO 8601 UTC), then
 what stands out (calls in flight, the live lease, why it is parked or cannot be carried
@@ -32,10 +33,9 @@ __all__ = ["HEADER", "add_runs_arguments", "run_runs", "since_time"]
 HEADER = "RUN  AGENT  STATUS  UPDATED  NOTES"
 
 # The same fields as every other row, so a script reads each row the same way.
-_UNREADABLE: dict[str, Any] = {
+_NO_FRONTIER: dict[str, Any] = {
     "agent": None,
     "revision": None,
-    "status": "unreadable",
     "step": None,
     "updated_at": None,
     "in_flight": 0,
@@ -44,6 +44,7 @@ _UNREADABLE: dict[str, Any] = {
     "blocked": None,
     "output": None,
 }
+_UNREADABLE = {**_NO_FRONTIER, "status": "unreadable"}
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
 _UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -157,7 +158,8 @@ async def _rows(
     if stores.work is not None:
         parked = {i.run_id: i for i in await stores.work.items(args.tenant, state=WorkState.parked)}
     rows: list[dict[str, Any]] = []
-    for run_id in await run_listing(stores.checkpoints).runs(args.tenant):
+    listed = await run_listing(stores.checkpoints).runs(args.tenant)
+    for run_id in listed:
         try:
             cp = await checkpointer.latest(args.tenant, run_id)
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
@@ -198,11 +200,40 @@ async def _rows(
                 "_written": cp.written_at or 0.0,
             }
         )
+    rows += await _submitted(args, stores, agent, set(listed))
     rows.sort(key=lambda r: -float(r.get("_written", 0.0)))
     if args.limit is not None:
         rows = rows[: args.limit]
     for row in rows:
         row.pop("_written", None)
+    return rows
+
+
+async def _submitted(
+    args: argparse.Namespace, stores: Stores, agent: str | None, listed: set[str]
+) -> list[dict[str, Any]]:
+    """Runs submitted and waiting for a worker to start them (no frontier yet): listed as
+    ``submitted``, when they were submitted. A ``--status`` (a frontier's) or ``--stuck``
+    leaves them out."""
+    if stores.work is None or args.status or args.stuck:
+        return []
+    rows = []
+    for item in await stores.work.items(args.tenant, state=WorkState.submitted):
+        if item.run_id in listed or (agent is not None and item.agent != agent):
+            continue
+        if args.since is not None and item.since < args.since:
+            continue
+        rows.append(
+            {
+                **_NO_FRONTIER,
+                "run_id": item.run_id,
+                "agent": item.agent,
+                "status": "submitted",
+                "updated_at": when(item.since),
+                "reason": None,
+                "_written": item.since,
+            }
+        )
     return rows
 
 
@@ -226,6 +257,6 @@ def _line(row: dict[str, Any]) -> str:
     if blocked_by is not None and (row["parked"] is None or blocked_by.startswith("needs")):
         notes.append(escaped(blocked_by))
     updated = row["updated_at"] or "-"
-    where = f"{row['status']} at step {row['step']}"
+    where = row["status"] if row["step"] is None else f"{row['status']} at step {row['step']}"
     line = f"{shown}  {escaped(row['agent'])}  {where}  {updated}  " + "  ".join(notes)
     return line.rstrip()
