@@ -212,16 +212,17 @@ async def _rows(
 async def _submitted(
     args: argparse.Namespace, stores: Stores, agent: str | None, listed: set[str]
 ) -> list[dict[str, Any]]:
-    """Runs submitted and waiting for a worker to start them (no frontier yet): listed as
-    ``submitted``, when they were submitted. A ``--status`` (a frontier's) or ``--stuck``
-    leaves them out."""
-    if stores.work is None or args.status or args.stuck:
+    """Runs submitted and not yet started (no frontier): listed as ``submitted``, when they
+    were submitted, with why they are parked if a worker parked them before their first
+    frontier. A ``--status`` (a frontier's) leaves them out; ``--stuck`` keeps the parked."""
+    if stores.work is None or args.status:
         return []
     rows = []
-    for item in await stores.work.items(args.tenant, state=WorkState.submitted):
+    for item in await stores.work.items(args.tenant):
         if item.run_id in listed or (agent is not None and item.agent != agent):
             continue
-        if args.since is not None and item.since < args.since:
+        parked = item.reason if item.state is WorkState.parked else None
+        if (args.since is not None and item.since < args.since) or (args.stuck and not parked):
             continue
         rows.append(
             {
@@ -230,7 +231,8 @@ async def _submitted(
                 "agent": item.agent,
                 "status": "submitted",
                 "updated_at": when(item.since),
-                "reason": None,
+                "parked": parked,
+                "reason": parked,
                 "_written": item.since,
             }
         )

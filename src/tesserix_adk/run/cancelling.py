@@ -28,12 +28,15 @@ from tesserix_adk.checkpoint.checkpointer import Checkpointer, TranscriptCursor
 from tesserix_adk.checkpoint.payload import (
     Checkpoint,
     CheckpointStatus,
+    OutstandingCall,
     decode_outcome,
     encode_outcome,
 )
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import CheckpointCorruptError, StoreUnavailableError
 from tesserix_adk.messages import ToolOutcome
+from tesserix_adk.run.parts import RunParts
+from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import IdempotencyStore, RecordStatus
 from tesserix_adk.tools import canonical_json
 
@@ -42,6 +45,7 @@ __all__ = [
     "cancel_key",
     "cancel_requested",
     "cancelled_frontier",
+    "not_sent_if_cancelled",
     "request_cancel",
 ]
 
@@ -121,6 +125,18 @@ async def cancel_requested(
         by=content["by"],
         at=float(at) if isinstance(at, (int, float)) else 0.0,
         reason=reason if isinstance(reason, str) else None,
+    )
+
+
+async def not_sent_if_cancelled(
+    parts: RunParts, run: RunState, oc: OutstandingCall
+) -> ToolOutcome | None:
+    """The "not sent" answer of a call about to go out, if the run's cancel was asked."""
+    cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
+    if cancelled is None:
+        return None
+    return ToolOutcome(
+        call_id=oc.call.id, content=f"not sent: the run was {cancelled.describe()}", is_error=True
     )
 
 

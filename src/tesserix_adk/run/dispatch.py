@@ -43,7 +43,7 @@ from tesserix_adk.messages import Message, ToolCall, ToolOutcome
 from tesserix_adk.providers._common import MALFORMED_ARGUMENTS
 from tesserix_adk.run import grouping
 from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.run.cancelling import cancel_requested
+from tesserix_adk.run.cancelling import not_sent_if_cancelled
 from tesserix_adk.run.events import (
     CallDisposition,
     ToolCallFinished,
@@ -99,8 +99,8 @@ async def dispatch_turn(
     finished in. A failure starts no more calls but lets those started finish (see
     ``run.parallel``); then it is raised, and nothing of the turn is appended."""
     grants = {g.call_id: g for g in run.grants}
-    # A call after the turn's first asks for a cancel first: one asked while an earlier
-    # call of the turn was out stops the rest (the first was asked before the claim).
+    # A call after the turn's first asks for a cancel before it is sent: one asked while
+    # an earlier call of the turn was out stops the rest (the loop asked before the first).
     jobs = [
         functools.partial(_answer, parts, run, attempt, oc, grants, first=n == 0)
         for n, oc in enumerate(calls)
@@ -151,8 +151,8 @@ async def _answer(
     first: bool = True,
 ) -> ToolOutcome:
     """One call's result: refused without a dispatch (unknown tool, refused arguments, not
-    approved, the run cancelled since the turn's first call), or through the dispatch
-    unit."""
+    approved), or through the dispatch unit (which asks for a cancel before sending a call
+    that is not the turn's ``first``)."""
     tool = run.agent.tools.get(oc.call.name)
     refused = oc.call.arguments.get(REFUSED_ARGUMENTS)
     if refused is not None:
@@ -169,12 +169,8 @@ async def _answer(
         content = f"unknown tool {oc.call.name!r}"
     elif tool.requires_approval and not _approved(grants.get(oc.call.id)):
         content = _denial(grants.get(oc.call.id))
-    elif not first and (
-        cancelled := await cancel_requested(parts.idempotency, run.tenant, run.run_id)
-    ):
-        content = f"not sent: the run was {cancelled.describe()}"
     else:
-        return await call_tool(parts, run, attempt, tool, oc)
+        return await call_tool(parts, run, attempt, tool, oc, cancel_check=not first)
     outcome = ToolOutcome(call_id=oc.call.id, content=content, is_error=True)
     _finished(run, attempt, oc, outcome, CallDisposition.refused)
     return outcome
@@ -251,28 +247,42 @@ def _unsent(run: RunState, attempt: Attempt, oc: OutstandingCall, error: AdkErro
 
 
 async def call_tool(
-    parts: RunParts, run: RunState, attempt: Attempt, tool: Tool, oc: OutstandingCall
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    tool: Tool,
+    oc: OutstandingCall,
+    *,
+    cancel_check: bool = False,
 ) -> ToolOutcome:
-    """One call through the dispatch unit; the outcome the model is told.
+    """One call through the dispatch unit; the outcome the model is told. With
+    ``cancel_check``, a call about to be sent for the first time (claimed by this attempt,
+    or unkeyed) is answered "not sent" instead if the run's cancel was asked: a recorded
+    one is still replayed, one in doubt still refused.
 
     Two calls of one attempt under one key (a key function that names the business
     object, twice in a parallel turn) go one after the other: the claim is the attempt's
     own either way, so only this keeps the second from being sent beside the first; it
     then finds the first's outcome recorded and replays it."""
     if oc.key is None:
-        return await _call_tool(parts, run, attempt, tool, oc)
+        return await _call_tool(parts, run, attempt, tool, oc, cancel_check)
     while (busy := attempt.sending.get(oc.key)) is not None:
         await busy.wait()
     done = attempt.sending[oc.key] = asyncio.Event()
     try:
-        return await _call_tool(parts, run, attempt, tool, oc)
+        return await _call_tool(parts, run, attempt, tool, oc, cancel_check)
     finally:
         del attempt.sending[oc.key]
         done.set()
 
 
 async def _call_tool(
-    parts: RunParts, run: RunState, attempt: Attempt, tool: Tool, oc: OutstandingCall
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    tool: Tool,
+    oc: OutstandingCall,
+    cancel_check: bool,
 ) -> ToolOutcome:
     ctx = ToolContext(
         tenant=run.tenant,
@@ -290,6 +300,9 @@ async def _call_tool(
         if oc.redacted:
             masked = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
             return _finished(run, attempt, oc, masked, CallDisposition.refused)
+        unsent = await not_sent_if_cancelled(parts, run, oc) if cancel_check else None
+        if unsent is not None:
+            return _finished(run, attempt, oc, unsent, CallDisposition.refused)
         # The frontier naming it is durable before it goes out.
         await grouping.commit(attempt)
         _started(run, attempt, oc)
@@ -299,6 +312,9 @@ async def _call_tool(
             _unsent(run, attempt, oc, stop.error)
             raise stop.error from None
         return _finished(run, attempt, oc, await told(parts, outcome), CallDisposition.dispatched)
+    # Asked before the claim, in the group the claim joins; it counts only for a call this
+    # attempt is about to send (a recorded one is replayed, one in doubt refused).
+    unsent = await not_sent_if_cancelled(parts, run, oc) if cancel_check else None
     claiming = claim(parts, run, attempt, tool, oc)
     # No claim, no dispatch: the claim (and what joined it) is durable before the call
     # goes out, its COMMIT sent with it. A masked call is answered unsent, in the group.
@@ -350,6 +366,10 @@ async def _call_tool(
     else:
         # Committed with the claim; a claim taken over after it went alone.
         await grouping.commit(attempt)
+        if unsent is not None:
+            # Claimed by this attempt and never sent: the claim goes.
+            await release_unsent(parts, run, attempt, oc.key)
+            return _finished(run, attempt, oc, unsent, CallDisposition.refused)
         _started(run, attempt, oc)
         try:
             outcome = await _invoke(attempt, tool, oc.call, ctx, parts.redactor)

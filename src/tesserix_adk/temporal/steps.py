@@ -167,15 +167,6 @@ async def tool_call(
                 content=f"not sent: the run ended {cp.status.value}",
                 is_error=True,
             )
-        cancelled = await cancel_requested(parts.idempotency, call.tenant, call.run_id)
-        if cancelled is not None:
-            # Asked while the model thought or an earlier call was out: nothing more is
-            # sent; the next model turn ends the run cancelled.
-            return ToolResult(
-                call_id=call.call_id,
-                content=f"not sent: the run was {cancelled.describe()}",
-                is_error=True,
-            )
         if cp.boundary is not Boundary.after_model_call or cp.iteration != call.iteration:
             raise CheckpointCorruptError(
                 f"run {call.run_id!r}: call {call.call_id} of iteration {call.iteration} was "
@@ -203,7 +194,12 @@ async def tool_call(
                 raise _unkeyed_in_doubt(oc, cp)
         else:
             await _settle_in_doubt(runner, agent, attempt, cp, oc)
-        outcome = await _answer(parts, run, attempt, oc, {g.call_id: g for g in run.grants})
+        # ``first=False``: a call about to be sent asks for a cancel first (one asked since
+        # the model's answer stops it; the next model turn ends the run cancelled), after
+        # a recorded outcome is replayed or a call in doubt settled or refused.
+        outcome = await _answer(
+            parts, run, attempt, oc, {g.call_id: g for g in run.grants}, first=False
+        )
         if oc.key is not None:
             rec = (await parts.idempotency.lookup([oc.key], tenant=call.tenant)).get(oc.key)
             if rec is not None and rec.status is RecordStatus.completed and rec.outcome:
