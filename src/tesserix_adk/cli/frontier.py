@@ -227,22 +227,20 @@ async def _wake(stores: Stores, tenant: str, run_id: str, state: WorkState) -> b
     return True
 
 
-_TOO_DEEP = object()
-
-
 async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
     record = _the_call(await stores.idempotency.records(args.tenant, args.run), args)
     content: Any = None
     if not args.never_ran:
         try:
             content = json.loads(args.outcome, parse_constant=_not_json)
+            # Within its record's envelope: a deeper one would be stored replaced by an
+            # error saying so, not as the operator gave it.
+            too_deep = not within_nesting(content, MAX_NESTING - 1)
         except ValueError as exc:
             raise UsageError(f"--outcome is not valid JSON: {exc}") from exc
         except RecursionError:
-            content = _TOO_DEEP
-        # Within its record's envelope: a deeper one would be stored replaced by an error
-        # saying so, not as the operator gave it.
-        if content is _TOO_DEEP or not within_nesting(content, MAX_NESTING - 1):
+            too_deep = True
+        if too_deep:
             raise UsageError(
                 f"--outcome nests deeper than {MAX_NESTING - 1} levels of arrays and "
                 "objects, more than a recorded outcome may"
