@@ -18,7 +18,8 @@ the SDK's errors into ``ProviderError`` once, at this boundary.
   ``messages.stream``: text deltas are told on as they come, and the SDK's accumulated
   message is read only after ``message_stop``, so the ``after_model_call`` checkpoint is
   written only once the whole message has arrived, as without streaming. A stream that
-  breaks, or ends before ``message_stop``, is ``retryable=True``: nothing of it is kept.
+  breaks, or ends before ``message_stop``, or without the ``message_delta`` that carries
+  its output tokens, is ``retryable=True``: nothing of it is kept.
 - Content blocks other than ``text`` and ``tool_use`` (e.g. thinking, which is not
   requested) are not kept.
 - The API key lives in the SDK client only; it is never put in a message, and is scrubbed
@@ -122,7 +123,7 @@ class AnthropicProvider(SDKProvider[anthropic.AsyncAnthropic]):
         return _read_message(wire)
 
     async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Streamed:
-        stopped = False
+        stopped = delta_seen = False
         # The tool inputs as sent: the SDK's snapshot parses them leniently (a cut-off
         # `{"amount": 10` reads as a whole object), so they are parsed again, strictly.
         raw_inputs: dict[int, str] = {}
@@ -134,11 +135,17 @@ class AnthropicProvider(SDKProvider[anthropic.AsyncAnthropic]):
                     raw_inputs[event.index] = raw_inputs.get(event.index, "") + str(
                         event.delta.partial_json
                     )
+                elif event.type == "message_delta":
+                    delta_seen = True
                 elif event.type == "message_stop":
                     stopped = True
             if not stopped:
                 # The SDK hands out its snapshot however far the stream got.
                 raise StreamCut("no message_stop")
+            if not delta_seen:
+                # message_delta carries the output tokens; without it the snapshot holds
+                # message_start's placeholder count and the call would be undercharged.
+                raise StreamCut("no message_delta before message_stop")
             wire = await stream.get_final_message()
         message, usage = _read_message(wire, raw_inputs)
         return Streamed(message=message, usage=usage, model=str(wire.model))

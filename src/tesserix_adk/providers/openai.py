@@ -16,7 +16,10 @@ the SDK's errors into ``ProviderError`` once, at this boundary.
   assembles the whole message (tool calls from their argument fragments, usage from the last
   chunk) before returning, so the ``after_model_call`` checkpoint is written only once the
   whole message has arrived, as without streaming. A stream that breaks, or ends before a
-  ``finish_reason``, is ``retryable=True``: nothing of it is kept, the model is asked again.
+  ``finish_reason`` or before the usage chunk ``include_usage`` asks for, is
+  ``retryable=True``: nothing of it is kept, the model is asked again. A reply taken whole
+  without its usage would be charged nothing. For a server that never sends that chunk,
+  pass ``require_stream_usage=False``: its streamed calls are then counted at 0 tokens.
 - Tool-call arguments that are not a JSON object are kept as
   ``{"_malformed_arguments": "<raw text>"}``: the tool's validation refuses them, the model
   is answered with an ``is_error`` result and can ask again, and the raw text is sent back
@@ -59,6 +62,8 @@ class OpenAIProvider(SDKProvider[openai.AsyncOpenAI]):
     configured yourself (its own retries and timeout apply), or ``base_url``/``api_key`` for
     a local server (any non-empty key for one that checks none). ``prices`` turns usage into
     micros (see ``tesserix_adk.providers.pricing``); without it every call costs 0.
+    ``require_stream_usage=False`` takes a stream whole without its usage chunk, for a
+    server that never sends one (its streamed calls then cost 0).
     """
 
     vendor = "openai"
@@ -83,8 +88,10 @@ class OpenAIProvider(SDKProvider[openai.AsyncOpenAI]):
         timeout: float = 60.0,
         max_tokens: int | None = None,
         parallel_tool_calls: bool | None = None,
+        require_stream_usage: bool = True,
     ) -> None:
         self.max_tokens = max_tokens
+        self.require_stream_usage = require_stream_usage
         self.parallel_tool_calls = parallel_tool_calls
         super().__init__(
             model,
@@ -132,7 +139,7 @@ class OpenAIProvider(SDKProvider[openai.AsyncOpenAI]):
         async with stream:
             async for chunk in stream:
                 reply.add(chunk, on_text)
-        return reply.whole()
+        return reply.whole(with_usage=self.require_stream_usage)
 
 
 # --- our messages → the wire ----------------------------------------------------------------
@@ -253,10 +260,12 @@ class _StreamedReply:
     usage: Usage = field(default_factory=Usage)
     model: str | None = None
     finished: bool = False
+    usage_seen: bool = False
 
     def add(self, chunk: Any, on_text: TextSink) -> None:
         self.model = chunk.model or self.model
         if chunk.usage is not None:  # the last chunk, with no choices
+            self.usage_seen = True
             self.usage = Usage(
                 input_tokens=int(chunk.usage.prompt_tokens or 0),
                 output_tokens=int(chunk.usage.completion_tokens or 0),
@@ -282,9 +291,13 @@ class _StreamedReply:
             if choice.finish_reason is not None:
                 self.finished = True
 
-    def whole(self) -> Streamed:
+    def whole(self, *, with_usage: bool) -> Streamed:
         if not self.finished:
             raise StreamCut("no choice finished")
+        if with_usage and not self.usage_seen:
+            # The usage chunk follows the finished choice; a stream closed between the two
+            # is cut, and taking it whole would charge the call nothing.
+            raise StreamCut("no usage chunk after the finished choice")
         calls = []
         for _, fragments in sorted(self.calls.items()):
             if fragments.kind not in (None, "function"):
