@@ -335,6 +335,52 @@ async def test_drain_stops_a_run_at_its_next_boundary_and_lets_another_worker_ta
     assert airline.bookings == ["LH123"]
 
 
+async def test_a_run_drained_more_often_than_max_attempts_is_never_parked_for_it() -> None:
+    """A take counts one attempt (so a run that kills its carrier is counted); a run stopped
+    cleanly at a boundary gives its take back, so deploys that drain it do not park it."""
+    stores, airline = _stores(), Airline()
+    started = asyncio.Event()
+    gate = asyncio.Event()
+
+    @tool
+    async def search_flights(origin: str, dest: str) -> list[str]:
+        """Find flights."""
+        started.set()
+        await gate.wait()
+        return ["LH123"]
+
+    @tool
+    def book_seat(flight: str) -> dict[str, str]:
+        """Book."""
+        airline.bookings.append(flight)
+        return {"booking": "B1"}
+
+    agent = Agent("booking", "Book.", [search_flights, book_seat])
+    turns = [[("search_flights", {"origin": "A", "dest": "B"})]] * 3 + list(BOOK_TURNS)
+    runner = _runner(stores, turns)
+    await runner.submit(agent, "book", tenant=T, run_id="r1")
+    assert stores.work is not None
+    for _ in range(3):
+        started.clear()
+        gate.clear()
+        worker = Worker(runner, [agent], poll_interval=0.01, max_attempts=2)
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 10)
+        (taken,) = await stores.work.items(T)
+        assert taken.attempts == 1  # counted while it is carried
+        worker.drain()
+        gate.set()
+        await asyncio.wait_for(running, 10)
+        assert [how for _, how in worker.carried] == [Carried.stopped]
+        (back,) = await stores.work.items(T)
+        assert (back.state, back.attempts) == (WorkState.wanted, 0)
+    gate.set()
+    last = Worker(runner, [agent], exit_when_idle=True, poll_interval=0.01, max_attempts=2)
+    await asyncio.wait_for(last.run(), 30)
+    assert [how for _, how in last.carried] == [Carried.finished]
+    assert airline.bookings == ["LH123"]
+
+
 async def test_two_workers_never_carry_one_run() -> None:
     stores, airline = _stores(), Airline()
     agent = _agent(airline)

@@ -249,6 +249,17 @@ class Worker:
         return "its worker is draining" if self._draining.is_set() else None
 
     async def _carry(self, item: WorkItem) -> Carried:
+        if item.attempts >= self.max_attempts:
+            # Each take counted itself; takes that never came back (the process carrying
+            # the run died in it, again and again) are counted too, and end here.
+            how = await self._park_as(
+                item,
+                f"taken {item.attempts} times without finishing or failing: each time the "
+                "process carrying it died or lost it",
+                "too_many_attempts",
+            )
+            self.carried.append((item, how))
+            return how
         try:
             how = await self._take(item)
         except asyncio.CancelledError as exc:
@@ -311,6 +322,10 @@ class Worker:
         where = f"{item.tenant}/{item.run_id}"
         if isinstance(exc, RunStoppedError):
             _log.info("run %s: stopped at a boundary (draining)", where)
+            # Stopped cleanly: the take it counted is given back, so a run carried through
+            # many deploys is not parked for them.
+            with contextlib.suppress(Exception):
+                await self.work.want(item.tenant, item.run_id, agent=item.agent, count=-1)
             return Carried.stopped
         if isinstance(exc, _ELSEWHERE):
             # Whatever holds it lapses within about a ttl if its holder died; a live holder
@@ -341,11 +356,14 @@ class Worker:
                 item.tenant,
                 item.run_id,
                 agent=item.agent,
-                # Wanted even if it was only submitted: the runner marks it so as it starts,
-                # and a change of state would start the count of tries again.
                 state=WorkState.wanted,
                 delay=delay,
                 reason=reason,
+                # A passing failure (the model or the store unreachable) was counted by the
+                # take, or came before it and is not the run's. Anything else may have come
+                # before the take (a damaged value met while planning): counted here, at
+                # worst twice, so it is parked all the same.
+                count=0 if retryable else 1,
             )
         return Carried.retry
 
@@ -373,14 +391,16 @@ class Worker:
                 item.tenant,
                 item.run_id,
             )
-            # After a delay, counted as an attempt: should planning still refuse a run
-            # whose records all look settled, this wakes it a bounded number of times.
+            # After a delay, counted as an attempt (a take refused while planning was not):
+            # should planning still refuse a run whose records all look settled, this wakes
+            # it a bounded number of times.
             await self.work.want(
                 item.tenant,
                 item.run_id,
                 agent=item.agent,
                 delay=self.backoff.delay(item.attempts, self._rng),
                 reason="its calls were settled while it was being parked",
+                count=1,
             )
         except Exception as exc2:  # it stays parked: an operator's next action wakes it
             _log.warning("run %s/%s: could not look again: %r", item.tenant, item.run_id, exc2)

@@ -458,9 +458,13 @@ class AgentRunner:
         )
 
     async def _wanted(self, tenant: str, run_id: str, agent: Agent) -> None:
-        """The run is being carried: if its carrier dies, a worker carries it on."""
+        """The run is being carried: if its carrier dies, a worker carries it on. The take
+        counts one attempt, so a run that kills every process carrying it is counted even
+        though no carrier lives to report it (a worker parks it at ``max_attempts``). It
+        comes once the run is held and planned: a take refused before (held elsewhere, in
+        doubt) is not counted here."""
         if self.work is not None:
-            await self.work.want(tenant, run_id, agent=agent.name)
+            await self.work.want(tenant, run_id, agent=agent.name, count=1)
 
     async def _settled(self, result: Run) -> Run:
         """A finished run, or one waiting on a person, wants no worker now."""

@@ -139,6 +139,41 @@ class WorkIndexConformance(ClockedConformance):
         (item,) = await work_index.items(T)
         assert (item.attempts, item.not_before) == (0, None)
 
+    async def test_a_given_count_moves_the_attempts_whatever_the_states(
+        self, work_index: WorkIndex
+    ) -> None:
+        """What a worker writes: each take counts one (so a run that kills its carrier is
+        counted), a failure after a take keeps the count while it delays the run, a clean
+        stop gives the take back, and the count never goes below 0."""
+        await work_index.submit(T, "r1", agent=A, input=b"in")
+        await work_index.want(T, "r1", agent=A, count=1)  # submitted -> wanted, taken
+        (item,) = await work_index.items(T)
+        assert (item.state, item.attempts, item.not_before) == (WorkState.wanted, 1, None)
+        await work_index.want(T, "r1", agent=A, count=1)
+        await work_index.want(T, "r1", agent=A, delay=LONG, count=0, reason="boom")
+        (item,) = await work_index.items(T)
+        assert (item.attempts, item.reason) == (2, "boom")
+        assert item.not_before is not None
+        assert await work_index.due(limit=10) == []
+        await work_index.want(T, "r1", agent=A, count=-1)
+        (item,) = await work_index.items(T)
+        assert (item.attempts, item.not_before) == (1, None)
+        # Parked and woken with a count: the count is kept (the wake bounded by it).
+        await work_index.park(T, "r1", agent=A, reason="in doubt")
+        await work_index.want(T, "r1", agent=A, delay=LONG, count=0)
+        (item,) = await work_index.items(T)
+        assert (item.state, item.attempts) == (WorkState.wanted, 1)
+        for _ in range(3):
+            await work_index.want(T, "r1", agent=A, count=-1)
+        (item,) = await work_index.items(T)
+        assert item.attempts == 0
+        await work_index.want(T, "fresh", agent=A, count=-1)
+        await work_index.want(T, "new", agent=A, count=1)
+        counts = {i.run_id: i.attempts for i in await work_index.items(T)}
+        assert (counts["fresh"], counts["new"]) == (0, 1)
+        # The input a submission carried stays through all of it.
+        assert await work_index.input(T, "r1") == b"in"
+
     async def test_due_keeps_to_the_agents_asked_for(self, work_index: WorkIndex) -> None:
         await work_index.want(T, "b", agent="booking")
         await work_index.want(T, "r", agent="refunds")

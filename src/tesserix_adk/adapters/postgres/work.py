@@ -107,6 +107,7 @@ class PostgresWorkIndex:
         state: WorkState = WorkState.wanted,
         delay: float = 0.0,
         reason: str | None = None,
+        count: int | None = None,
     ) -> None:
         """The run wants a worker, not before ``delay`` seconds from now (server clock)."""
         if state not in _WANTING:
@@ -123,6 +124,7 @@ class PostgresWorkIndex:
                 state=state.value,
                 delay=max(0.0, float(delay)),
                 reason=reason,
+                count=None if count is None else int(count),
             ),
         )
 

@@ -146,6 +146,7 @@ class RedisWorkIndex:
         state: WorkState = WorkState.wanted,
         delay: float = 0.0,
         reason: str | None = None,
+        count: int | None = None,
     ) -> None:
         """The run wants a worker, not before ``delay`` seconds from now (server clock)."""
         if state not in _TAKEN:
@@ -167,6 +168,7 @@ class RedisWorkIndex:
                     "0" if reason is None else "1",
                     reason or "",
                     secrets.token_hex(8),
+                    "" if count is None else str(int(count)),
                 ],
             )
 

@@ -57,6 +57,7 @@ class MemoryWorkIndex:
         state: WorkState = WorkState.wanted,
         delay: float = 0.0,
         reason: str | None = None,
+        count: int | None = None,
     ) -> None:
         """The run wants a worker, not before ``delay`` seconds from now."""
         if state not in TAKE_ORDER:
@@ -65,7 +66,9 @@ class MemoryWorkIndex:
             )
         now = self._clock()
         entry = self._entries.get((tenant, run_id))
-        if delay > 0:
+        if count is not None:
+            attempts = max(0, (entry.item.attempts if entry is not None else 0) + count)
+        elif delay > 0:
             attempts = (entry.item.attempts if entry is not None else 0) + 1
         elif entry is not None and entry.item.state is state:
             attempts = entry.item.attempts  # the runner carrying it keeps the retry count

@@ -62,11 +62,16 @@ class WorkIndex(Protocol):
         state: WorkState = WorkState.wanted,
         delay: float = 0.0,
         reason: str | None = None,
+        count: int | None = None,
     ) -> None:
         """The run wants a worker (``decided``, ``wanted`` or ``submitted``), not before
-        ``delay`` seconds from now by the store's clock. A retry with a delay counts one
-        more attempt; without one the count is kept in the same state and starts again in
-        another (an operator unparking a run). Unparks a parked run."""
+        ``delay`` seconds from now by the store's clock. Unparks a parked run.
+
+        ``count`` changes the count of attempts by that much, whatever the states (never
+        below 0): a carrier taking the run counts ``1``, a passing failure after it ``0``
+        (the take counted it), a carrier stopped cleanly gives its take back with ``-1``.
+        Without it a delayed want counts one more attempt, and a prompt one keeps the count
+        in the same state and starts it again in another (an operator unparking a run)."""
         ...
 
     async def park(self, tenant: str, run_id: str, *, agent: str, reason: str) -> None:

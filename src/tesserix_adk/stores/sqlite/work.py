@@ -44,20 +44,24 @@ _SUBMIT = (
 
 _INPUT = "SELECT input FROM adk_work WHERE tenant = :tenant AND run_id = :run_id"
 
-# A run keeps its place (since) when it was in that state already; a delayed want counts
-# one more attempt and a prompt one starts the count again. The input stays.
+# A run keeps its place (since) when it was in that state already. A given count moves
+# the count of attempts by that much (never below 0); without one a delayed want counts one
+# more attempt, and a prompt one keeps the count in the same state and starts it again in
+# another. The input stays.
 _WANT = (
     "INSERT INTO adk_work (tenant, run_id, agent, state, since, not_before, attempts, reason) "
     f"VALUES (:tenant, :run_id, :agent, :state, {NOW_SQL}, "
     f"CASE WHEN :delay > 0 THEN {NOW_SQL} + :delay END, "
-    "CASE WHEN :delay > 0 THEN 1 ELSE 0 END, :reason) "
+    "CASE WHEN :count IS NOT NULL THEN MAX(0, :count) WHEN :delay > 0 THEN 1 ELSE 0 END, "
+    ":reason) "
     "ON CONFLICT (tenant, run_id) DO UPDATE SET "
     "agent = excluded.agent, "
     "state = excluded.state, "
     "since = CASE WHEN adk_work.state = excluded.state THEN adk_work.since "
     "ELSE excluded.since END, "
     "not_before = excluded.not_before, "
-    "attempts = CASE WHEN excluded.attempts > 0 THEN adk_work.attempts + 1 "
+    "attempts = CASE WHEN :count IS NOT NULL THEN MAX(0, adk_work.attempts + :count) "
+    "WHEN :delay > 0 THEN adk_work.attempts + 1 "
     "WHEN adk_work.state = excluded.state THEN adk_work.attempts ELSE 0 END, "
     "reason = excluded.reason"
 )
@@ -187,6 +191,7 @@ class SqliteWorkIndex:
         state: WorkState = WorkState.wanted,
         delay: float = 0.0,
         reason: str | None = None,
+        count: int | None = None,
     ) -> None:
         """The run wants a worker, not before ``delay`` seconds from now (SQLite's clock)."""
         if state not in _WANTING:
@@ -200,6 +205,7 @@ class SqliteWorkIndex:
             "state": WorkState(state).value,
             "delay": max(0.0, float(delay)),
             "reason": reason,
+            "count": None if count is None else int(count),
         }
         await self.database.write(lambda conn: conn.execute(_WANT, params))
 

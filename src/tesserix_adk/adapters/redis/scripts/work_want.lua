@@ -3,7 +3,8 @@
 --       runs (member: run tag, score: since), [5] delayed runs (score: not before),
 --       [6] every entry by since.
 -- ARGV: [1] run tag, [2] tenant, [3] run id, [4] agent, [5] state, [6] delay (microseconds,
---       '0' for none), [7] '1' if a reason follows, [8] reason, [9] token of this call.
+--       '0' for none), [7] '1' if a reason follows, [8] reason, [9] token of this call,
+--       [10] change to the count of attempts ('' for none: the rule below).
 -- Returns 1, or 0 for a resend of a call already applied (its token is the entry's), so a
 -- lost reply does not count an attempt twice.
 local due = {decided = KEYS[2], wanted = KEYS[3], submitted = KEYS[4]}
@@ -15,7 +16,11 @@ local since = now
 if f[1] == ARGV[5] and tonumber(f[2]) then since = tonumber(f[2]) end
 local delay = tonumber(ARGV[6])
 local attempts = 0
-if delay > 0 then
+if ARGV[10] and ARGV[10] ~= '' then
+  -- A carrier counts its take (1), a failure after one keeps it (0), a clean stop gives
+  -- it back (-1), whatever the states.
+  attempts = math.max(0, (tonumber(f[3]) or 0) + tonumber(ARGV[10]))
+elseif delay > 0 then
   attempts = (tonumber(f[3]) or 0) + 1
 elseif f[1] == ARGV[5] then
   -- A prompt want in the same state (the runner carrying it) keeps the count of retries.
