@@ -4,12 +4,12 @@ indeterminate once its calls are settled (f9cb7e0, be28b40).
 
 The Temporal activity bodies (``temporal.steps``) are driven in-process, as the activity
 wrapper calls them (``retried`` is ``activity.info().attempt > 1``): no dev server is
-needed to put a retried attempt after a dead one. Four defects were found; three are
-fixed and their tests pass now: a retried Temporal call activity answered "not sent" after
-a cancel for a call an earlier attempt had claimed (in doubt) or recorded (the cancel is
-now asked only of a call this attempt is about to send, in the runner's loop too), and a
-run parked before its first frontier was listed nowhere. One stays a strict xfail: a run
-cancelled before any worker started it leaves `tesserix runs`. What held is a plain test.
+needed to put a retried attempt after a dead one. Four defects were found, all fixed, and
+their tests pass now: a retried Temporal call activity answered "not sent" after a cancel
+for a call an earlier attempt had claimed (in doubt) or recorded (the cancel is now asked
+only of a call this attempt is about to send, in the runner's loop too), a run parked
+before its first frontier was listed nowhere, and a run cancelled before any worker started
+it left `tesserix runs` (it is listed as cancelled now). What held is a plain test.
 """
 
 from __future__ import annotations
@@ -326,17 +326,19 @@ def test_a_submitted_run_parked_before_its_first_frontier_is_listed_as_stuck(
     assert [r["run_id"] for r in _runs(store, "--stuck")] == ["damaged"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a submitted run cancelled before a worker started it ('cancelled_before_start') "
-    "vanishes from tesserix runs: listed neither as submitted nor as cancelled, not even "
-    "with --status cancelled",
-)
 def test_a_submitted_run_cancelled_before_start_is_still_listed(store: str) -> None:
     _submit(store, "queued")
     code, out = _cli(store, "cancel", "queued", "--tenant", T, "--by", "ops", "--json")
     assert code == 0 and json.loads(out)["state"] == "cancelled_before_start"
     assert [r["run_id"] for r in _runs(store)] == ["queued"]
+    (row,) = _runs(store, "--status", "cancelled")
+    assert (row["status"], row["step"]) == ("cancelled", None)
+    assert row["reason"].startswith("cancelled before it started, by ops")
+    assert _runs(store, "--status", "completed") == []
+    assert _runs(store, "--stuck") == []
+    code, text = _cli(store, "runs", "--tenant", T, "--no-header")
+    assert code == 0 and "queued  booking  cancelled" in text
+    assert "cancelled before it started, by ops" in text
 
 
 def test_submitted_rows_have_the_shape_order_filters_and_escaping_of_other_rows(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from console_world import ODD_RUN, OTHER, SECRET, TENANT, World, seed, served
+from console_world import ODD_RUN, OTHER, SECRET, TENANT, World, runner, seed, served
 
 from tesserix_adk import open_stores
 from tesserix_adk.console import create_app
@@ -232,3 +232,45 @@ def test_off_loopback_every_request_needs_the_token(store_url: str, how: str) ->
             f"/t/{TENANT}/runs/r-wait/cancel", data={"by": "x"}, headers={"origin": base}
         )
         assert refused.status_code == 403
+
+
+def test_a_submitted_run_is_listed_with_its_page_and_can_be_cancelled_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    """A run submitted and not yet started has no frontier: the console lists it as
+    submitted, its page says so with the cancel form, and once cancelled it stays listed as
+    cancelled before it started, as `tesserix runs` shows it."""
+    url = f"sqlite:///{tmp_path / 'adk.sqlite3'}"
+    world = World()
+    asyncio.run(seed(url, world))
+
+    async def submitted() -> None:
+        async with open_stores(url) as stores:
+            await runner(stores, []).submit(
+                world.approver(), "book", tenant=TENANT, run_id="r-queued"
+            )
+
+    asyncio.run(submitted())
+    with served(create_app(url)) as base, httpx.Client(base_url=base) as client:
+        listing = client.get(f"/t/{TENANT}/runs").text
+        row = re.search(r"<tr[^>]*>.*r-queued.*</tr>", listing)
+        assert row is not None, listing
+        assert "<td>submitted</td><td>-</td>" in row.group(0)
+        assert "r-queued" not in client.get(f"/t/{TENANT}/runs", params={"stuck": "1"}).text
+        page = client.get(f"/t/{TENANT}/runs/r-queued")
+        assert page.status_code == 200, page.text
+        assert "no worker has started it yet" in page.text and "Cancel the run" in page.text
+        csrf = _csrf(client, f"/t/{TENANT}/runs/r-queued")
+        cancelled = client.post(
+            f"/t/{TENANT}/runs/r-queued/cancel",
+            data={"csrf": csrf, "by": "erin", "reason": "customer gave up"},
+            headers={"origin": base},
+        )
+        assert cancelled.status_code == 200, cancelled.text
+        assert "cancelled before it started" in cancelled.text
+        after = client.get(f"/t/{TENANT}/runs", params={"status": "cancelled"}).text
+        assert "r-queued" in after
+        assert "cancelled before it started, by erin: customer gave up" in after
+        page = client.get(f"/t/{TENANT}/runs/r-queued").text
+        assert "cancelled before it started, by erin" in page and "Cancel the run" not in page
+        assert client.get(f"/t/{TENANT}/runs/r-nobody").status_code == 404

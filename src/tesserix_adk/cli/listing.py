@@ -1,5 +1,6 @@
 """``tesserix runs``: a tenant's runs, newest first, with filters and a limit; a run
-submitted and not yet started by a worker is listed as ``submitted``.
+submitted and not yet started by a worker is listed as ``submitted``, and one cancelled
+before any worker started it as ``cancelled``, saying so.
 
 Columns: run, agent, status and step, when the frontier was written (ISO 8601 UTC), then
 what stands out (calls in flight, the live lease, why it is parked or cannot be carried
@@ -24,6 +25,7 @@ from tesserix_adk.cli.jsonout import emit, lease_json, when
 from tesserix_adk.cli.reasons import blocked, failure_reason
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
+from tesserix_adk.run.unstarted import unstarted_runs
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import run_listing
 from tesserix_adk.stores.protocols import RecordStatus, WorkState
@@ -212,27 +214,33 @@ async def _rows(
 async def _submitted(
     args: argparse.Namespace, stores: Stores, agent: str | None, listed: set[str]
 ) -> list[dict[str, Any]]:
-    """Runs submitted and not yet started (no frontier): listed as ``submitted``, when they
-    were submitted, with why they are parked if a worker parked them before their first
-    frontier. A ``--status`` (a frontier's) leaves them out; ``--stuck`` keeps the parked."""
-    if stores.work is None or args.status:
-        return []
+    """Runs with no frontier (``run.unstarted``): submitted and not yet started, listed as
+    ``submitted`` when they were submitted, with why they are parked if a worker parked
+    them before their first frontier; and runs cancelled before they started, listed as
+    ``cancelled`` when the cancel ended them, saying who cancelled them and why. A
+    ``--status`` (a frontier's) keeps only those cancelled, for ``cancelled``; ``--stuck``
+    keeps the parked."""
+    cancelled = not args.stuck and (not args.status or "cancelled" in args.status)
     rows = []
-    for item in await stores.work.items(args.tenant):
-        if item.run_id in listed or (agent is not None and item.agent != agent):
+    for run in await unstarted_runs(stores, args.tenant, with_frontier=listed, cancelled=cancelled):
+        item = run.item
+        if agent is not None and item.agent != agent:
             continue
-        parked = item.reason if item.state is WorkState.parked else None
-        if (args.since is not None and item.since < args.since) or (args.stuck and not parked):
+        if args.status and run.cancel is None:
+            continue
+        if (args.since is not None and item.since < args.since) or (
+            args.stuck and run.parked is None
+        ):
             continue
         rows.append(
             {
                 **_NO_FRONTIER,
                 "run_id": item.run_id,
                 "agent": item.agent,
-                "status": "submitted",
+                "status": run.status,
                 "updated_at": when(item.since),
-                "parked": parked,
-                "reason": parked,
+                "parked": run.parked,
+                "reason": run.said or run.parked,
                 "_written": item.since,
             }
         )
@@ -254,6 +262,8 @@ def _line(row: dict[str, Any]) -> str:
         )
     if row["parked"] is not None:
         notes.append(f"parked: {escaped(row['parked'])}")
+    if row["step"] is None and row["status"] == "cancelled" and row.get("reason"):
+        notes.append(escaped(row["reason"]))  # cancelled before it started
     blocked_by = row["blocked"]
     # A run parked for a changed revision also says which revision it needs.
     if blocked_by is not None and (row["parked"] is None or blocked_by.startswith("needs")):

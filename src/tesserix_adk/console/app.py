@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tesserix_adk.cli.failures import explain
 from tesserix_adk.console import actions, pages
 from tesserix_adk.console.guard import CSRF_COOKIE, TOKEN_COOKIE, Guard, Refusal, csrf_of
-from tesserix_adk.console.reads import RunFilter, run_detail, runs
+from tesserix_adk.console.reads import RunFilter, run_detail, runs, unstarted_run
 from tesserix_adk.console.templates import render
 from tesserix_adk.errors import AdkError
 from tesserix_adk.stores.bundle import Stores
@@ -115,6 +115,9 @@ def create_app(
         tenant, run_id = _param(request, "tenant"), _param(request, "run")
         detail = await run_detail(stores(), tenant, run_id)
         if detail is None:
+            waiting = await unstarted_run(stores(), tenant, run_id)
+            if waiting is not None:
+                return _html(pages.unstarted_page(tenant, waiting, request.state.csrf))
             text = f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
             return _html(
                 pages.page(

@@ -10,10 +10,11 @@ from urllib.parse import quote
 from tesserix_adk.checkpoint.payload import CheckpointStatus
 from tesserix_adk.console.reads import RunDetail, RunFilter, RunSummary, key_digest, shown_value
 from tesserix_adk.console.templates import Markup, join, render
+from tesserix_adk.run.unstarted import Unstarted
 from tesserix_adk.stores.protocols import RecordStatus, RunLease
 from tesserix_adk.tools import key_digest as digest_of
 
-__all__ = ["page", "run_page", "runs_page", "tenant_path"]
+__all__ = ["page", "run_page", "runs_page", "tenant_path", "unstarted_page"]
 
 
 def tenant_path(tenant: str, *rest: str) -> str:
@@ -66,8 +67,8 @@ def _run_row(tenant: str, r: RunSummary) -> Markup:
         href=tenant_path(tenant, "runs", r.run_id),
         run=r.run_id,
         agent=r.agent,
-        status=r.status if r.unreadable is None else f"unreadable: {r.unreadable}",
-        step=r.step,
+        status=r.said or (r.status if r.unreadable is None else f"unreadable: {r.unreadable}"),
+        step="-" if r.unstarted else r.step,
         written=_when(r.written_at),
         in_flight=r.in_flight,
         held=_held(r.lease) if r.lease else "",
@@ -196,3 +197,31 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
         cancel=cancel,
     )
     return page(f"run {cp.run_id}", body, tenant=tenant)
+
+
+def unstarted_page(tenant: str, run: Unstarted, csrf: str) -> str:
+    """A run with no frontier yet: when it was submitted (or how a cancel ended it), why a
+    worker parked it if one did, and the cancel form while it still waits."""
+    item = run.item
+    if run.cancel is not None:
+        where = f"{run.said}, at {_when(item.since)} UTC"
+    else:
+        where = f"submitted at {_when(item.since)} UTC; no worker has started it yet"
+    parked: Markup | str = ""
+    if run.parked is not None:
+        parked = render("parked.html", reason=run.parked)
+    cancel: Markup | str = ""
+    if run.cancel is None:
+        action = tenant_path(tenant, "runs", item.run_id, "cancel")
+        cancel = render("cancel.html", action=action, csrf=csrf)
+    body = render(
+        "unstarted.html",
+        run=item.run_id,
+        tenant=item.tenant,
+        agent=item.agent,
+        status=run.status,
+        where=where,
+        parked=parked,
+        cancel=cancel,
+    )
+    return page(f"run {item.run_id}", body, tenant=tenant)

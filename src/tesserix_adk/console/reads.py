@@ -17,6 +17,7 @@ from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
 from tesserix_adk.errors import AdkError, CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.messages import Message
+from tesserix_adk.run.unstarted import Unstarted, unstarted_runs
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import run_listing, step_history
 from tesserix_adk.stores.protocols import (
@@ -37,6 +38,7 @@ __all__ = [
     "run_detail",
     "runs",
     "shown_value",
+    "unstarted_run",
 ]
 
 
@@ -64,6 +66,9 @@ class RunSummary:
     pending_approval: str | None = None
     unreadable: str | None = None
     finished: bool = False
+    # No frontier yet (``run.unstarted``): submitted, or cancelled before it started.
+    unstarted: bool = False
+    said: str | None = None
 
     @property
     def stuck(self) -> bool:
@@ -120,7 +125,8 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
     checkpointer = Checkpointer.from_stores(stores)
     parked = await _parked(stores, tenant)
     shown: list[RunSummary] = []
-    for run_id in await run_listing(stores.checkpoints).runs(tenant):
+    listed = await run_listing(stores.checkpoints).runs(tenant)
+    for run_id in listed:
         try:
             cp = await checkpointer.latest(tenant, run_id)
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
@@ -152,7 +158,34 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
         if where.stuck and not summary.stuck:
             continue
         shown.append(summary)
+    for run in await unstarted_runs(stores, tenant, with_frontier=set(listed)):
+        summary = RunSummary(
+            run.item.run_id,
+            agent=run.item.agent,
+            status=run.status,
+            written_at=run.item.since,
+            parked=run.parked,
+            finished=run.cancel is not None,
+            unstarted=True,
+            said=run.said,
+        )
+        if where.status and summary.status != where.status:
+            continue
+        if where.agent and summary.agent != where.agent:
+            continue
+        if where.stuck and not summary.stuck:
+            continue
+        shown.append(summary)
     return shown
+
+
+async def unstarted_run(stores: Stores, tenant: str, run_id: str) -> Unstarted | None:
+    """A run with no frontier that the work index knows (submitted, or cancelled before it
+    started), or ``None``."""
+    for run in await unstarted_runs(stores, tenant, with_frontier=()):
+        if run.item.run_id == run_id:
+            return run
+    return None
 
 
 async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | None:
