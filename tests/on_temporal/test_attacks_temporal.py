@@ -36,9 +36,9 @@ from on_temporal.helpers import (
     worker_running,
     world_stores,
 )
-from tesserix_adk import Agent, ScriptedProvider, ToolContext, tool
+from tesserix_adk import Agent, Checkpointer, ScriptedProvider, ToolContext, tool
 from tesserix_adk.checkpoint.continuation import ContinuationPolicy
-from tesserix_adk.temporal import APPROVAL_SIGNAL, AgentWorkflow, start_run
+from tesserix_adk.temporal import APPROVAL_SIGNAL, AgentWorkflow, RunOutcome, start_run
 from tesserix_adk.testing.secrets import leaked_secrets, planted_secrets
 
 TENANT = airline.TENANT
@@ -305,12 +305,6 @@ async def test_a_tool_slower_than_its_timeout_is_never_sent_twice(
         assert not isinstance(outcome, TimeoutError), "the run neither completed nor failed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="once a Temporal run failed as indeterminate and `tesserix resolve` settled the "
-    "call, `tesserix submit --temporal` with its run id exits 0 printing the id while nothing "
-    "runs: the closed workflow id is rejected (REJECT_DUPLICATE) and the refusal swallowed",
-)
 async def test_a_resolved_run_can_go_on_on_temporal_or_submit_says_it_cannot(
     temporal_server: DevServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -367,6 +361,63 @@ async def test_a_resolved_run_can_go_on_on_temporal_or_submit_says_it_cannot(
         assert status.name != "FAILED", (again.stdout, again.stderr)
     else:
         assert rid in again.stderr and len(again.stderr.strip().splitlines()) == 1
+
+
+async def test_a_resolved_run_is_carried_on_by_a_new_execution_and_books_once(
+    temporal_server: DevServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's workflow failed on a call in doubt; `tesserix resolve` settled it; the same
+    `tesserix submit --temporal` starts a new execution from the run's frontier, which
+    replays the resolved outcome (the booking is not sent again) and finishes the run.
+    Submitting the id once more, after it completed, starts nothing."""
+    monkeypatch.setenv("ATTACK_SLOW", "4")
+    rid, url, q = run_id(), store_url(tmp_path), queue()
+    options = dataclasses.replace(FAST, tool_timeout=1.5)
+    turns: list[Any] = [[("slow_async_booking", {"flight": "LH123"})], "Booked."]
+    submit = [
+        "submit",
+        "--temporal",
+        temporal_server.address,
+        "--task-queue",
+        q,
+        "--agent",
+        "on_temporal.test_attacks_temporal:slow_agent",
+        "--tenant",
+        TENANT,
+        "--input",
+        "go",
+        "--run-id",
+        rid,
+        "--store",
+        url,
+    ]
+    with in_world(tmp_path):
+        outcome, _ = await _run(
+            temporal_server, tmp_path, slow_agent, turns, options=options, rid=rid
+        )
+        assert isinstance(outcome, WorkflowFailureError), outcome
+        assert _sends("slow_async_booking") == 1
+        resolved = await tesserix(
+            "resolve", rid, "--tenant", TENANT, "--call", "call_0_0", "--outcome",
+            '"B-LH123"', "--by", "ops", "--store", url, env=_cli_env(),
+        )  # fmt: skip
+        assert resolved.returncode == 0, resolved.stderr
+        client = await Client.connect(temporal_server.address)
+        async with await world_stores(tmp_path) as stores:
+            runner = fast_runner(ScriptedProvider(turns), stores)
+            async with worker_running(client, runner, [slow_agent], q):
+                again = await tesserix(*submit, env=_cli_env())
+                assert again.returncode == 0, again.stderr
+                assert again.stdout.strip() == rid
+                handle = client.get_workflow_handle(rid, result_type=RunOutcome)
+                result = await asyncio.wait_for(handle.result(), 40)
+            assert (result.status, result.output) == ("completed", "Booked.")
+            latest = await Checkpointer.from_stores(stores).latest(TENANT, rid)
+            assert latest is not None and latest.status.value == "completed"
+        once_more = await tesserix(*submit, env=_cli_env())
+        assert once_more.returncode == 0, once_more.stderr
+        assert (await client.get_workflow_handle(rid).describe()).status.name == "COMPLETED"
+        assert _sends("slow_async_booking") == 1
 
 
 async def test_a_second_worker_with_a_changed_agent_refuses_the_run_and_sends_nothing(

@@ -214,6 +214,7 @@ async def _submit(
             tenant=args.tenant,
             run_id=run_id,
             task_queue=args.task_queue,
+            stores=stores,
         )
         _submitted(args, out, started, agent)
         return ExitCode.CARRIED_ON

@@ -19,14 +19,17 @@ from datetime import timedelta
 from typing import TextIO
 
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.errors import AdkError, ConfigurationError
 from tesserix_adk.run.runner import AgentRunner
-from tesserix_adk.temporal.worker import agent_worker, start_run
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.temporal.worker import agent_worker, carry_on_run, start_run
 
 __all__ = ["connect", "serve", "submit"]
 
@@ -98,18 +101,56 @@ async def submit(
     tenant: str,
     run_id: str,
     task_queue: str,
+    stores: Stores,
 ) -> str:
-    """Start the run as a workflow; the same run id twice makes one run (its id back)."""
+    """Start the run as a workflow; its id back. The same run id twice makes one run: while
+    its workflow is open, or once the run ended, nothing more is started. A run whose
+    workflow closed without finishing it (failed on a call in doubt an operator has since
+    resolved, terminated, timed out) is carried on by a new execution from its frontier."""
 
     async def start() -> None:
         client = await connect(address, namespace)
-        with contextlib.suppress(WorkflowAlreadyStartedError):
+        try:
             await start_run(
                 client, agent, input, tenant=tenant, run_id=run_id, task_queue=task_queue
             )
+            return
+        except WorkflowAlreadyStartedError:
+            pass
+        if await _open_or_completed(client, run_id):
+            return
+        cp = await Checkpointer.from_stores(stores).latest(tenant, run_id)
+        if cp is not None and (cp.status.finished or cp.is_tombstone):
+            return  # the run ended; submitting its id again makes no second run
+        with contextlib.suppress(WorkflowAlreadyStartedError):  # another submit was first
+            if cp is None:  # its workflow closed before the run's first frontier
+                await start_run(
+                    client,
+                    agent,
+                    input,
+                    tenant=tenant,
+                    run_id=run_id,
+                    task_queue=task_queue,
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                )
+            else:
+                await carry_on_run(
+                    client,
+                    agent,
+                    cp,
+                    spent_micros=await stores.ledger.spent(tenant, run_id),
+                    task_queue=task_queue,
+                )
 
     await _dropping_the_client(start())
     return run_id
+
+
+async def _open_or_completed(client: Client, run_id: str) -> bool:
+    """Whether the run's newest workflow execution is open or completed (so submitting its
+    id again starts nothing)."""
+    status = (await client.get_workflow_handle(run_id).describe()).status
+    return status in (None, WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED)
 
 
 async def serve(

@@ -14,7 +14,8 @@ from enum import StrEnum
 from typing import Any
 
 from tesserix_adk.checkpoint.continuation import Continuation
-from tesserix_adk.checkpoint.payload import Grant, PendingApproval
+from tesserix_adk.checkpoint.payload import Boundary, Checkpoint, Grant, PendingApproval
+from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.stores.protocols import HistoryHandle
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "ToolInput",
     "ToolResult",
     "carried_from",
+    "carried_from_frontier",
     "continuation_from",
 ]
 
@@ -93,6 +95,35 @@ def carried_from(c: Continuation) -> Carried:
         grants=[asdict(g) for g in c.grants],
         pending_approval=pending,
         acting_under=sorted(c.acting_under),
+    )
+
+
+def carried_from_frontier(cp: Checkpoint, spent_micros: int) -> Carried:
+    """What a new execution carries to go on from the frontier ``cp`` of an unfinished run
+    (``carry_on_run``): the iteration it stands at (the next one after a turn whose results
+    are folded in), its transcript handle, spend, approvals and grants."""
+    if cp.status.finished or cp.is_tombstone:
+        raise ConfigurationError(f"run {cp.run_id!r} has ended ({cp.status}); nothing carries on")
+    if cp.boundary is Boundary.after_tool_result and cp.outstanding:
+        # Only the kit's own runner leaves a turn half folded; it carries such a run on.
+        raise ConfigurationError(
+            f"run {cp.run_id!r} stands inside a turn its workflow did not write; carry it on "
+            "with `tesserix run --resume` or a `tesserix worker` on the store"
+        )
+    folded = cp.boundary is Boundary.after_tool_result
+    grants = tuple(cp.grants)
+    acting = {g.request for g in grants}
+    pending = None
+    if cp.pending_approval is not None:
+        pending = {"id": cp.pending_approval.id, "calls": list(cp.pending_approval.calls)}
+        acting.add(cp.pending_approval.id)
+    return Carried(
+        history=None if cp.history_handle is None else asdict(cp.history_handle),
+        spent_micros=spent_micros,
+        iteration=cp.iteration + 1 if folded else cp.iteration,
+        grants=[asdict(g) for g in grants],
+        pending_approval=pending,
+        acting_under=sorted(acting),
     )
 
 
