@@ -924,11 +924,6 @@ def test_a_secret_as_a_model_asked_tool_name_is_masked(tmp_path: Path) -> None:
     assert p.found_in(sqlite_everything(tmp_path / "adk.sqlite3")) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="text parts of one message are redacted one by one, so a key split across two "
-    "parts (each too short to match) is stored whole in two pieces",
-)
 def test_a_secret_split_across_two_text_parts_is_masked(tmp_path: Path) -> None:
     p = Planted()
     url = f"sqlite:///{tmp_path / 'adk.sqlite3'}"

@@ -25,6 +25,7 @@ import enum
 import hashlib
 import importlib
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from types import SimpleNamespace
@@ -843,15 +844,33 @@ _SECRETISH = st.sampled_from(
     st.lists(_SECRETISH | st.text(max_size=6), max_size=6).map("".join),
     st.sampled_from([(), (r"\d{6}",), (r"(?i)zz",)]),
 )
+@example(text="-----beginpassword=Authorization: -----begin", extra=())
 def test_any_text_is_masked_as_the_old_redactor_masked_it(
     old: SimpleNamespace, text: str, extra: tuple[str, ...]
 ) -> None:
     # Everything the old redactor masked is masked still. Rules were widened on purpose
     # since (a key right after an escape, a password word with no separator before it,
     # 2cf9fa2 and d52c68d), so the new one may mask more: masking the old one's output
-    # again must give what the new one gives.
+    # again gives what the new one gives, or, where the old mask took away the context a
+    # wider rule needs (the example: the old rule took "Authorization:" as a password,
+    # so the header's value is no longer one), the new one shows only characters the old
+    # one showed, in order.
     new = Redactor(extra_patterns=extra)
-    assert new.text(text) == new.text(old.redactor.Redactor(extra_patterns=extra).text(text))
+    was = old.redactor.Redactor(extra_patterns=extra).text(text)
+    now = new.text(text)
+    if now == new.text(was):
+        return
+    assert _shown_within(_visible(now), _visible(was)), (now, was)
+
+
+def _visible(masked: str) -> str:
+    return re.sub(r"\[redacted(?::[a-z_]+)?\]", "", masked)
+
+
+def _shown_within(shown: str, allowed: str) -> bool:
+    """Whether ``shown`` is a subsequence of ``allowed``."""
+    rest = iter(allowed)
+    return all(ch in rest for ch in shown)
 
 
 # --- 4. a frontier written naming its transcript: the same bytes as before ------------

@@ -756,3 +756,35 @@ class TestPlantedSecretsOnPostgres(PlantedSecretsSuite):
 
         async with postgres_stores() as stores:
             yield stores
+
+
+def test_a_header_written_where_a_password_value_would_be_keeps_its_own_mask() -> None:
+    # Found by the property against the earlier redactor: the password rule took the word
+    # "Authorization:" as its value, and the header's value then had no key to mask it.
+    masked = Redactor().text("password=Authorization: Zk3-q9sekret")
+    assert "Zk3-q9sekret" not in masked
+    assert masked == "password=Authorization: [redacted:authorization]"
+    assert Redactor().text("password=hunter2xx next") == "password=[redacted:password] next"
+
+
+def test_text_parts_of_a_message_are_masked_as_the_one_text_they_make() -> None:
+    from tesserix_adk.checkpoint.payload.redacting import _redacted_message
+    from tesserix_adk.messages import BinaryPart, Message, TextPart
+
+    key = "sk-proj-" + "Ab3" * 10
+    split = Message.user(
+        [TextPart(text="my key is " + key[:12]), TextPart(text=key[12:]), TextPart(text="!")]
+    )
+    (whole,) = _redacted_message(split, Redactor())["content"]
+    assert whole == {"type": "text", "text": "my key is [redacted:openai_key]!"}
+    # Parts with nothing across them keep their shape; a binary part ends a run of text.
+    plain = Message.user(
+        [
+            TextPart(text="hello "),
+            TextPart(text="world"),
+            BinaryPart(data=b"\x89PNG", media_type="image/png"),
+            TextPart(text=key[:12]),
+        ]
+    )
+    parts = _redacted_message(plain, Redactor())["content"]
+    assert [p.get("text") for p in parts] == ["hello ", "world", None, key[:12]]

@@ -50,15 +50,41 @@ def _redacted_message(message: Message, redactor: Redactor) -> dict[str, Any]:
         else:
             data["content"] = redactor.text(data["content"])
     else:
-        data["content"] = [
-            {**p, "text": redactor.text(p["text"])} if p["type"] == "text" else p
-            for p in data["content"]
-        ]
+        data["content"] = _redacted_parts(data["content"], redactor)
     for call in data.get("tool_calls", ()):
         # A name is the model's text too: one echoing a key would store the key.
         call["name"] = redactor.text(call["name"])
         call["arguments"] = redactor.value(call["arguments"])
     return data
+
+
+def _redacted_parts(parts: list[dict[str, Any]], redactor: Redactor) -> list[dict[str, Any]]:
+    """Each text part redacted, and a run of adjacent text parts redacted again as the one
+    text the model reads: a key split across two parts, each piece too short to match, is
+    found there, and the run is then stored as one part holding the masked text (the same
+    text, so what a resume sends the model says the same)."""
+    out: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+
+    def close_run() -> None:
+        if len(run) > 1:
+            parts_text = "".join(p["text"] for p in run)
+            whole = redactor.text(parts_text)
+            if whole != parts_text:
+                out.append({"type": "text", "text": whole})
+                run.clear()
+                return
+        out.extend(run)
+        run.clear()
+
+    for part in parts:
+        if part["type"] == "text":
+            run.append({**part, "text": redactor.text(part["text"])})
+        else:
+            close_run()
+            out.append(part)
+    close_run()
+    return out
 
 
 def _redacted_observation(observation: Any, redactor: Redactor) -> Any:

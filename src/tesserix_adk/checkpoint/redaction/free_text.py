@@ -117,6 +117,10 @@ def _value_span(
             end -= 1
         return (start, end) if end > start else None
     end = _UNQUOTED.match(text, pos).end()  # type: ignore[union-attr]
+    if end > pos + 1 and text[end - 1] == ":" and _key_kind(text[pos : end - 1]) is not None:
+        # ``password=Authorization: …``: the word is the next key, not this one's value;
+        # masking it would leave the header's value with no key in front to mask it.
+        return None
     return (pos, end) if end > pos else None
 
 
