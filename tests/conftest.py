@@ -20,6 +20,18 @@ if TYPE_CHECKING:
     from adapters.pooler import PgBouncer
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Property tests draw the same examples on every run, so a suite that passed passes
+    # again; ADK_HYPOTHESIS=explore draws fresh ones each run (what found the last bugs).
+    from hypothesis import settings
+
+    settings.register_profile("repeatable", derandomize=True)
+    settings.register_profile("explore", derandomize=False)
+    settings.load_profile(
+        "explore" if os.environ.get("ADK_HYPOTHESIS") == "explore" else "repeatable"
+    )
+
+
 @pytest.fixture
 def airline() -> Airline:
     return Airline()
