@@ -158,6 +158,37 @@ async def test_tesserix_cancel_while_the_model_thinks_sends_none_of_its_calls(
         assert [flight for flight, _ in airline.bookings()] == ["LH123"]  # not UA456
 
 
+async def test_tesserix_cancel_while_the_model_thinks_ends_the_run_cancelled_on_a_last_answer(
+    temporal_server: DevServer, tmp_path: Path
+) -> None:
+    # The model's last answer, arriving after the cancel was acknowledged, does not end
+    # the run completed.
+    rid, url = run_id(), store_url(tmp_path)
+    provider = _Thinking([[("book_seat", {"flight": "LH123"})], "Booked LH123."])
+    with in_world(tmp_path):
+        client = await Client.connect(temporal_server.address)
+        async with await world_stores(tmp_path) as stores:
+            q = queue()
+            async with worker_running(client, fast_runner(provider, stores), [airline.agent], q):
+                handle = await start_run(
+                    client,
+                    airline.agent,
+                    "Book LH123",
+                    tenant=TENANT,
+                    run_id=rid,
+                    task_queue=q,
+                    options=FAST,
+                )
+                await asyncio.wait_for(provider.asked.wait(), 30)
+                cancelled = await tesserix(
+                    "cancel", rid, "--tenant", TENANT, "--by", "ops", "--store", url
+                )
+                assert cancelled.returncode == 0, cancelled.stderr
+                provider.go.set()
+                outcome = await asyncio.wait_for(handle.result(), 30)
+        assert outcome.status == "cancelled"
+
+
 async def test_tesserix_cancel_during_a_turns_first_call_sends_none_of_the_rest(
     temporal_server: DevServer, tmp_path: Path
 ) -> None:

@@ -521,6 +521,27 @@ async def test_a_cancel_while_the_model_thinks_sends_nothing(backend: str, tmp_p
     assert airline.sent == []
 
 
+@pytest.mark.parametrize("backend", [pytest.param("memory", id="memory"), *DURABLE])
+async def test_a_cancel_while_the_model_thinks_ends_the_run_cancelled_whatever_it_answers(
+    backend: str, tmp_path: Path
+) -> None:
+    """The cancel was acknowledged ("ends it at its next boundary"): the model's last answer
+    arriving after it does not end the run completed (it had, found by an attack)."""
+    agent = Agent("booker", "Book.", [_Booking().tool])
+    provider = _Thinking(["All done, nothing booked."])
+    async with _opened(backend, tmp_path) as stores:
+        running = asyncio.create_task(
+            AgentRunner.from_stores(provider, stores).run(agent, "book", tenant=T, run_id="c")
+        )
+        await asyncio.wait_for(provider.started.wait(), 10)
+        other = AgentRunner.from_stores(provider, stores)
+        assert await other.cancel("c", tenant=T, by="ops", reason="customer left") is None
+        provider.go.set()
+        run = await asyncio.wait_for(running, 10)
+    assert run.status is RunStatus.cancelled
+    assert run.output is not None and "ops" in run.output
+
+
 @pytest.mark.parametrize("backend", ALL)
 async def test_a_cancel_while_a_call_is_in_flight_records_it_and_asks_no_more(
     backend: str, tmp_path: Path

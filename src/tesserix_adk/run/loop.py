@@ -106,15 +106,16 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
                     arguments=call.arguments,
                 )
             )
-        if not message.tool_calls:
-            return await _finish(parts, run, attempt, RunStatus.completed, output=message.text)
         # A cancel asked while the model thought ends the run here, at after_model_call,
-        # before anything it asked for is claimed or sent (the check above was before it).
+        # before anything it asked for is claimed or sent, and before a last answer ends
+        # it completed (the check above was before the model was asked).
         cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
         if cancelled is not None:
             return await _finish(
                 parts, run, attempt, RunStatus.cancelled, output=cancelled.describe()
             )
+        if not message.tool_calls:
+            return await _finish(parts, run, attempt, RunStatus.completed, output=message.text)
         calls = outstanding_calls(run, message.tool_calls)
         _refuse_divergence(run, attempt, calls)
         await write_frontier_naming_unkeyed(parts, run, attempt, calls, policy_asks=True)

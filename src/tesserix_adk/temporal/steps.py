@@ -280,12 +280,13 @@ async def _ask_model(parts: RunParts, run: RunState, attempt: Attempt) -> StepRe
     message = loop._within_nesting(response.message)
     run.steps_used += 1
     run.messages.append(message)
-    if not message.tool_calls:
-        return await _finish(parts, run, attempt, RunStatus.completed, message.text)
-    # A cancel asked while the model thought ends the run here, before anything is sent.
+    # A cancel asked while the model thought ends the run here, before anything is sent
+    # and before a last answer ends it completed.
     cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
     if cancelled is not None:
         return await _finish(parts, run, attempt, RunStatus.cancelled, cancelled.describe())
+    if not message.tool_calls:
+        return await _finish(parts, run, attempt, RunStatus.completed, message.text)
     calls = loop.outstanding_calls(run, message.tool_calls)
     loop._refuse_divergence(run, attempt, calls)
     await _must_write(parts, run, attempt, calls)
