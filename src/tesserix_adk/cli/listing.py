@@ -226,6 +226,9 @@ async def _submitted(
         item = run.item
         if agent is not None and item.agent != agent:
             continue
+        if run.unreadable is not None:  # shown whatever the filters, as a frontier's is
+            rows.append({**_UNREADABLE, "run_id": item.run_id, "reason": run.unreadable})
+            continue
         if args.status and run.cancel is None:
             continue
         if (args.since is not None and item.since < args.since) or (
@@ -239,6 +242,7 @@ async def _submitted(
                 "agent": item.agent,
                 "status": run.status,
                 "updated_at": when(item.since),
+                "lease": lease_json(run.lease),
                 "parked": run.parked,
                 "reason": run.said or run.parked,
                 "_written": item.since,

@@ -33,6 +33,7 @@ from tesserix_adk.cli.loading import built_provider, load_agent
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import NoCheckpointError
 from tesserix_adk.leases import LeasePolicy
+from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.ids import check_ids
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.bundle import Stores
@@ -163,30 +164,37 @@ async def _cancel(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exit
             f"{args.tenant!r}"
         )
     run = await runner.cancel(args.run, tenant=args.tenant, by=args.by, reason=args.reason)
+    # The first request stands (asking again records nothing): say whose it is.
+    standing = await cancel_requested(stores.idempotency, args.tenant, args.run)
+    by = args.by if standing is None else standing.by
+    if standing is not None:
+        reason = standing.reason
+    else:
+        reason = None if args.reason is None else runner.redactor.text(args.reason)
     shown = escaped(args.run)
-    if run is None and known is not None:
+    held = run is None and await stores.leases.current(args.tenant, args.run) is not None
+    if run is None and (known is not None or held):
         state = "requested"
         said = (
-            f"cancel of run {shown} recorded, by {escaped(args.by)}; the worker holding it "
+            f"cancel of run {shown} recorded, by {escaped(by)}; the worker holding it "
             "stops it at its next boundary"
         )
     elif run is None:
         state = "cancelled_before_start"
-        said = f"run {shown} cancelled before it started, by {escaped(args.by)}"
+        said = f"run {shown} cancelled before it started, by {escaped(by)}"
     elif run.status.value == "cancelled":
         state = "cancelled"
-        said = f"run {shown} cancelled, by {escaped(args.by)}: {escaped(run.output or '')}"
+        said = f"run {shown} cancelled, by {escaped(by)}: {escaped(run.output or '')}"
     else:
         state = "already_ended"
         said = f"run {shown} had already ended {run.status}; nothing to cancel"
     if args.json:
-        reason = None if args.reason is None else runner.redactor.text(args.reason)
         emit(
             out,
             {
                 "run_id": args.run,
                 "tenant": args.tenant,
-                "by": args.by,
+                "by": by,
                 "reason": reason,
                 "state": state,
                 "status": None if run is None else run.status.value,

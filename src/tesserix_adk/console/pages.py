@@ -203,15 +203,22 @@ def unstarted_page(tenant: str, run: Unstarted, csrf: str) -> str:
     """A run with no frontier yet: when it was submitted (or how a cancel ended it), why a
     worker parked it if one did, and the cancel form while it still waits."""
     item = run.item
-    if run.cancel is not None:
+    if run.unreadable is not None:
+        where = f"unreadable: {run.unreadable}"
+    elif run.cancel is not None:
         where = f"{run.said}, at {_when(item.since)} UTC"
+    elif run.lease is not None:
+        where = (
+            f"submitted at {_when(item.since)} UTC; a worker is starting it: held by "
+            f"{_held(run.lease)} (no frontier yet)"
+        )
     else:
         where = f"submitted at {_when(item.since)} UTC; no worker has started it yet"
     parked: Markup | str = ""
     if run.parked is not None:
         parked = render("parked.html", reason=run.parked)
     cancel: Markup | str = ""
-    if run.cancel is None:
+    if run.cancel is None and run.unreadable is None:
         action = tenant_path(tenant, "runs", item.run_id, "cancel")
         cancel = render("cancel.html", action=action, csrf=csrf)
     body = render(

@@ -159,11 +159,16 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             continue
         shown.append(summary)
     for run in await unstarted_runs(stores, tenant, with_frontier=set(listed)):
+        if run.unreadable is not None:
+            if not (where.status or where.agent or where.stuck):
+                shown.append(RunSummary(run.item.run_id, unreadable=run.unreadable))
+            continue
         summary = RunSummary(
             run.item.run_id,
             agent=run.item.agent,
             status=run.status,
             written_at=run.item.since,
+            lease=run.lease,
             parked=run.parked,
             finished=run.cancel is not None,
             unstarted=True,
@@ -182,10 +187,8 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
 async def unstarted_run(stores: Stores, tenant: str, run_id: str) -> Unstarted | None:
     """A run with no frontier that the work index knows (submitted, or cancelled before it
     started), or ``None``."""
-    for run in await unstarted_runs(stores, tenant, with_frontier=()):
-        if run.item.run_id == run_id:
-            return run
-    return None
+    found = await unstarted_runs(stores, tenant, with_frontier=(), only=run_id)
+    return found[0] if found else None
 
 
 async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | None:

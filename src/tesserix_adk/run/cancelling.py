@@ -116,7 +116,12 @@ async def cancel_requested(
     _cancellation_kept()
     if rec is None or rec.status is not RecordStatus.completed or rec.outcome is None:
         return None
-    content = decode_outcome(bytes(rec.outcome), "cancel").content
+    try:
+        content = decode_outcome(bytes(rec.outcome), "cancel").content
+    except CheckpointCorruptError as exc:
+        raise CheckpointCorruptError(
+            f"the cancel request of run {run_id!r} cannot be read: {exc}"
+        ) from exc
     if not isinstance(content, dict) or not isinstance(content.get("by"), str):
         raise CheckpointCorruptError(f"the cancel request of run {run_id!r} cannot be read")
     at = content.get("at")

@@ -10,19 +10,23 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.run.cancelling import CancelRequest, cancel_requested
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.protocols import WorkItem, WorkState
+from tesserix_adk.stores.protocols import RunLease, WorkItem, WorkState
 
 __all__ = ["Unstarted", "unstarted_runs"]
 
 
 @dataclass(frozen=True, slots=True)
 class Unstarted:
-    """A run with no frontier: its work entry, and its cancel request if one ended it."""
+    """A run with no frontier: its work entry, its cancel request if one ended it, the live
+    lease of a worker starting it, or why its cancel request cannot be read."""
 
     item: WorkItem
     cancel: CancelRequest | None = None
+    lease: RunLease | None = None
+    unreadable: str | None = None
 
     @property
     def status(self) -> str:
@@ -46,24 +50,39 @@ class Unstarted:
 
 
 async def unstarted_runs(
-    stores: Stores, tenant: str, *, with_frontier: Collection[str], cancelled: bool = True
+    stores: Stores,
+    tenant: str,
+    *,
+    with_frontier: Collection[str],
+    cancelled: bool = True,
+    only: str | None = None,
 ) -> list[Unstarted]:
-    """The tenant's runs the work index knows and ``with_frontier`` does not: every one
-    still waiting (or parked), then, with ``cancelled``, those a cancel ended before they
+    """The tenant's runs the work index knows and ``with_frontier`` does not (only run
+    ``only``, when given): every one still waiting (or parked, or being started by a worker
+    whose lease is live), then, with ``cancelled``, those a cancel ended before they
     started. A finished entry without a cancel request is left out: its run ended with a
-    frontier, listed elsewhere (or since removed)."""
+    frontier, listed elsewhere (or since removed). A cancel request that cannot be read
+    makes its run ``unreadable``, never the whole list."""
     if stores.work is None:
         return []
+
+    def wanted(item: WorkItem) -> bool:
+        return item.run_id not in with_frontier and (only is None or item.run_id == only)
+
     found = [
-        Unstarted(item)
+        Unstarted(item, lease=await stores.leases.current(tenant, item.run_id))
         for item in await stores.work.items(tenant)
-        if item.run_id not in with_frontier
+        if wanted(item)
     ]
     if cancelled:
         for item in await stores.work.items(tenant, state=WorkState.done):
-            if item.run_id in with_frontier:
+            if not wanted(item):
                 continue
-            request = await cancel_requested(stores.idempotency, tenant, item.run_id)
+            try:
+                request = await cancel_requested(stores.idempotency, tenant, item.run_id)
+            except (CheckpointCorruptError, CheckpointFormatError) as exc:
+                found.append(Unstarted(item, unreadable=str(exc)))
+                continue
             if request is not None:
                 found.append(Unstarted(item, request))
     return found
