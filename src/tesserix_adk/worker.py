@@ -35,6 +35,7 @@ from tesserix_adk.errors import (
     HistoryUnavailableError,
     IndeterminateToolCallError,
     LeaseError,
+    LeaseHeldError,
     NoCheckpointError,
     ReplayNotResumableError,
     ResumeConflictError,
@@ -70,6 +71,8 @@ _PARK = (
 )
 # Someone else carries the run now, or will: nothing to record.
 _ELSEWHERE = (ResumeConflictError, LeaseError, StaleFenceError)
+# Found held as the take began (not lost while carried): the take did not happen.
+_NOT_TAKEN = (ResumeConflictError, LeaseHeldError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -250,28 +253,37 @@ class Worker:
 
     async def _carry(self, item: WorkItem) -> Carried:
         if item.attempts >= self.max_attempts:
-            # Each take counted itself; takes that never came back (the process carrying
-            # the run died in it, again and again) are counted too, and end here.
+            # Each take counted itself as it began; takes that never came back (the process
+            # carrying the run died in it, again and again) are counted too, and end here.
             how = await self._park_as(
                 item,
-                f"taken {item.attempts} times without finishing or failing: each time the "
-                "process carrying it died or lost it",
+                f"taken {item.attempts} times without finishing: the process carrying it "
+                "died, or lost it, each time",
                 "too_many_attempts",
             )
             self.carried.append((item, how))
             return how
+        counted = False
         try:
+            # Counted before anything else, so a take no carrier lives to report is counted;
+            # and wanted from now on, as the runner marks it, so the count is kept.
+            await self.work.want(item.tenant, item.run_id, agent=item.agent, count=1)
+            counted = True
             how = await self._take(item)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
-                raise  # this worker cancelled it (draining past its deadline)
+                # This worker cancelled it (draining past its deadline): not the run's doing.
+                if counted:
+                    await self._give_back(item)
+                raise
             # Raised by the run's own code (a provider or a tool) with nobody cancelling:
             # a failure of that run, counted and delayed like any other, never a silent end
             # that takes it again at once.
-            how = await self._after_error(item, _LeakedCancel(f"{exc!r} raised inside the run"))
+            leaked = _LeakedCancel(f"{exc!r} raised inside the run")
+            how = await self._after_error(item, leaked, counted=counted)
         except Exception as exc:  # a worker outlives any one run
-            how = await self._after_error(item, exc)
+            how = await self._after_error(item, exc, counted=counted)
         self.carried.append((item, how))
         return how
 
@@ -318,16 +330,23 @@ class Worker:
         _log.info("run %s/%s: %s; finished %s", item.tenant, item.run_id, verb, result.status)
         return Carried.finished
 
-    async def _after_error(self, item: WorkItem, exc: Exception) -> Carried:
+    async def _give_back(self, item: WorkItem) -> None:
+        """Take back the attempt this take counted: the run was not carried (another worker
+        has it) or this worker stopped it (a drain), through no fault of the run's."""
+        with contextlib.suppress(Exception):
+            await self.work.want(item.tenant, item.run_id, agent=item.agent, count=-1)
+
+    async def _after_error(self, item: WorkItem, exc: Exception, *, counted: bool) -> Carried:
         where = f"{item.tenant}/{item.run_id}"
         if isinstance(exc, RunStoppedError):
             _log.info("run %s: stopped at a boundary (draining)", where)
-            # Stopped cleanly: the take it counted is given back, so a run carried through
-            # many deploys is not parked for them.
-            with contextlib.suppress(Exception):
-                await self.work.want(item.tenant, item.run_id, agent=item.agent, count=-1)
+            # A run carried through many deploys is not parked for them.
+            if counted:
+                await self._give_back(item)
             return Carried.stopped
         if isinstance(exc, _ELSEWHERE):
+            if counted and isinstance(exc, _NOT_TAKEN):
+                await self._give_back(item)
             # Whatever holds it lapses within about a ttl if its holder died; a live holder
             # keeps it. Either way, look again after a while, not at the next poll.
             hold = self._rng.uniform(0.5, 1.0) * self.runner.lease_policy.ttl
@@ -351,7 +370,7 @@ class Worker:
         delay = self.backoff.delay(item.attempts, self._rng)
         reason = self.runner.redactor.text(f"{type(exc).__name__}: {exc}")
         _log.warning("run %s: %s; trying again in %.1f s", where, reason, delay)
-        with contextlib.suppress(Exception):
+        try:
             await self.work.want(
                 item.tenant,
                 item.run_id,
@@ -359,12 +378,12 @@ class Worker:
                 state=WorkState.wanted,
                 delay=delay,
                 reason=reason,
-                # A passing failure (the model or the store unreachable) was counted by the
-                # take, or came before it and is not the run's. Anything else may have come
-                # before the take (a damaged value met while planning): counted here, at
-                # worst twice, so it is parked all the same.
-                count=0 if retryable else 1,
+                count=0 if counted else 1,  # the take counted this try already
             )
+        except Exception:
+            # The store took no delay (it refuses writes, say): this worker keeps it, or
+            # the run would be due again at the next poll.
+            self._later[(item.tenant, item.run_id)] = asyncio.get_running_loop().time() + delay
         return Carried.retry
 
     async def _unless_settled_meanwhile(
@@ -391,16 +410,16 @@ class Worker:
                 item.tenant,
                 item.run_id,
             )
-            # After a delay, counted as an attempt (a take refused while planning was not):
-            # should planning still refuse a run whose records all look settled, this wakes
-            # it a bounded number of times.
+            # After a delay, keeping the count: every take counts, so should planning still
+            # refuse a run whose records all look settled, this wakes it a bounded number of
+            # times.
             await self.work.want(
                 item.tenant,
                 item.run_id,
                 agent=item.agent,
                 delay=self.backoff.delay(item.attempts, self._rng),
                 reason="its calls were settled while it was being parked",
-                count=1,
+                count=0,
             )
         except Exception as exc2:  # it stays parked: an operator's next action wakes it
             _log.warning("run %s/%s: could not look again: %r", item.tenant, item.run_id, exc2)

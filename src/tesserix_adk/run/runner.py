@@ -458,13 +458,11 @@ class AgentRunner:
         )
 
     async def _wanted(self, tenant: str, run_id: str, agent: Agent) -> None:
-        """The run is being carried: if its carrier dies, a worker carries it on. The take
-        counts one attempt, so a run that kills every process carrying it is counted even
-        though no carrier lives to report it (a worker parks it at ``max_attempts``). It
-        comes once the run is held and planned: a take refused before (held elsewhere, in
-        doubt) is not counted here."""
+        """The run is being carried: if its carrier dies, a worker carries it on. (A worker
+        counts its takes itself; this keeps the count, and starts it again for a run an
+        operator carries on from parked.)"""
         if self.work is not None:
-            await self.work.want(tenant, run_id, agent=agent.name, count=1)
+            await self.work.want(tenant, run_id, agent=agent.name)
 
     async def _settled(self, result: Run) -> Run:
         """A finished run, or one waiting on a person, wants no worker now."""

@@ -68,8 +68,9 @@ class WorkIndex(Protocol):
         ``delay`` seconds from now by the store's clock. Unparks a parked run.
 
         ``count`` changes the count of attempts by that much, whatever the states (never
-        below 0): a carrier taking the run counts ``1``, a passing failure after it ``0``
-        (the take counted it), a carrier stopped cleanly gives its take back with ``-1``.
+        below 0): a worker taking the run counts ``1`` as it begins, a failure after it
+        ``0`` (the take counted it), a take that found the run held elsewhere or was
+        stopped by a drain is given back with ``-1``.
         Without it a delayed want counts one more attempt, and a prompt one keeps the count
         in the same state and starts it again in another (an operator unparking a run)."""
         ...
