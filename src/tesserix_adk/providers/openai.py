@@ -265,7 +265,9 @@ class _StreamedReply:
     def add(self, chunk: Any, on_text: TextSink) -> None:
         self.model = chunk.model or self.model
         if chunk.usage is not None:  # the last chunk, with no choices
-            self.usage_seen = True
+            # Counts of null say nothing: such a chunk is not the usage asked for.
+            u = chunk.usage
+            self.usage_seen = u.prompt_tokens is not None and u.completion_tokens is not None
             self.usage = Usage(
                 input_tokens=int(chunk.usage.prompt_tokens or 0),
                 output_tokens=int(chunk.usage.completion_tokens or 0),

@@ -16,19 +16,26 @@ import gc
 import signal
 from collections.abc import Awaitable, Sequence
 from datetime import timedelta
-from typing import TextIO
+from typing import Any, TextIO
 
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
+from tesserix_adk.checkpoint.continuation import (
+    DEFAULT_CONTINUATION,
+    ContinuationPolicy,
+)
+from tesserix_adk.checkpoint.planning import plan_resume, refuse_if_undecidable
 from tesserix_adk.errors import AdkError, ConfigurationError
+from tesserix_adk.run.resume import nothing_ran_since_approval_asked, refuse_unresumable
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.temporal.shapes import RunInput
 from tesserix_adk.temporal.worker import agent_worker, carry_on_run, start_run
 
 __all__ = ["connect", "serve", "submit"]
@@ -117,40 +124,79 @@ async def submit(
             return
         except WorkflowAlreadyStartedError:
             pass
-        if await _open_or_completed(client, run_id):
+        handle = client.get_workflow_handle(run_id)
+        if await _open_or_completed(handle):
             return
         cp = await Checkpointer.from_stores(stores).latest(tenant, run_id)
         if cp is not None and (cp.status.finished or cp.is_tombstone):
             return  # the run ended; submitting its id again makes no second run
+        # The closed execution's own settings (and, before any frontier, its own input: the
+        # same run id is the same request, whatever this submit says).
+        was = await _started_with(client, handle)
+        options = None if was is None else was.options
+        poll = 2.0 if was is None else was.approval_poll
+        policy = DEFAULT_CONTINUATION
+        if was is not None:
+            policy = ContinuationPolicy(
+                max_steps=was.max_steps, max_history_bytes=was.max_history_bytes
+            )
         with contextlib.suppress(WorkflowAlreadyStartedError):  # another submit was first
             if cp is None:  # its workflow closed before the run's first frontier
+                first = input if was is None or was.input is None else was.input
                 await start_run(
                     client,
                     agent,
-                    input,
+                    first,
                     tenant=tenant,
                     run_id=run_id,
                     task_queue=task_queue,
+                    continuation=policy,
+                    options=options,
+                    approval_poll=poll,
                     id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
                 )
-            else:
-                await carry_on_run(
-                    client,
-                    agent,
-                    cp,
-                    spent_micros=await stores.ledger.spent(tenant, run_id),
-                    task_queue=task_queue,
-                )
+                return
+            # Refused here, in one sentence, rather than by the execution it would start.
+            refuse_unresumable(cp, agent)
+            plan = await plan_resume(cp, stores.idempotency)
+            if not nothing_ran_since_approval_asked(cp, plan):
+                refuse_if_undecidable(plan)
+            await carry_on_run(
+                client,
+                agent,
+                cp,
+                spent_micros=await stores.ledger.spent(tenant, run_id),
+                task_queue=task_queue,
+                continuation=policy,
+                options=options,
+                approval_poll=poll,
+                chain=() if was is None else was.chain,
+            )
 
     await _dropping_the_client(start())
     return run_id
 
 
-async def _open_or_completed(client: Client, run_id: str) -> bool:
+async def _open_or_completed(handle: WorkflowHandle[Any, Any]) -> bool:
     """Whether the run's newest workflow execution is open or completed (so submitting its
     id again starts nothing)."""
-    status = (await client.get_workflow_handle(run_id).describe()).status
+    status = (await handle.describe()).status
     return status in (None, WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED)
+
+
+async def _started_with(client: Client, handle: WorkflowHandle[Any, Any]) -> RunInput | None:
+    """The input the run's newest execution was started with, or ``None`` if its history
+    does not begin with one this kit reads."""
+    async for event in handle.fetch_history_events(page_size=1):
+        started = event.workflow_execution_started_event_attributes
+        if not started.input.payloads:
+            return None
+        try:
+            (was,) = await client.data_converter.decode(started.input.payloads, [RunInput])
+        except Exception:  # written by another kit or by hand: use this submit's settings
+            return None
+        return was if isinstance(was, RunInput) else None
+    return None
 
 
 async def serve(

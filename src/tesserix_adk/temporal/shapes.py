@@ -15,7 +15,7 @@ from typing import Any
 
 from tesserix_adk.checkpoint.continuation import Continuation
 from tesserix_adk.checkpoint.payload import Boundary, Checkpoint, Grant, PendingApproval
-from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.errors import ResumeError
 from tesserix_adk.stores.protocols import HistoryHandle
 
 __all__ = [
@@ -103,10 +103,10 @@ def carried_from_frontier(cp: Checkpoint, spent_micros: int) -> Carried:
     (``carry_on_run``): the iteration it stands at (the next one after a turn whose results
     are folded in), its transcript handle, spend, approvals and grants."""
     if cp.status.finished or cp.is_tombstone:
-        raise ConfigurationError(f"run {cp.run_id!r} has ended ({cp.status}); nothing carries on")
+        raise ResumeError(f"run {cp.run_id!r} has ended ({cp.status}); nothing carries on")
     if cp.boundary is Boundary.after_tool_result and cp.outstanding:
         # Only the kit's own runner leaves a turn half folded; it carries such a run on.
-        raise ConfigurationError(
+        raise ResumeError(
             f"run {cp.run_id!r} stands inside a turn its workflow did not write; carry it on "
             "with `tesserix run --resume` or a `tesserix worker` on the store"
         )
@@ -165,6 +165,8 @@ class RunInput:
     chain: list[ContinueReason] = field(default_factory=list)
     # Seconds between looks at the approval store while the run waits on a person.
     approval_poll: float = 2.0
+    # Started by ``carry_on_run`` after an execution closed unfinished (not continued).
+    carried_on: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -216,6 +218,9 @@ class ModelStep:
     fold_only: bool = False
     # What the previous execution carried: the frontier must name the same transcript.
     history: dict[str, Any] | None = None
+    # The first turn of an execution carrying on a run whose workflow closed unfinished
+    # (``carry_on_run``): a call of its open turn the closed one may have sent is in doubt.
+    resumed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

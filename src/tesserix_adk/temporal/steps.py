@@ -33,6 +33,7 @@ from tesserix_adk.checkpoint.planning import (
     ResumePlan,
     ToolDisposition,
     plan_resume,
+    refuse_if_undecidable,
 )
 from tesserix_adk.errors import (
     AdkError,
@@ -54,7 +55,11 @@ from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.reconciling import reconcile_in_doubt
 from tesserix_adk.run.recording import redacted_record
 from tesserix_adk.run.result import RunStatus
-from tesserix_adk.run.resume import refuse_unresumable, restore
+from tesserix_adk.run.resume import (
+    nothing_ran_since_approval_asked,
+    refuse_unresumable,
+    restore,
+)
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import HistoryHandle, IdempotencyRecord, RecordStatus
@@ -104,14 +109,13 @@ async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder:
             refuse_unresumable(cp, agent)
             if cp.status.finished:
                 return _ended(cp.status.value, cp.output, cp.iteration)
-            await restore(
-                checkpoints,
-                runner.ledger,
-                run,
-                attempt,
-                cp,
-                await plan_resume(cp, runner.idempotency),
-            )
+            plan = await plan_resume(cp, runner.idempotency)
+            await restore(checkpoints, runner.ledger, run, attempt, cp, plan)
+            if step.resumed and not nothing_ran_since_approval_asked(cp, plan):
+                # The closed execution may have sent a call no key records: never again.
+                unkeyed = [p for p in plan.indeterminate if p.key is None]
+                if unkeyed:
+                    refuse_if_undecidable(ResumePlan(indeterminate=tuple(unkeyed)))
             if cp.boundary in _OPEN and cp.iteration == step.iteration and not step.fold_only:
                 # This turn's model answer stands (a retried attempt, or a decision looked
                 # for): never ask the model again, its calls' keys are in the frontier.

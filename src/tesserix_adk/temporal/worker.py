@@ -20,6 +20,7 @@ from tesserix_adk.temporal.activities import AgentActivities
 from tesserix_adk.temporal.shapes import (
     WORKFLOW_NAME,
     ActivityOptions,
+    ContinueReason,
     RunInput,
     RunOutcome,
     carried_from_frontier,
@@ -108,13 +109,16 @@ async def carry_on_run(
     options: ActivityOptions | None = None,
     approval_poll: float = 2.0,
     task_timeout: float | None = None,
+    chain: Sequence[ContinueReason] = (),
 ) -> WorkflowHandle[Any, RunOutcome]:
     """Start a new execution of a run whose workflow closed without finishing it (failed,
     say, on a call in doubt that ``tesserix resolve`` has since settled), from its frontier
     ``checkpoint``, as a continue-as-new would carry it: the transcript handle, the spend
-    (``spent_micros``, the ledger's), the iteration, approvals and grants. The server
-    refuses it (``WorkflowAlreadyStartedError``) while an execution of the run is open or
-    once one completed."""
+    (``spent_micros``, the ledger's), the iteration, approvals and grants; ``chain`` says
+    why earlier executions continued as new. A call of its open turn that the closed
+    execution may have sent without a key is refused as in doubt. The server refuses it
+    (``WorkflowAlreadyStartedError``) while an execution of the run is open or once one
+    completed."""
     check_ids(tenant=checkpoint.tenant, run_id=checkpoint.run_id)
     start = RunInput(
         tenant=checkpoint.tenant,
@@ -126,6 +130,8 @@ async def carry_on_run(
         max_history_bytes=continuation.max_history_bytes,
         options=options or ActivityOptions(),
         approval_poll=approval_poll,
+        chain=list(chain),
+        carried_on=True,
     )
     return await client.start_workflow(
         WORKFLOW_NAME,

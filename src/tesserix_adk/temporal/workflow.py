@@ -94,10 +94,11 @@ class AgentWorkflow:
             standing.iteration = carried.iteration
             history = carried.history
         step: StepResult
+        resumed = start.carried_on
         if carried is not None and carried.pending_approval is not None:
-            step = await self._model(start, standing.iteration)
+            step = await self._model(start, standing.iteration, resumed=resumed)
         else:
-            step = await self._model(start, standing.iteration, history=history)
+            step = await self._model(start, standing.iteration, history=history, resumed=resumed)
         while True:
             while step.kind is StepKind.waiting:
                 reason = self._continue_reason(policy, standing)
@@ -153,7 +154,13 @@ class AgentWorkflow:
         # A signal being handled (an approval decided) must not be cut off by the new run.
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
-            replace(start, input=None, carried=carried_from(carry), chain=[*start.chain, reason])
+            replace(
+                start,
+                input=None,
+                carried=carried_from(carry),
+                chain=[*start.chain, reason],
+                carried_on=False,
+            )
         )
 
     async def _model(
@@ -164,6 +171,7 @@ class AgentWorkflow:
         results: list[ToolResult] | None = None,
         fold_only: bool = False,
         history: dict[str, Any] | None = None,
+        resumed: bool = False,
     ) -> StepResult:
         step = ModelStep(
             tenant=start.tenant,
@@ -175,6 +183,7 @@ class AgentWorkflow:
             results=results,
             fold_only=fold_only,
             history=history,
+            resumed=resumed,
         )
         options = start.options
         return await _named(
