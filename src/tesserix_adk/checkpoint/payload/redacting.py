@@ -7,6 +7,7 @@ frontier's ``observation`` alike, so all three mask alike.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,28 +59,48 @@ def _redacted_message(message: Message, redactor: Redactor) -> dict[str, Any]:
     return data
 
 
+# A placeholder ending a part, and the run of value characters that starts the next one.
+_ENDS_MASKED = re.compile(r"\[redacted:[a-z0-9_]+\]\Z")
+_VALUE_RUN = re.compile(r"[^\s,;&\"'()\[\]{}<>]+")
+
+
 def _redacted_parts(parts: list[dict[str, Any]], redactor: Redactor) -> list[dict[str, Any]]:
     """Each text part redacted, and a run of adjacent text parts redacted again as the one
-    text the model reads: a key split across two parts, each piece too short to match, is
-    found there, and the run is then stored as one part holding the masked text (the same
-    text, so what a resume sends the model says the same)."""
+    text the model reads, so a secret split across parts is found:
+
+    - a value masked at the very end of a part goes on into the next one, up to a
+      delimiter (a key whose head alone matched leaves no tail);
+    - the parts joined are redacted again (pieces each too short to match alone).
+
+    Each part is masked on its own first, so what only a part's own shape gives away (a
+    JSON document's secret-named keys) stays masked. When the run gives away more than its
+    parts did, it is stored as one part holding the masked text (the same text, so what a
+    resume sends the model says the same)."""
     out: list[dict[str, Any]] = []
     run: list[dict[str, Any]] = []
 
     def close_run() -> None:
-        if len(run) > 1:
-            parts_text = "".join(p["text"] for p in run)
-            whole = redactor.text(parts_text)
-            if whole != parts_text:
-                out.append({"type": "text", "text": whole})
-                run.clear()
-                return
-        out.extend(run)
+        masked = [redactor.text(p["text"]) for p in run]
+        if len(run) < 2:
+            out.extend({**p, "text": m} for p, m in zip(run, masked, strict=True))
+            run.clear()
+            return
+        texts = list(masked)
+        for k in range(1, len(texts)):
+            if _ENDS_MASKED.search(texts[k - 1]) and not texts[k].startswith("[redacted:"):
+                tail = _VALUE_RUN.match(texts[k])
+                if tail is not None:
+                    texts[k] = texts[k][tail.end() :]
+        whole = redactor.text("".join(texts))
+        if whole != "".join(masked):
+            out.append({"type": "text", "text": whole})
+        else:
+            out.extend({**p, "text": m} for p, m in zip(run, masked, strict=True))
         run.clear()
 
     for part in parts:
         if part["type"] == "text":
-            run.append({**part, "text": redactor.text(part["text"])})
+            run.append(part)
         else:
             close_run()
             out.append(part)

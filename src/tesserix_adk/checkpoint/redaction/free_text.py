@@ -28,6 +28,7 @@ _KEY_WORD = re.compile(
 )
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 _KEY_HINTS = ("pass", "secret", "token", "key", "auth", "cookie", "credential")
+_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 _KEY_CHAR_SET = frozenset(string.ascii_letters + string.digits + "_.-")
 _KEY_CHARS = re.compile(rf"[A-Za-z0-9_.\-]{{0,{_MAX_KEY}}}")
 _DOUBLE_QUOTED = re.compile(r'[^"\\\n]*+(?:\\.[^"\\\n]*+)*+')
@@ -117,9 +118,10 @@ def _value_span(
             end -= 1
         return (start, end) if end > start else None
     end = _UNQUOTED.match(text, pos).end()  # type: ignore[union-attr]
-    if end > pos + 1 and text[end - 1] == ":" and _key_kind(text[pos : end - 1]) is not None:
-        # ``password=Authorization: …``: the word is the next key, not this one's value;
-        # masking it would leave the header's value with no key in front to mask it.
+    if text[pos : end - 1].lower() in _HEADERS and text[end - 1 : end] == ":":
+        # ``password=Authorization: …``: the header name is the next key, not this one's
+        # value; masking it would leave the header's value with no key in front to mask it.
+        # (Only a header's very name: ``password=Sup3rSecret: …`` is a password.)
         return None
     return (pos, end) if end > pos else None
 
