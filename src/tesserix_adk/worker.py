@@ -410,16 +410,15 @@ class Worker:
                 item.tenant,
                 item.run_id,
             )
-            # After a delay, keeping the count: every take counts, so should planning still
-            # refuse a run whose records all look settled, this wakes it a bounded number of
-            # times.
+            # After a delay, and counted (as every take is): should planning still refuse a
+            # run whose records all look settled, this wakes it a bounded number of times.
+            # (Without a count, as an operator's wake is: one with a count never unparks.)
             await self.work.want(
                 item.tenant,
                 item.run_id,
                 agent=item.agent,
                 delay=self.backoff.delay(item.attempts, self._rng),
                 reason="its calls were settled while it was being parked",
-                count=0,
             )
         except Exception as exc2:  # it stays parked: an operator's next action wakes it
             _log.warning("run %s/%s: could not look again: %r", item.tenant, item.run_id, exc2)

@@ -156,8 +156,11 @@ async def _cancel(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exit
     runner = AgentRunner.from_stores(_NoModel(), stores, worker="tesserix-cancel")
     assert runner.checkpoints is not None
     known = await runner.checkpoints.store.latest(args.tenant, args.run)
-    if known is None and (
-        stores.work is None or await stores.work.input(args.tenant, args.run) is None
+    if (
+        known is None
+        and (stores.work is None or await stores.work.input(args.tenant, args.run) is None)
+        # A run started in-process holds its lease before its first frontier.
+        and await stores.leases.current(args.tenant, args.run) is None
     ):
         raise NoCheckpointError(
             f"nothing is checkpointed or submitted under run {args.run!r} for tenant "

@@ -158,11 +158,17 @@ class WorkIndexConformance(ClockedConformance):
         await work_index.want(T, "r1", agent=A, count=-1)
         (item,) = await work_index.items(T)
         assert (item.attempts, item.not_before) == (1, None)
-        # Parked and woken with a count: the count is kept (the wake bounded by it).
+        # A worker's count never unparks a run (another worker parked it meanwhile) nor
+        # revives a finished one; a want without one (an operator's wake) unparks it.
         await work_index.park(T, "r1", agent=A, reason="in doubt")
         await work_index.want(T, "r1", agent=A, delay=LONG, count=0)
+        await work_index.want(T, "r1", agent=A, count=-1)
+        (item,) = await work_index.items(T, state=WorkState.parked)
+        assert (item.attempts, item.reason) == (1, "in doubt")
+        await work_index.want(T, "r1", agent=A)
         (item,) = await work_index.items(T)
-        assert (item.state, item.attempts) == (WorkState.wanted, 1)
+        assert (item.state, item.attempts) == (WorkState.wanted, 0)
+        await work_index.want(T, "r1", agent=A, count=1)
         for _ in range(3):
             await work_index.want(T, "r1", agent=A, count=-1)
         (item,) = await work_index.items(T)
@@ -173,6 +179,10 @@ class WorkIndexConformance(ClockedConformance):
         assert (counts["fresh"], counts["new"]) == (0, 1)
         # The input a submission carried stays through all of it.
         assert await work_index.input(T, "r1") == b"in"
+        await work_index.done(T, "new")
+        await work_index.want(T, "new", agent=A, count=-1)
+        await work_index.want(T, "new", agent=A, count=1)
+        assert [i.run_id for i in await work_index.items(T, state=WorkState.done)] == ["new"]
 
     async def test_due_keeps_to_the_agents_asked_for(self, work_index: WorkIndex) -> None:
         await work_index.want(T, "b", agent="booking")

@@ -11,6 +11,9 @@ from tesserix_adk.stores.protocols import LeaseStore, WorkItem, WorkState
 
 __all__ = ["MemoryWorkIndex", "TAKE_ORDER"]
 
+# What a want carrying a count (a worker's bookkeeping) leaves as it is.
+_LEFT_ALONE = (WorkState.parked, WorkState.done)
+
 TAKE_ORDER = {WorkState.decided: 0, WorkState.wanted: 1, WorkState.submitted: 2}
 """The order ``due`` hands runs out in, by state."""
 
@@ -66,6 +69,8 @@ class MemoryWorkIndex:
             )
         now = self._clock()
         entry = self._entries.get((tenant, run_id))
+        if count is not None and entry is not None and entry.item.state in _LEFT_ALONE:
+            return  # a worker's count never unparks a run nor revives a finished one
         if count is not None:
             attempts = max(0, (entry.item.attempts if entry is not None else 0) + count)
         elif delay > 0:

@@ -63,7 +63,9 @@ _WANT = (
     "attempts = CASE WHEN :count IS NOT NULL THEN MAX(0, adk_work.attempts + :count) "
     "WHEN :delay > 0 THEN adk_work.attempts + 1 "
     "WHEN adk_work.state = excluded.state THEN adk_work.attempts ELSE 0 END, "
-    "reason = excluded.reason"
+    "reason = excluded.reason "
+    # A worker's count (a take, a give-back) never unparks a run or revives a finished one.
+    "WHERE :count IS NULL OR adk_work.state NOT IN ('parked', 'done')"
 )
 
 # Attempts and input are kept.

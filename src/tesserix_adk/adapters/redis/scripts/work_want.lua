@@ -5,13 +5,16 @@
 -- ARGV: [1] run tag, [2] tenant, [3] run id, [4] agent, [5] state, [6] delay (microseconds,
 --       '0' for none), [7] '1' if a reason follows, [8] reason, [9] token of this call,
 --       [10] change to the count of attempts ('' for none: the rule below).
--- Returns 1, or 0 for a resend of a call already applied (its token is the entry's), so a
--- lost reply does not count an attempt twice.
+-- Returns 1, or 0 when nothing was written: a resend of a call already applied (its token
+-- is the entry's), so a lost reply does not count an attempt twice, or a count for a parked
+-- or done entry.
 local due = {decided = KEYS[2], wanted = KEYS[3], submitted = KEYS[4]}
 if not due[ARGV[5]] then return redis.error_reply('unknown work state ' .. ARGV[5]) end
 local now = now_us()
 local f = redis.call('HMGET', KEYS[1], 'state', 'since', 'attempts', 'want_token')
 if f[4] == ARGV[9] then return 0 end
+-- A worker's count (a take, a give-back) never unparks a run or revives a finished one.
+if ARGV[10] and ARGV[10] ~= '' and (f[1] == 'parked' or f[1] == 'done') then return 0 end
 local since = now
 if f[1] == ARGV[5] and tonumber(f[2]) then since = tonumber(f[2]) end
 local delay = tonumber(ARGV[6])

@@ -25,3 +25,5 @@ ON CONFLICT (tenant, run_id) DO UPDATE SET
                     WHEN %(delay)s::float8 > 0 THEN w.attempts + 1
                     WHEN w.state = EXCLUDED.state THEN w.attempts ELSE 0 END,
     reason = EXCLUDED.reason
+-- A worker's count (a take, a give-back) never unparks a run or revives a finished one.
+WHERE %(count)s::int4 IS NULL OR w.state NOT IN ('parked', 'done')
