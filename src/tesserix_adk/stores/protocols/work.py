@@ -70,9 +70,11 @@ class WorkIndex(Protocol):
         ``count`` changes the count of attempts by that much, whatever the states (never
         below 0): a worker taking the run counts ``1`` as it begins, a failure after it
         ``0`` (the take counted it), a take that found the run held elsewhere or was
-        stopped by a drain is given back with ``-1``.
-        Without it a delayed want counts one more attempt, and a prompt one keeps the count
-        in the same state and starts it again in another (an operator unparking a run)."""
+        stopped by a drain is given back with ``-1``. A want with a count leaves a parked
+        or done entry as it is: a worker's bookkeeping never unparks a run another worker
+        parked meanwhile, nor revives one that finished. Without a count a delayed want
+        counts one more attempt, and a prompt one keeps the count in the same state and
+        starts it again in another (an operator unparking a run)."""
         ...
 
     async def park(self, tenant: str, run_id: str, *, agent: str, reason: str) -> None:
