@@ -15,10 +15,10 @@ operator's ``tesserix resolve`` starting the count again; an operator's
 
 Since then the worker counts its own takes, as each begins (given back when the run was
 found held elsewhere or a drain stopped it, including one cancelled inside a tool), and a
-failure after a take is not counted again; carrying a run in-process counts nothing. Five
-of the six defects below are fixed and their tests pass; the healthy run parked beside a
-poison run stays a strict xfail (the count does not start again on progress: that needs a
-write when a take first makes progress, not made here).
+failure after a take is not counted again; carrying a run in-process counts nothing; and a
+take that writes a new frontier forgets the run's earlier attempts (the worker's
+``_Progress``, told through ``on_event``). All six defects below are fixed and their tests
+pass.
 
 Defects found:
 - a run whose model raises a plain exception (``KeyError`` from a hand-written provider)
@@ -303,13 +303,6 @@ class _Process:
         self.worker: Worker | None = None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every run carried in a process the poison run kills is counted for that death: "
-    "a healthy run carried beside it (concurrency 2) is parked with it after max_attempts "
-    "('taken 3 times ... the process carrying it died'), though it advanced one step in "
-    "each process; the count never starts again on progress",
-)
 async def test_a_healthy_run_carried_beside_a_poison_run_is_not_parked_with_it() -> None:
     """Each round is one worker process carrying two runs. 'poison' kills the process (a
     native crash: SimulatedCrash, leases left to lapse) once 'healthy' has finished a step
@@ -325,8 +318,10 @@ async def test_a_healthy_run_carried_beside_a_poison_run_is_not_parked_with_it()
         proc.healthy_steps += 1
         if proc.healthy_steps >= 2:  # one step done in this process; inside the next
             proc.mid.set()
-            await proc.dying.wait()
-            raise SimulatedCrash("the process died under this run")
+            with contextlib.suppress(TimeoutError):  # once 'poison' is parked, none dies
+                await asyncio.wait_for(proc.dying.wait(), 1)
+            if proc.dying.is_set():
+                raise SimulatedCrash("the process died under this run")
 
     class Model(Steps):
         async def complete(self, request: Any) -> Any:
@@ -365,6 +360,53 @@ async def test_a_healthy_run_carried_beside_a_poison_run_is_not_parked_with_it()
     assert [i.run_id for i in await _parked(stores)] == ["poison"]
     healthy = await Checkpointer.from_stores(stores).latest(T, "healthy")
     assert healthy is not None and healthy.status is CheckpointStatus.completed
+
+
+@pytest.mark.parametrize("backend", ["memory", *BACKENDS])
+async def test_a_run_that_moved_on_once_and_then_dies_in_one_place_is_still_parked(
+    backend: str, tmp_path: Path
+) -> None:
+    """The count starts again only on a new frontier: a run whose third step kills each
+    process carrying it moved on in the first take (two steps), never after. It is parked
+    after max_attempts, and the step that kills it was tried exactly max_attempts times."""
+    async with contextlib.AsyncExitStack() as stack:
+        stores = (
+            _mem()
+            if backend == "memory"
+            else await stack.enter_async_context(_real(backend, tmp_path))
+        )
+        deaths: list[int] = []
+        now: dict[str, Worker | None] = {"worker": None}
+
+        async def hook(run_id: str, n: int) -> None:
+            if n == 2:
+                deaths.append(n)
+                assert now["worker"] is not None
+                now["worker"].drain()  # a dead process takes nothing more
+                raise SimulatedCrash("the process died in step 2")
+
+        agent = _step_agent(hook)
+        model = Steps(steps=4)
+        await _runner(stores, model).submit(agent, "go r1", tenant=T, run_id="r1")
+        ttl = 0.3
+        for _ in range(6):
+            entry = await _entry(stores, "r1")
+            if entry is None or entry.state is WorkState.parked:
+                break
+            worker = now["worker"] = Worker(
+                _runner(stores, model, ttl=ttl),
+                [agent],
+                poll_interval=0.01,
+                max_attempts=3,
+                backoff=FAST,
+                exit_when_idle=True,
+            )
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(worker.run(), 10)
+            await asyncio.sleep(ttl + 0.05)  # the dead process's lease lapses
+        assert [i.run_id for i in await _parked(stores)] == ["r1"]
+        assert "taken 3 times" in (await _parked(stores))[0].reason
+        assert deaths == [2, 2, 2]
 
 
 async def test_a_run_drained_inside_a_long_tool_by_many_deploys_is_never_parked_for_it() -> None:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import random
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -45,6 +47,7 @@ from tesserix_adk.errors import (
     RunStoppedError,
     StaleFenceError,
 )
+from tesserix_adk.run.events import AttemptResumed, FrontierWritten, RunEvent
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.protocols import RecordStatus, WorkIndex, WorkItem, WorkState
@@ -264,45 +267,50 @@ class Worker:
             self.carried.append((item, how))
             return how
         counted = False
+        progress = _Progress(self.work, item)
         try:
             # Counted before anything else, so a take no carrier lives to report is counted;
             # and wanted from now on, as the runner marks it, so the count is kept.
             await self.work.want(item.tenant, item.run_id, agent=item.agent, count=1)
             counted = True
-            how = await self._take(item)
+            how = await self._take(item, progress)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 # This worker cancelled it (draining past its deadline): not the run's doing.
                 if counted:
                     await self._give_back(item)
+                await progress.settled()
                 raise
             # Raised by the run's own code (a provider or a tool) with nobody cancelling:
             # a failure of that run, counted and delayed like any other, never a silent end
             # that takes it again at once.
             leaked = _LeakedCancel(f"{exc!r} raised inside the run")
-            how = await self._after_error(item, leaked, counted=counted)
+            how = await self._after_error(progress.item, leaked, counted=counted)
         except Exception as exc:  # a worker outlives any one run
-            how = await self._after_error(item, exc, counted=counted)
+            how = await self._after_error(progress.item, exc, counted=counted)
+        await progress.settled()
         self.carried.append((item, how))
         return how
 
-    async def _take(self, item: WorkItem) -> Carried:
+    async def _take(self, item: WorkItem, progress: _Progress) -> Carried:
         agent = self.agents[item.agent]
         assert self.runner.checkpoints is not None
         existing = await self.runner.checkpoints.store.latest(item.tenant, item.run_id)
         if existing is None:
-            started = await self._start(item, agent)
+            started = await self._start(item, agent, progress)
             if started is not None:
                 return self._ended(item, started, "started")
         _log.info("run %s/%s: carrying it on", item.tenant, item.run_id)
         if self.telemetry is not None and item.state is WorkState.wanted:
             # Started, unfinished and unheld: its holder died or let go without finishing.
             self.telemetry.took_over(item.agent)
-        result = await self.runner.resume(agent, item.run_id, tenant=item.tenant, stop=self._stop)
+        result = await self.runner.resume(
+            agent, item.run_id, tenant=item.tenant, stop=self._stop, on_event=progress
+        )
         return self._ended(item, result, "carried on")
 
-    async def _start(self, item: WorkItem, agent: Agent) -> Run | None:
+    async def _start(self, item: WorkItem, agent: Agent, progress: _Progress) -> Run | None:
         """Start a submitted run; ``None`` when it turns out to have a frontier already."""
         data = await self.work.input(item.tenant, item.run_id)
         if data is None:
@@ -319,6 +327,7 @@ class Worker:
                 run_id=item.run_id,
                 state=submission.state,
                 stop=self._stop,
+                on_event=progress,
             )
         except RunStartedError:
             return None  # another worker started it in between: resume it instead
@@ -438,6 +447,62 @@ class Worker:
         if self.telemetry is not None:
             self.telemetry.parked(item.agent, why)
         return Carried.parked
+
+
+class _Progress:
+    """Starts a run's count of attempts again once a take writes a new frontier: the count
+    is of takes that ended without moving the run on, so a run carried beside one that
+    kills their process is not parked with it. The take that moved it on stays counted.
+
+    An ``on_event`` sink: told ``AttemptResumed`` (the step the take picked up at) and
+    ``FrontierWritten`` (announced once durable), it writes at most once per take, and only
+    for a run that had earlier attempts."""
+
+    def __init__(self, work: WorkIndex, item: WorkItem) -> None:
+        self._work = work
+        self._item = item
+        self._home = threading.get_ident()
+        self._loop = asyncio.get_running_loop()
+        self._picked_up_at: int | None = None  # None: a start, every frontier is new
+        self.made = False
+        self._write: asyncio.Task[None] | None = None
+
+    @property
+    def item(self) -> WorkItem:
+        """The item as the rest of this take should count it: no earlier attempts once the
+        run moved on (its delay and any park are this take's alone)."""
+        return dataclasses.replace(self._item, attempts=0) if self.made else self._item
+
+    def __call__(self, event: RunEvent) -> None:
+        if not isinstance(event, (AttemptResumed, FrontierWritten)):
+            return
+        if threading.get_ident() != self._home:
+            self._loop.call_soon_threadsafe(self, event)
+            return
+        if isinstance(event, AttemptResumed):
+            self._picked_up_at = event.step
+        elif not self.made and (self._picked_up_at is None or event.step > self._picked_up_at):
+            self.made = True
+            if self._item.attempts > 0:
+                self._write = self._loop.create_task(self._start_again())
+
+    async def _start_again(self) -> None:
+        item = self._item
+        try:
+            # A delta, as every count is: only this run's holder moves it meanwhile.
+            await self._work.want(item.tenant, item.run_id, agent=item.agent, count=-item.attempts)
+        except Exception as exc:  # the old count stands: at worst the run parks sooner
+            _log.warning(
+                "run %s/%s: could not start its count of attempts again: %r",
+                item.tenant,
+                item.run_id,
+                exc,
+            )
+
+    async def settled(self) -> None:
+        """Wait for the write, so it is never left running past the take."""
+        if self._write is not None:
+            await asyncio.shield(self._write)
 
 
 class _LeakedCancel(Exception):

@@ -39,6 +39,7 @@ from tesserix_adk.checkpoint.payload import Boundary
 from tesserix_adk.providers.base import TextSink
 from tesserix_adk.providers.scripted import ScriptedTurn
 from tesserix_adk.run.events import (
+    AttemptResumed,
     FrontierWritten,
     RunEvent,
     RunFinished,
@@ -146,6 +147,44 @@ async def test_events_of_a_two_turn_booking_run_come_in_order(airline: Airline) 
     assert airline.bookings == ["LH123"]
     latest = await world.latest("r1")
     assert latest.step == 3 and latest.status.finished
+
+
+async def test_run_and_resume_tell_on_event_what_stream_yields(airline: Airline) -> None:
+    """``on_event`` on ``run``/``resume`` is told the events a stream would yield, in the
+    same order, without ``RunFinished`` (the call returns the run)."""
+    streamed: list[RunEvent] = []
+    await collect(
+        World()
+        .runner(ScriptedProvider(TURNS))
+        .stream(booking_agent(Airline()), "book LH123", tenant="acme", run_id="r1"),
+        streamed,
+    )
+    world = World()
+    told: list[RunEvent] = []
+    run = await world.runner(ScriptedProvider(TURNS)).run(
+        booking_agent(airline), "book LH123", tenant="acme", run_id="r1", on_event=told.append
+    )
+    assert run.status is RunStatus.completed
+    assert squeeze(shape(told)) == squeeze(shape(streamed))[:-1]
+    # A resume of a run that crashed after booking: told where it picked up, then on.
+    world = World()
+    with pytest.raises(SimulatedCrash):
+        await collect(
+            world.runner(DiesMidStream(1)).stream(
+                booking_agent(airline), "book LH123", tenant="acme", run_id="r2"
+            ),
+            [],
+        )
+    told = []
+    run = await world.runner(ScriptedProvider(TURNS)).resume(
+        booking_agent(airline), "r2", tenant="acme", on_event=told.append
+    )
+    assert run.status is RunStatus.completed
+    resumed = [e for e in told if isinstance(e, AttemptResumed)]
+    assert [(e.step, e.boundary) for e in resumed] == [(2, Boundary.after_tool_result)]
+    assert told[0] is resumed[0]
+    assert ("frontier", 3, Boundary.after_model_call) in shape(told)
+    assert airline.bookings == ["LH123", "LH123"]  # one per run, none sent again
 
 
 async def test_a_provider_that_cannot_stream_tells_its_text_whole(airline: Airline) -> None:

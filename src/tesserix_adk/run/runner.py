@@ -215,13 +215,17 @@ class AgentRunner:
         run_id: str | None = None,
         state: Any = None,
         stop: StopSignal | None = None,
+        on_event: EventSink | None = None,
     ) -> Run:
         """Start a new run and carry it until it finishes or waits on a person.
 
         ``stop()`` is asked at each boundary between turns; a reason it returns stops the
         run there with ``RunStoppedError`` (a draining worker), to be carried on later.
+        ``on_event(event)`` is told each event as ``stream`` would yield it, from the run's
+        own task (or a sync tool's thread), so it must not block; ``RunFinished`` is not
+        among them (``run`` returns it).
         """
-        attempt = Attempt(holder=new_holder(self.worker), stop=stop)
+        attempt = Attempt(holder=new_holder(self.worker), stop=stop, events=on_event)
         work = self._start(attempt, agent, input, tenant, run_id, state)
         return await observe(self, attempt, AttemptKind.run, agent, tenant, run_id, work)
 
@@ -288,14 +292,15 @@ class AgentRunner:
         tenant: str,
         on_frontier: FrontierObserver | None = None,
         stop: StopSignal | None = None,
+        on_event: EventSink | None = None,
     ) -> Run:
         """Carry a run on from its frontier, never making a side-effecting call twice.
 
         ``on_frontier(checkpoint, plan, fence, holder)`` (``holder``: this attempt's id) is
         called once the frontier is read (and planned, unless finished or refused), before
         anything is carried on: the CLI prints its summary there. Calls in doubt whose tool
-        has a reconciler are settled by it first. ``stop`` as for ``run``."""
-        attempt = Attempt(holder=new_holder(self.worker), stop=stop)
+        has a reconciler are settled by it first. ``stop`` and ``on_event`` as for ``run``."""
+        attempt = Attempt(holder=new_holder(self.worker), stop=stop, events=on_event)
         work = self._resume(attempt, agent, run_id, tenant, on_frontier)
         return await observe(self, attempt, AttemptKind.resume, agent, tenant, run_id, work)
 
