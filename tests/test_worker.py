@@ -7,6 +7,7 @@ The same promises across real processes and every backend are in tests/test_work
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import time
 from collections.abc import Callable
@@ -30,7 +31,11 @@ from tesserix_adk import (
     open_stores,
     tool,
 )
+from tesserix_adk.checkpoint.payload import Carrier, CheckpointStatus, encode_checkpoint
+from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.cli import frontier_main
+from tesserix_adk.cli.failures import exit_code_for
+from tesserix_adk.errors import CarriedByWorkflowError
 from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import MemoryWorkIndex
@@ -554,3 +559,61 @@ def test_a_workers_resume_claims_lapse_with_its_leases() -> None:
     assert runner.resume_claim_ttl > runner.lease_policy.ttl
     Worker(runner, [_agent(Airline())])
     assert runner.resume_claim_ttl == runner.lease_policy.ttl
+
+
+async def _as_if_temporal_carried(stores: Stores, run_id: str) -> None:
+    """Rewrite the run's frontier as its Temporal workflow's activity writes it."""
+    cp = await Checkpointer.from_stores(stores).latest(T, run_id)
+    assert cp is not None
+    payload = encode_checkpoint(
+        dataclasses.replace(cp, carried_by=Carrier.temporal, step=cp.step + 1), Redactor()
+    )
+    await stores.checkpoints.put(T, run_id, payload, step=cp.step + 1, fence=cp.fence)
+
+
+async def test_a_run_its_temporal_workflow_carries_is_left_to_it() -> None:
+    """An approved Temporal run that the work index shows as decided (an earlier kit's
+    approve, or a race): the kit's resume refuses it before asking a reconciler anything;
+    a worker gives its take back, marks it done and sends nothing; the CLI's approve does
+    not wake a kit worker for it and says its workflow takes the decision."""
+    stores, airline = _stores(), Airline()
+    asked: list[str] = []
+
+    def reconcile(call: Any, ctx: Any) -> Reconciled:
+        asked.append(call.name)
+        return Reconciled.never_ran()
+
+    agent = _agent(airline, approval=True, reconcile=reconcile)
+    result = await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    assert result.status is RunStatus.waiting_approval and result.pending_approval is not None
+    await _as_if_temporal_carried(stores, "r1")
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["approve", result.pending_approval.id, "--tenant", T, "--by", "alice"]
+    code = await asyncio.to_thread(frontier_main, argv, stores=stores, out=out, err=err)
+    assert code == 0, err.getvalue()
+    assert "its temporal workflow takes the decision" in out.getvalue()
+    assert "tesserix run --resume" not in out.getvalue()
+    assert stores.work is not None
+    assert await stores.work.due(limit=10) == []  # no kit worker was told of it
+    with pytest.raises(CarriedByWorkflowError, match="temporal workflow") as refused:
+        await _runner(stores).resume(agent, "r1", tenant=T)
+    assert exit_code_for(refused.value) == 4 and not refused.value.retryable
+    await stores.work.want(T, "r1", agent="booking", state=WorkState.decided)
+    worker = await _work_until_idle(stores, agent)
+    assert [how for _, how in worker.carried] == [Carried.elsewhere]
+    assert await stores.work.items(T) == []  # done: listed no more, due no more
+    assert airline.bookings == [] and asked == []
+    latest = await Checkpointer.from_stores(stores).latest(T, "r1")
+    assert latest is not None and latest.carried_by is Carrier.temporal
+    assert latest.status is CheckpointStatus.waiting_approval  # left as its workflow left it
+
+
+async def test_a_finished_temporal_run_reads_back_through_resume() -> None:
+    """Nothing is carried on in a finished run, so the kit's resume answers it as it
+    answers its own."""
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)
+    await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    await _as_if_temporal_carried(stores, "r1")
+    again = await _runner(stores).resume(agent, "r1", tenant=T)
+    assert again.status is RunStatus.completed and len(airline.bookings) == 1

@@ -34,6 +34,7 @@ from tesserix_adk.checkpoint.planning import (
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
     AdkError,
+    CarriedByWorkflowError,
     CheckpointCorruptError,
     CheckpointError,
     CheckpointFormatError,
@@ -197,6 +198,7 @@ __all__ = [
     "RecordStatus",
     "Redactor",
     "ReplayNotResumableError",
+    "CarriedByWorkflowError",
     "ResumeConflictError",
     "ResumeError",
     "ResumePlan",

@@ -26,6 +26,7 @@ reading the attribute, never by matching on names.
     │   ├── NoCheckpointError           nothing checkpointed under that id
     │   ├── RunFailedError              the run ended ``failed``; it is not carried on
     │   ├── ReplayNotResumableError     a replay is carried on only by the replay itself
+    │   ├── CarriedByWorkflowError      a workflow engine (Temporal) carries the run
     │   └── RunStoppedError             stopped at a boundary on request (retryable)
     └── LeaseError
         ├── LeaseHeldError            another holder has the lease (.holder)
@@ -40,6 +41,7 @@ from typing import Any, Protocol
 __all__ = [
     "AdkError",
     "CallInDoubt",
+    "CarriedByWorkflowError",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointFormatError",
@@ -239,6 +241,12 @@ class ReplayNotResumableError(ResumeError):
     """The run is a replay that stopped before it finished: only the ``replay`` call that
     started it had its stubs (they are not stored), so nothing carries it on; replay again
     instead (never retryable)."""
+
+
+class CarriedByWorkflowError(ResumeError):
+    """The run is carried by a workflow engine (its Temporal workflow), which alone carries
+    it on: the kit's own resume and workers leave it alone (never retryable). A run whose
+    workflow closed is carried on by starting a new one (``tesserix submit --temporal``)."""
 
 
 class RunStoppedError(ResumeError):

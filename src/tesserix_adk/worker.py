@@ -29,6 +29,7 @@ from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.payload.submission import decode_submission
 from tesserix_adk.errors import (
     AdkError,
+    CarriedByWorkflowError,
     CheckpointCorruptError,
     CheckpointFormatError,
     CheckpointTooLargeError,
@@ -353,6 +354,15 @@ class Worker:
             if counted:
                 await self._give_back(item)
             return Carried.stopped
+        if isinstance(exc, CarriedByWorkflowError):
+            # Its workflow carries it (a Temporal run an operator's approve woke): not this
+            # worker's to carry, nor to park; the workflow takes the decision itself.
+            if counted:
+                await self._give_back(item)
+            _log.info("run %s: left to its workflow (%s)", where, exc)
+            with contextlib.suppress(Exception):  # else seen again, and left again
+                await self.work.done(item.tenant, item.run_id)
+            return Carried.elsewhere
         if isinstance(exc, _ELSEWHERE):
             if counted and isinstance(exc, _NOT_TAKEN):
                 await self._give_back(item)

@@ -918,10 +918,15 @@ def _to_old(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return _old_class(type(value))(value.value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        cls = _old_class(type(value))
+        known = {f.name for f in dataclasses.fields(cls)}
         fields = {
-            f.name: _to_old(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init
+            f.name: _to_old(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            # A field added since (carried_by) is left out where it is None, as it was.
+            if f.init and (f.name in known or getattr(value, f.name) is not None)
         }
-        return _old_class(type(value))(**fields)
+        return cls(**fields)
     if isinstance(value, tuple):
         return tuple(_to_old(v) for v in value)
     if isinstance(value, list):

@@ -32,8 +32,9 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.checkpoint.payload import (
-    NAMING_FORMAT,
+    CARRIER_FORMAT,
     Boundary,
+    Carrier,
     Checkpoint,
     decode_checkpoint,
     encode_checkpoint,
@@ -197,11 +198,11 @@ async def _overwrite(store: MemoryCheckpointStore, payload: bytes) -> None:
     ("mangle", "error"),
     [
         (
-            lambda p: resealed(p, lambda b: b.update(format=NAMING_FORMAT + 1)),
+            lambda p: resealed(p, lambda b: b.update(format=CARRIER_FORMAT + 1)),
             CheckpointFormatError,
         ),
         (
-            lambda p: json.dumps({**json.loads(p), "format": NAMING_FORMAT + 1}).encode(),
+            lambda p: json.dumps({**json.loads(p), "format": CARRIER_FORMAT + 1}).encode(),
             CheckpointFormatError,
         ),
         (lambda p: json.dumps(json.loads(p)).encode(), CheckpointCorruptError),
@@ -356,3 +357,46 @@ def test_a_frontier_encoded_naming_a_transcript_is_that_frontier_naming_it(own: 
     read = decode_checkpoint(want, tenant="t", run_id="r")
     assert read.messages is None and read.history_handle is not None
     assert (read.history_handle.count, read.history_handle.digest) == (3, named.digest)
+
+
+def _carried(**changes: Any) -> Checkpoint:
+    return Checkpoint(
+        tenant="t",
+        run_id="r",
+        agent_name="a",
+        step=2,
+        boundary=Boundary.before_approval,
+        status=CheckpointStatus.waiting_approval,
+        messages=(Message.user("book LH123"),),
+        **changes,
+    )
+
+
+def test_a_frontier_naming_its_carrier_is_format_4_and_reads_back_naming_it() -> None:
+    """A Temporal run's frontier says so, in a format a kit that reads only 3 refuses; a
+    frontier of the kit's own run is written as before, naming none."""
+    redactor = Redactor()
+    payload = encode_checkpoint(_carried(carried_by=Carrier.temporal), redactor)
+    assert json.loads(payload)["format"] == CARRIER_FORMAT == 4
+    read = decode_checkpoint(payload, tenant="t", run_id="r")
+    assert read.carried_by is Carrier.temporal and read.format == CARRIER_FORMAT
+    own = encode_checkpoint(_carried(), redactor)
+    assert json.loads(own)["format"] == 2 and b"carried_by" not in own
+    assert decode_checkpoint(own, tenant="t", run_id="r").carried_by is None
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda b: b.update(format=3),  # a carrier in a format that has none
+        lambda b: b.pop("carried_by"),  # format 4 without its carrier
+        lambda b: b.update(carried_by="airflow"),  # no such carrier
+        lambda b: b.update(carried_by=None),
+        lambda b: b.update(carried_by=["temporal"]),
+    ],
+    ids=["format-3", "missing", "unknown", "null", "not-a-string"],
+)
+def test_a_frontier_whose_carrier_does_not_fit_its_format_is_corrupt(mangle: Any) -> None:
+    payload = encode_checkpoint(_carried(carried_by=Carrier.temporal), Redactor())
+    with pytest.raises(CheckpointCorruptError):
+        decode_checkpoint(resealed(payload, mangle), tenant="t", run_id="r")

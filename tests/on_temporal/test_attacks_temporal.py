@@ -593,12 +593,6 @@ async def test_approval_signals_twice_and_for_another_run_change_nothing(
         assert still is not None and still.name == "RUNNING"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after `tesserix approve` a Temporal run sits in the store's work index as wanting "
-    "a worker until the workflow's next look, so a kit `tesserix worker` on the same store "
-    "takes it and carries the run itself, beside (and against) its workflow",
-)
 async def test_a_kit_worker_on_the_same_store_leaves_an_approved_temporal_run_alone(
     temporal_server: DevServer, tmp_path: Path
 ) -> None:

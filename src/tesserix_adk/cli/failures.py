@@ -24,6 +24,7 @@ from typing import TextIO
 from tesserix_adk.cli.text import sentence
 from tesserix_adk.errors import (
     AdkError,
+    CarriedByWorkflowError,
     CheckpointCorruptError,
     CheckpointFormatError,
     CheckpointTooLargeError,
@@ -82,6 +83,7 @@ _MUST_NOT = (
     RevisionMismatchError,
     RunFailedError,
     ReplayNotResumableError,
+    CarriedByWorkflowError,
 )
 
 

@@ -14,7 +14,12 @@ import time
 from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
-from tesserix_adk.checkpoint.payload import MAX_NESTING, encode_outcome, within_nesting
+from tesserix_adk.checkpoint.payload import (
+    MAX_NESTING,
+    Checkpoint,
+    encode_outcome,
+    within_nesting,
+)
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.cli.failures import ExitCode, Refused, UsageError
 from tesserix_adk.cli.inspecting import run_inspect
@@ -179,14 +184,29 @@ async def _approve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
     return ExitCode.CARRIED_ON
 
 
+async def _readable_frontier(stores: Stores, tenant: str, run_id: str) -> Checkpoint | None:
+    """The run's frontier, or ``None`` when there is none or it cannot be read."""
+    with contextlib.suppress(CheckpointCorruptError, CheckpointFormatError):
+        return await Checkpointer.from_stores(stores).latest(tenant, run_id)
+    return None
+
+
+def _by_its_workflow(cp: Checkpoint) -> str:
+    return (
+        f"its {cp.carried_by} workflow takes the decision at its next look at the approval "
+        "store (its approval signal has it look now); no kit worker takes it"
+    )
+
+
 async def _carry_on_with(args: argparse.Namespace, stores: Stores, run_id: str, woken: bool) -> str:
-    """What carries the run on now: a running ``tesserix worker``, or the exact resume
-    command (``--agent`` as given to ``approve``; else a placeholder naming the agent)."""
+    """What carries the run on now: its workflow (a Temporal run), a running ``tesserix
+    worker``, or the exact resume command (``--agent`` as given to ``approve``; else a
+    placeholder naming the agent)."""
+    cp = await _readable_frontier(stores, args.tenant, run_id)
+    if cp is not None and cp.carried_by is not None:
+        return _by_its_workflow(cp)
     agent = getattr(args, "agent", None)
     if agent is None:
-        cp = None
-        with contextlib.suppress(CheckpointCorruptError, CheckpointFormatError):
-            cp = await Checkpointer.from_stores(stores).latest(args.tenant, run_id)
         name = "" if cp is None else f" of agent {escaped(cp.agent_name)!r}"
         agent = "MODULE:ATTR"
         hint = (
@@ -214,10 +234,10 @@ async def _wake(stores: Stores, tenant: str, run_id: str, state: WorkState) -> b
     a worker will find it. A parked run is unparked."""
     if stores.work is None:
         return False
-    agent: str | None = None
-    with contextlib.suppress(CheckpointCorruptError, CheckpointFormatError):
-        cp = await Checkpointer.from_stores(stores).latest(tenant, run_id)
-        agent = None if cp is None else cp.agent_name
+    cp = await _readable_frontier(stores, tenant, run_id)
+    if cp is not None and cp.carried_by is not None:
+        return False  # its workflow carries it: a kit worker told of it would only refuse it
+    agent = None if cp is None else cp.agent_name
     if agent is None:
         known = [i for i in await stores.work.items(tenant) if i.run_id == run_id]
         agent = known[0].agent if known else None
@@ -383,6 +403,14 @@ async def _record_resolution(
         )
     elif woken:
         out.write("a worker carries the run on (a running `tesserix worker`; else resume it)\n")
+    else:
+        cp = await _readable_frontier(stores, args.tenant, args.run)
+        if cp is not None and cp.carried_by is not None and not cp.status.finished:
+            out.write(
+                f"its {cp.carried_by} workflow carries the run on; once that workflow closed, "
+                f"`tesserix submit --temporal ... --run-id {escaped(args.run)}` starts a new "
+                "one from its frontier\n"
+            )
     return ExitCode.CARRIED_ON
 
 

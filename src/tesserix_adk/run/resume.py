@@ -12,6 +12,7 @@ from tesserix_adk.checkpoint.payload import (
 )
 from tesserix_adk.checkpoint.planning import ResumePlan
 from tesserix_adk.errors import (
+    CarriedByWorkflowError,
     CheckpointTooLargeError,
     ReplayNotResumableError,
     RevisionMismatchError,
@@ -24,6 +25,7 @@ from tesserix_adk.stores.protocols import Ledger
 __all__ = [
     "note_ahead",
     "nothing_ran_since_approval_asked",
+    "refuse_carried_by_workflow",
     "refuse_unresumable",
     "restore",
     "resumable",
@@ -86,6 +88,17 @@ def refuse_unresumable(cp: Checkpoint, agent: Agent) -> None:
             f"run {cp.run_id!r} is a replay of {cp.replay_of} that stopped at step {cp.step}; "
             "its stubs lived only in the replay call that started it, so it is never carried "
             "on (its tools would be sent for real): replay again from the step instead"
+        )
+
+
+def refuse_carried_by_workflow(cp: Checkpoint) -> None:
+    """Refuse, for the kit's own resume, an unfinished run a workflow engine carries: two
+    carriers of one run would each take its turns. (Its engine's steps never ask this.)"""
+    if cp.carried_by is not None and not cp.status.finished:
+        raise CarriedByWorkflowError(
+            f"run {cp.run_id!r} is carried by its {cp.carried_by} workflow, not by the kit's "
+            "resume or workers; it goes on there (once its workflow closed, `tesserix submit "
+            f"--temporal ... --run-id {cp.run_id}` starts a new one from its frontier)"
         )
 
 

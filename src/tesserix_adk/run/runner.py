@@ -50,6 +50,7 @@ from tesserix_adk.run.result import Run, finished_run
 from tesserix_adk.run.resume import (
     note_ahead,
     nothing_ran_since_approval_asked,
+    refuse_carried_by_workflow,
     refuse_unresumable,
     restore,
     resumable,
@@ -374,6 +375,7 @@ class AgentRunner:
                 raise NoCheckpointError(
                     f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
                 )
+            refuse_carried_by_workflow(cp)  # before a reconciler is asked anything
             plan = None
             if not cp.is_tombstone and not cp.status.finished:
                 plan = await plan_resume(cp, self.idempotency)

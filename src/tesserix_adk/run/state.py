@@ -16,6 +16,7 @@ from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import TranscriptCursor, state_to_json
 from tesserix_adk.checkpoint.payload import (
     Boundary,
+    Carrier,
     Checkpoint,
     CheckpointStatus,
     Grant,
@@ -47,6 +48,8 @@ class RunState:
     replay_of: str | None = None
     cursor: TranscriptCursor = field(default_factory=TranscriptCursor)
     observation: Any = None
+    # A workflow engine carrying the run in the kit's place: every frontier names it.
+    carried_by: Carrier | None = None
 
     def frontier(
         self,
@@ -81,6 +84,7 @@ class RunState:
             output=output,
             written_at=time.time(),
             observation=self.observation,
+            carried_by=self.carried_by,
         )
 
     def result(

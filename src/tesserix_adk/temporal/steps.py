@@ -23,6 +23,7 @@ from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer, state_from_json
 from tesserix_adk.checkpoint.payload import (
     Boundary,
+    Carrier,
     Checkpoint,
     Grant,
     OutstandingCall,
@@ -95,7 +96,13 @@ async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder:
     attempt = Attempt(holder=holder)
     async with runner._holding(attempt, step.tenant, step.run_id):
         cp = await checkpoints.latest(step.tenant, step.run_id)
-        run = RunState(agent=agent, tenant=step.tenant, run_id=step.run_id, messages=[])
+        run = RunState(
+            agent=agent,
+            tenant=step.tenant,
+            run_id=step.run_id,
+            messages=[],
+            carried_by=Carrier.temporal,  # every frontier says so: no kit worker takes it
+        )
         if cp is None:
             if step.iteration != 0 or step.input is None:
                 raise NoCheckpointError(
@@ -192,6 +199,7 @@ async def tool_call(
             step=cp.step,
             state=state_from_json(cp.state, agent.state_schema),
             grants=list(cp.grants),
+            carried_by=Carrier.temporal,
         )
         if oc.key is None:
             if retried and oc.side_effects:

@@ -31,6 +31,7 @@ from tesserix_adk.checkpoint.payload.envelope import (
 )
 from tesserix_adk.checkpoint.payload.frontier import (
     Boundary,
+    Carrier,
     Checkpoint,
     CheckpointStatus,
     Grant,
@@ -38,6 +39,7 @@ from tesserix_adk.checkpoint.payload.frontier import (
     PendingApproval,
 )
 from tesserix_adk.checkpoint.payload.frontier_codec import (
+    CARRIER_FORMAT,
     decode_checkpoint,
     encode_checkpoint,
     tombstone_payload,
@@ -61,11 +63,13 @@ from tesserix_adk.checkpoint.payload.transcript import (
 )
 
 __all__ = [
+    "CARRIER_FORMAT",
     "CHECKPOINT_FORMAT",
     "DEFAULT_MAX_BYTES",
     "MAX_NESTING",
     "NAMING_FORMAT",
     "Boundary",
+    "Carrier",
     "Checkpoint",
     "CheckpointStatus",
     "Grant",

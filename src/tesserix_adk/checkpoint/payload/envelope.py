@@ -10,7 +10,9 @@ forger: anyone who can rewrite the bytes can recompute sha256.
 
 **Formats.** ``CHECKPOINT_FORMAT`` is the payload version; 2 added the checksum. A frontier
 whose observation names transcript entries is format 3 (``observation.NAMING_FORMAT``), so
-a kit that reads only 2 refuses it; every other payload is still written as 2. A reader
+a kit that reads only 2 refuses it; one that names its carrier (a Temporal run) is format 4
+(``frontier_codec.CARRIER_FORMAT``), so a kit that reads only 3 refuses it; every other
+payload is still written as 2. A reader
 verifies the checksum *before* it believes the ``format`` field, so a changed format digit is
 corrupt, not a newer format. A newer format is refused with ``CheckpointFormatError`` (its
 bytes left for a newer kit) when it verifies, or when it carries no checksum this reader
@@ -67,7 +69,7 @@ __all__ = [
 
 CHECKPOINT_FORMAT = 2
 """The format this kit writes every payload in (2 added the checksum), except a frontier
-that names transcript entries (format 3, ``NAMING_FORMAT``)."""
+that names transcript entries (format 3, ``NAMING_FORMAT``) or its carrier (format 4)."""
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 """The default cap on one frontier, one transcript entry and one recorded outcome."""

@@ -13,6 +13,7 @@ from tesserix_adk.stores.protocols import HistoryHandle
 
 __all__ = [
     "Boundary",
+    "Carrier",
     "Checkpoint",
     "CheckpointStatus",
     "Grant",
@@ -27,6 +28,12 @@ class Boundary(StrEnum):
     after_model_call = "after_model_call"
     after_tool_result = "after_tool_result"
     before_approval = "before_approval"
+
+
+class Carrier(StrEnum):
+    """A workflow engine that carries a run in the kit's place (``Checkpoint.carried_by``)."""
+
+    temporal = "temporal"
 
 
 class CheckpointStatus(StrEnum):
@@ -103,7 +110,9 @@ class Checkpoint:
     wants to see first). Where the transcript lives in a ``HistoryStore``, an entry it holds
     word for word is stored as its position there (``content_at``) instead of a copy:
     ``Checkpointer.observation`` reads it back whole. ``state`` is the agent's typed state
-    as JSON.
+    as JSON. ``carried_by`` names the workflow engine that carries the run
+    (``Carrier.temporal``); ``None`` for a run the kit carries itself. The kit's own resume
+    and workers leave such a run to its engine.
     """
 
     format: int = CHECKPOINT_FORMAT
@@ -130,6 +139,7 @@ class Checkpoint:
     reason: str | None = None
     written_at: float | None = None
     observation: Any = None
+    carried_by: Carrier | None = None
 
     @property
     def is_tombstone(self) -> bool:

@@ -26,6 +26,7 @@ from tesserix_adk.checkpoint.payload.fields import (
 )
 from tesserix_adk.checkpoint.payload.frontier import (
     Boundary,
+    Carrier,
     Checkpoint,
     CheckpointStatus,
     Grant,
@@ -45,7 +46,12 @@ from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.messages import ToolCall, Usage
 from tesserix_adk.stores.protocols import HistoryHandle
 
-__all__ = ["decode_checkpoint", "encode_checkpoint", "tombstone_payload"]
+__all__ = ["CARRIER_FORMAT", "decode_checkpoint", "encode_checkpoint", "tombstone_payload"]
+
+CARRIER_FORMAT = 4
+"""The format of a frontier that names its carrier (``carried_by``, a Temporal run): a kit
+that reads only up to format 3 refuses it (``CheckpointFormatError``) instead of taking a
+run its workflow carries for one of its own. Other frontiers keep their format."""
 
 
 def encode_checkpoint(
@@ -83,8 +89,12 @@ def encode_checkpoint(
         if history is not None and cp.messages is not None and len(cp.messages) == history.count
         else None,
     )
+    if cp.carried_by is not None:
+        fmt = CARRIER_FORMAT
+    else:
+        fmt = NAMING_FORMAT if observation_refers(observation) else CHECKPOINT_FORMAT
     body: dict[str, Any] = {
-        "format": NAMING_FORMAT if observation_refers(observation) else CHECKPOINT_FORMAT,
+        "format": fmt,
         "tenant": cp.tenant,
         "run_id": cp.run_id,
         "agent": {"name": cp.agent_name, "revision": cp.agent_revision},
@@ -121,6 +131,8 @@ def encode_checkpoint(
         "written_at": cp.written_at,
         "observation": observation,
     }
+    if cp.carried_by is not None:
+        body["carried_by"] = str(cp.carried_by)
     handle = cp.history_handle if history is None else history
     if handle is not None:
         body["history"] = {"count": handle.count, "digest": handle.digest}
@@ -156,9 +168,9 @@ def decode_checkpoint(payload: bytes, *, tenant: str, run_id: str) -> Checkpoint
     fmt = raw.get("format")
     if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
         raise CheckpointCorruptError(f"{what} has no valid format")
-    if fmt > NAMING_FORMAT:
+    if fmt > CARRIER_FORMAT:
         raise CheckpointFormatError(
-            f"{what} has format {fmt}, newer than the {NAMING_FORMAT} this kit reads; "
+            f"{what} has format {fmt}, newer than the {CARRIER_FORMAT} this kit reads; "
             "resume it with a newer tesserix-adk"
         )
     if sealed and fmt < 2:
@@ -219,7 +231,9 @@ def _from_json(raw: Mapping[str, Any], fmt: int) -> Checkpoint:
             reason=_str(raw["reason"]),
         )
     required = _FRONTIER_KEYS | (_LATER_FRONTIER_KEYS if fmt >= 2 else set())
-    _fields(raw, required, _FRONTIER_KEYS | _LATER_FRONTIER_KEYS | {"messages"}, "a frontier")
+    carrier = {"carried_by"} if fmt >= CARRIER_FORMAT else set()
+    allowed = _FRONTIER_KEYS | _LATER_FRONTIER_KEYS | {"messages"}
+    _fields(raw, required | carrier, allowed | carrier, "a frontier")
     agent = _fields(raw["agent"], {"name", "revision"}, where="the agent")
     history = raw["history"]
     handle = (
@@ -277,6 +291,7 @@ def _from_json(raw: Mapping[str, Any], fmt: int) -> Checkpoint:
         output=_opt_str(raw.get("output")),
         written_at=written_at,
         observation=raw.get("observation"),
+        carried_by=Carrier(_str(raw["carried_by"])) if fmt >= CARRIER_FORMAT else None,
     )
 
 
