@@ -456,7 +456,7 @@ async def _refusing_worker(
     )
     seen: list[int] = []
 
-    async def refused(item: Any) -> Any:
+    async def refused(item: Any, *_: Any) -> Any:
         seen.append(item.attempts)
         raise _doubt(key)
 

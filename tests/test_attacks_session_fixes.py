@@ -3,15 +3,15 @@ check after the model's answer, the worker's leaked-CancelledError and wake-afte
 the work index leaving a damaged entry out of a poll, SQLite rows of the wrong type, and
 the CLI's bad-input refusals.
 
-Twelve defects were found; eleven are fixed and their tests pass now: a cost or token
+Twelve defects were found; all are fixed and their tests pass now: a cost or token
 count past a float's or a ledger's range (an OverflowError, a retried uncharged call, a
 half-applied Redis charge); a damaged work entry at the head of the index starving a
 worker with one free slot, and its log line unescaped; a cancel during a sequential
 turn's first call letting the rest go out; `run --resume` stopped by its reader's going
 (it now carries on, writing no more); a closed stdout or stderr misreporting the exit; a
-`connect_timeout` libpq takes refused. One stays a strict xfail: a cancel acknowledged in
-the moment between the check after the model's answer and the call's claim (the claim
-does not look at the cancel record). Each promise that held is an ordinary test.
+`connect_timeout` libpq takes refused; a cancel acknowledged in the moment between the
+check after the model's answer and the call's claim (every call now looks at the cancel
+once its claim is durable, on every backend). Each promise that held is an ordinary test.
 """
 
 from __future__ import annotations
@@ -523,16 +523,24 @@ async def test_a_cancel_during_the_first_call_of_a_sequential_turn_sends_no_more
     assert desk.sent == ["LH0"], desk.sent
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a cancel acknowledged after the check that follows the model's answer, before "
-    "the call's claim, still lets the call go out: the claim does not look at the cancel",
+@pytest.mark.parametrize(
+    ("backend", "grouped"),
+    [
+        ("memory", False),
+        ("sqlite", False),
+        ("sqlite", True),
+        pytest.param("redis", False, marks=pytest.mark.redis),
+        pytest.param("postgres", False, marks=pytest.mark.postgres),
+        pytest.param("postgres", True, marks=pytest.mark.postgres),
+    ],
 )
-async def test_a_cancel_acknowledged_before_the_claim_stops_the_call(tmp_path: Path) -> None:
+async def test_a_cancel_acknowledged_before_the_claim_stops_the_call(
+    tmp_path: Path, backend: str, grouped: bool
+) -> None:
     desk = _Desk()
     agent = Agent("booker", "Book.", [desk.book])
     provider = ScriptedProvider([[("book", {"flight": "LH1"})], "done"])
-    async with _opened("sqlite", tmp_path) as stores:
+    async with _opened(backend, tmp_path) as stores:
         real_claim = stores.idempotency.claim
         acknowledged: list[Any] = []
 
@@ -544,9 +552,13 @@ async def test_a_cancel_acknowledged_before_the_claim_stops_the_call(tmp_path: P
             return await real_claim(key, **kwargs)
 
         stores.idempotency.claim = claim  # type: ignore[method-assign]
-        run = await AgentRunner.from_stores(provider, stores).run(agent, "go", tenant=T, run_id="w")
+        runner = AgentRunner.from_stores(provider, stores, group_writes=grouped)
+        run = await runner.run(agent, "go", tenant=T, run_id="w")
+        records = await stores.idempotency.records(T, "w")
     assert acknowledged == [None]  # "a live holder will end it"
     assert run.status is RunStatus.cancelled and desk.sent == [], (run.status, desk.sent)
+    # Its claim went with it: nothing is left in doubt for a later look.
+    assert [r for r in records if r.tool == "book"] == []
 
 
 # =========================================================================================

@@ -27,6 +27,7 @@ EXPECTED = {
     "ReconciledAs",
     "RunStoppedError",
     "ReplayNotResumableError",
+    "CarriedByWorkflowError",
     "Worker",
     "WorkIndex",
     "WorkItem",

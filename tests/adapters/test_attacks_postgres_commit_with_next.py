@@ -1,6 +1,6 @@
 """Attacks on a502afd: a PostgreSQL write group's COMMIT rides in the message of its last
-single statement (the turn's claim, the cancel check at the top of the loop), on the real
-server with the runner on top (``group_writes=True``).
+single statement (the cancel check after a call's claim, the cancel check at the top of
+the loop), on the real server with the runner on top (``group_writes=True``).
 
 The oracle is a counting tool (each real dispatch appends to a list) and the ledger's
 spend against the model calls the provider counted; another connection looks at what is
@@ -158,16 +158,36 @@ def _wrap_batched(
     return hits
 
 
-def _claim_with_commit(before: Any, statements: Any, tail: Any, conn: Any) -> bool:
-    return (
-        "COMMIT" in tail
-        and "adk_idempotency" in statements[0][0]
-        and "INSERT" in (statements[0][0].upper())
-    )
+def _is_claim(statements: Any) -> bool:
+    return "adk_idempotency" in statements[0][0] and "INSERT" in statements[0][0].upper()
 
 
-def _lookup_with_commit(before: Any, statements: Any, tail: Any, conn: Any) -> bool:
-    return "COMMIT" in tail and "INSERT" not in statements[0][0].upper()
+class _Committing:
+    """Tells a group's committing messages apart by the message before them on the same
+    connection: a call's claim is committed by the cancel check that follows it (the
+    claim's COMMIT), a turn's last outcome by the cancel check at the top of the loop."""
+
+    def __init__(self) -> None:
+        self._last_was_claim: dict[int, bool] = {}
+
+    def kind(self, statements: Any, tail: Any, conn: Any) -> str | None:
+        after_claim = self._last_was_claim.get(id(conn), False)
+        self._last_was_claim[id(conn)] = _is_claim(statements)
+        if "COMMIT" not in tail or "INSERT" in statements[0][0].upper():
+            return None
+        return "claim" if after_claim else "outcome"
+
+
+def _claim_with_commit() -> Callable[[Any, Any, Any, Any], bool]:
+    """A matcher of the message that commits a call's claim (the cancel check after it)."""
+    seen = _Committing()
+    return lambda before, statements, tail, conn: seen.kind(statements, tail, conn) == "claim"
+
+
+def _lookup_with_commit() -> Callable[[Any, Any, Any, Any], bool]:
+    """A matcher of the message that commits a turn's last outcome (the next cancel check)."""
+    seen = _Committing()
+    return lambda before, statements, tail, conn: seen.kind(statements, tail, conn) == "outcome"
 
 
 # --- (1) claim durable before dispatch ---------------------------------------------------
@@ -279,9 +299,10 @@ async def test_a_claim_message_whose_reply_is_lost_books_once_and_charges_once(
     which: int,
 ) -> None:
     claims: list[int] = []
+    committing_a_claim = _claim_with_commit()
 
     def nth_claim(before: Any, statements: Any, tail: Any, conn: Any) -> bool:
-        if not _claim_with_commit(before, statements, tail, conn):
+        if not committing_a_claim(before, statements, tail, conn):
             return False
         claims.append(1)
         return len(claims) == which + 1
@@ -416,7 +437,7 @@ async def test_an_outcome_committed_with_the_cancel_check_is_never_lost_nor_sent
     how: str,
 ) -> None:
     if how.startswith("lost"):
-        hits = _wrap_batched(monkeypatch, _lookup_with_commit, after=how.endswith("commit"))
+        hits = _wrap_batched(monkeypatch, _lookup_with_commit(), after=how.endswith("commit"))
     elif how == "refused-at-commit":
         await _on_outcome_at_commit(pg_admin, "RAISE EXCEPTION 'refused at commit'")
     else:
@@ -529,9 +550,10 @@ def _seat_key(*, arguments: Any, occurrence: int = 0, **_: Any) -> str:
 async def test_twins_under_one_key_are_sent_once_whatever_the_twins_claim_message_meets(
     pg_stores: Stores, monkeypatch: pytest.MonkeyPatch, lost: bool | None
 ) -> None:
-    """The second twin's claim finds the first's outcome in the open group and carries its
-    COMMIT; its reply lost (before the message went, or after the COMMIT ran) loses
-    neither the first twin's outcome nor sends it again."""
+    """The second twin's claim finds the first's outcome in the open group (nothing goes
+    out, so the group stays open); the message committing the run's second claim (the
+    cancel check after it) lost, before it went or after the COMMIT ran, loses neither the
+    first twin's outcome nor sends anything again."""
     sent: list[str] = []
 
     @tool(key=_seat_key)
@@ -540,9 +562,10 @@ async def test_twins_under_one_key_are_sent_once_whatever_the_twins_claim_messag
         return f"booked {seat}"
 
     claims: list[int] = []
+    committing_a_claim = _claim_with_commit()
 
     def second_claim(before: Any, statements: Any, tail: Any, conn: Any) -> bool:
-        if not _claim_with_commit(before, statements, tail, conn):
+        if not committing_a_claim(before, statements, tail, conn):
             return False
         claims.append(1)
         return len(claims) == 2
@@ -560,9 +583,8 @@ async def test_twins_under_one_key_are_sent_once_whatever_the_twins_claim_messag
     try:
         run = await runner.run(agent, "go", tenant=T, run_id="twins")
     except StoreUnavailableError:
-        # After the COMMIT ran the claim cannot be read back in the lost group; before the
-        # message went, the group goes on and the read back finds the first twin's outcome.
-        assert lost is True
+        # The message committing a claim (the cancel check after it) lost: the run stops
+        # retryably, its claim dropped or in doubt, and a resume carries it on.
         monkeypatch.undo()
         run = await _resume_to_the_end(runner, agent, "twins")
     assert run.status == "completed"
@@ -651,12 +673,17 @@ from tesserix_adk.leases import LeasePolicy
 url, run_id, mode, log = sys.argv[1:5]
 real = g.batched
 claims = []
+after_claim = {}
 
 async def wrapped(conn, before, statements, tail=(), prepared=None):
-    target = "COMMIT" in tail and "INSERT" in statements[0][0].upper()
-    if target:
-        claims.append(1)
-        target = len(claims) == 2
+    # The second call's claim (asleep: the message holding it sleeps in the server), or
+    # the message committing it (the cancel check after it, with the COMMIT).
+    sql = statements[0][0].upper()
+    claiming = "ADK_IDEMPOTENCY" in sql and "INSERT" in sql
+    claims.extend([1] if claiming else [])
+    committing = "COMMIT" in tail and after_claim.get(id(conn), False) and not claiming
+    after_claim[id(conn)] = claiming
+    target = len(claims) == 2 and (claiming if mode == "asleep" else committing)
     if target and mode in ("before", "asleep"):
         print("PAUSED", flush=True)
         if mode == "before":
@@ -771,9 +798,11 @@ async def test_a_process_killed_around_the_claims_message_never_sends_a_call_twi
     assert len(everything) == len(set(everything)), everything
     if isinstance(ended, IndeterminateToolCallError):
         doubted = {c.call_id for c in ended.calls}
-        # "before": the first call ran and its outcome was in the lost group; after the
-        # claim's message: the second call's claim is durable, and it may have been sent.
-        assert doubted == ({"call_0_0"} if mode == "before" else {"call_0_1"}), doubted
+        # "before" the message committing the second claim, or while the claim itself
+        # sleeps in the server: the first call ran and its outcome was in the group that
+        # never committed; "after" it: the second claim is durable, and it may have been
+        # sent.
+        assert doubted == ({"call_0_1"} if mode == "after" else {"call_0_0"}), doubted
     else:
         assert ended.status == "completed"
         assert sorted(everything) == ["0-0", "0-1"]

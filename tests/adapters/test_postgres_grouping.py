@@ -212,17 +212,20 @@ async def test_a_claim_whose_reply_is_lost_with_the_commit_is_dropped_and_sent_o
 async def test_a_claim_committed_with_its_group_whose_reply_is_lost_is_dropped_not_in_doubt(
     pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The message carrying the turn's claim and the group's COMMIT is applied, and then
-    its reply is lost: the charge, the frontier and the claim are durable, and the run
-    cannot know it. Nothing was sent, so the claim is dropped; the resume sends the call
-    once instead of refusing it as in doubt."""
+    """The message carrying the group's COMMIT after the turn's claim (the cancel check) is
+    applied, and then its reply is lost: the charge, the frontier and the claim are durable,
+    and the run cannot know it. Nothing was sent, so the claim is dropped; the resume sends
+    the call once instead of refusing it as in doubt."""
     from tesserix_adk.adapters.postgres import grouping as pg_grouping
 
     batched = pg_grouping.batched
+    claimed: list[str] = []
 
     async def reply_lost(conn: Any, before: Any, statements: Any, *rest: Any, **named: Any) -> Any:
         answer = await batched(conn, before, statements, *rest, **named)
-        if "COMMIT" in (rest[0] if rest else ()) and "claim_fenced" in statements[0][0]:
+        if "claim_fenced" in statements[0][0]:
+            claimed.append(statements[0][0])
+        elif claimed and "COMMIT" in (rest[0] if rest else ()):
             raise psycopg.OperationalError("the reply was lost (the test)")
         return answer
 

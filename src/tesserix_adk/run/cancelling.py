@@ -3,10 +3,12 @@
 The request is a record in the idempotency store under the run's cancel key (a record with
 no tool, as a resume claim is), so it is durable on every backend and needs no schema of
 its own; its outcome says who asked, when and why. The holder carrying the run finds it at
-the next boundary, before the model is asked again or once it has answered (before
-anything it asked for is claimed or sent; a turn's later calls are answered "not sent"),
-and ends the run there with a final ``cancelled`` frontier, dispatching nothing more; a
-run nobody holds is ended by whoever asked.
+the next boundary (before the model is asked again; once it has answered, when that is
+its last answer or asks for an approval) and ends the run there with a final
+``cancelled`` frontier, dispatching nothing more. Every call looks at it once its claim is
+durable (an unkeyed call, just before it goes out), so a call claimed after the request
+was recorded is answered "not sent": a cancel acknowledged before a call was claimed
+stops it. A run nobody holds is ended by whoever asked.
 
 The same boundary hears an interrupt a store driver lost: a cancellation of the task
 carrying the run (Ctrl-C is ``asyncio.run`` cancelling its main task) that an await

@@ -99,12 +99,10 @@ async def dispatch_turn(
     finished in. A failure starts no more calls but lets those started finish (see
     ``run.parallel``); then it is raised, and nothing of the turn is appended."""
     grants = {g.call_id: g for g in run.grants}
-    # A call after the turn's first asks for a cancel before it is sent: one asked while
-    # an earlier call of the turn was out stops the rest (the loop asked before the first).
-    jobs = [
-        functools.partial(_answer, parts, run, attempt, oc, grants, first=n == 0)
-        for n, oc in enumerate(calls)
-    ]
+    # Every call about to be sent asks for a cancel once it is claimed (``call_tool``): one
+    # acknowledged before the claim, while the model thought or an earlier call was out,
+    # stops it.
+    jobs = [functools.partial(_answer, parts, run, attempt, oc, grants) for oc in calls]
     side_by_side = run.agent.parallel_tool_calls > 1 and len(calls) > 1
     if side_by_side:
         # Calls in flight together share no transaction: each claim commits on its own.
@@ -147,12 +145,9 @@ async def _answer(
     attempt: Attempt,
     oc: OutstandingCall,
     grants: Mapping[str, Grant],
-    *,
-    first: bool = True,
 ) -> ToolOutcome:
     """One call's result: refused without a dispatch (unknown tool, refused arguments, not
-    approved), or through the dispatch unit (which asks for a cancel before sending a call
-    that is not the turn's ``first``)."""
+    approved), or through the dispatch unit (which asks for a cancel before sending it)."""
     tool = run.agent.tools.get(oc.call.name)
     refused = oc.call.arguments.get(REFUSED_ARGUMENTS)
     if refused is not None:
@@ -170,7 +165,7 @@ async def _answer(
     elif tool.requires_approval and not _approved(grants.get(oc.call.id)):
         content = _denial(grants.get(oc.call.id))
     else:
-        return await call_tool(parts, run, attempt, tool, oc, cancel_check=not first)
+        return await call_tool(parts, run, attempt, tool, oc)
     outcome = ToolOutcome(call_id=oc.call.id, content=content, is_error=True)
     _finished(run, attempt, oc, outcome, CallDisposition.refused)
     return outcome
@@ -252,25 +247,25 @@ async def call_tool(
     attempt: Attempt,
     tool: Tool,
     oc: OutstandingCall,
-    *,
-    cancel_check: bool = False,
 ) -> ToolOutcome:
-    """One call through the dispatch unit; the outcome the model is told. With
-    ``cancel_check``, a call about to be sent for the first time (claimed by this attempt,
-    or unkeyed) is answered "not sent" instead if the run's cancel was asked: a recorded
-    one is still replayed, one in doubt still refused.
+    """One call through the dispatch unit; the outcome the model is told. A call about to
+    be sent for the first time is answered "not sent" instead if the run's cancel was
+    asked: a keyed one asks once its claim is durable, so a cancel acknowledged before the
+    claim stops it (the canceller's record is written before its acknowledgement, the
+    claim before this look); an unkeyed one asks just before it goes out. A recorded call
+    is still replayed, one in doubt still refused.
 
     Two calls of one attempt under one key (a key function that names the business
     object, twice in a parallel turn) go one after the other: the claim is the attempt's
     own either way, so only this keeps the second from being sent beside the first; it
     then finds the first's outcome recorded and replays it."""
     if oc.key is None:
-        return await _call_tool(parts, run, attempt, tool, oc, cancel_check)
+        return await _call_tool(parts, run, attempt, tool, oc)
     while (busy := attempt.sending.get(oc.key)) is not None:
         await busy.wait()
     done = attempt.sending[oc.key] = asyncio.Event()
     try:
-        return await _call_tool(parts, run, attempt, tool, oc, cancel_check)
+        return await _call_tool(parts, run, attempt, tool, oc)
     finally:
         del attempt.sending[oc.key]
         done.set()
@@ -282,7 +277,6 @@ async def _call_tool(
     attempt: Attempt,
     tool: Tool,
     oc: OutstandingCall,
-    cancel_check: bool,
 ) -> ToolOutcome:
     ctx = ToolContext(
         tenant=run.tenant,
@@ -300,7 +294,7 @@ async def _call_tool(
         if oc.redacted:
             masked = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
             return _finished(run, attempt, oc, masked, CallDisposition.refused)
-        unsent = await not_sent_if_cancelled(parts, run, oc) if cancel_check else None
+        unsent = await not_sent_if_cancelled(parts, run, oc)
         if unsent is not None:
             return _finished(run, attempt, oc, unsent, CallDisposition.refused)
         # The frontier naming it is durable before it goes out.
@@ -312,17 +306,7 @@ async def _call_tool(
             _unsent(run, attempt, oc, stop.error)
             raise stop.error from None
         return _finished(run, attempt, oc, await told(parts, outcome), CallDisposition.dispatched)
-    # Asked before the claim, in the group the claim joins; it counts only for a call this
-    # attempt is about to send (a recorded one is replayed, one in doubt refused).
-    unsent = await not_sent_if_cancelled(parts, run, oc) if cancel_check else None
-    claiming = claim(parts, run, attempt, tool, oc)
-    # No claim, no dispatch: the claim (and what joined it) is durable before the call
-    # goes out, its COMMIT sent with it. A masked call is answered unsent, in the group.
-    rec = await (
-        claiming
-        if oc.redacted
-        else grouping.committing_with(parts.commits_with_next, attempt, claiming)
-    )
+    rec = await claim(parts, run, attempt, tool, oc)
     if _held_elsewhere(rec, attempt) and not oc.redacted and _safe_to_resend(tool):
         # Another attempt's claim (an earlier one of this run, or a live run sharing a
         # business key) on a call that may be sent again (no side effects, or the far side
@@ -330,6 +314,27 @@ async def _call_tool(
         # then finds its outcome recorded or keeps its own (see ``_complete``).
         attempt.takeover_keys.add(oc.key)
         rec = await claim(parts, run, attempt, tool, oc)
+    unsent = None
+    if oc.redacted:
+        pass  # a masked call is answered unsent, in the group
+    elif rec.status is RecordStatus.in_flight and not _held_elsewhere(rec, attempt):
+        # No claim, no dispatch: the claim (and what joined it) is durable before the call
+        # goes out. The cancel is looked at after the claim, in its transaction, with the
+        # COMMIT sent along: a cancel recorded before the claim is seen (its canceller
+        # acknowledges only once it is recorded), and one recorded after finds the call in
+        # hand.
+        try:
+            unsent = await grouping.committing_with(
+                parts.commits_with_next, attempt, not_sent_if_cancelled(parts, run, oc)
+            )
+        except (Exception, asyncio.CancelledError):
+            # The look or its COMMIT failed, or the run was cancelled: the call is not
+            # sent, so its claim goes (in the group while it is open, so none of it
+            # commits; else alone), or every resume would find it in doubt.
+            await to_the_end(release_unsent(parts, run, attempt, oc.key))
+            raise
+    # Else nothing goes out here (replayed, refused in doubt): the group stays open for the
+    # turn's next writes, committed before anything leaves.
     if rec.status is RecordStatus.completed and rec.outcome is not None:
         _started(run, attempt, oc)
         known = decode_outcome(rec.outcome, oc.call.id)
@@ -364,8 +369,6 @@ async def _call_tool(
         how = CallDisposition.refused
         outcome = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
     else:
-        # Committed with the claim; a claim taken over after it went alone.
-        await grouping.commit(attempt)
         if unsent is not None:
             # Claimed by this attempt and never sent: the claim goes.
             await release_unsent(parts, run, attempt, oc.key)

@@ -86,6 +86,20 @@ async def grouped(attempt: Attempt) -> AsyncIterator[None]:
     with group_scope():
         try:
             yield
+        except (Exception, asyncio.CancelledError):
+            pending = attempt.group
+            if pending is not None:
+                # A claim still in an open group was never sent (a call goes out only once
+                # its claim's group committed): the attempt failed or was cancelled on the
+                # way, so it goes, in the group (so it never commits), or every resume
+                # would find a call in doubt that never left. (Should the group be lost,
+                # its failed commit drops them again.)
+                for drop in pending.undo:
+                    with contextlib.suppress(Exception):
+                        await to_the_end(drop())
+            with contextlib.suppress(Exception):
+                await to_the_end(commit(attempt))
+            raise
         except BaseException:
             with contextlib.suppress(Exception):
                 await to_the_end(commit(attempt))

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
+from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.payload import (
     MAX_NESTING,
     Boundary,
@@ -107,13 +108,15 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
                 )
             )
         # A cancel asked while the model thought ends the run here, at after_model_call,
-        # before anything it asked for is claimed or sent, and before a last answer ends
-        # it completed (the check above was before the model was asked).
-        cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
-        if cancelled is not None:
-            return await _finish(
-                parts, run, attempt, RunStatus.cancelled, output=cancelled.describe()
-            )
+        # before a last answer ends it completed or a call waits on a person (the check
+        # above was before the model was asked). The calls of any other turn each ask once
+        # claimed (``call_tool``): answered "not sent", the run ends at the next boundary.
+        if not message.tool_calls or _asks_a_person(agent, message):
+            cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
+            if cancelled is not None:
+                return await _finish(
+                    parts, run, attempt, RunStatus.cancelled, output=cancelled.describe()
+                )
         if not message.tool_calls:
             return await _finish(parts, run, attempt, RunStatus.completed, output=message.text)
         calls = outstanding_calls(run, message.tool_calls)
@@ -174,6 +177,14 @@ async def _take_turn(
     await write_frontier(parts, run, attempt, Boundary.after_tool_result)
     run.iteration += 1
     return None
+
+
+def _asks_a_person(agent: Agent, message: Message) -> bool:
+    """Whether a call of the model's answer needs an approval before it is sent."""
+    return any(
+        (tool := agent.tools.get(call.name)) is not None and tool.requires_approval
+        for call in message.tool_calls
+    )
 
 
 def _within_nesting(message: Message) -> Message:

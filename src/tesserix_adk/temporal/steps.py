@@ -206,12 +206,10 @@ async def tool_call(
                 raise _unkeyed_in_doubt(oc, cp)
         else:
             await _settle_in_doubt(runner, agent, attempt, cp, oc)
-        # ``first=False``: a call about to be sent asks for a cancel first (one asked since
-        # the model's answer stops it; the next model turn ends the run cancelled), after
-        # a recorded outcome is replayed or a call in doubt settled or refused.
-        outcome = await _answer(
-            parts, run, attempt, oc, {g.call_id: g for g in run.grants}, first=False
-        )
+        # A call about to be sent asks for a cancel once claimed (one asked since the
+        # model's answer stops it; the next model turn ends the run cancelled), after a
+        # recorded outcome is replayed or a call in doubt settled or refused.
+        outcome = await _answer(parts, run, attempt, oc, {g.call_id: g for g in run.grants})
         if oc.key is not None:
             rec = (await parts.idempotency.lookup([oc.key], tenant=call.tenant)).get(oc.key)
             if rec is not None and rec.status is RecordStatus.completed and rec.outcome:
