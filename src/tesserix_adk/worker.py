@@ -287,8 +287,10 @@ class Worker:
             # a failure of that run, counted and delayed like any other, never a silent end
             # that takes it again at once.
             leaked = _LeakedCancel(f"{exc!r} raised inside the run")
+            await progress.settled()  # before the failure's own write, never over it
             how = await self._after_error(progress.item, leaked, counted=counted)
         except Exception as exc:  # a worker outlives any one run
+            await progress.settled()
             how = await self._after_error(progress.item, exc, counted=counted)
         await progress.settled()
         self.carried.append((item, how))
@@ -475,13 +477,15 @@ class _Progress:
         self._loop = asyncio.get_running_loop()
         self._picked_up_at: int | None = None  # None: a start, every frontier is new
         self.made = False
+        self._forgotten = False  # the store counts no earlier attempts any more
         self._write: asyncio.Task[None] | None = None
 
     @property
     def item(self) -> WorkItem:
         """The item as the rest of this take should count it: no earlier attempts once the
-        run moved on (its delay and any park are this take's alone)."""
-        return dataclasses.replace(self._item, attempts=0) if self.made else self._item
+        run moved on and the store forgot them (its delay and any park are this take's
+        alone); as polled while that write has not landed."""
+        return dataclasses.replace(self._item, attempts=0) if self._forgotten else self._item
 
     def __call__(self, event: RunEvent) -> None:
         if not isinstance(event, (AttemptResumed, FrontierWritten)):
@@ -495,12 +499,15 @@ class _Progress:
             self.made = True
             if self._item.attempts > 0:
                 self._write = self._loop.create_task(self._start_again())
+            else:
+                self._forgotten = True
 
     async def _start_again(self) -> None:
         item = self._item
         try:
             # A delta, as every count is: only this run's holder moves it meanwhile.
             await self._work.want(item.tenant, item.run_id, agent=item.agent, count=-item.attempts)
+            self._forgotten = True
         except Exception as exc:  # the old count stands: at worst the run parks sooner
             _log.warning(
                 "run %s/%s: could not start its count of attempts again: %r",
@@ -510,7 +517,8 @@ class _Progress:
             )
 
     async def settled(self) -> None:
-        """Wait for the write, so it is never left running past the take."""
+        """Wait for the write, so it is never left running past the take, nor lands after
+        the failure's own write (a whole ``want``: it would clear that delay and reason)."""
         if self._write is not None:
             await asyncio.shield(self._write)
 

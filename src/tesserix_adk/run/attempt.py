@@ -221,9 +221,14 @@ class Attempt:
     folding: bool = True
 
     def emit(self, event: RunEvent) -> None:
-        """Report ``event`` to whoever streams the run (a no-op when nobody does)."""
+        """Report ``event`` to whoever streams the run (a no-op when nobody does). A
+        listener that raises is logged, never heard by the run: it is told at points where
+        stopping would leave a claimed call unsent and in doubt."""
         if self.events is not None:
-            self.events(event)
+            try:
+                self.events(event)
+            except Exception as exc:
+                _log.warning("a listener of run events failed on %s: %r", type(event).__name__, exc)
 
     @property
     def fence(self) -> int | None:
