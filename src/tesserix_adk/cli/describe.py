@@ -35,6 +35,10 @@ def describe(
     ]
     if cp.replay_of:
         lines.append(f"replay of {escaped(cp.replay_of)}")
+    if cp.carried_by is not None:
+        lines.append(
+            f"carried by its {cp.carried_by} workflow (the kit's resume and workers leave it)"
+        )
     if plan is not None:
         # A planned call's line names its call id and, in its reason, the holder seen.
         lines.extend(escaped(p.describe()) for p in plan.calls)
@@ -51,9 +55,14 @@ def _where(cp: Checkpoint, approval: ApprovalRequest | None) -> str:
             and approval.id == asked
             and approval.status is not ApprovalStatus.pending
         ):
+            then = (
+                "a resume carries it on"
+                if cp.carried_by is None
+                else f"its {cp.carried_by} workflow carries it on"
+            )
             return (
                 f"approval {escaped(asked)} {approval.status} by {escaped(approval.by or '?')}; "
-                "a resume carries it on"
+                + then
             )
         return f"waiting on approval {escaped(asked)}"
     if cp.status is CheckpointStatus.failed:

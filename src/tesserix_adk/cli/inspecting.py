@@ -135,6 +135,7 @@ def inspect_json(
         "reason": failure_reason(cp, parked),
         "parked": None if parked is None else parked.reason,
         "replay_of": cp.replay_of,
+        "carried_by": None if cp.carried_by is None else str(cp.carried_by),
         "lease": lease_json(lease),
         "resume_claim": claim_json(claim),
         "safe": plan.safe,

@@ -41,6 +41,8 @@ def blocked(cp: Checkpoint, parked: WorkItem | None, revision: str | None) -> st
         return f"failed: {failure_reason(cp)}"
     if cp.is_tombstone:
         return f"refused frontier: {cp.reason}"
+    if cp.carried_by is not None:
+        return None  # its workflow carries it (or reports it stuck), never a kit worker
     pinned_elsewhere = revision is not None and cp.agent_revision != revision
     refused_revision = parked is not None and "RevisionMismatchError" in (parked.reason or "")
     if not cp.status.finished and (pinned_elsewhere or refused_revision):

@@ -40,6 +40,7 @@ from tesserix_adk.errors import (
 from tesserix_adk.messages import ToolOutcome
 from tesserix_adk.run.attempt import Attempt, RunClaim, new_holder
 from tesserix_adk.run.holding import holding
+from tesserix_adk.run.resume import refuse_carried_by_workflow
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.protocols import IdempotencyRecord, IdempotencyStore, RecordStatus
 from tesserix_adk.tools import canonical_json
@@ -191,6 +192,8 @@ async def _accept_held(
             raise NoCheckpointError(
                 f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
             )
+        # Before anything is written: a run its workflow carries is its workflow's.
+        refuse_carried_by_workflow(cp)
         if cp.agent_revision == agent.revision:
             return None
         _carriable(cp)

@@ -16,6 +16,8 @@ This module imports nothing of ``temporalio``; ``activities`` translates its err
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
@@ -118,6 +120,8 @@ async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder:
                 return _ended(cp.status.value, cp.output, cp.iteration)
             plan = await plan_resume(cp, runner.idempotency)
             await restore(checkpoints, runner.ledger, run, attempt, cp, plan)
+            if cp.carried_by is None:
+                await _adopted(checkpoints, run, attempt, cp)
             if step.resumed and not nothing_ran_since_approval_asked(cp, plan):
                 # The closed execution may have sent a call no key records: never again.
                 unkeyed = [p for p in plan.indeterminate if p.key is None]
@@ -145,6 +149,26 @@ async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder:
         if step.fold_only:
             return _standing(StepKind.folded, run)
         return await _ask_model(parts, run, attempt)
+
+
+async def _adopted(
+    checkpoints: Checkpointer, run: RunState, attempt: Attempt, cp: Checkpoint
+) -> None:
+    """The frontier again, naming this workflow as its carrier, before anything else: a run
+    the kit started (handed over by ``carry_on_run``) or one written before frontiers named
+    their carrier. Else, while the workflow only looks for an approval's decision (which
+    writes nothing), an operator's approve would wake a kit worker to carry it beside it."""
+    frontier = dataclasses.replace(
+        cp,
+        step=cp.step + 1,
+        fence=attempt.fence,
+        messages=tuple(run.messages),
+        written_at=time.time(),
+        carried_by=Carrier.temporal,
+    )
+    if not await checkpoints.write(frontier, cursor=run.cursor):
+        raise _not_written_by(checkpoints, run)
+    run.step = frontier.step
 
 
 async def _taken(runner: AgentRunner, run: RunState) -> None:
@@ -375,7 +399,11 @@ async def _must_write(
 
 
 def _not_written(parts: RunParts, run: RunState) -> Exception:
-    error = None if parts.checkpoints is None else parts.checkpoints.last_error
+    return _not_written_by(parts.checkpoints, run)
+
+
+def _not_written_by(checkpoints: Checkpointer | None, run: RunState) -> Exception:
+    error = None if checkpoints is None else checkpoints.last_error
     if isinstance(error, AdkError) and not error.retryable:
         return error
     return StoreUnavailableError(
