@@ -125,6 +125,14 @@ async def submit(
         except WorkflowAlreadyStartedError:
             pass
         handle = client.get_workflow_handle(run_id)
+        # The workflow id is the run id, one namespace for every tenant: the execution
+        # holding it may be another tenant's run, never this one's to answer for.
+        was = await _started_with(client, handle)
+        if was is not None and was.tenant != tenant:
+            raise ConfigurationError(
+                f"run id {run_id!r} is the workflow id of another tenant's run on this "
+                "Temporal namespace; nothing was started: choose another run id"
+            )
         if await _open_or_completed(handle):
             return
         cp = await Checkpointer.from_stores(stores).latest(tenant, run_id)
@@ -132,7 +140,6 @@ async def submit(
             return  # the run ended; submitting its id again makes no second run
         # The closed execution's own settings (and, before any frontier, its own input: the
         # same run id is the same request, whatever this submit says).
-        was = await _started_with(client, handle)
         options = None if was is None else was.options
         poll = 2.0 if was is None else was.approval_poll
         policy = DEFAULT_CONTINUATION
