@@ -845,3 +845,27 @@ def test_a_form_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
         )
         assert answer.status_code == 400
     assert asyncio.run(_record(url, "r-ghost")).status is RecordStatus.in_flight
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_cookies_are_secure_when_the_console_is_served_over_https(
+    store_url: str, scheme: str
+) -> None:
+    """Behind TLS the token and CSRF cookies say ``Secure`` (a browser never sends them over
+    plain http, where anyone on the path reads them); on plain loopback http they cannot
+    (a browser would drop them)."""
+    base = f"{scheme}://127.0.0.1:8765"
+    app = create_app(store_url, token=TOKEN, loopback_only=False)
+    with TestClient(app, base_url=base, raise_server_exceptions=False) as client:
+        first = client.get("/login")
+        csrf = first.cookies.get("tesserix_csrf")
+        assert csrf is not None
+        login = client.post(
+            "/login",
+            data={"csrf": csrf, "token": TOKEN},
+            headers={"origin": base},
+            follow_redirects=False,
+        )
+    assert login.status_code == 303, login.text
+    for cookie in (first.headers["set-cookie"], login.headers["set-cookie"]):
+        assert ("secure" in cookie.lower().split("; ")) is (scheme == "https"), cookie

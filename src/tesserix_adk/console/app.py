@@ -89,7 +89,9 @@ def create_app(
                 _, text = explain(exc)
                 response = _refused(Refusal(503 if exc.retryable else 500, text))
             if new:
-                response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict")
+                response.set_cookie(
+                    CSRF_COOKIE, csrf, httponly=True, samesite="strict", secure=_tls(request)
+                )
             return response
 
         return wrapped
@@ -182,7 +184,10 @@ def create_app(
         if guard.token is None or not secrets.compare_digest(given, guard.token.encode()):
             raise Refusal(401, "that is not this console's token")
         response = RedirectResponse("/", status_code=303)
-        response.set_cookie(TOKEN_COOKIE, guard.token, httponly=True, samesite="strict")
+        # Secure behind TLS: never sent over plain http, where anyone on the path reads it.
+        response.set_cookie(
+            TOKEN_COOKIE, guard.token, httponly=True, samesite="strict", secure=_tls(request)
+        )
         return response
 
     files = StaticFiles(packages=[("tesserix_adk.console", "static")])
@@ -241,6 +246,12 @@ def _check_path(request: Request) -> None:
         unquote_to_bytes(raw).decode("utf-8")
     except UnicodeDecodeError:
         raise Refusal(400, "that address is not UTF-8") from None
+
+
+def _tls(request: Request) -> bool:
+    """Whether the page was asked for over https (uvicorn's ``--proxy-headers`` says so
+    behind a proxy that ends TLS); a cookie marked ``Secure`` over plain http is dropped."""
+    return request.url.scheme == "https"
 
 
 def _refused(refusal: Refusal) -> Response:
