@@ -17,7 +17,7 @@ Since then the worker counts its own takes, as each begins (given back when the 
 found held elsewhere or a drain stopped it, including one cancelled inside a tool), and a
 failure after a take is not counted again; carrying a run in-process counts nothing; and a
 take that writes a new frontier forgets the run's earlier attempts (the worker's
-``_Progress``, told through ``on_event``). All six defects below are fixed and their tests
+``TakeProgress``, told through ``on_event``). All six defects below are fixed and their tests
 pass.
 
 Defects found:

@@ -1,5 +1,5 @@
 """Attacks on commit a008f60: a worker's take that writes a new frontier forgets the run's
-earlier attempts (``worker._Progress``, an ``on_event`` sink told ``AttemptResumed`` and
+earlier attempts (``worker_progress.TakeProgress``, an ``on_event`` sink told ``AttemptResumed`` and
 ``FrontierWritten``, writing ``want(count=-item.attempts)`` once), and the new ``on_event``
 keyword of ``AgentRunner.run``/``resume``.
 
@@ -8,7 +8,7 @@ delay and a reason) when the store is slow to answer it, on every backend (memor
 Redis, PostgreSQL); the same write landing after the run finished (done) or was parked by
 the take; negative counts through ``want.sql``/``work_want.lua`` (clamped at 0); a poison
 run that moves on one turn per take and fails each time (does it loop forever, does it
-park); ``_Progress`` told from a thread other than the loop's (a sync tool's); a healthy
+park); ``TakeProgress`` told from a thread other than the loop's (a sync tool's); a healthy
 run carried beside a poison run whose single step outlasts the poison's time to kill; an
 ``on_event`` sink that raises.
 
@@ -36,7 +36,7 @@ Held: a start-again write landing after the run finished leaves it done, and aft
 take parked it leaves it parked with its reason (every backend); a negative count clamps
 at 0 and counts on from there (every backend); a run that moves on one turn per take and is
 rate limited each time is neither parked nor looped forever: it ends at the agent's
-``max_iterations``; ``_Progress`` told from another thread writes once, ignores a frontier
+``max_iterations``; ``TakeProgress`` told from another thread writes once, ignores a frontier
 at or before the step it picked up at, and ``settled()`` waits for the write.
 """
 
@@ -59,7 +59,7 @@ from tesserix_adk.run.events import AttemptResumed, FrontierWritten, ToolCallSta
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import WorkState
 from tesserix_adk.testing.faults import SimulatedCrash
-from tesserix_adk.worker import _Progress
+from tesserix_adk.worker_progress import TakeProgress
 from test_attacks_attempts import (
     BACKENDS,
     Steps,
@@ -287,7 +287,7 @@ async def test_progress_told_from_another_thread_starts_the_count_again_once() -
     (item,) = await work.due(limit=1)
     assert item.attempts == 3
     await work.want(T, "r1", agent="steps", count=1)  # this take
-    progress = _Progress(work, item)
+    progress = TakeProgress(work, item)
 
     def from_a_sync_tool() -> None:
         progress(AttemptResumed(run_id="r1", step=4, iteration=2, boundary=None, fence=1))
@@ -305,7 +305,7 @@ async def test_progress_told_from_another_thread_starts_the_count_again_once() -
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the count starts again only on a new frontier (_Progress.__call__, worker.py): "
+    reason="the count starts again only on a new frontier (worker_progress.TakeProgress): "
     "a healthy run whose one step (a long tool call) outlasts the poison's time to kill "
     "writes none in any process, so it is counted for every death and parked with the "
     "poison run ('taken 3 times ... died'); a limit README's Parked paragraph now names "

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import random
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -48,10 +46,10 @@ from tesserix_adk.errors import (
     RunStoppedError,
     StaleFenceError,
 )
-from tesserix_adk.run.events import AttemptResumed, FrontierWritten, RunEvent
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.protocols import RecordStatus, WorkIndex, WorkItem, WorkState
+from tesserix_adk.worker_progress import TakeProgress
 
 if TYPE_CHECKING:
     from tesserix_adk.telemetry import Telemetry
@@ -268,7 +266,7 @@ class Worker:
             self.carried.append((item, how))
             return how
         counted = False
-        progress = _Progress(self.work, item)
+        progress = TakeProgress(self.work, item)
         try:
             # Counted before anything else, so a take no carrier lives to report is counted;
             # and wanted from now on, as the runner marks it, so the count is kept.
@@ -296,7 +294,7 @@ class Worker:
         self.carried.append((item, how))
         return how
 
-    async def _take(self, item: WorkItem, progress: _Progress) -> Carried:
+    async def _take(self, item: WorkItem, progress: TakeProgress) -> Carried:
         agent = self.agents[item.agent]
         assert self.runner.checkpoints is not None
         existing = await self.runner.checkpoints.store.latest(item.tenant, item.run_id)
@@ -313,7 +311,7 @@ class Worker:
         )
         return self._ended(item, result, "carried on")
 
-    async def _start(self, item: WorkItem, agent: Agent, progress: _Progress) -> Run | None:
+    async def _start(self, item: WorkItem, agent: Agent, progress: TakeProgress) -> Run | None:
         """Start a submitted run; ``None`` when it turns out to have a frontier already."""
         data = await self.work.input(item.tenant, item.run_id)
         if data is None:
@@ -459,68 +457,6 @@ class Worker:
         if self.telemetry is not None:
             self.telemetry.parked(item.agent, why)
         return Carried.parked
-
-
-class _Progress:
-    """Starts a run's count of attempts again once a take writes a new frontier: the count
-    is of takes that ended without moving the run on, so a run carried beside one that
-    kills their process is not parked with it. The take that moved it on stays counted.
-
-    An ``on_event`` sink: told ``AttemptResumed`` (the step the take picked up at) and
-    ``FrontierWritten`` (announced once durable), it writes at most once per take, and only
-    for a run that had earlier attempts."""
-
-    def __init__(self, work: WorkIndex, item: WorkItem) -> None:
-        self._work = work
-        self._item = item
-        self._home = threading.get_ident()
-        self._loop = asyncio.get_running_loop()
-        self._picked_up_at: int | None = None  # None: a start, every frontier is new
-        self.made = False
-        self._forgotten = False  # the store counts no earlier attempts any more
-        self._write: asyncio.Task[None] | None = None
-
-    @property
-    def item(self) -> WorkItem:
-        """The item as the rest of this take should count it: no earlier attempts once the
-        run moved on and the store forgot them (its delay and any park are this take's
-        alone); as polled while that write has not landed."""
-        return dataclasses.replace(self._item, attempts=0) if self._forgotten else self._item
-
-    def __call__(self, event: RunEvent) -> None:
-        if not isinstance(event, (AttemptResumed, FrontierWritten)):
-            return
-        if threading.get_ident() != self._home:
-            self._loop.call_soon_threadsafe(self, event)
-            return
-        if isinstance(event, AttemptResumed):
-            self._picked_up_at = event.step
-        elif not self.made and (self._picked_up_at is None or event.step > self._picked_up_at):
-            self.made = True
-            if self._item.attempts > 0:
-                self._write = self._loop.create_task(self._start_again())
-            else:
-                self._forgotten = True
-
-    async def _start_again(self) -> None:
-        item = self._item
-        try:
-            # A delta, as every count is: only this run's holder moves it meanwhile.
-            await self._work.want(item.tenant, item.run_id, agent=item.agent, count=-item.attempts)
-            self._forgotten = True
-        except Exception as exc:  # the old count stands: at worst the run parks sooner
-            _log.warning(
-                "run %s/%s: could not start its count of attempts again: %r",
-                item.tenant,
-                item.run_id,
-                exc,
-            )
-
-    async def settled(self) -> None:
-        """Wait for the write, so it is never left running past the take, nor lands after
-        the failure's own write (a whole ``want``: it would clear that delay and reason)."""
-        if self._write is not None:
-            await asyncio.shield(self._write)
 
 
 class _LeakedCancel(Exception):
