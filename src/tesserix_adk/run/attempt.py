@@ -213,6 +213,9 @@ class Attempt:
     stop: Callable[[], str | None] | None = None
     # Keys this attempt is sending right now, each set once its call has its outcome.
     sending: dict[str, asyncio.Event] = field(default_factory=dict)
+    # Keys under which this attempt sent a call: its own claim found still in flight under
+    # one (a twin after its sibling lost the reply) is a call that may have happened.
+    sent_keys: set[str] = field(default_factory=set)
     # Where a streamed run's events go (``AgentRunner.stream``); None: nobody listens.
     events: EventSink | None = None
     # The write group open right now (``run.grouping``), and whether writes may be grouped

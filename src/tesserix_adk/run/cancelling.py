@@ -45,6 +45,8 @@ from tesserix_adk.tools import canonical_json
 __all__ = [
     "CancelRequest",
     "cancel_key",
+    "UNREAD",
+    "Unread",
     "cancel_requested",
     "cancelled_frontier",
     "not_sent_if_cancelled",
@@ -106,6 +108,13 @@ async def request_cancel(
             return found
     await idempotency.complete(key, encoded, tenant=tenant, holder=holder)
     return request
+
+
+class Unread:
+    """The cancel request was not read yet (``UNREAD``): the reader reads it itself."""
+
+
+UNREAD = Unread()
 
 
 async def cancel_requested(

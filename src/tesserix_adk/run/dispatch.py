@@ -294,11 +294,13 @@ async def _call_tool(
         if oc.redacted:
             masked = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
             return _finished(run, attempt, oc, masked, CallDisposition.refused)
-        unsent = await not_sent_if_cancelled(parts, run, oc)
+        # The frontier naming it is durable before it goes out; the cancel is looked at
+        # last, with that COMMIT sent along.
+        unsent = await grouping.committing_with(
+            parts.commits_with_next, attempt, not_sent_if_cancelled(parts, run, oc)
+        )
         if unsent is not None:
             return _finished(run, attempt, oc, unsent, CallDisposition.refused)
-        # The frontier naming it is durable before it goes out.
-        await grouping.commit(attempt)
         _started(run, attempt, oc)
         try:
             outcome = await _invoke(attempt, tool, oc.call, ctx, parts.redactor)
@@ -314,6 +316,16 @@ async def _call_tool(
         # then finds its outcome recorded or keeps its own (see ``_complete``).
         attempt.takeover_keys.add(oc.key)
         rec = await claim(parts, run, attempt, tool, oc)
+    if _in_doubt_here(rec, attempt):
+        # This attempt's own claim, still in flight, of a call it sent under this key (a
+        # twin whose sibling lost its reply): that call may have happened. Neither sent
+        # again nor its claim dropped.
+        raise IndeterminateToolCallError(
+            f"cannot tell whether {tool.name} ({oc.call.id}) ran: a call of this attempt "
+            f"under the same key was sent and its outcome is unknown; check the tool's own "
+            "system and record what happened with `tesserix resolve`",
+            calls=[_in_doubt_call(run, tool, oc, rec)],
+        )
     unsent = None
     if oc.redacted:
         pass  # a masked call is answered unsent, in the group
@@ -374,11 +386,13 @@ async def _call_tool(
             await release_unsent(parts, run, attempt, oc.key)
             return _finished(run, attempt, oc, unsent, CallDisposition.refused)
         _started(run, attempt, oc)
+        attempt.sent_keys.add(oc.key)
         try:
             outcome = await _invoke(attempt, tool, oc.call, ctx, parts.redactor)
         except _NotSent as stop:
             # The lease check stopped the call before it started: nothing is in doubt, so
             # the claim goes rather than leave every later resume refusing it.
+            attempt.sent_keys.discard(oc.key)
             _unsent(run, attempt, oc, stop.error)
             await release_unsent(parts, run, attempt, oc.key)
             raise stop.error from None
@@ -429,6 +443,30 @@ async def _redacted_and_completed(
 
 def _held_elsewhere(rec: IdempotencyRecord, attempt: Attempt) -> bool:
     return rec.status is RecordStatus.in_flight and rec.holder != attempt.holder
+
+
+def _in_doubt_here(rec: IdempotencyRecord, attempt: Attempt) -> bool:
+    return (
+        rec.status is RecordStatus.in_flight
+        and rec.holder == attempt.holder
+        and rec.key in attempt.sent_keys
+    )
+
+
+def _in_doubt_call(
+    run: RunState, tool: Tool, oc: OutstandingCall, rec: IdempotencyRecord
+) -> PlannedCall:
+    return PlannedCall(
+        call_id=oc.call.id,
+        tool=tool.name,
+        key=oc.key,
+        disposition=ToolDisposition.indeterminate,
+        reason="a call of this attempt under the same key was sent and its outcome is unknown",
+        iteration=run.iteration,
+        arguments=oc.call.arguments,
+        side_effects=tool.side_effects,
+        record=rec,
+    )
 
 
 def _safe_to_resend(tool: Tool) -> bool:

@@ -41,7 +41,7 @@ from tesserix_adk.providers.base import ModelRequest, ModelResponse, StreamingPr
 from tesserix_adk.run import grouping
 from tesserix_adk.run.approvals import ask_approval, take_decision
 from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.run.cancelling import cancel_requested
+from tesserix_adk.run.cancelling import UNREAD, CancelRequest, Unread, cancel_requested
 from tesserix_adk.run.costs import paid
 from tesserix_adk.run.dispatch import REFUSED_ARGUMENTS, dispatch_turn
 from tesserix_adk.run.events import (
@@ -111,7 +111,13 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
         # before a last answer ends it completed or a call waits on a person (the check
         # above was before the model was asked). The calls of any other turn each ask once
         # claimed (``call_tool``): answered "not sent", the run ends at the next boundary.
-        if not message.tool_calls or _asks_a_person(agent, message):
+        # (And before a resumed run past its frontier is refused as diverged: a cancelled
+        # run ends where it stands, whatever it would have asked.)
+        if (
+            not message.tool_calls
+            or _asks_a_person(agent, message)
+            or run.iteration in attempt.ahead
+        ):
             cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
             if cancelled is not None:
                 return await _finish(
@@ -127,8 +133,16 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
             return waiting
 
 
-async def carry_on(parts: RunParts, run: RunState, attempt: Attempt, cp: Checkpoint) -> Run:
-    """Pick up at the frontier's boundary, then go on with the loop."""
+async def carry_on(
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    cp: Checkpoint,
+    *,
+    cancelled: CancelRequest | Unread | None = UNREAD,
+) -> Run:
+    """Pick up at the frontier's boundary, then go on with the loop. ``cancelled``: the
+    run's cancel request as the caller read it already, if it did."""
     attempt.emit(
         AttemptResumed(
             run_id=run.run_id,
@@ -138,7 +152,8 @@ async def carry_on(parts: RunParts, run: RunState, attempt: Attempt, cp: Checkpo
             fence=cp.fence,
         )
     )
-    cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
+    if isinstance(cancelled, Unread):
+        cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
     if cancelled is not None:
         return await _finish(parts, run, attempt, RunStatus.cancelled, output=cancelled.describe())
     attempt.stop_if_asked(run.run_id)

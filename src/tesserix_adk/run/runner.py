@@ -35,7 +35,7 @@ from tesserix_adk.leases import NEVER_RAN_MARGIN, LeasePolicy
 from tesserix_adk.messages import Message
 from tesserix_adk.providers.base import Provider
 from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_holder
-from tesserix_adk.run.cancelling import cancelled_frontier, request_cancel
+from tesserix_adk.run.cancelling import cancel_requested, cancelled_frontier, request_cancel
 from tesserix_adk.run.events import EventSink, RunEvent
 from tesserix_adk.run.grouping import held_and_grouped
 from tesserix_adk.run.holding import holding
@@ -388,12 +388,18 @@ class AgentRunner:
             refuse_unresumable(cp, agent)
             if plan is None:
                 return await self._settled(finished_run(cp))
-            if not nothing_ran_since_approval_asked(cp, plan):
+            # Read before anything is refused: a cancelled run ends where it stands, calls in
+            # doubt and all (nothing more is sent, so none is guessed at), instead of
+            # waiting on an operator's decision about a call it will never make again.
+            cancelled = await cancel_requested(self.idempotency, tenant, run_id)
+            if cancelled is None and not nothing_ran_since_approval_asked(cp, plan):
                 refuse_if_undecidable(plan)
             run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=[])
             await restore(checkpoints, self.ledger, run, attempt, cp, plan)
             await self._wanted(tenant, run_id, agent)
-            return await self._settled(await carry_on(self._parts, run, attempt, cp))
+            return await self._settled(
+                await carry_on(self._parts, run, attempt, cp, cancelled=cancelled)
+            )
 
     async def replay(
         self,
