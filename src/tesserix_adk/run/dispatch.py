@@ -20,9 +20,6 @@ import contextlib
 import functools
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-from pydantic_core import to_jsonable_python
 
 from tesserix_adk.checkpoint.payload import (
     Grant,
@@ -31,15 +28,13 @@ from tesserix_adk.checkpoint.payload import (
     decode_outcome,
 )
 from tesserix_adk.checkpoint.planning import PlannedCall, ToolDisposition
-from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
     IndeterminateToolCallError,
     StaleFenceError,
-    ToolOutcomeUnknownError,
 )
-from tesserix_adk.messages import Message, ToolCall, ToolOutcome
+from tesserix_adk.messages import Message, ToolOutcome
 from tesserix_adk.providers._common import MALFORMED_ARGUMENTS
 from tesserix_adk.run import grouping
 from tesserix_adk.run.attempt import Attempt
@@ -50,6 +45,7 @@ from tesserix_adk.run.events import (
     ToolCallStarted,
     ToolCallUnsent,
 )
+from tesserix_adk.run.invoking import NotSent, invoke
 from tesserix_adk.run.parallel import first_error, in_model_order
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.recording import (
@@ -65,9 +61,8 @@ from tesserix_adk.run.recording import (
     told,
 )
 from tesserix_adk.run.state import RunState
-from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus
-from tesserix_adk.tools import ThreadReturned, Tool, ToolContext, accepts_ctx, call_maybe_async
+from tesserix_adk.tools import ThreadReturned, Tool, ToolContext
 
 __all__ = [
     "COMPLETE_TRIES",
@@ -303,8 +298,8 @@ async def _call_tool(
             return _finished(run, attempt, oc, unsent, CallDisposition.refused)
         _started(run, attempt, oc)
         try:
-            outcome = await _invoke(attempt, tool, oc.call, ctx, parts.redactor)
-        except _NotSent as stop:
+            outcome = await invoke(attempt, tool, oc.call, ctx, parts.redactor)
+        except NotSent as stop:
             _unsent(run, attempt, oc, stop.error)
             raise stop.error from None
         return _finished(run, attempt, oc, await told(parts, outcome), CallDisposition.dispatched)
@@ -388,8 +383,8 @@ async def _call_tool(
         _started(run, attempt, oc)
         attempt.sent_keys.add(oc.key)
         try:
-            outcome = await _invoke(attempt, tool, oc.call, ctx, parts.redactor)
-        except _NotSent as stop:
+            outcome = await invoke(attempt, tool, oc.call, ctx, parts.redactor)
+        except NotSent as stop:
             # The lease check stopped the call before it started: nothing is in doubt, so
             # the claim goes rather than leave every later resume refusing it.
             attempt.sent_keys.discard(oc.key)
@@ -471,67 +466,6 @@ def _in_doubt_call(
 
 def _safe_to_resend(tool: Tool) -> bool:
     return not tool.side_effects or tool.idempotent
-
-
-class _NotSent(Exception):
-    """The guard refused right before the tool started: nothing was sent."""
-
-    def __init__(self, error: AdkError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-async def _invoke(
-    attempt: Attempt, tool: Tool, call: ToolCall, ctx: ToolContext, redactor: Redactor
-) -> ToolOutcome:
-    """Run the tool (or its replay stub); an ``Exception`` is the call's error outcome,
-    except the guard's own refusal, which stops the run with nothing sent, and a
-    ``ToolOutcomeUnknownError``, which stops it with the call left in doubt."""
-    refused: list[AdkError] = []
-
-    def guard() -> None:
-        try:
-            attempt.guard()
-        except AdkError as exc:
-            refused.append(exc)
-            raise
-
-    try:
-        stub = None if attempt.stubs is None else attempt.stubs.get(tool.name)
-        if stub is not None:
-            guard()
-            args = dict(call.arguments)
-            with outside_scope():
-                value = await call_maybe_async(
-                    stub, args, ctx if accepts_ctx(stub) else None, thread=True
-                )
-            result = _stub_result(value)
-        else:
-            with outside_scope():
-                result = await tool.invoke(call.arguments, ctx, guard=guard)
-        return ToolOutcome(call_id=call.id, content=to_jsonable_python(result, fallback=str))
-    except ToolOutcomeUnknownError as exc:
-        # Sent, and whether it took effect is unknown: told to the model as an error it
-        # would be asked for again under a new key. Its claim stays in flight, for the
-        # reconciler or an operator, as if the process had died inside the call.
-        _log.warning(
-            "%s (%s) may have run, its outcome unknown: %s",
-            tool.name,
-            call.id,
-            redactor.text(str(exc)),
-        )
-        exc.add_note(f"the call {tool.name} ({call.id}) is left in doubt, its claim in flight")
-        raise
-    except Exception as exc:
-        if refused and exc is refused[0]:
-            raise _NotSent(refused[0]) from None
-        return ToolOutcome(call_id=call.id, content=f"{type(exc).__name__}: {exc}", is_error=True)
-
-
-def _stub_result(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {**value, "stub": True}
-    return {"stub": True, "value": value}
 
 
 def _approved(grant: Grant | None) -> bool:

@@ -1,0 +1,83 @@
+"""Sending one call: the attempt's guard right before the tool starts (a refusal there is
+``NotSent``: nothing went out), a replay's stub in the tool's place, and the tool's answer
+or error as the call's outcome."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+
+from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.errors import AdkError, ToolOutcomeUnknownError
+from tesserix_adk.messages import ToolCall, ToolOutcome
+from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.stores.grouping import outside_scope
+from tesserix_adk.tools import Tool, ToolContext, accepts_ctx, call_maybe_async
+
+__all__ = ["NotSent", "invoke"]
+
+_log = logging.getLogger("tesserix_adk.runner")
+
+
+class NotSent(Exception):
+    """The guard refused right before the tool started: nothing was sent."""
+
+    def __init__(self, error: AdkError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def invoke(
+    attempt: Attempt, tool: Tool, call: ToolCall, ctx: ToolContext, redactor: Redactor
+) -> ToolOutcome:
+    """Run the tool (or its replay stub); an ``Exception`` is the call's error outcome,
+    except the guard's own refusal, which stops the run with nothing sent, and a
+    ``ToolOutcomeUnknownError``, which stops it with the call left in doubt."""
+    refused: list[AdkError] = []
+
+    def guard() -> None:
+        try:
+            attempt.guard()
+        except AdkError as exc:
+            refused.append(exc)
+            raise
+
+    try:
+        stub = None if attempt.stubs is None else attempt.stubs.get(tool.name)
+        if stub is not None:
+            guard()
+            args = dict(call.arguments)
+            with outside_scope():
+                value = await call_maybe_async(
+                    stub, args, ctx if accepts_ctx(stub) else None, thread=True
+                )
+            result = _stub_result(value)
+        else:
+            with outside_scope():
+                result = await tool.invoke(call.arguments, ctx, guard=guard)
+        return ToolOutcome(call_id=call.id, content=to_jsonable_python(result, fallback=str))
+    except ToolOutcomeUnknownError as exc:
+        # Sent, and whether it took effect is unknown: told to the model as an error it
+        # would be asked for again under a new key. Its claim stays in flight, for the
+        # reconciler or an operator, as if the process had died inside the call.
+        _log.warning(
+            "%s (%s) may have run, its outcome unknown: %s",
+            tool.name,
+            call.id,
+            redactor.text(str(exc)),
+        )
+        exc.add_note(f"the call {tool.name} ({call.id}) is left in doubt, its claim in flight")
+        raise
+    except Exception as exc:
+        if refused and exc is refused[0]:
+            raise NotSent(refused[0]) from None
+        return ToolOutcome(call_id=call.id, content=f"{type(exc).__name__}: {exc}", is_error=True)
+
+
+def _stub_result(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {**value, "stub": True}
+    return {"stub": True, "value": value}
