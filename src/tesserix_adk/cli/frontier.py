@@ -237,6 +237,8 @@ async def _wake(stores: Stores, tenant: str, run_id: str, state: WorkState) -> b
     cp = await _readable_frontier(stores, tenant, run_id)
     if cp is not None and cp.carried_by is not None:
         return False  # its workflow carries it: a kit worker told of it would only refuse it
+    if cp is not None and cp.status.finished:
+        return False  # it ended (a cancel, say): nothing is carried on
     agent = None if cp is None else cp.agent_name
     if agent is None:
         known = [i for i in await stores.work.items(tenant) if i.run_id == run_id]

@@ -25,6 +25,7 @@ from tesserix_adk.errors import (
     NoCheckpointError,
 )
 from tesserix_adk.run.attempt import run_claim_key
+from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import (
     ApprovalRequest,
@@ -72,12 +73,27 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
     lease = await stores.leases.current(args.tenant, args.run)
     parked = await parked_item(stores, args.tenant, args.run)
     approval = await asked_approval(stores, cp)
+    # What a resume reads before it refuses anything: a cancel that stands ends the run.
+    cancel = None
+    if not cp.status.finished:
+        cancel = await cancel_requested(stores.idempotency, args.tenant, args.run)
     if args.json:
         key = run_claim_key(args.tenant, args.run)
         claim = (await stores.idempotency.lookup([key], tenant=args.tenant)).get(key)
-        emit(out, inspect_json(cp, plan, spent, lease, parked, claim, approval=approval))
+        found = inspect_json(cp, plan, spent, lease, parked, claim, approval=approval)
+        found["cancel"] = (
+            None
+            if cancel is None
+            else {"by": cancel.by, "at": when(cancel.at), "reason": cancel.reason}
+        )
+        emit(out, found)
         return ExitCode.CARRIED_ON
     out.write(describe(cp, plan=plan, spent=spent, approval=approval) + "\n")
+    if cancel is not None:
+        out.write(
+            f"{escaped(cancel.describe())} at {when(cancel.at)}: a resume ends it cancelled, "
+            "sending nothing (calls in doubt are left as they are)\n"
+        )
     if lease is not None:
         out.write(held_by(lease) + "\n")
     if parked is not None:

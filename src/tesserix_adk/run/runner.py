@@ -385,13 +385,20 @@ class AgentRunner:
                     plan = await plan_resume(cp, self.idempotency)
             if on_frontier is not None:
                 on_frontier(cp, plan, attempt.fence, attempt.holder)
-            refuse_unresumable(cp, agent)
             if plan is None:
+                refuse_unresumable(cp, agent)
                 return await self._settled(finished_run(cp))
             # Read before anything is refused: a cancelled run ends where it stands, calls in
             # doubt and all (nothing more is sent, so none is guessed at), instead of
             # waiting on an operator's decision about a call it will never make again.
             cancelled = await cancel_requested(self.idempotency, tenant, run_id)
+            if cancelled is not None and not resumable(cp, agent):
+                # Ended as a cancel ends a run nobody holds, asking this agent nothing (it
+                # is another revision, or the run a replay whose stubs are gone).
+                await cancelled_frontier(checkpoints, cp, fence=attempt.fence, request=cancelled)
+                ended = await checkpoints.latest(tenant, run_id)
+                return await self._settled(finished_run(ended or cp))
+            refuse_unresumable(cp, agent)
             if cancelled is None and not nothing_ran_since_approval_asked(cp, plan):
                 refuse_if_undecidable(plan)
             run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=[])

@@ -128,10 +128,13 @@ async def submit(
         # The workflow id is the run id, one namespace for every tenant: the execution
         # holding it may be another tenant's run, never this one's to answer for.
         was = await _started_with(client, handle)
-        if was is not None and was.tenant != tenant:
+        if was is None or was.tenant != tenant:
+            # Unreadable as this kit's input: whose run it is cannot be told, so it is
+            # never taken for this tenant's.
+            whose = "another tenant's run" if was is not None else "a workflow this kit cannot read"
             raise ConfigurationError(
-                f"run id {run_id!r} is the workflow id of another tenant's run on this "
-                "Temporal namespace; nothing was started: choose another run id"
+                f"run id {run_id!r} is the workflow id of {whose} on this Temporal "
+                "namespace; nothing was started: choose another run id"
             )
         if await _open_or_completed(handle):
             return

@@ -120,8 +120,6 @@ async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder:
                 return _ended(cp.status.value, cp.output, cp.iteration)
             plan = await plan_resume(cp, runner.idempotency)
             await restore(checkpoints, runner.ledger, run, attempt, cp, plan)
-            if cp.carried_by is None:
-                await _adopted(checkpoints, run, attempt, cp)
             if step.resumed and not nothing_ran_since_approval_asked(cp, plan):
                 # The closed execution may have sent a call no key records: never again.
                 unkeyed = [p for p in plan.indeterminate if p.key is None]
@@ -130,13 +128,14 @@ async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder:
             if cp.boundary in _OPEN and cp.iteration == step.iteration and not step.fold_only:
                 # This turn's model answer stands (a retried attempt, or a decision looked
                 # for): never ask the model again, its calls' keys are in the frontier.
+                await _adopted(checkpoints, run, attempt, cp)
                 turn = await _open_turn(parts, run, attempt, cp)
                 if cp.pending_approval is not None and turn.kind is not StepKind.waiting:
                     await _taken(runner, run)
                 return turn
             _check_handle(cp, step)
             if cp.boundary in _OPEN and cp.iteration == step.iteration - 1:
-                await _fold(parts, run, attempt, cp.outstanding, step)
+                await _fold(parts, run, attempt, cp.outstanding, step)  # its frontier names it
             elif not (
                 cp.boundary is Boundary.after_tool_result and cp.iteration == step.iteration - 1
             ):
@@ -145,6 +144,8 @@ async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder:
                     f"{cp.iteration}, {cp.boundary}) is not where the workflow stands "
                     f"(iteration {step.iteration}); it is not carried on"
                 )
+            else:
+                await _adopted(checkpoints, run, attempt, cp)  # the model may take a while
             run.iteration = step.iteration
         if step.fold_only:
             return _standing(StepKind.folded, run)
@@ -154,10 +155,14 @@ async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder:
 async def _adopted(
     checkpoints: Checkpointer, run: RunState, attempt: Attempt, cp: Checkpoint
 ) -> None:
-    """The frontier again, naming this workflow as its carrier, before anything else: a run
-    the kit started (handed over by ``carry_on_run``) or one written before frontiers named
-    their carrier. Else, while the workflow only looks for an approval's decision (which
-    writes nothing), an operator's approve would wake a kit worker to carry it beside it."""
+    """The frontier again, naming this workflow as its carrier, once the workflow found it
+    where it stands and before it goes on, when it names none: a run the kit started
+    (handed over by ``carry_on_run``) or one written before frontiers named their carrier.
+    Else, while the workflow only looks for an approval's decision (which writes nothing),
+    an operator's approve would wake a kit worker to carry it beside it. (A frontier the
+    workflow refuses is left as it was.)"""
+    if cp.carried_by is not None:
+        return
     frontier = dataclasses.replace(
         cp,
         step=cp.step + 1,
