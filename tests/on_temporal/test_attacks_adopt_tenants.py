@@ -355,14 +355,6 @@ async def test_a_frontier_the_workflow_refuses_is_not_stamped_as_its_own(
         assert outcome.status in ("completed", "waiting_approval"), outcome
 
 
-_UNREADABLE = pytest.mark.xfail(
-    strict=True,
-    reason="commands.py submit refuses only when was is not None and was.tenant != tenant; "
-    "a newest execution whose input does not decode as RunInput (_started_with -> None) is "
-    "taken as this tenant's open run: submit returns as if started, nothing carries B's run",
-)
-
-
 def _tenant_a_input(rid: str, shape: str) -> Any:
     mine = dataclasses.asdict(
         RunInput(
@@ -380,7 +372,7 @@ def _tenant_a_input(rid: str, shape: str) -> Any:
     return mine
 
 
-@pytest.mark.parametrize("shape", ["extra field", pytest.param("renamed field", marks=_UNREADABLE)])
+@pytest.mark.parametrize("shape", ["extra field", "renamed field"])
 async def test_a_workflow_whose_input_is_unreadable_is_not_taken_as_this_tenants_run(
     temporal_server: DevServer, shape: str
 ) -> None:

@@ -42,8 +42,10 @@ async def main(store: str, vendor: str, base_url: str, run_id: str, verb: str) -
     else:
         provider = AnthropicProvider("anthropic:claude-haiku-4-5", base_url=base_url, api_key="k")
     async with provider, open_stores(store) as stores:
+        # A ttl a busy machine (the suite's other worker, its subprocesses) cannot starve
+        # the renewal of: a lost lease stops the resume before its last frontier.
         runner = AgentRunner.from_stores(
-            provider, stores, lease_policy=LeasePolicy(ttl=1.0, renew_within=0.5)
+            provider, stores, lease_policy=LeasePolicy(ttl=3.0, renew_within=1.5)
         )
         stream = (
             runner.stream(agent, "book me FRA to JFK", tenant=TENANT, run_id=run_id)
