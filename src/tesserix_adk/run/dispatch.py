@@ -253,7 +253,8 @@ async def call_tool(
     Two calls of one attempt under one key (a key function that names the business
     object, twice in a parallel turn) go one after the other: the claim is the attempt's
     own either way, so only this keeps the second from being sent beside the first; it
-    then finds the first's outcome recorded and replays it."""
+    then finds the first's outcome recorded and replays it, or, the first's outcome
+    unknown (its claim still in flight), is refused as in doubt."""
     if oc.key is None:
         return await _call_tool(parts, run, attempt, tool, oc)
     while (busy := attempt.sending.get(oc.key)) is not None:

@@ -300,7 +300,9 @@ class AgentRunner:
         ``on_frontier(checkpoint, plan, fence, holder)`` (``holder``: this attempt's id) is
         called once the frontier is read (and planned, unless finished or refused), before
         anything is carried on: the CLI prints its summary there. Calls in doubt whose tool
-        has a reconciler are settled by it first. ``stop`` and ``on_event`` as for ``run``."""
+        has a reconciler are settled by it first. A run whose cancel stands ends cancelled
+        here, sending nothing (calls in doubt left as they are). ``stop`` and ``on_event``
+        as for ``run``."""
         attempt = Attempt(holder=new_holder(self.worker), stop=stop, events=on_event)
         work = self._resume(attempt, agent, run_id, tenant, on_frontier)
         return await observe(self, attempt, AttemptKind.resume, agent, tenant, run_id, work)
