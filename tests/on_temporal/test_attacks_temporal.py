@@ -854,3 +854,45 @@ async def test_a_worker_for_an_unreachable_server_is_exit_3_in_one_sentence(
     assert done.returncode == 3, done
     assert "cannot be reached" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+async def test_a_run_cancelled_while_its_call_is_in_doubt_ends_cancelled_not_failed(
+    temporal_server: DevServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The booking outlives its activity's timeout (in doubt: it may have happened) and the
+    operator cancels the run meanwhile. The retry finds the call in doubt: the run ends
+    cancelled, as the kit's own resume ends it, the booking neither sent again nor guessed
+    at (its record left in flight), instead of the workflow failing on the doubt."""
+    from tesserix_adk import Redactor
+    from tesserix_adk.run.cancelling import request_cancel
+    from tesserix_adk.stores.protocols import RecordStatus
+
+    monkeypatch.setenv("ATTACK_SLOW", "3")
+    rid, q = run_id(), queue()
+    options = dataclasses.replace(FAST, tool_timeout=1.0)
+    turns: list[Any] = [[("slow_async_booking", {"flight": "LH123"})], "Booked."]
+    with in_world(tmp_path):
+        client = await Client.connect(temporal_server.address)
+        async with await world_stores(tmp_path) as stores:
+            runner = fast_runner(ScriptedProvider(turns), stores)
+            async with worker_running(client, runner, [slow_agent], q):
+                handle = await start_run(
+                    client, slow_agent, "go", tenant=TENANT, run_id=rid, task_queue=q,
+                    options=options,
+                )  # fmt: skip
+                for _ in range(200):  # the booking went out
+                    if _sends("slow_async_booking"):
+                        break
+                    await asyncio.sleep(0.05)
+                await request_cancel(
+                    stores.idempotency, TENANT, rid, by="ops", reason=None, redactor=Redactor()
+                )
+                try:
+                    outcome: Any = await asyncio.wait_for(handle.result(), 40)
+                except WorkflowFailureError as exc:
+                    outcome = exc
+            records = [r for r in await stores.idempotency.records(TENANT, rid) if r.tool]
+        sent = _sends("slow_async_booking")
+    assert getattr(outcome, "status", None) == "cancelled", outcome
+    assert sent == 1
+    assert [r.status for r in records] == [RecordStatus.in_flight]  # never guessed at

@@ -230,15 +230,28 @@ async def tool_call(
             grants=list(cp.grants),
             carried_by=Carrier.temporal,
         )
-        if oc.key is None:
-            if retried and oc.side_effects:
-                raise _unkeyed_in_doubt(oc, cp)
-        else:
-            await _settle_in_doubt(runner, agent, attempt, cp, oc)
-        # A call about to be sent asks for a cancel once claimed (one asked since the
-        # model's answer stops it; the next model turn ends the run cancelled), after a
-        # recorded outcome is replayed or a call in doubt settled or refused.
-        outcome = await _answer(parts, run, attempt, oc, {g.call_id: g for g in run.grants})
+        try:
+            if oc.key is None:
+                if retried and oc.side_effects:
+                    raise _unkeyed_in_doubt(oc, cp)
+            else:
+                await _settle_in_doubt(runner, agent, attempt, cp, oc)
+            # A call about to be sent asks for a cancel once claimed (one asked since the
+            # model's answer stops it; the next model turn ends the run cancelled), after a
+            # recorded outcome is replayed or a call in doubt settled or refused.
+            outcome = await _answer(parts, run, attempt, oc, {g.call_id: g for g in run.grants})
+        except IndeterminateToolCallError:
+            cancelled = await cancel_requested(parts.idempotency, call.tenant, call.run_id)
+            if cancelled is None:
+                raise
+            # A cancelled run ends where it stands, as the kit's own resume ends it: this
+            # call is neither sent again nor guessed at (its record stays in flight), and
+            # the next model turn ends the run cancelled before the model hears of it.
+            return ToolResult(
+                call_id=call.call_id,
+                content=f"left in doubt, not sent again: the run was {cancelled.describe()}",
+                is_error=True,
+            )
         if oc.key is not None:
             rec = (await parts.idempotency.lookup([oc.key], tenant=call.tenant)).get(oc.key)
             if rec is not None and rec.status is RecordStatus.completed and rec.outcome:
