@@ -160,8 +160,9 @@ async def _approve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
             f"approval request {args.request!r} was already decided the other way: {exc}"
         ) from exc
     run = escaped(decided.run_id)
-    woken = await _wake(stores, args.tenant, decided.run_id, WorkState.decided)
-    then = await _carry_on_with(args, stores, decided.run_id, woken)
+    # The frontier read above (a decision writes none): what wakes, and what to say.
+    woken = await _wake(stores, args.tenant, decided.run_id, WorkState.decided, cp)
+    then = _carry_on_with(args, decided.run_id, woken, cp)
     if getattr(args, "json", False):
         emit(
             out,
@@ -198,11 +199,12 @@ def _by_its_workflow(cp: Checkpoint) -> str:
     )
 
 
-async def _carry_on_with(args: argparse.Namespace, stores: Stores, run_id: str, woken: bool) -> str:
+def _carry_on_with(
+    args: argparse.Namespace, run_id: str, woken: bool, cp: Checkpoint | None
+) -> str:
     """What carries the run on now: its workflow (a Temporal run), a running ``tesserix
     worker``, or the exact resume command (``--agent`` as given to ``approve``; else a
-    placeholder naming the agent)."""
-    cp = await _readable_frontier(stores, args.tenant, run_id)
+    placeholder naming the agent). ``cp``: the run's frontier, if it has one."""
     if cp is not None and cp.carried_by is not None:
         return _by_its_workflow(cp)
     agent = getattr(args, "agent", None)
@@ -229,12 +231,13 @@ def _shell_word(word: str) -> str:
     return escaped(word) if _PLAIN_WORD.fullmatch(word) else shlex.quote(escaped(word))
 
 
-async def _wake(stores: Stores, tenant: str, run_id: str, state: WorkState) -> bool:
+async def _wake(
+    stores: Stores, tenant: str, run_id: str, state: WorkState, cp: Checkpoint | None
+) -> bool:
     """Tell the work index the run wants a worker again (an operator acted on it): whether
-    a worker will find it. A parked run is unparked."""
+    a worker will find it. A parked run is unparked. ``cp``: its frontier, if readable."""
     if stores.work is None:
         return False
-    cp = await _readable_frontier(stores, tenant, run_id)
     if cp is not None and cp.carried_by is not None:
         return False  # its workflow carries it: a kit worker told of it would only refuse it
     if cp is not None and cp.status.finished:
@@ -388,7 +391,8 @@ async def _record_resolution(
         said = f"recorded: {call} completed with the given outcome, by {escaped(args.by)}\n"
     if not as_json:
         out.write(said)
-    woken = await _wake(stores, args.tenant, args.run, WorkState.wanted)
+    cp = await _readable_frontier(stores, args.tenant, args.run)
+    woken = await _wake(stores, args.tenant, args.run, WorkState.wanted, cp)
     if as_json:
         emit(
             out,
@@ -405,14 +409,12 @@ async def _record_resolution(
         )
     elif woken:
         out.write("a worker carries the run on (a running `tesserix worker`; else resume it)\n")
-    else:
-        cp = await _readable_frontier(stores, args.tenant, args.run)
-        if cp is not None and cp.carried_by is not None and not cp.status.finished:
-            out.write(
-                f"its {cp.carried_by} workflow carries the run on; once that workflow closed, "
-                f"`tesserix submit --temporal ... --run-id {escaped(args.run)}` starts a new "
-                "one from its frontier\n"
-            )
+    elif cp is not None and cp.carried_by is not None and not cp.status.finished:
+        out.write(
+            f"its {cp.carried_by} workflow carries the run on; once that workflow closed, "
+            f"`tesserix submit --temporal ... --run-id {escaped(args.run)}` starts a new "
+            "one from its frontier\n"
+        )
     return ExitCode.CARRIED_ON
 
 

@@ -27,7 +27,6 @@ from temporalio.service import RPCError, RPCStatusCode
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.continuation import (
-    DEFAULT_CONTINUATION,
     ContinuationPolicy,
 )
 from tesserix_adk.checkpoint.planning import plan_resume, refuse_if_undecidable
@@ -143,16 +142,13 @@ async def submit(
             return  # the run ended; submitting its id again makes no second run
         # The closed execution's own settings (and, before any frontier, its own input: the
         # same run id is the same request, whatever this submit says).
-        options = None if was is None else was.options
-        poll = 2.0 if was is None else was.approval_poll
-        policy = DEFAULT_CONTINUATION
-        if was is not None:
-            policy = ContinuationPolicy(
-                max_steps=was.max_steps, max_history_bytes=was.max_history_bytes
-            )
+        options, poll = was.options, was.approval_poll
+        policy = ContinuationPolicy(
+            max_steps=was.max_steps, max_history_bytes=was.max_history_bytes
+        )
         with contextlib.suppress(WorkflowAlreadyStartedError):  # another submit was first
             if cp is None:  # its workflow closed before the run's first frontier
-                first = input if was is None or was.input is None else was.input
+                first = input if was.input is None else was.input
                 await start_run(
                     client,
                     agent,
@@ -180,7 +176,7 @@ async def submit(
                 continuation=policy,
                 options=options,
                 approval_poll=poll,
-                chain=() if was is None else was.chain,
+                chain=was.chain,
             )
 
     await _dropping_the_client(start())
