@@ -8,18 +8,37 @@ the outside world. An error is one object: ``{"error": {"exit_code": N, "message
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, TextIO
 
 from tesserix_adk.stores.protocols import IdempotencyRecord, RunLease
 from tesserix_adk.timestamps import iso_time
 from tesserix_adk.tools import key_digest as digest_of
 
-__all__ = ["claim_json", "emit", "error_json", "key_digest", "lease_json", "when"]
+__all__ = ["claim_json", "emit", "error_json", "json_text", "key_digest", "lease_json", "when"]
 
 
 def emit(out: TextIO, value: Any) -> None:
-    """``value`` as indented JSON on one document (json escapes control characters)."""
-    out.write(json.dumps(value, indent=2, default=str, ensure_ascii=False) + "\n")
+    """``value`` as one indented JSON document (``json_text``)."""
+    out.write(json_text(value, indent=2) + "\n")
+
+
+def json_text(value: Any, *, indent: int | None = None) -> str:
+    """Strict JSON in ASCII: every character past it escaped (C1 controls, bidi overrides,
+    line separators and lone surrogates reach no terminal raw), a float that is not finite
+    written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (a bare ``NaN`` is
+    not JSON: ``jq`` and strict parsers refuse the whole document)."""
+    return json.dumps(_finite(value), indent=indent, default=str, ensure_ascii=True)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def error_json(code: int, message: str) -> dict[str, Any]:

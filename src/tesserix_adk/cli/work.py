@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import signal
@@ -28,7 +27,7 @@ from typing import Any, TextIO
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.cli.failures import ExitCode, UsageError
-from tesserix_adk.cli.jsonout import emit
+from tesserix_adk.cli.jsonout import emit, json_text
 from tesserix_adk.cli.loading import built_provider, load_agent
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import NoCheckpointError
@@ -332,7 +331,7 @@ def _sayer(out: TextIO, name: str, *, json_lines: bool) -> Say:
     def say(text: str) -> None:
         if json_lines:
             line = {"worker": name, "at": iso_time(time.time()), "message": text}
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            out.write(json_text(line) + "\n")
         else:
             out.write(f"worker {name}: {text}\n")
         out.flush()

@@ -29,6 +29,7 @@ from tesserix_adk.checkpoint.payload import (
     OutstandingCall,
     within_nesting,
 )
+from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
     AdkError,
     ConfigurationError,
@@ -56,7 +57,7 @@ from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.recording import to_the_end
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.state import RunState
-from tesserix_adk.tools import canonical_json, replay_key
+from tesserix_adk.tools import Tool, canonical_json, default_key, masked_key, replay_key
 
 __all__ = ["carry_on", "outstanding_calls", "run_loop"]
 
@@ -125,7 +126,7 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
                 )
         if not message.tool_calls:
             return await _finish(parts, run, attempt, RunStatus.completed, output=message.text)
-        calls = outstanding_calls(run, message.tool_calls)
+        calls = outstanding_calls(run, message.tool_calls, parts.redactor)
         _refuse_divergence(run, attempt, calls)
         await write_frontier_naming_unkeyed(parts, run, attempt, calls, policy_asks=True)
         waiting = await _take_turn(parts, run, attempt, calls)
@@ -219,9 +220,12 @@ def _within_nesting(message: Message) -> Message:
     return dataclasses.replace(message, tool_calls=calls)
 
 
-def outstanding_calls(run: RunState, calls: Sequence[ToolCall]) -> list[OutstandingCall]:
+def outstanding_calls(
+    run: RunState, calls: Sequence[ToolCall], redactor: Redactor
+) -> list[OutstandingCall]:
     """The turn's calls with their keys; twins (same tool, same arguments) are told apart
-    by their occurrence within the turn."""
+    by their occurrence within the turn. A key holding what ``redactor`` masks is kept as
+    its digest (``masked_key``)."""
     seen: dict[tuple[str, str], int] = {}
     result: list[OutstandingCall] = []
     for call in calls:
@@ -239,6 +243,8 @@ def outstanding_calls(run: RunState, calls: Sequence[ToolCall]) -> list[Outstand
             call=call,
             occurrence=occurrence,
         )
+        if key is not None and tool.key is not default_key:
+            key = masked_key(key, hidden=_holds_masked(run, tool, call, occurrence, key, redactor))
         if key is not None and run.replay_of is not None:
             # A key naming the business object is the original run's too: a replay's stub
             # must never record under it, nor find the original's record there.
@@ -249,6 +255,31 @@ def outstanding_calls(run: RunState, calls: Sequence[ToolCall]) -> list[Outstand
             )
         )
     return result
+
+
+def _holds_masked(
+    run: RunState, tool: Tool, call: ToolCall, occurrence: int, key: str, redactor: Redactor
+) -> bool:
+    """Whether a key function's ``key`` holds what ``redactor`` masks: a secret in the key
+    itself, or one it took from the arguments (its key from the masked arguments differs,
+    or it cannot make one from them)."""
+    if redactor.text(key) != key:
+        return True
+    arguments = dict(call.arguments)
+    if not redactor.changed(arguments):
+        return False
+    masked = dataclasses.replace(call, arguments=redactor.value(arguments))
+    try:
+        again = tool.key_for(
+            tenant=run.tenant,
+            run_id=run.run_id,
+            iteration=run.iteration,
+            call=masked,
+            occurrence=occurrence,
+        )
+    except Exception:
+        return True
+    return again != key
 
 
 def _refuse_divergence(run: RunState, attempt: Attempt, calls: Sequence[OutstandingCall]) -> None:

@@ -339,7 +339,7 @@ async def _ask_model(parts: RunParts, run: RunState, attempt: Attempt) -> StepRe
         return await _finish(parts, run, attempt, RunStatus.cancelled, cancelled.describe())
     if not message.tool_calls:
         return await _finish(parts, run, attempt, RunStatus.completed, message.text)
-    calls = loop.outstanding_calls(run, message.tool_calls)
+    calls = loop.outstanding_calls(run, message.tool_calls, parts.redactor)
     loop._refuse_divergence(run, attempt, calls)
     await _must_write(parts, run, attempt, calls)
     return await _asked(parts, run, attempt, calls)

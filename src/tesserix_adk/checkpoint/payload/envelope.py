@@ -288,4 +288,10 @@ def _sealed_within(body: Mapping[str, Any], what: str) -> bytes:
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (a tool or a model may return one; JSON text can carry it, UTF-8
+        # cannot): written as a \u escape, so it reads back as it came.
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode("ascii")
