@@ -303,7 +303,12 @@ async def test_state_is_validated_on_load() -> None:
     assert latest is not None
     changed = resealed(
         latest.payload,
-        lambda b: b.update(status="running", boundary="after_tool_result", state={"phase": "x"}),
+        lambda b: b.update(
+            status="running",
+            boundary="after_tool_result",
+            state={"phase": "x"},
+            step=b["step"] + 1,  # _overwrite stores it as the next step
+        ),
     )
     await _overwrite(store, changed)
     with pytest.raises(CheckpointCorruptError, match="state"):

@@ -345,11 +345,6 @@ def test_replay_from_a_huge_step_on_postgres_is_no_such_step(
     assert (code, _plain(err)) == (ExitCode.NOTHING_CHECKPOINTED, True), err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Checkpointer.at never checks the payload's step against the step asked for: "
-    "a row holding step 5's payload is replayed as step 3 (replay of r@5, exit 0)",
-)
 def test_replay_from_a_step_whose_row_holds_another_steps_payload_is_refused(
     store: tuple[Path, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -297,14 +297,14 @@ class Checkpointer:
         stored = await self.store.latest(tenant, run_id)
         if stored is None:
             return None
-        return decode_checkpoint(stored.payload, tenant=tenant, run_id=run_id)
+        return decode_checkpoint(stored.payload, tenant=tenant, run_id=run_id, step=stored.step)
 
     async def at(self, tenant: str, run_id: str, step: int) -> Checkpoint | None:
         """The snapshot of ``step``, or ``None``; a corrupt one raises."""
         stored = await self._step_history().at(tenant, run_id, step)
         if stored is None:
             return None
-        return decode_checkpoint(stored.payload, tenant=tenant, run_id=run_id)
+        return decode_checkpoint(stored.payload, tenant=tenant, run_id=run_id, step=step)
 
     async def steps(self, tenant: str, run_id: str) -> list[int]:
         """The steps kept for the run, ascending."""

@@ -222,9 +222,21 @@ class CorruptionConformance:
         self, checkpoint_store: CheckpointStore
     ) -> None:
         payload = real_frontier(history=False)
-        await checkpoint_store.put(T, R, payload, step=1)
+        await checkpoint_store.put(T, R, payload, step=3)
         read = await Checkpointer(checkpoint_store).latest(T, R)
         assert read == decode_checkpoint(payload, tenant=T, run_id=R)
+
+    async def test_an_intact_checkpoint_in_another_steps_place_is_refused(
+        self, checkpoint_store: CheckpointStore
+    ) -> None:
+        # Step 3's payload, whole and verifying, stored as step 4: a store that mixed rows
+        # up (or a restore from the wrong backup) must not pass one step off as another.
+        checkpointer = Checkpointer(checkpoint_store)
+        await checkpoint_store.put(T, R, real_frontier(history=False), step=4)
+        with pytest.raises(CheckpointCorruptError, match=r"step 4 .* is step 3's"):
+            await checkpointer.latest(T, R)
+        with pytest.raises(CheckpointCorruptError, match=r"step 4 .* is step 3's"):
+            await checkpointer.at(T, R, 4)
 
     async def test_deeply_nested_payloads_are_refused_not_a_crash(
         self, checkpoint_store: CheckpointStore

@@ -159,10 +159,14 @@ def tombstone_payload(
     )
 
 
-def decode_checkpoint(payload: bytes, *, tenant: str, run_id: str) -> Checkpoint:
+def decode_checkpoint(
+    payload: bytes, *, tenant: str, run_id: str, step: int | None = None
+) -> Checkpoint:
     """Read a frontier, step snapshot or tombstone: the checksum is verified first, then
     the format, then every field's type. ``CheckpointFormatError`` for a newer format,
-    ``CheckpointCorruptError`` for anything else that cannot be read as written."""
+    ``CheckpointCorruptError`` for anything else that cannot be read as written, or for a
+    checkpoint of another run or, given ``step``, of another step than the one it was
+    stored as."""
     what = f"the checkpoint of run {run_id!r}"
     raw, sealed = unseal(payload, what=what)
     fmt = raw.get("format")
@@ -184,6 +188,12 @@ def decode_checkpoint(payload: bytes, *, tenant: str, run_id: str) -> Checkpoint
     if cp.tenant != tenant or cp.run_id != run_id:
         raise CheckpointCorruptError(
             f"the checkpoint stored under run {run_id!r} belongs to another run"
+        )
+    if step is not None and cp.step != step:
+        # An intact snapshot in another step's place: believed, it is a different state
+        # (an earlier one sends again what the run already did).
+        raise CheckpointCorruptError(
+            f"the checkpoint stored as step {step} of run {run_id!r} is step {cp.step}'s"
         )
     return cp
 
