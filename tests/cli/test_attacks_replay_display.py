@@ -7,7 +7,8 @@ from; displays print redacted data only, and hostile content (terminal control c
 odd Unicode) never reaches the operator's terminal raw; every bad input is one sentence
 on stderr with the documented exit code, never a Python internal, and changes nothing.
 
-Defects found (each an ``xfail(strict=True)`` test asserting the right behaviour):
+Defects found (each an ``xfail(strict=True)`` test asserting the right behaviour until
+fixed; fixed so far: 2, 6, 7, 8, 11):
 
 1. ``replay --from-step 99999999999999999999`` on SQLite is exit 4 with ``OverflowError:
    Python int too large to convert to SQLite INTEGER`` (a Python internal, and "must not be

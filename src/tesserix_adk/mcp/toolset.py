@@ -16,6 +16,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
 
 from tesserix_adk.errors import AdkError, ConfigurationError
 from tesserix_adk.mcp.errors import MCPReplyLostError, MCPToolError, MCPUnavailableError
@@ -36,6 +37,7 @@ try:
         INTERNAL_ERROR,
         INVALID_REQUEST,
         METHOD_NOT_FOUND,
+        PARSE_ERROR,
         REQUEST_TIMEOUT,
         RequestParamsMeta,
     )
@@ -77,6 +79,7 @@ class MCPToolset:
         "_server",
         "_timeout",
         "_tools",
+        "_unread",
     )
 
     def __init__(
@@ -106,6 +109,9 @@ class MCPToolset:
         self._tools: tuple[MCPTool, ...] | None = None
         # Why the connection is known gone: a later call is then certainly not sent.
         self._lost: str | None = None
+        # One future per call waiting for its reply, told when a message came that the
+        # transport could not read: it may have been that call's reply.
+        self._unread: set[asyncio.Future[str]] = set()
 
     @classmethod
     def stdio(
@@ -203,7 +209,12 @@ class MCPToolset:
                 async with asyncio.timeout(self._connect_timeout):
                     # No response cache: every listing is the server's word now.
                     client = await stack.enter_async_context(
-                        Client(self._server, read_timeout_seconds=self._timeout, cache=None)
+                        Client(
+                            self._server,
+                            read_timeout_seconds=self._timeout,
+                            cache=None,
+                            message_handler=self._heard,
+                        )
                     )
                     listed = await self._listed(client)
                 ready.set_result((client, self._kit_tools(listed)))
@@ -237,6 +248,8 @@ class MCPToolset:
         client = self._client
         if client is None:
             raise ConfigurationError(f"{self!r} is not connected")
+        if self._lost is None and _closed(client):
+            self._lost = "the server closed the connection"
         if self._lost is not None:
             raise MCPUnavailableError(
                 f"{name} was not sent: the connection to {self._where()} was lost earlier "
@@ -254,34 +267,69 @@ class MCPToolset:
                 raise self._reply_lost(name, exc) from exc
             # A JSON-RPC error answer (unknown tool, invalid params): the server said no.
             raise MCPToolError(f"{name}: {exc.message}") from exc
+        except _Unread as exc:
+            raise MCPReplyLostError(
+                f"{name} was sent to {self._where()}, and a reply came that could not be read "
+                f"({exc}); it may have run: look it up by its idempotency key before sending "
+                "it again"
+            ) from exc
         except Exception as exc:
-            # A transport failure after the request was handed over: nobody can say
-            # whether it reached the server.
-            self._lost = f"{type(exc).__name__}: {exc}"
-            raise self._reply_lost(name, exc) from exc
+            owner = self._owner
+            if owner is None or owner.done() or isinstance(exc, ConnectionError):
+                # A transport failure after the request was handed over: nobody can say
+                # whether it reached the server, and the connection is gone.
+                self._lost = self._lost or f"{type(exc).__name__}: {exc}"
+                raise self._reply_lost(name, exc) from exc
+            # The connection stands, and the reply came but is not a result the SDK
+            # accepts (its shape, the tool's output schema): in doubt, this call only.
+            raise MCPReplyLostError(
+                f"{name} was sent to {self._where()}, and its reply could not be read "
+                f"({type(exc).__name__}); it may have run: look it up by its idempotency "
+                "key before sending it again"
+            ) from exc
         return outcome_of(
             result.content, is_error=result.is_error, structured=result.structured_content
         )
 
     async def _answer(self, request: Coroutine[Any, Any, T]) -> T:
         """``request``'s answer, or the connection's failure if it ended first (the
-        request was handed over: whether it reached the server, nobody can say)."""
+        request was handed over: whether it reached the server, nobody can say), or
+        ``_Unread`` if a message came meanwhile that the transport could not read."""
         owner = self._owner
         sent = asyncio.ensure_future(request)
+        unread: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._unread.add(unread)
         try:
-            waits: set[asyncio.Future[Any]] = {sent} if owner is None else {sent, owner}
+            waits: set[asyncio.Future[Any]] = {sent, unread}
+            if owner is not None:
+                waits.add(owner)
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             sent.cancel()
             with contextlib.suppress(BaseException):
                 await sent
             raise
+        finally:
+            self._unread.discard(unread)
         if not sent.done():
             sent.cancel()
             with contextlib.suppress(BaseException):
                 await sent
+            if unread.done():
+                raise _Unread(unread.result())
             raise ConnectionError(self._lost or "the connection ended")
         return sent.result()
+
+    async def _heard(self, message: Any) -> None:
+        """The SDK's ``message_handler``: a server notification (nothing to do), or a
+        message the transport could not read. JSON-RPC cannot say which request that one
+        answered, so every call waiting then is told: its reply may be the one lost."""
+        if isinstance(message, Exception):
+            said = f"{type(message).__name__}: {message}"[:200]
+            for waiting in self._unread:
+                if not waiting.done():
+                    waiting.set_result(said)
+        await asyncio.sleep(0)
 
     def _reply_lost(self, name: str, exc: BaseException) -> MCPReplyLostError:
         return MCPReplyLostError(
@@ -322,7 +370,7 @@ class MCPToolset:
 
     def _where(self) -> str:
         if isinstance(self._server, str):
-            return f"the MCP server at {self._server}"
+            return f"the MCP server at {_shown_url(self._server)}"
         return f"the MCP server `{self._server.command}`"
 
     def __repr__(self) -> str:
@@ -330,15 +378,32 @@ class MCPToolset:
         return f"MCPToolset({self._where()}, {state})"
 
 
-# The errors the SDK makes up itself when no answer came, told apart from a server's own
-# JSON-RPC errors by code and text (the codes alone sit in the range servers use for their
-# own errors): the connection closed, the wait ran out, or an HTTP status with no JSON-RPC
-# error in its body — a gateway's 502 or 504 may come after the call was forwarded.
-_STAND_INS = {
-    (CONNECTION_CLOSED, "Connection closed"): "closed",
-    (INTERNAL_ERROR, "Server returned an error response"): "http",
-    (INVALID_REQUEST, "Session terminated"): "http",
-    (METHOD_NOT_FOUND, "Not Found"): "http",
+# The errors the SDK makes up itself when no whole answer came, told apart from a server's
+# own JSON-RPC errors by code and text (the codes alone sit in the range servers use for
+# their own errors): the connection closed, the wait ran out, an SSE stream cut or given
+# up, a 202 or a redirect instead of an answer, a body that is not JSON-RPC (a proxy's
+# page, a cut body), or an HTTP status with no JSON-RPC error in its body (a gateway's 502
+# or 504 may come after the call was forwarded). Each text is the start of the SDK's own;
+# ``tests/mcp_tools/test_mcp_stand_ins.py`` checks the installed SDK makes no other.
+_STAND_INS: dict[int, tuple[tuple[str, str], ...]] = {
+    CONNECTION_CLOSED: (
+        ("Connection closed", "closed"),
+        ("SSE stream failed: ", "http"),
+        ("SSE stream ended without a response", "http"),
+        ("SSE stream ended and reconnection attempts were exhausted", "http"),
+    ),
+    INTERNAL_ERROR: (("Server returned an error response", "http"),),
+    INVALID_REQUEST: (
+        ("Session terminated", "http"),
+        ("server answered a request with 202 Accepted", "http"),
+        ("Redirect to ", "http"),
+        ("Unexpected content type: ", "http"),
+    ),
+    METHOD_NOT_FOUND: (("Not Found", "http"),),
+    PARSE_ERROR: (
+        ("Failed to parse JSON response: ", "http"),
+        ("Failed to parse SSE message: ", "http"),
+    ),
 }
 
 
@@ -351,7 +416,35 @@ def _stand_in(exc: SdkError) -> str | None:
         and exc.message.endswith(" timed out")
     ):
         return "timeout"
-    return _STAND_INS.get((exc.code, exc.message))
+    for start, kind in _STAND_INS.get(exc.code, ()):
+        whole = not start.endswith(" ")
+        if exc.message == start if whole else exc.message.startswith(start):
+            return kind
+    return None
+
+
+class _Unread(Exception):
+    """A message came while the call waited that the transport could not read."""
+
+
+def _closed(client: Client) -> bool:
+    """Whether the SDK already knows the connection closed (a server that died while
+    idle): its dispatcher then refuses a call before writing a byte. Read from the SDK's
+    private state, as it offers no public one; where that is not found, ``False``, and a
+    call then fails as sent with no reply (in doubt), never the other way round."""
+    dispatcher = getattr(getattr(client, "session", None), "_dispatcher", None)
+    return getattr(dispatcher, "_closed", False) is True
+
+
+def _shown_url(url: str) -> str:
+    """``url`` without what may hold a credential (user info, query, fragment): it goes
+    into error texts a model is told."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port is not None else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 def _server_tool(listed: mcp.types.Tool) -> ServerTool:
