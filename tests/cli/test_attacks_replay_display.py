@@ -395,11 +395,6 @@ def test_runs_lists_healthy_runs_beside_a_damaged_call_record(
     assert "r  booking  completed" in out and "damaged" in out, out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="replay prints the live run's output, never redacted: the API key and bearer "
-    "token go to stdout (text and --json), while `show` prints them masked",
-)
 def test_replay_prints_the_models_answer_redacted(
     store: tuple[Path, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -412,6 +407,22 @@ def test_replay_prints_the_models_answer_redacted(
     assert SECRET not in shown and "[redacted" in shown  # held: what is stored is masked
     for out in (text[1], as_json[1]):
         assert SECRET not in out and BEARER not in out, out
+
+
+def test_run_resume_prints_the_models_answer_redacted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ask.sqlite3'}"
+    assert _build(url, "r", agent=_this().APPROVAL_AGENT).status.value == "waiting_approval"
+    [(request,)] = _rows(tmp_path / "ask.sqlite3", "SELECT id FROM adk_approvals")
+    code, _, err = _main(capsys, "--store", url, "approve", request, "--tenant", "t",
+                         "--by", "alice")  # fmt: skip
+    assert code == ExitCode.CARRIED_ON, err
+    code, out, err = _main(capsys, "--store", url, "run", "--resume", "r", "--tenant", "t",
+                           "--agent", f"{HERE}:APPROVAL_AGENT",
+                           "--provider", f"{HERE}:leaky_provider")  # fmt: skip
+    assert code == ExitCode.CARRIED_ON and "now completed" in out, (out, err)
+    assert SECRET not in out and BEARER not in out and "[redacted" in out, out
 
 
 def test_json_output_escapes_every_control_character(
@@ -464,11 +475,6 @@ def test_a_stub_answer_with_a_lone_surrogate_is_recorded_not_a_crash(
     assert code == ExitCode.CARRIED_ON, (out, err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="replay exits 0 when the replayed run ended failed; `run --resume` exits 4 "
-    "for the same ending (README: 4, a run that ended failed)",
-)
 def test_a_replay_that_ends_failed_exits_4(
     store: tuple[Path, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -73,10 +73,11 @@ async def run_resume_command(
             out.flush()
 
         run = await runner.resume(agent, args.resume, tenant=args.tenant, on_frontier=found)
+        output = _shown_output(run, runner)
     if as_json:
-        emit(out, _run_json(run, held, accepted))
+        emit(out, _run_json(run, output, held, accepted))
     else:
-        tail = f": {escaped(str(run.output))}" if run.output else ""
+        tail = f": {escaped(output)}" if output else ""
         if run.pending_approval is not None:
             tail = f": waiting on approval {escaped(run.pending_approval.id)}"
         _told(
@@ -87,16 +88,22 @@ async def run_resume_command(
     return ExitCode.CARRIED_ON
 
 
+def _shown_output(run: Run, runner: AgentRunner) -> str | None:
+    """The run's output as an operator may see it: redacted, as the stores keep it (the
+    live ``Run`` holds the model's answer as it came)."""
+    return None if run.output is None else runner.redactor.text(str(run.output))
+
+
 def _run_json(
-    run: Run, held: dict[str, Any], accepted: RevisionAcceptance | None
+    run: Run, output: str | None, held: dict[str, Any], accepted: RevisionAcceptance | None
 ) -> dict[str, Any]:
     return {
         "run_id": run.run_id,
         "status": str(run.status),
         "iteration": run.iteration,
         "spent_micros": run.spent_micros,
-        "output": None if run.output is None else str(run.output),
-        "reason": str(run.output) if run.status is RunStatus.failed and run.output else None,
+        "output": output,
+        "reason": output if run.status is RunStatus.failed and output else None,
         "pending_approval": None if run.pending_approval is None else run.pending_approval.id,
         "holder": held.get("holder"),
         "fence": held.get("fence"),
@@ -185,6 +192,9 @@ async def _replay(
             live=tuple(args.live),
             new_run_id=args.new_run_id,
         )
+        output = _shown_output(run, runner)
+    # A replay that ended failed is told as a resume that did is: exit 4.
+    code = ExitCode.MUST_NOT_CARRY_ON if run.status is RunStatus.failed else ExitCode.CARRIED_ON
     if getattr(args, "json", False):
         emit(
             out,
@@ -193,17 +203,17 @@ async def _replay(
                 "replay_of": run.replay_of,
                 "status": str(run.status),
                 "iteration": run.iteration,
-                "output": None if run.output is None else str(run.output),
+                "output": output,
             },
         )
-        return ExitCode.CARRIED_ON
-    tail = f": {escaped(str(run.output))}" if run.output else ""
+        return code
+    tail = f": {escaped(output)}" if output else ""
     _told(
         out,
         f"replay {escaped(run.run_id)} (replay of {escaped(run.replay_of or '')}) now "
         f"{run.status} at iteration {run.iteration}{tail}\n",
     )
-    return ExitCode.CARRIED_ON
+    return code
 
 
 def _told(out: TextIO, text: str) -> None:
