@@ -292,11 +292,6 @@ def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
 # ==========================================================================================
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SQLite raises OverflowError for a step past 2**63: exit 4 naming a Python "
-    "internal, not 'no step N' (exit 1) as Redis and `show --step` say",
-)
 def test_replay_from_a_huge_step_is_no_such_step(
     store: tuple[Path, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -333,11 +328,6 @@ def pg_url() -> Iterator[str]:
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(
-    strict=True,
-    reason="PostgreSQL's 'bigint out of range' for a huge step is read as a store outage: "
-    "exit 3 (retry later) for a step that can never exist",
-)
 def test_replay_from_a_huge_step_on_postgres_is_no_such_step(
     pg_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -359,11 +349,6 @@ def test_replay_from_a_step_whose_row_holds_another_steps_payload_is_refused(
     assert _dump(path) == before and booking.STUB_CALLS == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`show --step N` of an unreadable snapshot says 'no step N on record' (exit 1) "
-    "instead of naming the damage (exit 4)",
-)
 def test_show_step_of_a_damaged_snapshot_names_the_damage(
     store: tuple[Path, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -301,6 +301,8 @@ class Checkpointer:
 
     async def at(self, tenant: str, run_id: str, step: int) -> Checkpoint | None:
         """The snapshot of ``step``, or ``None``; a corrupt one raises."""
+        if not _STEPS_MIN <= step <= _STEPS_MAX:
+            return None  # no store keeps a step past a 64-bit integer (and some refuse it)
         stored = await self._step_history().at(tenant, run_id, step)
         if stored is None:
             return None
@@ -353,6 +355,9 @@ class Checkpointer:
                 f"(its {handle.count} message(s) are not the ones it names)"
             )
         return messages
+
+
+_STEPS_MIN, _STEPS_MAX = -(2**63), 2**63 - 1
 
 
 def _extended(

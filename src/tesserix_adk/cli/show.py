@@ -62,6 +62,9 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
     if step is not None:
         snapshots = [s for s in snapshots if s.step == step]
         if not snapshots:
+            # Read again, alone: a damaged snapshot raises its own error (exit 4), never
+            # "no such step".
+            await checkpointer.at(tenant, run_id, step)
             raise NoCheckpointError(f"run {run_id!r} has no step {step} on record")
     transcript = await checkpointer.messages(cp)
     shown_until = _message_count(snapshots[-1]) if step is not None else len(transcript)
