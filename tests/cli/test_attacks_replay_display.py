@@ -360,11 +360,6 @@ def test_show_step_of_a_damaged_snapshot_names_the_damage(
     assert (code, _plain(err)) == (ExitCode.MUST_NOT_CARRY_ON, True), err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one damaged call record makes `runs` fail as a whole (exit 4, nothing listed); "
-    "a damaged frontier is listed as unreadable beside the healthy runs",
-)
 def test_runs_lists_healthy_runs_beside_a_damaged_call_record(
     store: tuple[Path, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -359,6 +359,42 @@ def test_console_runs_list_survives_a_damaged_cancel_record(tmp_path: Path) -> N
         assert "unreadable" in _row_of(listing.text, "r-broken")
 
 
+def _damaged_record_world(tmp_path: Path) -> str:
+    """acme: two runs carried to their end, one of whose call records is damaged."""
+    url = _url(tmp_path)
+    asyncio.run(_schema(url))
+
+    async def carried(run_id: str) -> None:
+        async with open_stores(url) as stores:
+            turns = [[("lookup", {"code": run_id})], "done"]
+            runner = AgentRunner.from_stores(ScriptedProvider(turns), stores)
+            await runner.run(_agent(), "book", tenant=T, run_id=run_id)
+
+    asyncio.run(carried("r-done"))
+    asyncio.run(carried("r-bad"))
+    path = url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path)) as con, con:
+        damaged = con.execute(
+            "UPDATE adk_idempotency SET status = 'bogus' WHERE run_id = 'r-bad'"
+        ).rowcount
+    assert damaged >= 1
+    return url
+
+
+def test_one_runs_damaged_call_record_hides_no_other_run(tmp_path: Path) -> None:
+    url = _damaged_record_world(tmp_path)
+    code, out, err = _cli(url, "runs", "--tenant", T, "--json")
+    assert code == 0, err
+    rows = {r["run_id"]: r for r in json.loads(out)["runs"]}
+    assert rows["r-done"]["status"] == "completed"
+    assert rows["r-bad"]["status"] == "unreadable" and "damaged" in rows["r-bad"]["reason"]
+    with _client(url) as client:
+        listing = client.get(tenant_path(T, "runs"))
+        assert listing.status_code == 200, listing.text
+        assert ">r-done</a>" in listing.text
+        assert "unreadable" in _row_of(listing.text, "r-bad")
+
+
 def test_the_page_of_another_submitted_run_survives_a_damaged_cancel_record(
     tmp_path: Path,
 ) -> None:

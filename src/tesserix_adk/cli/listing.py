@@ -176,7 +176,12 @@ async def _rows(
         if args.since is not None and (cp.written_at or 0) < args.since:
             continue
         lease = await stores.leases.current(args.tenant, run_id)
-        records = await stores.idempotency.records(args.tenant, run_id)
+        try:
+            records = await stores.idempotency.records(args.tenant, run_id)
+        except CheckpointCorruptError as exc:
+            # One run's damaged row hides no other run: it is listed as a damaged frontier is.
+            rows.append({**_UNREADABLE, "run_id": run_id, "reason": str(exc)})
+            continue
         in_flight = sum(
             1 for r in records if r.tool is not None and r.status is RecordStatus.in_flight
         )

@@ -135,7 +135,13 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             continue
         if cp is None:
             continue
-        records = await stores.idempotency.records(tenant, run_id)
+        try:
+            records = await stores.idempotency.records(tenant, run_id)
+        except CheckpointCorruptError as exc:
+            # One run's damaged row hides no other run, as a damaged frontier does not.
+            if not (where.status or where.agent or where.stuck):
+                shown.append(RunSummary(run_id, unreadable=str(exc)))
+            continue
         park = parked.get(run_id)
         summary = RunSummary(
             run_id,
