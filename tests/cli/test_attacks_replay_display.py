@@ -519,11 +519,6 @@ def test_a_secret_a_key_was_built_from_never_reaches_a_step_snapshot(tmp_path: P
     assert not any(SECRET.encode() in p for p in stored)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the generated replay id overflows the 512-byte limit and the sentence blames "
-    "'the run id', 526 bytes, which the operator never typed, without naming --new-run-id",
-)
 def test_a_replay_id_too_long_says_to_pass_new_run_id(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -17,7 +17,7 @@ from tesserix_adk.checkpoint.payload import Checkpoint, resolve_observation
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import CheckpointTooLargeError, ConfigurationError, NoCheckpointError
 from tesserix_adk.run.attempt import Attempt, new_holder
-from tesserix_adk.run.ids import check_ids
+from tesserix_adk.run.ids import check_ids, id_problem
 from tesserix_adk.run.loop import carry_on, outstanding_calls
 from tesserix_adk.run.result import Run, finished_run
 from tesserix_adk.run.state import RunState
@@ -52,6 +52,13 @@ async def replay_from(
     )
     messages = await checkpoints.messages(cp)
     new_id = f"{run_id}-replay-{secrets.token_hex(4)}" if new_run_id is None else new_run_id
+    problem = None if new_run_id is not None else id_problem(new_id)
+    if problem is not None:
+        # The id was made here, not given: say so, and how to give one.
+        raise ConfigurationError(
+            f"the replay's own id, made from the run id ({new_id[:40]!r}…), {problem}; give "
+            "the replay an id of its own (new_run_id; --new-run-id on the command line)"
+        )
     check_ids(tenant=tenant, run_id=new_id)
     if new_id == run_id:
         raise ConfigurationError("a replay never writes into the original run")
