@@ -464,12 +464,6 @@ def test_a_replay_that_ends_failed_exits_4(
     assert code == ExitCode.MUST_NOT_CARRY_ON, (code, out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="inspect plans as if every holder were gone: a call its live holder is "
-    "sending is 'indeterminate - that holder no longer carries the run (its lease lapsed or "
-    "was taken)', beside that holder's live lease",
-)
 def test_inspect_does_not_say_a_live_holder_no_longer_carries_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

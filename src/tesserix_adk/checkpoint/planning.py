@@ -28,6 +28,7 @@ from tesserix_adk.stores.protocols import (
 from tesserix_adk.tools import key_digest
 
 __all__ = [
+    "as_seen_now",
     "PlannedCall",
     "ResumePlan",
     "ToolDisposition",
@@ -95,6 +96,35 @@ class ResumePlan:
                 key=lambda p: (p.ahead, p.iteration if p.iteration is not None else -1),
             )
         )
+
+
+def as_seen_now(plan: ResumePlan, holder: str | None, fence: int | None) -> ResumePlan:
+    """``plan`` as a reader who takes no lease tells it, given the run's live lease
+    (``holder``, ``fence``; ``None`` when none is live): a call in flight under that very
+    holder is being carried now, not left by a holder that no longer carries the run. The
+    disposition stays what a resume would find were that holder to stop."""
+    if holder is None:
+        return plan
+
+    def seen(p: PlannedCall) -> PlannedCall:
+        rec = p.record
+        if rec is None or rec.status is not RecordStatus.in_flight or rec.holder != holder:
+            return p
+        if rec.fence is not None and fence is not None and rec.fence != fence:
+            return p
+        return dataclasses.replace(
+            p,
+            reason=f"claimed in flight by {rec.holder} (fence {rec.fence}) at "
+            f"{_when(rec.since)}, which holds the run's live lease: it is being carried now "
+            "(should that holder stop before its outcome is recorded, nobody can say whether "
+            "it ran)",
+        )
+
+    return ResumePlan(
+        completed=tuple(map(seen, plan.completed)),
+        to_dispatch=tuple(map(seen, plan.to_dispatch)),
+        indeterminate=tuple(map(seen, plan.indeterminate)),
+    )
 
 
 async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> ResumePlan:

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
-from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
+from tesserix_adk.checkpoint.planning import ResumePlan, as_seen_now, plan_resume
 from tesserix_adk.cli.describe import describe
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import claim_json, emit, key_digest, lease_json, when
@@ -68,9 +68,13 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
             unreadable = exc
     if unreadable is not None and args.json:
         raise _cannot_be_carried_on(unreadable)
-    plan = await plan_resume(cp, stores.idempotency)
-    spent = await stores.ledger.spent(args.tenant, args.run)
     lease = await stores.leases.current(args.tenant, args.run)
+    plan = as_seen_now(
+        await plan_resume(cp, stores.idempotency),
+        None if lease is None else lease.holder,
+        None if lease is None else lease.fence,
+    )
+    spent = await stores.ledger.spent(args.tenant, args.run)
     parked = await parked_item(stores, args.tenant, args.run)
     approval = await asked_approval(stores, cp)
     # What a resume reads before it refuses anything: a cancel that stands ends the run.

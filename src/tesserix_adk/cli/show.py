@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint, decode_outcome
-from tesserix_adk.checkpoint.planning import plan_resume
+from tesserix_adk.checkpoint.planning import as_seen_now, plan_resume
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import claim_json, emit, key_digest, lease_json, when
 from tesserix_adk.cli.reasons import failure_reason, parked_item
@@ -79,7 +79,12 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
         for c in a["calls"]
     }
     first_result = _first_result_step(snapshots, transcript)
-    plan = await plan_resume(cp, stores.idempotency)
+    lease = await stores.leases.current(tenant, run_id)
+    plan = as_seen_now(
+        await plan_resume(cp, stores.idempotency),
+        None if lease is None else lease.holder,
+        None if lease is None else lease.fence,
+    )
     planned = {p.key: str(p.disposition) for p in plan.calls if p.key is not None}
     claim_key = run_claim_key(tenant, run_id)
     claim = next((r for r in records if r.key == claim_key), None)
@@ -104,7 +109,7 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
             "input_tokens": usage.input_tokens,
             "output_tokens": usage.output_tokens,
         },
-        "lease": lease_json(await stores.leases.current(tenant, run_id)),
+        "lease": lease_json(lease),
         "last_lease_ended_ago": await stores.leases.ended_ago(tenant, run_id),
         "resume_claim": claim_json(claim),
         "fences": _fences(snapshots, calls),
