@@ -179,8 +179,12 @@ class Worker:
                 try:
                     started = await self.poll()
                     blips = 0
-                except Exception as exc:  # the store is down for a while: keep the worker
-                    blips += 1
+                except Exception as exc:
+                    if isinstance(exc, AdkError) and not exc.retryable:
+                        # No store there, or not the kit's (no schema, refused): waiting
+                        # mends nothing, and an idle-looking worker would hide the typo.
+                        raise
+                    blips += 1  # the store is down for a while: keep the worker
                     delay = self.backoff.delay(blips - 1, self._rng)
                     _log.warning("finding work failed (%r); trying again in %.1f s", exc, delay)
                     await self._nap(delay)
