@@ -182,18 +182,6 @@ def test_worker_exits_1_on_a_store_that_does_not_exist(tmp_path: Path) -> None:
     assert "tesserix schema apply" in done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "README `tesserix runs`: '--stuck keeps … runs with calls in flight and no live "
-        "lease'; 'At 3 a.m.: runs --stuck shows what waits for you'. A run cancelled while "
-        "a call is in doubt (README: 'calls in doubt left as they are … its record stays in "
-        "flight for tesserix resolve') is listed by `runs` with '1 call(s) in flight' and no "
-        "lease, but `runs --stuck` leaves it out (listing.py counts only unfinished runs), "
-        "and `inspect` lists no calls for it: the booking that may have happened is found "
-        "by nobody"
-    ),
-)
 def test_runs_stuck_keeps_a_cancelled_run_whose_call_is_in_doubt() -> None:
     stores = open_stores("memory://")
     sent: list[str] = []
@@ -215,6 +203,10 @@ def test_runs_stuck_keeps_a_cancelled_run_whose_call_is_in_doubt() -> None:
     code, stuck, err = _cli(stores, "runs", "--tenant", TENANT, "--stuck", "--json")
     assert code == 0, err
     assert [r["run_id"] for r in json.loads(stuck)["runs"]] == ["r"]
+    # And inspect, where --stuck sends the operator, names the call left in doubt.
+    code, told, err = _cli(stores, "inspect", "r", "--tenant", TENANT)
+    assert code == 0, err
+    assert "book_seat" in told and "tesserix resolve" in told, told
 
 
 @pytest.mark.xfail(

@@ -29,6 +29,7 @@ from tesserix_adk.tools import key_digest
 
 __all__ = [
     "as_seen_now",
+    "left_in_doubt",
     "PlannedCall",
     "ResumePlan",
     "ToolDisposition",
@@ -96,6 +97,31 @@ class ResumePlan:
                 key=lambda p: (p.ahead, p.iteration if p.iteration is not None else -1),
             )
         )
+
+
+async def left_in_doubt(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> ResumePlan:
+    """For a run that ended (a resume plans nothing for it): the calls it left in flight,
+    each indeterminate. A run cancelled while a call was in doubt ends so, and that call
+    waits for an operator to say what it did."""
+    records = await idempotency.records(checkpoint.tenant, checkpoint.run_id)
+    return ResumePlan(
+        indeterminate=tuple(
+            PlannedCall(
+                call_id=rec.call_id,
+                tool=rec.tool,
+                key=rec.key,
+                disposition=ToolDisposition.indeterminate,
+                reason=f"claimed in flight by {rec.holder} (fence {rec.fence}) at "
+                f"{_when(rec.since)} and left so when the run ended {checkpoint.status}: "
+                "nobody can say whether it ran; check the tool's own system and record what "
+                "happened with `tesserix resolve`",
+                iteration=rec.iteration,
+                record=rec,
+            )
+            for rec in records
+            if rec.tool is not None and rec.status is RecordStatus.in_flight
+        )
+    )
 
 
 def as_seen_now(plan: ResumePlan, holder: str | None, fence: int | None) -> ResumePlan:

@@ -186,7 +186,9 @@ async def _rows(
             1 for r in records if r.tool is not None and r.status is RecordStatus.in_flight
         )
         park = parked.get(run_id)
-        lapsed = not cp.status.finished and lease is None and in_flight > 0
+        # A run that ended may have left a call in doubt (cancelled while its reply was
+        # lost): it waits for `tesserix resolve` as an unfinished one does.
+        lapsed = lease is None and in_flight > 0
         stuck = blocked(cp, park, revision)
         if args.stuck and park is None and not lapsed and stuck is None:
             continue

@@ -72,8 +72,9 @@ class RunSummary:
 
     @property
     def stuck(self) -> bool:
-        """Parked, or unfinished with calls in flight and nobody holding the run."""
-        lapsed = not self.finished and self.in_flight > 0 and self.lease is None
+        """Parked, or with calls in flight and nobody holding the run (a run that ended, a
+        cancelled one, may have left a call in doubt: it waits for ``tesserix resolve``)."""
+        lapsed = self.in_flight > 0 and self.lease is None
         return self.parked is not None or lapsed
 
 
