@@ -44,6 +44,8 @@ TURNS = [
     [("book_seat", {"flight": "LH400"})],
     "Booked LH400.",
 ]
+# What `tesserix run --resume RUN --agent examples/quickstart.py:agent` asks (it refuses, exit 4).
+PROVIDER = ScriptedProvider(TURNS)
 
 
 async def main(url: str) -> int:
