@@ -25,6 +25,7 @@ from tesserix_adk.cli.failures import ExitCode, Refused, UsageError
 from tesserix_adk.cli.inspecting import run_inspect
 from tesserix_adk.cli.jsonout import emit, key_digest, when
 from tesserix_adk.cli.listing import run_runs
+from tesserix_adk.cli.reasons import no_frontier
 from tesserix_adk.cli.show import run_show
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import (
@@ -79,9 +80,7 @@ async def run_frontier_command(args: argparse.Namespace, stores: Stores, out: Te
 async def _steps(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
     steps = await step_history(stores.checkpoints).steps(args.tenant, args.run)
     if not steps:
-        raise NoCheckpointError(
-            f"nothing is checkpointed under run {args.run!r} for tenant {args.tenant!r}"
-        )
+        raise await no_frontier(stores, args.tenant, args.run)
     checkpointer = Checkpointer.from_stores(stores)
     as_json = getattr(args, "json", False)
     rows: list[dict[str, Any]] = []

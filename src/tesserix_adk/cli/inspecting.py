@@ -17,12 +17,11 @@ from tesserix_adk.checkpoint.planning import ResumePlan, as_seen_now, left_in_do
 from tesserix_adk.cli.describe import describe
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import claim_json, emit, key_digest, lease_json, when
-from tesserix_adk.cli.reasons import failure_reason, parked_item
+from tesserix_adk.cli.reasons import failure_reason, no_frontier, parked_item
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import (
     CheckpointCorruptError,
     HistoryUnavailableError,
-    NoCheckpointError,
 )
 from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.run.cancelling import cancel_requested
@@ -57,9 +56,7 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
     checkpointer = Checkpointer.from_stores(stores)
     cp = await checkpointer.latest(args.tenant, args.run)
     if cp is None:
-        raise NoCheckpointError(
-            f"nothing is checkpointed under run {args.run!r} for tenant {args.tenant!r}"
-        )
+        raise await no_frontier(stores, args.tenant, args.run)
     unreadable: Exception | None = None
     if not cp.is_tombstone:
         try:  # what a resume reads first: a transcript it cannot read refuses it (exit 4)

@@ -4,10 +4,11 @@ run cannot be carried on (and what it would need), for ``inspect``, ``show`` and
 from __future__ import annotations
 
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
+from tesserix_adk.errors import NoCheckpointError
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import WorkItem, WorkState
 
-__all__ = ["blocked", "failure_reason", "parked_item"]
+__all__ = ["blocked", "failure_reason", "no_frontier", "parked_item"]
 
 
 def failure_reason(cp: Checkpoint, parked: WorkItem | None = None) -> str | None:
@@ -21,6 +22,18 @@ def failure_reason(cp: Checkpoint, parked: WorkItem | None = None) -> str | None
     if parked is not None:
         return parked.reason
     return cp.reason
+
+
+async def no_frontier(stores: Stores, tenant: str, run_id: str) -> NoCheckpointError:
+    """What a command that reads a frontier says when there is none (exit 1): also that the
+    run was submitted, when it was, so the operator does not doubt the id."""
+    said = f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
+    if stores.work is not None and await stores.work.input(tenant, run_id) is not None:
+        said += (
+            "; it was submitted and has not reached its first checkpoint (`tesserix runs` "
+            "lists it; a running `tesserix worker` starts it)"
+        )
+    return NoCheckpointError(said)
 
 
 async def parked_item(stores: Stores, tenant: str, run_id: str) -> WorkItem | None:

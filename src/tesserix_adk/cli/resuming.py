@@ -16,6 +16,7 @@ from tesserix_adk.cli.failures import ExitCode, UsageError, output_closed
 from tesserix_adk.cli.inspecting import asked_approval
 from tesserix_adk.cli.jsonout import emit, when
 from tesserix_adk.cli.loading import ProviderSource, built_provider, import_ref, load_agent
+from tesserix_adk.cli.reasons import no_frontier
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import RunFailedError
 from tesserix_adk.run.result import Run
@@ -47,6 +48,8 @@ async def run_resume_command(
     as_json = getattr(args, "json", False)
     agent = load_agent(args.agent, agents)
     seen = await Checkpointer.from_stores(stores).latest(args.tenant, args.resume)
+    if seen is None:
+        raise await no_frontier(stores, args.tenant, args.resume)
     if seen is not None and not accepting and await _already_ended(seen, args, stores, out):
         return ExitCode.CARRIED_ON
     # The decision on the approval it waits on, for the summary.

@@ -21,7 +21,7 @@ from tesserix_adk.checkpoint.payload import Checkpoint, decode_outcome
 from tesserix_adk.checkpoint.planning import as_seen_now, plan_resume
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import claim_json, emit, key_digest, lease_json, when
-from tesserix_adk.cli.reasons import failure_reason, parked_item
+from tesserix_adk.cli.reasons import failure_reason, no_frontier, parked_item
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError, NoCheckpointError
 from tesserix_adk.messages import Message, Role
@@ -54,9 +54,7 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
     checkpointer = Checkpointer.from_stores(stores)
     cp = await checkpointer.latest(tenant, run_id)
     if cp is None:
-        raise NoCheckpointError(
-            f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
-        )
+        raise await no_frontier(stores, tenant, run_id)
     not_kept = [_LEASES_KEEP]
     snapshots = await _snapshots(stores, checkpointer, cp, not_kept)
     if step is not None:
