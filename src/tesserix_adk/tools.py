@@ -87,16 +87,6 @@ def replay_key(run_id: str, key: str) -> str:
     return "r1:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
-def masked_key(key: str, *, hidden: bool) -> str:
-    """The key a call is recorded and sent under: ``key`` itself, or its digest when it
-    holds something redaction hides (``hidden``), so a secret a key function put in it
-    (``f"charge-{card}"``) reaches no store, yet the same key still names the same business
-    object in every run."""
-    if not hidden:
-        return key
-    return "m1:" + hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolContext:
     """What a tool may know about the call it serves; pass ``idempotency_key`` on to the

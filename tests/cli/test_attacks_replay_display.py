@@ -40,7 +40,8 @@ fixed; fixed so far: 2, 6, 7, 8, 11):
 10. ``inspect`` of a run whose worker is alive and inside a side-effecting call says the
     call is ``indeterminate - ... that holder no longer carries the run (its lease lapsed
     or was taken)`` while printing, on the next line, that very holder's live lease.
-11. An idempotency key function built from an argument (``key=lambda ...:
+11. (Fixed: such a call is now refused, "not sent", its key never built or stored.) An
+    idempotency key function built from an argument (``key=lambda ...:
     f"charge-{card}"``) puts a secret in that argument into every step snapshot
     unredacted, and ``inspect --json`` prints it (the arguments themselves are masked).
 12. Replaying a run whose id is near the 512-byte limit without ``--new-run-id`` says
@@ -509,7 +510,8 @@ def test_a_secret_a_key_was_built_from_never_reaches_a_step_snapshot(tmp_path: P
     _build(f"sqlite:///{path}", "pay", agent=_this().PAYER,
            turns=[[("charge", {"card": SECRET})], "done"])  # fmt: skip
     stored = [bytes(p) for (p,) in _rows(path, "SELECT payload FROM adk_checkpoint_steps")]
-    assert stored and b"[redacted" in stored[0]  # held: the argument is masked
+    # The call is refused ("not sent"): its key would hold the secret.
+    assert stored and any(b"would hold a secret" in p for p in stored)
     assert not any(SECRET.encode() in p for p in stored)
 
 

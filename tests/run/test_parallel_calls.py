@@ -39,7 +39,6 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.checkpoint.payload import encode_outcome
-from tesserix_adk.checkpoint.redaction import default_redactor
 from tesserix_adk.messages import Role, ToolCall, ToolOutcome
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.dispatch import dispatch_turn
@@ -364,9 +363,7 @@ async def test_calls_found_in_doubt_side_by_side_are_named_in_one_refusal() -> N
     agent = Agent("doubt", "Do steps.", [step], parallel_tool_calls=4)
     run = RunState(agent=agent, tenant=T, run_id="doubt", messages=[])
     calls = outstanding_calls(
-        run,
-        [ToolCall(id=f"c{n}", name="step", arguments={"n": n}) for n in range(3)],
-        default_redactor(),
+        run, [ToolCall(id=f"c{n}", name="step", arguments={"n": n}) for n in range(3)]
     )
     for oc in calls[:2]:
         assert oc.key is not None
@@ -434,7 +431,7 @@ async def test_each_call_reports_its_start_and_its_finish_with_how_its_result_ca
     run = RunState(agent=agent, tenant=T, run_id="ev", messages=[])
     asked = [ToolCall(id=f"c{n}", name="step", arguments={"n": n}) for n in range(4)]
     asked.append(ToolCall(id="c4", name="nope", arguments={}))
-    calls = outstanding_calls(run, asked, default_redactor())
+    calls = outstanding_calls(run, asked)
     # c0 was recorded by an earlier attempt; c1 settled by an operator; c2, c3 are new.
     for oc, by in ((calls[0], None), (calls[1], "ops")):
         assert oc.key is not None

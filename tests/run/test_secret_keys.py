@@ -1,12 +1,13 @@
-"""An idempotency key built from a secret: no store keeps the secret, and the key still
-names one business object (a second run asking for it is answered, not sent again)."""
+"""An idempotency key a tool's key function would build from a secret: the call is refused
+("not sent", with why), so no store keeps the secret, whatever redaction setting a process
+has; a key without one is kept as written."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
 
+from run.helpers import Recording, answers
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ToolContext, tool
 from tesserix_adk.stores.urls import open_stores
 
@@ -29,28 +30,23 @@ def _everything_stored(path: Path) -> bytes:
     return dump.encode() + path.read_bytes()
 
 
-async def _run(url: str, agent: Agent, run_id: str) -> Any:
-    async with open_stores(url) as stores:
-        await stores.create_schema()
-        provider = ScriptedProvider([[("charge", {"card": SECRET})], "done"])
-        runner = AgentRunner.from_stores(provider, stores)
-        return await runner.run(agent, "charge it", tenant="t", run_id=run_id)
-
-
-async def test_a_key_built_from_a_secret_is_stored_as_a_digest_and_still_dedupes(
+async def test_a_call_whose_key_would_hold_a_secret_is_refused_and_nothing_stores_it(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "adk.sqlite3"
     url = f"sqlite:///{path}"
     sent: list[str | None] = []
     agent = _payer(sent)
-    first = await _run(url, agent, "first")
-    second = await _run(url, agent, "second")
-    assert (first.status.value, second.status.value) == ("completed", "completed")
-    # One business object, one charge: the second run is answered from the first's record.
-    assert len(sent) == 1, sent
-    [key] = sent
-    assert key is not None and SECRET not in key
+    provider = Recording(ScriptedProvider([[("charge", {"card": SECRET})], "done"]))
+    async with open_stores(url) as stores:
+        await stores.create_schema()
+        run = await AgentRunner.from_stores(provider, stores).run(
+            agent, "charge it", tenant="t", run_id="r"
+        )
+    assert run.status.value == "completed"
+    assert sent == []  # never sent: nothing could key it without keeping the secret
+    [told] = answers(provider.requests[-1], "charge")
+    assert told.is_error and "not sent" in told.text and "key" in told.text
     assert SECRET.encode() not in _everything_stored(path)
 
 

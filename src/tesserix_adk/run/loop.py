@@ -38,6 +38,7 @@ from tesserix_adk.errors import (
     StoreUnavailableError,
 )
 from tesserix_adk.messages import Message, ToolCall, Usage
+from tesserix_adk.providers._common import MALFORMED_ARGUMENTS
 from tesserix_adk.providers.base import ModelRequest, ModelResponse, StreamingProvider
 from tesserix_adk.run import grouping
 from tesserix_adk.run.approvals import ask_approval, take_decision
@@ -57,7 +58,7 @@ from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.recording import to_the_end
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.state import RunState
-from tesserix_adk.tools import Tool, canonical_json, default_key, masked_key, replay_key
+from tesserix_adk.tools import Tool, canonical_json, default_key, replay_key
 
 __all__ = ["carry_on", "outstanding_calls", "run_loop"]
 
@@ -95,7 +96,7 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
         response = await _call_model(parts, run, attempt)
         if isinstance(response, str):
             return await _finish(parts, run, attempt, RunStatus.failed, output=response)
-        message = _within_nesting(response.message)
+        message = without_secret_keys(run, _within_nesting(response.message), parts.redactor)
         run.steps_used += 1
         run.messages.append(message)
         for call in message.tool_calls:
@@ -126,7 +127,7 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
                 )
         if not message.tool_calls:
             return await _finish(parts, run, attempt, RunStatus.completed, output=message.text)
-        calls = outstanding_calls(run, message.tool_calls, parts.redactor)
+        calls = outstanding_calls(run, message.tool_calls)
         _refuse_divergence(run, attempt, calls)
         await write_frontier_naming_unkeyed(parts, run, attempt, calls, policy_asks=True)
         waiting = await _take_turn(parts, run, attempt, calls)
@@ -220,17 +221,14 @@ def _within_nesting(message: Message) -> Message:
     return dataclasses.replace(message, tool_calls=calls)
 
 
-def outstanding_calls(
-    run: RunState, calls: Sequence[ToolCall], redactor: Redactor
-) -> list[OutstandingCall]:
+def outstanding_calls(run: RunState, calls: Sequence[ToolCall]) -> list[OutstandingCall]:
     """The turn's calls with their keys; twins (same tool, same arguments) are told apart
-    by their occurrence within the turn. A key holding what ``redactor`` masks is kept as
-    its digest (``masked_key``)."""
+    by their occurrence within the turn."""
     seen: dict[tuple[str, str], int] = {}
     result: list[OutstandingCall] = []
     for call in calls:
         tool = run.agent.tools.get(call.name)
-        if tool is None:  # answered with an error, never dispatched
+        if tool is None or _refused(call):  # answered with an error, never dispatched
             result.append(OutstandingCall(call=call, key=None, side_effects=False))
             continue
         twin = (call.name, canonical_json(dict(call.arguments)))
@@ -243,8 +241,6 @@ def outstanding_calls(
             call=call,
             occurrence=occurrence,
         )
-        if key is not None and tool.key is not default_key:
-            key = masked_key(key, hidden=_holds_masked(run, tool, call, occurrence, key, redactor))
         if key is not None and run.replay_of is not None:
             # A key naming the business object is the original run's too: a replay's stub
             # must never record under it, nor find the original's record there.
@@ -257,29 +253,74 @@ def outstanding_calls(
     return result
 
 
-def _holds_masked(
-    run: RunState, tool: Tool, call: ToolCall, occurrence: int, key: str, redactor: Redactor
+SECRET_KEY = (
+    "its idempotency key (made by the tool's key function) would hold a secret, and the "
+    "kit never stores one; it needs a key built from values that are not secret"
+)
+
+
+def _refused(call: ToolCall) -> bool:
+    """Whether the kit answers ``call`` "not sent" whatever it asks: its arguments are a
+    refusal's stand-in, or not one JSON object (no key function can read them)."""
+    return REFUSED_ARGUMENTS in call.arguments or MALFORMED_ARGUMENTS in call.arguments
+
+
+def without_secret_keys(run: RunState, message: Message, redactor: Redactor) -> Message:
+    """The model's message with every call whose key a tool's own key function would build
+    from a secret replaced by a refusal (answered "not sent", never dispatched): the key is
+    what every store keeps, the frontier and the tool's downstream system too. Refused,
+    not stored masked or digested: under another redaction setting (another process, a
+    later kit) the same call would get another key and could go out twice."""
+    seen: dict[tuple[str, str], int] = {}
+    calls: list[ToolCall] = []
+    for call in message.tool_calls:
+        tool = run.agent.tools.get(call.name)
+        if tool is None or tool.key is None or tool.key is default_key:
+            calls.append(call)
+            continue
+        twin = (call.name, canonical_json(dict(call.arguments)))
+        occurrence = seen.get(twin, 0)
+        seen[twin] = occurrence + 1
+        if _refused(call) or not _key_holds_a_secret(
+            run, tool, call, occurrence, redactor
+        ):
+            calls.append(call)
+            continue
+        calls.append(dataclasses.replace(call, arguments={REFUSED_ARGUMENTS: SECRET_KEY}))
+    if all(a is b for a, b in zip(calls, message.tool_calls, strict=True)):
+        return message
+    return dataclasses.replace(message, tool_calls=tuple(calls))
+
+
+def _key_holds_a_secret(
+    run: RunState, tool: Tool, call: ToolCall, occurrence: int, redactor: Redactor
 ) -> bool:
-    """Whether a key function's ``key`` holds what ``redactor`` masks: a secret in the key
-    itself, or one it took from the arguments (its key from the masked arguments differs,
-    or it cannot make one from them)."""
-    if redactor.text(key) != key:
-        return True
-    arguments = dict(call.arguments)
-    if not redactor.changed(arguments):
-        return False
-    masked = dataclasses.replace(call, arguments=redactor.value(arguments))
-    try:
-        again = tool.key_for(
+    """Whether the key ``tool``'s key function makes for ``call`` holds what ``redactor``
+    masks: a secret in it, or one it took from the arguments (its key from the masked
+    arguments differs, or it cannot make one from them)."""
+
+    def key_of(asked: ToolCall) -> str | None:
+        return tool.key_for(
             tenant=run.tenant,
             run_id=run.run_id,
             iteration=run.iteration,
-            call=masked,
+            call=asked,
             occurrence=occurrence,
         )
+
+    try:
+        key = key_of(call)
+    except Exception:
+        return False  # not a secret: the key function's own error, raised when keyed
+    if key is None or redactor.text(key) != key:
+        return key is not None
+    arguments = dict(call.arguments)
+    if not redactor.changed(arguments):
+        return False
+    try:
+        return key_of(dataclasses.replace(call, arguments=redactor.value(arguments))) != key
     except Exception:
         return True
-    return again != key
 
 
 def _refuse_divergence(run: RunState, attempt: Attempt, calls: Sequence[OutstandingCall]) -> None:

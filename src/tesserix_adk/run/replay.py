@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import state_from_json
 from tesserix_adk.checkpoint.payload import Checkpoint, resolve_observation
-from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import CheckpointTooLargeError, ConfigurationError, NoCheckpointError
 from tesserix_adk.run.attempt import Attempt, new_holder
 from tesserix_adk.run.ids import check_ids, id_problem
@@ -69,7 +68,7 @@ async def replay_from(
         # Asked again under the lease: another start of the id (a replay, a run) may have
         # taken it since the first look, and finished, leaving the lease free.
         await _refuse_taken(runner, tenant, new_id)
-        replayed = replayed_frontier(cp, run, runner.redactor)
+        replayed = replayed_frontier(cp, run)
         if cp.status.finished:
             return finished_run(replayed)
         return await carry_on(runner._parts, run, attempt, replayed)
@@ -152,7 +151,7 @@ def replay_state(agent: Agent, cp: Checkpoint, messages: list[Any], new_id: str)
     )
 
 
-def replayed_frontier(cp: Checkpoint, run: RunState, redactor: Redactor) -> Checkpoint:
+def replayed_frontier(cp: Checkpoint, run: RunState) -> Checkpoint:
     """The step as the new run's frontier. Keys name the run, so the replay's calls get
     keys of their own and never find (or complete) a record of the original run."""
     return dataclasses.replace(
@@ -160,5 +159,5 @@ def replayed_frontier(cp: Checkpoint, run: RunState, redactor: Redactor) -> Chec
         run_id=run.run_id,
         replay_of=run.replay_of,
         pending_approval=None,
-        outstanding=tuple(outstanding_calls(run, [oc.call for oc in cp.outstanding], redactor)),
+        outstanding=tuple(outstanding_calls(run, [oc.call for oc in cp.outstanding])),
     )

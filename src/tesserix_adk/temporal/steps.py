@@ -329,7 +329,7 @@ async def _ask_model(parts: RunParts, run: RunState, attempt: Attempt) -> StepRe
     response = await loop._call_model(parts, run, attempt)
     if isinstance(response, str):
         return await _finish(parts, run, attempt, RunStatus.failed, response)
-    message = loop._within_nesting(response.message)
+    message = loop.without_secret_keys(run, loop._within_nesting(response.message), parts.redactor)
     run.steps_used += 1
     run.messages.append(message)
     # A cancel asked while the model thought ends the run here, before anything is sent
@@ -339,7 +339,7 @@ async def _ask_model(parts: RunParts, run: RunState, attempt: Attempt) -> StepRe
         return await _finish(parts, run, attempt, RunStatus.cancelled, cancelled.describe())
     if not message.tool_calls:
         return await _finish(parts, run, attempt, RunStatus.completed, message.text)
-    calls = loop.outstanding_calls(run, message.tool_calls, parts.redactor)
+    calls = loop.outstanding_calls(run, message.tool_calls)
     loop._refuse_divergence(run, attempt, calls)
     await _must_write(parts, run, attempt, calls)
     return await _asked(parts, run, attempt, calls)
