@@ -432,11 +432,6 @@ def _worker(runner: AgentRunner, agent: Agent) -> Worker:
 
 
 @pytest.mark.redis
-@pytest.mark.xfail(
-    strict=True,
-    reason="5375904 with the Redis error translation: MISCONF/NOREPLICAS are refusals for "
-    "now, translated as non-retryable, and the worker now exits on them",
-)
 @pytest.mark.parametrize(
     "refusal",
     [
@@ -469,11 +464,6 @@ async def test_a_worker_outlives_a_redis_that_refuses_writes_for_a_while(refusal
 
 
 @pytest.mark.redis
-@pytest.mark.xfail(
-    strict=True,
-    reason="5375904: one run's damaged Redis key fails work_due.lua whole (WRONGTYPE, "
-    "non-retryable) and every worker exits at its first poll",
-)
 async def test_one_damaged_run_on_redis_does_not_stop_the_worker() -> None:
     async with services.redis_stores() as stores:
         agent = booking_agent(Airline())

@@ -180,9 +180,11 @@ class Worker:
                     started = await self.poll()
                     blips = 0
                 except Exception as exc:
-                    if isinstance(exc, AdkError) and not exc.retryable:
-                        # No store there, or not the kit's (no schema, refused): waiting
-                        # mends nothing, and an idle-looking worker would hide the typo.
+                    if isinstance(exc, ConfigurationError):
+                        # No store there, or not the kit's (no schema, no persistence):
+                        # waiting mends nothing, and an idle-looking worker would hide the
+                        # typo. Anything else (an outage, one run's damaged entry) is
+                        # waited out, as the other runs may still be carried.
                         raise
                     blips += 1  # the store is down for a while: keep the worker
                     delay = self.backoff.delay(blips - 1, self._rng)

@@ -93,7 +93,19 @@ _TRANSIENT_ERRORS = (
     ClusterDownError,
 )
 # Codes redis-py leaves in the message, as the server sent it.
-_TRANSIENT_REPLIES = ("BUSY", "OOM", "READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+# MISCONF: persistence failing (a full disk), NOREPLICAS: too few replicas for
+# min-replicas-to-write; the server refused the write whole, and may take it once mended.
+_TRANSIENT_REPLIES = (
+    "BUSY",
+    "OOM",
+    "READONLY",
+    "LOADING",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MISCONF",
+    "NOREPLICAS",
+)
 _PERMISSION_REPLIES = ("NOPERM", "NOAUTH", "WRONGPASS")
 
 

@@ -42,17 +42,22 @@ for s = 1, 3 do
     offset = offset + #batch
     for _, tag in ipairs(batch) do
       examined = examined + 1
-      local f = redis.call('HMGET', entry_key(tag), 'tenant', 'run_id', 'agent', 'state',
-                           'since', 'not_before', 'attempts', 'reason')
-      if not f[1] and not f[4] then
+      -- pcall: one run's key holding another type (a hand edit, another app) is that
+      -- run's damage, skipped here, never a failure of every worker's poll.
+      local f = redis.pcall('HMGET', entry_key(tag), 'tenant', 'run_id', 'agent', 'state',
+                            'since', 'not_before', 'attempts', 'reason')
+      if f.err then
+        -- skipped: its entry cannot be read
+      elseif not f[1] and not f[4] then
         -- A member whose entry is gone names nothing: drop it from the index.
         redis.call('ZREM', KEYS[s], tag)
         offset = offset - 1
       elseif agents == nil or agents[f[3]] then
-        local lease = redis.call('HMGET', lease_key(tag), 'holder', 'deadline')
+        local lease = redis.pcall('HMGET', lease_key(tag), 'holder', 'deadline')
         -- A lease with a holder and a deadline that is not a number is taken as live:
-        -- handing its run out could start a second carrier.
-        local live = lease[1] and not (tonumber(lease[2]) and now >= tonumber(lease[2]))
+        -- handing its run out could start a second carrier. So is one that cannot be read.
+        local live = lease.err or
+          (lease[1] and not (tonumber(lease[2]) and now >= tonumber(lease[2])))
         if not live then table.insert(out, f) end
       end
       if #out >= limit or examined >= cap then break end
