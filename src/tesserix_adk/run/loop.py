@@ -281,9 +281,7 @@ def without_secret_keys(run: RunState, message: Message, redactor: Redactor) -> 
         twin = (call.name, canonical_json(dict(call.arguments)))
         occurrence = seen.get(twin, 0)
         seen[twin] = occurrence + 1
-        if _refused(call) or not _key_holds_a_secret(
-            run, tool, call, occurrence, redactor
-        ):
+        if _refused(call) or not _key_holds_a_secret(run, tool, call, occurrence, redactor):
             calls.append(call)
             continue
         calls.append(dataclasses.replace(call, arguments={REFUSED_ARGUMENTS: SECRET_KEY}))
