@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
+
+from pydantic import ValidationError
 
 from tesserix_adk.errors import AdkError, ConfigurationError
 from tesserix_adk.mcp.errors import MCPReplyLostError, MCPToolError, MCPUnavailableError
@@ -154,7 +157,13 @@ class MCPToolset:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> MCPToolset:
         """A running server at ``url`` (its streamable HTTP endpoint, e.g.
-        ``http://127.0.0.1:8000/mcp``)."""
+        ``http://127.0.0.1:8000/mcp``); ``ConfigurationError`` for one that cannot be read."""
+        try:
+            urlsplit(url).port  # noqa: B018 - reading it is the check
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"{_shown_url(url)} is not an MCP server URL that can be read"
+            ) from exc
         return cls(
             url,
             overrides=overrides,
@@ -255,13 +264,26 @@ class MCPToolset:
                 f"{name} was not sent: the connection to {self._where()} was lost earlier "
                 f"({self._lost})"
             )
+        try:
+            json.dumps([dict(arguments), key], ensure_ascii=False).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            # Checked here, before the SDK writes a byte: its writer fails on them half-way
+            # (a lone surrogate), and whether it wrote anything nobody could say then.
+            raise MCPUnavailableError(
+                f"{name} was not sent: its arguments cannot be written as JSON text "
+                f"({type(exc).__name__})",
+                retryable=False,
+            ) from exc
         # An open TypedDict (extra_items, PEP 728) that mypy does not read yet: hence the cast.
         meta = None if key is None else cast(RequestParamsMeta, {IDEMPOTENCY_KEY_META: key})
         try:
             result = await self._answer(client.call_tool(name, dict(arguments), meta=meta))
         except SdkError as exc:
             stand_in = _stand_in(exc)
-            if stand_in == "closed":
+            if stand_in == "closed" and self._gone(client):
+                # Our own connection closed; the same words relayed by a gateway from its
+                # upstream, or an HTTP request that failed while the session stands, leave
+                # later calls to go out.
                 self._lost = exc.message
             if stand_in is not None:
                 raise self._reply_lost(name, exc) from exc
@@ -274,8 +296,7 @@ class MCPToolset:
                 "it again"
             ) from exc
         except Exception as exc:
-            owner = self._owner
-            if owner is None or owner.done() or isinstance(exc, ConnectionError):
+            if self._gone(client) or isinstance(exc, ConnectionError):
                 # A transport failure after the request was handed over: nobody can say
                 # whether it reached the server, and the connection is gone.
                 self._lost = self._lost or f"{type(exc).__name__}: {exc}"
@@ -306,15 +327,13 @@ class MCPToolset:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             sent.cancel()
-            with contextlib.suppress(BaseException):
-                await sent
+            await _wound_down(sent)
             raise
         finally:
             self._unread.discard(unread)
         if not sent.done():
             sent.cancel()
-            with contextlib.suppress(BaseException):
-                await sent
+            await _wound_down(sent)
             if unread.done():
                 raise _Unread(unread.result())
             raise ConnectionError(self._lost or "the connection ended")
@@ -324,12 +343,17 @@ class MCPToolset:
         """The SDK's ``message_handler``: a server notification (nothing to do), or a
         message the transport could not read. JSON-RPC cannot say which request that one
         answered, so every call waiting then is told: its reply may be the one lost."""
-        if isinstance(message, Exception):
+        if isinstance(message, Exception) and _maybe_a_reply(message):
             said = f"{type(message).__name__}: {message}"[:200]
             for waiting in self._unread:
                 if not waiting.done():
                     waiting.set_result(said)
         await asyncio.sleep(0)
+
+    def _gone(self, client: Client) -> bool:
+        """Whether this toolset's own connection is known to be over."""
+        owner = self._owner
+        return owner is None or owner.done() or _closed(client)
 
     def _reply_lost(self, name: str, exc: BaseException) -> MCPReplyLostError:
         return MCPReplyLostError(
@@ -409,7 +433,11 @@ _STAND_INS: dict[int, tuple[tuple[str, str], ...]] = {
 
 def _stand_in(exc: SdkError) -> str | None:
     """What kind of SDK stand-in ``exc`` is (the call may have run), or ``None`` for an
-    error the server answered."""
+    error the server answered. A server's own internal error is one too: it failed while
+    it handled the call (its session ended mid-call, its handler's result was invalid),
+    perhaps after the tool ran."""
+    if exc.code == INTERNAL_ERROR:
+        return "http" if exc.message == "Server returned an error response" else "internal"
     if (
         exc.code == REQUEST_TIMEOUT
         and exc.message.startswith("Request ")
@@ -439,12 +467,46 @@ def _closed(client: Client) -> bool:
 def _shown_url(url: str) -> str:
     """``url`` without what may hold a credential (user info, query, fragment): it goes
     into error texts a model is told."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        return "(a URL that cannot be read)"
     if ":" in host:
         host = f"[{host}]"
-    port = f":{parts.port}" if parts.port is not None else ""
     return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+async def _wound_down(sent: asyncio.Future[Any]) -> None:
+    """Wait for ``sent``, cancelled by the caller, to end; its own outcome is dropped, but a
+    cancellation of the task waiting here goes on (never swallowed with it)."""
+    try:
+        await sent
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+    except BaseException:  # the call's own end, already accounted for
+        pass
+
+
+def _maybe_a_reply(exc: Exception) -> bool:
+    """Whether a message the transport could not read may have been some call's reply: a
+    JSON-RPC reply is a JSON object, so a line that does not start as one (a log line a
+    server printed on stdout) or an object with neither ``result``, ``error`` nor ``id``
+    (a structured log line) is nobody's. Anything else, or an error that does not say what
+    it read, may be."""
+    if not isinstance(exc, ValidationError):
+        return True
+    for error in exc.errors(include_url=False):
+        read = error.get("input")
+        if isinstance(read, str) and not read.lstrip().startswith("{"):
+            continue
+        if isinstance(read, dict) and not read.keys() & {"result", "error", "id"}:
+            continue
+        return True
+    return False
 
 
 def _server_tool(listed: mcp.types.Tool) -> ServerTool:
