@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, TextIO
 
 from tesserix_adk.stores.protocols import IdempotencyRecord, RunLease
@@ -25,20 +26,31 @@ def emit(out: TextIO, value: Any) -> None:
 
 def json_text(value: Any, *, indent: int | None = None) -> str:
     """Strict JSON in ASCII: every character past it escaped (C1 controls, bidi overrides,
-    line separators and lone surrogates reach no terminal raw), a float that is not finite
-    written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (a bare ``NaN`` is
-    not JSON: ``jq`` and strict parsers refuse the whole document)."""
+    line separators reach no terminal raw; a lone surrogate is shown as U+FFFD), a float
+    that is not finite written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``
+    (a bare ``NaN`` is not JSON: ``jq`` and strict parsers refuse the whole document)."""
     return json.dumps(_finite(value), indent=indent, default=str, ensure_ascii=True)
 
 
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, str):
+        return _whole(value)
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {_whole(k) if isinstance(k, str) else k: _finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _whole(text: str) -> str:
+    """``text`` with each lone surrogate shown as U+FFFD: escaped as ``\\udXXX`` it is
+    JSON but not I-JSON, and strict readers refuse the document."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def error_json(code: int, message: str) -> dict[str, Any]:

@@ -205,20 +205,36 @@ def _asks_a_person(agent: Agent, message: Message) -> bool:
 
 
 def _within_nesting(message: Message) -> Message:
-    """The model's message with every call whose arguments nest deeper than the kit
-    encodes replaced by a refusal: such a call cannot be keyed, recorded or checkpointed, so
-    it is answered with an error rather than sent (and the frontier stays writable)."""
-    if all(within_nesting(c.arguments) for c in message.tool_calls):
+    """The model's message with every call the kit cannot carry replaced by a refusal: one
+    whose arguments nest deeper than the kit encodes, or whose id, name or arguments hold
+    text that is not Unicode (a lone surrogate, half an emoji a stream cut). Such a call
+    cannot be keyed, recorded or checkpointed as asked, so it is answered with an error
+    rather than sent (and the frontier stays writable)."""
+    if all(_carriable(c) is None for c in message.tool_calls):
         return message
     calls = tuple(
         c
-        if within_nesting(c.arguments)
-        else dataclasses.replace(
-            c, arguments={REFUSED_ARGUMENTS: f"arguments nest deeper than {MAX_NESTING} levels"}
-        )
+        if (why := _carriable(c)) is None
+        else dataclasses.replace(c, arguments={REFUSED_ARGUMENTS: why})
         for c in message.tool_calls
     )
     return dataclasses.replace(message, tool_calls=calls)
+
+
+def _carriable(call: ToolCall) -> str | None:
+    """Why the kit cannot carry ``call`` as asked, or ``None``."""
+    if not within_nesting(call.arguments):
+        return f"arguments nest deeper than {MAX_NESTING} levels"
+    try:
+        canonical_json([call.id, call.name, dict(call.arguments)]).encode("utf-8")
+    except UnicodeEncodeError:
+        return (
+            "its id, name or arguments hold text that is not valid Unicode (a lone "
+            "surrogate); ask for the call again with whole characters"
+        )
+    except (TypeError, ValueError):
+        return None  # not JSON at all: the key and the tool say so, as before
+    return None
 
 
 def outstanding_calls(run: RunState, calls: Sequence[ToolCall]) -> list[OutstandingCall]:
