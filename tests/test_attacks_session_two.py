@@ -516,11 +516,6 @@ def _weather_run(url: str, *, then: str) -> None:
     asyncio.run(go())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="c419bf9: left_in_doubt marks every in-flight record indeterminate, read-only "
-    "calls too, and runs --stuck lists the ended run for ever",
-)
 @pytest.mark.parametrize("then", ["carried on", "cancelled"])
 def test_a_read_only_call_left_in_flight_makes_no_run_stuck(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], then: str
@@ -557,11 +552,6 @@ def _detail(url: str, run_id: str) -> Any:
     return asyncio.run(go())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="1c381ee fixed inspect and show only: the console still says the live holder "
-    "no longer carries the run",
-)
 def test_console_does_not_say_a_live_holder_no_longer_carries_the_run(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'adk.sqlite3'}"
     airline = Airline()
@@ -607,11 +597,6 @@ def _booking_left_in_doubt_then_cancelled(url: str) -> None:
     asyncio.run(go())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="c419bf9 fixed inspect only: the console's run page plans nothing for an ended "
-    "run, says safe and offers no resolve for its booking in doubt",
-)
 def test_console_names_the_call_an_ended_run_left_in_doubt(tmp_path: Path) -> None:
     from tesserix_adk.console.pages import run_page
     from tesserix_adk.console.reads import RunFilter, runs

@@ -30,6 +30,7 @@ from tesserix_adk.tools import key_digest
 __all__ = [
     "as_seen_now",
     "left_in_doubt",
+    "left_open",
     "PlannedCall",
     "ResumePlan",
     "ToolDisposition",
@@ -100,9 +101,9 @@ class ResumePlan:
 
 
 async def left_in_doubt(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> ResumePlan:
-    """For a run that ended (a resume plans nothing for it): the calls it left in flight,
-    each indeterminate. A run cancelled while a call was in doubt ends so, and that call
-    waits for an operator to say what it did."""
+    """For a run that ended (a resume plans nothing for it): the calls it left in flight
+    that may have acted (``left_open``), each indeterminate. A run cancelled while a call
+    was in doubt ends so, and that call waits for an operator to say what it did."""
     records = await idempotency.records(checkpoint.tenant, checkpoint.run_id)
     return ResumePlan(
         indeterminate=tuple(
@@ -119,8 +120,19 @@ async def left_in_doubt(checkpoint: Checkpoint, idempotency: IdempotencyStore) -
                 record=rec,
             )
             for rec in records
-            if rec.tool is not None and rec.status is RecordStatus.in_flight
+            if rec.tool is not None and left_open(rec)
         )
+    )
+
+
+def left_open(rec: IdempotencyRecord) -> bool:
+    """Whether ``rec`` is a call nobody can say ran and nobody may send again: in flight,
+    and of a tool with side effects that does not deduplicate (a read-only or idempotent
+    one left in flight is sent again when needed, never a person's question)."""
+    return (
+        rec.tool is not None
+        and rec.status is RecordStatus.in_flight
+        and not (rec.flags is not None and rec.flags.safe_to_resend)
     )
 
 

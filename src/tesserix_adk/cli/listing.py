@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import CheckpointStatus
+from tesserix_adk.checkpoint.planning import left_open
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import emit, lease_json, when
 from tesserix_adk.cli.reasons import blocked, failure_reason
@@ -188,7 +189,8 @@ async def _rows(
         park = parked.get(run_id)
         # A run that ended may have left a call in doubt (cancelled while its reply was
         # lost): it waits for `tesserix resolve` as an unfinished one does.
-        lapsed = lease is None and in_flight > 0
+        open_calls = in_flight if not cp.status.finished else sum(map(left_open, records))
+        lapsed = lease is None and open_calls > 0
         stuck = blocked(cp, park, revision)
         if args.stuck and park is None and not lapsed and stuck is None:
             continue

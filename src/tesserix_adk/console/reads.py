@@ -14,7 +14,13 @@ from typing import Any
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
-from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume
+from tesserix_adk.checkpoint.planning import (
+    ResumePlan,
+    as_seen_now,
+    left_in_doubt,
+    left_open,
+    plan_resume,
+)
 from tesserix_adk.errors import AdkError, CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.messages import Message
 from tesserix_adk.run.unstarted import Unstarted, unstarted_runs
@@ -61,6 +67,8 @@ class RunSummary:
     step: int = 0
     written_at: float | None = None
     in_flight: int = 0
+    # Of those, the calls of side-effecting tools that do not deduplicate (``left_open``).
+    in_doubt: int = 0
     lease: RunLease | None = None
     parked: str | None = None
     pending_approval: str | None = None
@@ -74,7 +82,8 @@ class RunSummary:
     def stuck(self) -> bool:
         """Parked, or with calls in flight and nobody holding the run (a run that ended, a
         cancelled one, may have left a call in doubt: it waits for ``tesserix resolve``)."""
-        lapsed = self.in_flight > 0 and self.lease is None
+        open_calls = self.in_doubt if self.finished else self.in_flight
+        lapsed = open_calls > 0 and self.lease is None
         return self.parked is not None or lapsed
 
 
@@ -153,6 +162,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             in_flight=sum(
                 1 for r in records if r.tool is not None and r.status is RecordStatus.in_flight
             ),
+            in_doubt=sum(map(left_open, records)),
             lease=await stores.leases.current(tenant, run_id),
             parked=None if park is None else (park.reason or ""),
             pending_approval=None if cp.pending_approval is None else cp.pending_approval.id,
@@ -213,11 +223,21 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
     approval = None
     if cp.pending_approval is not None:
         approval = await stores.approvals.get(tenant, cp.pending_approval.id)
+    lease = await stores.leases.current(tenant, run_id)
+    # As `tesserix inspect` tells it: the calls an ended run left open, and a call under
+    # the live lease's holder as being carried now.
+    planned = (
+        await left_in_doubt(cp, stores.idempotency)
+        if cp.status.finished
+        else await plan_resume(cp, stores.idempotency)
+    )
     return RunDetail(
         checkpoint=cp,
-        plan=await plan_resume(cp, stores.idempotency),
+        plan=as_seen_now(
+            planned, None if lease is None else lease.holder, None if lease is None else lease.fence
+        ),
         spent=await stores.ledger.spent(tenant, run_id),
-        lease=await stores.leases.current(tenant, run_id),
+        lease=lease,
         parked=(await _parked(stores, tenant)).get(run_id),
         approval=approval,
         records=tuple(
