@@ -619,11 +619,6 @@ def test_console_names_the_call_an_ended_run_left_in_doubt(tmp_path: Path) -> No
 # --- 9. a far-future lease ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="displays format a lease's expiry with datetime: past year 9999 it is "
-    "'ValueError: year ... is out of range', exit 4, and runs lists nothing",
-)
 def test_a_lease_expiring_past_year_9999_hides_no_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

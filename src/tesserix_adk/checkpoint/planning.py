@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -25,6 +24,7 @@ from tesserix_adk.stores.protocols import (
     RecordsFrom,
     RecordStatus,
 )
+from tesserix_adk.timestamps import shown_time
 from tesserix_adk.tools import key_digest
 
 __all__ = [
@@ -382,7 +382,7 @@ async def plan_without_frontier(
 
 def _when(epoch: float) -> str:
     """A store-clock time as an operator reads it (UTC)."""
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return shown_time(epoch, "%Y-%m-%d %H:%M:%S UTC")
 
 
 def _completed_reason(rec: IdempotencyRecord) -> str:

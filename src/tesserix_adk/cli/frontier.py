@@ -45,7 +45,7 @@ from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import step_history
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, WorkState
 from tesserix_adk.stores.urls import redact_url
-from tesserix_adk.timestamps import iso_time
+from tesserix_adk.timestamps import iso_time, shown_time
 
 __all__ = ["RESOLVE_LEASE_TTL", "run_frontier_command"]
 
@@ -114,7 +114,7 @@ async def _steps(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitC
         written = (
             "-"
             if cp.written_at is None
-            else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(cp.written_at))
+            else shown_time(cp.written_at, "%Y-%m-%d %H:%M:%S")
         )
         boundary = "-" if cp.boundary is None else str(cp.boundary)
         out.write(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -12,6 +11,7 @@ from tesserix_adk.console.reads import RunDetail, RunFilter, RunSummary, key_dig
 from tesserix_adk.console.templates import Markup, join, render
 from tesserix_adk.run.unstarted import Unstarted
 from tesserix_adk.stores.protocols import RecordStatus, RunLease
+from tesserix_adk.timestamps import shown_time
 from tesserix_adk.tools import key_digest as digest_of
 
 __all__ = ["page", "run_page", "runs_page", "tenant_path", "unstarted_page"]
@@ -33,7 +33,7 @@ def page(title: str, body: Markup, *, tenant: str | None = None) -> str:
 def _when(epoch: float | None) -> str:
     if epoch is None:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch))
+    return shown_time(epoch, "%Y-%m-%d %H:%M:%S")
 
 
 def _held(lease: RunLease | None) -> str:
