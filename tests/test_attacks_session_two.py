@@ -5,7 +5,8 @@ and ``runs --stuck`` (f22cddd, 99b8fb6, 1c381ee, c419bf9), and the worker stoppi
 error its store says will not pass (5375904). SQLite under ``tmp_path``; Redis and
 PostgreSQL (shared servers, unique prefixes and schemas) where they matter.
 
-Defects (each an ``xfail(strict=True)`` test asserting the right behaviour):
+Defects (each an ``xfail(strict=True)`` test asserting the right behaviour until fixed;
+all ten are fixed since, their tests plain):
 
 1. (a33a0ef, medium) Whether a custom key is kept as ``m1:<sha256>`` depends on the
    redaction configuration of the process that computes it. A business key built from an
@@ -665,11 +666,6 @@ def _frontier_after_the_search(url: str) -> None:
     asyncio.run(go())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="f22cddd masked the run's output only: an error's text goes to stderr and the "
-    "--json error object as it came, credentials and all",
-)
 @pytest.mark.parametrize("as_json", [False, True])
 def test_run_resume_never_prints_a_secret_an_error_repeats(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], as_json: bool

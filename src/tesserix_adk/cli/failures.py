@@ -21,6 +21,7 @@ import sqlite3
 from enum import IntEnum
 from typing import TextIO
 
+from tesserix_adk.checkpoint.redaction import default_redactor
 from tesserix_adk.cli.text import sentence
 from tesserix_adk.errors import (
     AdkError,
@@ -118,7 +119,13 @@ def exit_code_for(exc: BaseException) -> ExitCode:
 
 
 def explain(exc: BaseException) -> tuple[ExitCode, str]:
-    """The exit code of ``exc`` and the one line of stderr that says it."""
+    """The exit code of ``exc`` and the one line of stderr that says it, redacted: an
+    error's text may repeat what it was given (a provider's echoing its API key)."""
+    code, said = _explained(exc)
+    return code, default_redactor().text(said)
+
+
+def _explained(exc: BaseException) -> tuple[ExitCode, str]:
     trouble = _store_trouble(exc)
     if trouble is not None:
         return trouble
