@@ -13,6 +13,8 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "MALFORMED_ARGUMENTS",
+    "REFUSED_ARGUMENTS",
     "BinaryPart",
     "Message",
     "Part",
@@ -23,6 +25,7 @@ __all__ = [
     "Usage",
     "message_from_json",
     "message_to_json",
+    "refusal_of",
 ]
 
 
@@ -196,3 +199,31 @@ def message_from_json(data: Mapping[str, Any]) -> Message:
         tool_call_id=data.get("tool_call_id"),
         is_error=bool(data.get("is_error", False)),
     )
+
+
+MALFORMED_ARGUMENTS = "_malformed_arguments"
+"""The one key of a tool call's arguments when the model sent arguments that are not a JSON
+object; the raw text is kept under it, so the tool's validation fails, the model is told so
+(``is_error``) and can ask again, and the transcript keeps exactly what the model said."""
+
+REFUSED_ARGUMENTS = "__tesserix_refused__"
+"""The one key of a tool call's arguments when the kit refused to carry the call (nested too
+deep, text that is not Unicode, a key that would hold a secret); its value says why, and the
+call is answered "not sent"."""
+
+
+def refusal_of(call: ToolCall) -> str | None:
+    """Why the kit answers ``call`` "not sent" whatever its tool, or ``None``: its arguments
+    are the kit's own refusal (exactly ``{REFUSED_ARGUMENTS: why}``), or not one JSON object
+    (whatever a tool made of them would be a guess at what the model meant, and a tool
+    elsewhere, an MCP server, may fill in defaults for what is missing). A model that puts
+    the refusal's name among real arguments gets no refusal, and no pass: its call is keyed,
+    claimed and sent like any other."""
+    arguments = call.arguments
+    if len(arguments) == 1 and isinstance(why := arguments.get(REFUSED_ARGUMENTS), str):
+        return why
+    if MALFORMED_ARGUMENTS in arguments:
+        return (
+            "its arguments were not one JSON object; ask for the call again with complete arguments"
+        )
+    return None

@@ -16,7 +16,9 @@ _LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 def shown_time(epoch: float, fmt: str) -> str:
     """Epoch seconds in UTC as ``fmt`` writes them, held within years 1 to 9999."""
     held = _EARLIEST if math.isnan(epoch) else min(max(epoch, _EARLIEST), _LATEST)
-    return datetime.fromtimestamp(held, tz=UTC).strftime(fmt)
+    moment = datetime.fromtimestamp(held, tz=UTC)
+    # Four digits whatever the C library does with %Y (glibc writes year 1 as "1").
+    return moment.strftime(fmt.replace("%Y", f"{moment.year:04d}"))
 
 
 def iso_time(epoch: float) -> str:

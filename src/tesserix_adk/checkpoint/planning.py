@@ -18,6 +18,7 @@ from typing import Any
 
 from tesserix_adk.checkpoint.payload import Boundary, Checkpoint
 from tesserix_adk.errors import IndeterminateToolCallError
+from tesserix_adk.messages import refusal_of
 from tesserix_adk.stores.protocols import (
     IdempotencyRecord,
     IdempotencyStore,
@@ -126,13 +127,14 @@ async def left_in_doubt(checkpoint: Checkpoint, idempotency: IdempotencyStore) -
 
 
 def left_open(rec: IdempotencyRecord) -> bool:
-    """Whether ``rec`` is a call nobody can say ran and nobody may send again: in flight,
-    and of a tool with side effects that does not deduplicate (a read-only or idempotent
-    one left in flight is sent again when needed, never a person's question)."""
+    """Whether ``rec`` is a call of an ended run that may have acted and that nobody will
+    send again: in flight, of a tool with side effects (an idempotent one too: it is sent
+    again only if the model asks again, and a run that ended will not). A read-only call
+    left in flight did nothing to ask a person about."""
     return (
         rec.tool is not None
         and rec.status is RecordStatus.in_flight
-        and not (rec.flags is not None and rec.flags.safe_to_resend)
+        and not (rec.flags is not None and not rec.flags.side_effects)
     )
 
 
@@ -207,10 +209,13 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
                     "whether it ran",
                 )
             else:
+                refused = refusal_of(oc.call)
                 planned = PlannedCall(
                     **base,
                     disposition=ToolDisposition.never_ran,
-                    reason="no side effects; sent again",
+                    reason="no side effects; sent again"
+                    if refused is None
+                    else f"refused, never sent ({refused}); answered 'not sent' again",
                 )
             buckets[planned.disposition].append(planned)
             continue

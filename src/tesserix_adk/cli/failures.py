@@ -129,7 +129,8 @@ def _explained(exc: BaseException) -> tuple[ExitCode, str]:
     trouble = _store_trouble(exc)
     if trouble is not None:
         return trouble
-    text = sentence(str(exc)) or type(exc).__name__
+    # Redacted before its lines are joined, as the redactor finds a key wrapped across them.
+    text = sentence(default_redactor().text(str(exc))) or type(exc).__name__
     if isinstance(exc, (AdkError, UsageError, Refused)):
         return _code_of(exc), "tesserix: " + text
     return _code_of(exc), f"tesserix: {type(exc).__name__}: {text}"

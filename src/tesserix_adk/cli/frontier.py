@@ -111,11 +111,7 @@ async def _steps(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitC
         )
         if as_json:
             continue
-        written = (
-            "-"
-            if cp.written_at is None
-            else shown_time(cp.written_at, "%Y-%m-%d %H:%M:%S")
-        )
+        written = "-" if cp.written_at is None else shown_time(cp.written_at, "%Y-%m-%d %H:%M:%S")
         boundary = "-" if cp.boundary is None else str(cp.boundary)
         out.write(
             f"{step:<5} {boundary:<18} {cp.iteration:<10} {cp.status!s:<17} {written:<20} "

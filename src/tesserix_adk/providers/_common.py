@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tesserix_adk.errors import ConfigurationError, ProviderError
+from tesserix_adk.messages import MALFORMED_ARGUMENTS
 
 __all__ = [
     "MALFORMED_ARGUMENTS",
@@ -16,11 +17,6 @@ __all__ = [
     "scrub",
     "strip_vendor",
 ]
-
-MALFORMED_ARGUMENTS = "_malformed_arguments"
-"""The one key of a tool call's arguments when the model sent arguments that are not a JSON
-object; the raw text is kept under it, so the tool's validation fails, the model is told so
-(``is_error``) and can ask again, and the transcript keeps exactly what the model said."""
 
 
 def strip_vendor(model: str, vendor: str) -> str:

@@ -19,7 +19,7 @@ from tesserix_adk.checkpoint.payload import (
 )
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import CheckpointCorruptError, ConfigurationError, NoCheckpointError
-from tesserix_adk.messages import ToolCall
+from tesserix_adk.messages import ToolCall, refusal_of
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.frontier import write_frontier
 from tesserix_adk.run.parts import RunParts
@@ -48,6 +48,8 @@ async def ask_approval(
         if (tool := run.agent.tools.get(oc.call.name)) is not None
         and tool.requires_approval
         and oc.call.id not in decided
+        # A call the kit refuses is never sent: nobody is asked about it.
+        and refusal_of(oc.call) is None
     ]
     needing = [oc.call for oc in asking]
     if not needing:

@@ -34,8 +34,7 @@ from tesserix_adk.errors import (
     IndeterminateToolCallError,
     StaleFenceError,
 )
-from tesserix_adk.messages import Message, ToolOutcome
-from tesserix_adk.providers._common import MALFORMED_ARGUMENTS
+from tesserix_adk.messages import REFUSED_ARGUMENTS, Message, ToolOutcome, refusal_of
 from tesserix_adk.run import grouping
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.cancelling import not_sent_if_cancelled
@@ -69,13 +68,11 @@ __all__ = [
     "MASKED_CALL",
     "REFUSED_ARGUMENTS",
     "call_tool",
+    "refusal_of",
     "close_turn",
     "dispatch_turn",
 ]
 
-# Stands in for arguments the kit refused to carry (nested too deep); such a call is
-# answered with the reason, never sent.
-REFUSED_ARGUMENTS = "__tesserix_refused__"
 
 _log = logging.getLogger("tesserix_adk.runner")
 
@@ -144,17 +141,9 @@ async def _answer(
     """One call's result: refused without a dispatch (unknown tool, refused arguments, not
     approved), or through the dispatch unit (which asks for a cancel before sending it)."""
     tool = run.agent.tools.get(oc.call.name)
-    refused = oc.call.arguments.get(REFUSED_ARGUMENTS)
+    refused = refusal_of(oc.call)
     if refused is not None:
         content = f"not sent: {refused}"
-    elif MALFORMED_ARGUMENTS in oc.call.arguments:
-        # Not one JSON object (cut short, trailing text): whatever a tool made of it would
-        # be a guess at what the model meant, and a tool elsewhere (an MCP server) may
-        # fill in defaults for what is missing.
-        content = (
-            "not sent: its arguments were not one JSON object; ask for the call again with "
-            "complete arguments"
-        )
     elif tool is None:
         content = f"unknown tool {oc.call.name!r}"
     elif tool.requires_approval and not _approved(grants.get(oc.call.id)):

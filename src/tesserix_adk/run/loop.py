@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from urllib.parse import quote
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.payload import (
@@ -37,15 +38,14 @@ from tesserix_adk.errors import (
     ProviderError,
     StoreUnavailableError,
 )
-from tesserix_adk.messages import Message, ToolCall, Usage
-from tesserix_adk.providers._common import MALFORMED_ARGUMENTS
+from tesserix_adk.messages import REFUSED_ARGUMENTS, Message, ToolCall, Usage, refusal_of
 from tesserix_adk.providers.base import ModelRequest, ModelResponse, StreamingProvider
 from tesserix_adk.run import grouping
 from tesserix_adk.run.approvals import ask_approval, take_decision
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.cancelling import UNREAD, CancelRequest, Unread, cancel_requested
 from tesserix_adk.run.costs import paid
-from tesserix_adk.run.dispatch import REFUSED_ARGUMENTS, dispatch_turn
+from tesserix_adk.run.dispatch import dispatch_turn
 from tesserix_adk.run.events import (
     AttemptResumed,
     ModelCallFinished,
@@ -96,7 +96,12 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
         response = await _call_model(parts, run, attempt)
         if isinstance(response, str):
             return await _finish(parts, run, attempt, RunStatus.failed, output=response)
-        message = without_secret_keys(run, _within_nesting(response.message), parts.redactor)
+        message = without_secret_keys(
+            run,
+            _within_nesting(response.message),
+            parts.redactor,
+            recorded=attempt.ahead.get(run.iteration, {}).keys(),
+        )
         run.steps_used += 1
         run.messages.append(message)
         for call in message.tool_calls:
@@ -197,9 +202,12 @@ async def _take_turn(
 
 
 def _asks_a_person(agent: Agent, message: Message) -> bool:
-    """Whether a call of the model's answer needs an approval before it is sent."""
+    """Whether a call of the model's answer needs an approval before it is sent (a call
+    the kit refuses is never sent, so nobody is asked about it)."""
     return any(
-        (tool := agent.tools.get(call.name)) is not None and tool.requires_approval
+        (tool := agent.tools.get(call.name)) is not None
+        and tool.requires_approval
+        and not _refused(call)
         for call in message.tool_calls
     )
 
@@ -276,42 +284,51 @@ SECRET_KEY = (
 
 
 def _refused(call: ToolCall) -> bool:
-    """Whether the kit answers ``call`` "not sent" whatever it asks: its arguments are a
-    refusal's stand-in, or not one JSON object (no key function can read them)."""
-    return REFUSED_ARGUMENTS in call.arguments or MALFORMED_ARGUMENTS in call.arguments
+    return refusal_of(call) is not None
 
 
-def without_secret_keys(run: RunState, message: Message, redactor: Redactor) -> Message:
+def without_secret_keys(
+    run: RunState, message: Message, redactor: Redactor, recorded: Collection[str] = ()
+) -> Message:
     """The model's message with every call whose key a tool's own key function would build
     from a secret replaced by a refusal (answered "not sent", never dispatched): the key is
     what every store keeps, the frontier and the tool's downstream system too. Refused,
     not stored masked or digested: under another redaction setting (another process, a
-    later kit) the same call would get another key and could go out twice."""
+    later kit) the same call would get another key and could go out twice. A key already
+    ``recorded`` (a call that went out before the frontier, under a process that masked
+    less) is kept: its outcome is replayed, never refused as if the model had not asked."""
     seen: dict[tuple[str, str], int] = {}
     calls: list[ToolCall] = []
     for call in message.tool_calls:
         tool = run.agent.tools.get(call.name)
-        if tool is None or tool.key is None or tool.key is default_key:
+        if _refused(call) or tool is None or tool.key is None or tool.key is default_key:
             calls.append(call)
             continue
+        # Occurrences counted as outstanding_calls counts them: refused twins left out.
         twin = (call.name, canonical_json(dict(call.arguments)))
         occurrence = seen.get(twin, 0)
-        seen[twin] = occurrence + 1
-        if _refused(call) or not _key_holds_a_secret(run, tool, call, occurrence, redactor):
-            calls.append(call)
+        if _key_holds_a_secret(run, tool, call, occurrence, redactor, recorded):
+            calls.append(dataclasses.replace(call, arguments={REFUSED_ARGUMENTS: SECRET_KEY}))
             continue
-        calls.append(dataclasses.replace(call, arguments={REFUSED_ARGUMENTS: SECRET_KEY}))
+        seen[twin] = occurrence + 1
+        calls.append(call)
     if all(a is b for a, b in zip(calls, message.tool_calls, strict=True)):
         return message
     return dataclasses.replace(message, tool_calls=tuple(calls))
 
 
 def _key_holds_a_secret(
-    run: RunState, tool: Tool, call: ToolCall, occurrence: int, redactor: Redactor
+    run: RunState,
+    tool: Tool,
+    call: ToolCall,
+    occurrence: int,
+    redactor: Redactor,
+    recorded: Collection[str],
 ) -> bool:
     """Whether the key ``tool``'s key function makes for ``call`` holds what ``redactor``
     masks: a secret in it, or one it took from the arguments (its key from the masked
-    arguments differs, or it cannot make one from them)."""
+    arguments differs, or it cannot make one from them). The kit's own part of the key
+    (the tenant in front, a twin's ``#n``) is not asked about."""
 
     def key_of(asked: ToolCall) -> str | None:
         return tool.key_for(
@@ -326,8 +343,11 @@ def _key_holds_a_secret(
         key = key_of(call)
     except Exception:
         return False  # not a secret: the key function's own error, raised when keyed
-    if key is None or redactor.text(key) != key:
-        return key is not None
+    if key is None or key in recorded:
+        return False
+    own = key.removeprefix(quote(run.tenant, safe="") + "/")
+    if redactor.text(own) != own:
+        return True
     arguments = dict(call.arguments)
     if not redactor.changed(arguments):
         return False

@@ -329,7 +329,12 @@ async def _ask_model(parts: RunParts, run: RunState, attempt: Attempt) -> StepRe
     response = await loop._call_model(parts, run, attempt)
     if isinstance(response, str):
         return await _finish(parts, run, attempt, RunStatus.failed, response)
-    message = loop.without_secret_keys(run, loop._within_nesting(response.message), parts.redactor)
+    message = loop.without_secret_keys(
+        run,
+        loop._within_nesting(response.message),
+        parts.redactor,
+        recorded=attempt.ahead.get(run.iteration, {}).keys(),
+    )
     run.steps_used += 1
     run.messages.append(message)
     # A cancel asked while the model thought ends the run here, before anything is sent
