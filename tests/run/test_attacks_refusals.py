@@ -6,7 +6,9 @@ sent" and ``outstanding_calls`` gives it no key; ``left_open``/``left_in_doubt``
 redacts error sentences; ``timestamps.shown_time`` clamps times. SQLite under ``tmp_path``
 and ``memory://``; no Temporal, no servers.
 
-Defects (each an ``xfail(strict=True)`` test asserting the right behaviour):
+Defects (each an ``xfail(strict=True)`` test asserting the right behaviour until fixed; all
+but three are fixed since (f94d07d), their tests plain: calls sharing an id in an approved
+turn, and error sentences masking a run id or store path that looks like a secret, stay):
 
 1. (e29ae79, HIGH) A side-effecting call sent twice, and sent without a key. The loop takes
    a call for refused when its arguments merely *hold* the key ``__tesserix_refused__``
