@@ -18,7 +18,7 @@ import pytest
 from mcp.client import streamable_http
 from mcp.shared.exceptions import MCPError
 
-from tesserix_adk.mcp.toolset import _stand_in
+from tesserix_adk.mcp.replies import stand_in as _stand_in
 
 # How a message built from a variable starts: the only such variable is the description of
 # an unfollowed redirect, and both of its texts start so.

@@ -19,10 +19,16 @@ from types import TracebackType
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
-
 from tesserix_adk.errors import AdkError, ConfigurationError
 from tesserix_adk.mcp.errors import MCPReplyLostError, MCPToolError, MCPUnavailableError
+from tesserix_adk.mcp.replies import (
+    Unread,
+    maybe_a_reply,
+    sdk_closed,
+    shown_url,
+    stand_in,
+    wound_down,
+)
 from tesserix_adk.mcp.tools import (
     IDEMPOTENCY_KEY_META,
     MCPTool,
@@ -35,15 +41,7 @@ try:
     import mcp
     from mcp import Client, StdioServerParameters
     from mcp.shared.exceptions import MCPError as SdkError
-    from mcp_types import (
-        CONNECTION_CLOSED,
-        INTERNAL_ERROR,
-        INVALID_REQUEST,
-        METHOD_NOT_FOUND,
-        PARSE_ERROR,
-        REQUEST_TIMEOUT,
-        RequestParamsMeta,
-    )
+    from mcp_types import RequestParamsMeta
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
     raise ImportError(
         'tesserix_adk.mcp needs the MCP SDK: pip install "tesserix-adk[mcp]"'
@@ -162,7 +160,7 @@ class MCPToolset:
             urlsplit(url).port  # noqa: B018 - reading it is the check
         except ValueError as exc:
             raise ConfigurationError(
-                f"{_shown_url(url)} is not an MCP server URL that can be read"
+                f"{shown_url(url)} is not an MCP server URL that can be read"
             ) from exc
         return cls(
             url,
@@ -257,7 +255,7 @@ class MCPToolset:
         client = self._client
         if client is None:
             raise ConfigurationError(f"{self!r} is not connected")
-        if self._lost is None and _closed(client):
+        if self._lost is None and sdk_closed(client):
             self._lost = "the server closed the connection"
         if self._lost is not None:
             raise MCPUnavailableError(
@@ -279,17 +277,17 @@ class MCPToolset:
         try:
             result = await self._answer(client.call_tool(name, dict(arguments), meta=meta))
         except SdkError as exc:
-            stand_in = _stand_in(exc)
-            if stand_in == "closed" and self._gone(client):
+            kind = stand_in(exc)
+            if kind == "closed" and self._gone(client):
                 # Our own connection closed; the same words relayed by a gateway from its
                 # upstream, or an HTTP request that failed while the session stands, leave
                 # later calls to go out.
                 self._lost = exc.message
-            if stand_in is not None:
+            if kind is not None:
                 raise self._reply_lost(name, exc) from exc
             # A JSON-RPC error answer (unknown tool, invalid params): the server said no.
             raise MCPToolError(f"{name}: {exc.message}") from exc
-        except _Unread as exc:
+        except Unread as exc:
             raise MCPReplyLostError(
                 f"{name} was sent to {self._where()}, and a reply came that could not be read "
                 f"({exc}); it may have run: look it up by its idempotency key before sending "
@@ -315,7 +313,7 @@ class MCPToolset:
     async def _answer(self, request: Coroutine[Any, Any, T]) -> T:
         """``request``'s answer, or the connection's failure if it ended first (the
         request was handed over: whether it reached the server, nobody can say), or
-        ``_Unread`` if a message came meanwhile that the transport could not read."""
+        ``Unread`` if a message came meanwhile that the transport could not read."""
         owner = self._owner
         sent = asyncio.ensure_future(request)
         unread: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -327,15 +325,15 @@ class MCPToolset:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             sent.cancel()
-            await _wound_down(sent)
+            await wound_down(sent)
             raise
         finally:
             self._unread.discard(unread)
         if not sent.done():
             sent.cancel()
-            await _wound_down(sent)
+            await wound_down(sent)
             if unread.done():
-                raise _Unread(unread.result())
+                raise Unread(unread.result())
             raise ConnectionError(self._lost or "the connection ended")
         return sent.result()
 
@@ -343,7 +341,7 @@ class MCPToolset:
         """The SDK's ``message_handler``: a server notification (nothing to do), or a
         message the transport could not read. JSON-RPC cannot say which request that one
         answered, so every call waiting then is told: its reply may be the one lost."""
-        if isinstance(message, Exception) and _maybe_a_reply(message):
+        if isinstance(message, Exception) and maybe_a_reply(message):
             said = f"{type(message).__name__}: {message}"[:200]
             for waiting in self._unread:
                 if not waiting.done():
@@ -353,7 +351,7 @@ class MCPToolset:
     def _gone(self, client: Client) -> bool:
         """Whether this toolset's own connection is known to be over."""
         owner = self._owner
-        return owner is None or owner.done() or _closed(client)
+        return owner is None or owner.done() or sdk_closed(client)
 
     def _reply_lost(self, name: str, exc: BaseException) -> MCPReplyLostError:
         return MCPReplyLostError(
@@ -394,119 +392,12 @@ class MCPToolset:
 
     def _where(self) -> str:
         if isinstance(self._server, str):
-            return f"the MCP server at {_shown_url(self._server)}"
+            return f"the MCP server at {shown_url(self._server)}"
         return f"the MCP server `{self._server.command}`"
 
     def __repr__(self) -> str:
         state = "connected" if self._client is not None else "not connected"
         return f"MCPToolset({self._where()}, {state})"
-
-
-# The errors the SDK makes up itself when no whole answer came, told apart from a server's
-# own JSON-RPC errors by code and text (the codes alone sit in the range servers use for
-# their own errors): the connection closed, the wait ran out, an SSE stream cut or given
-# up, a 202 or a redirect instead of an answer, a body that is not JSON-RPC (a proxy's
-# page, a cut body), or an HTTP status with no JSON-RPC error in its body (a gateway's 502
-# or 504 may come after the call was forwarded). Each text is the start of the SDK's own;
-# ``tests/mcp_tools/test_mcp_stand_ins.py`` checks the installed SDK makes no other.
-_STAND_INS: dict[int, tuple[tuple[str, str], ...]] = {
-    CONNECTION_CLOSED: (
-        ("Connection closed", "closed"),
-        ("SSE stream failed: ", "http"),
-        ("SSE stream ended without a response", "http"),
-        ("SSE stream ended and reconnection attempts were exhausted", "http"),
-    ),
-    INTERNAL_ERROR: (("Server returned an error response", "http"),),
-    INVALID_REQUEST: (
-        ("Session terminated", "http"),
-        ("server answered a request with 202 Accepted", "http"),
-        ("Redirect to ", "http"),
-        ("Unexpected content type: ", "http"),
-    ),
-    METHOD_NOT_FOUND: (("Not Found", "http"),),
-    PARSE_ERROR: (
-        ("Failed to parse JSON response: ", "http"),
-        ("Failed to parse SSE message: ", "http"),
-    ),
-}
-
-
-def _stand_in(exc: SdkError) -> str | None:
-    """What kind of SDK stand-in ``exc`` is (the call may have run), or ``None`` for an
-    error the server answered. A server's own internal error is one too: it failed while
-    it handled the call (its session ended mid-call, its handler's result was invalid),
-    perhaps after the tool ran."""
-    if exc.code == INTERNAL_ERROR:
-        return "http" if exc.message == "Server returned an error response" else "internal"
-    if (
-        exc.code == REQUEST_TIMEOUT
-        and exc.message.startswith("Request ")
-        and exc.message.endswith(" timed out")
-    ):
-        return "timeout"
-    for start, kind in _STAND_INS.get(exc.code, ()):
-        whole = not start.endswith(" ")
-        if exc.message == start if whole else exc.message.startswith(start):
-            return kind
-    return None
-
-
-class _Unread(Exception):
-    """A message came while the call waited that the transport could not read."""
-
-
-def _closed(client: Client) -> bool:
-    """Whether the SDK already knows the connection closed (a server that died while
-    idle): its dispatcher then refuses a call before writing a byte. Read from the SDK's
-    private state, as it offers no public one; where that is not found, ``False``, and a
-    call then fails as sent with no reply (in doubt), never the other way round."""
-    dispatcher = getattr(getattr(client, "session", None), "_dispatcher", None)
-    return getattr(dispatcher, "_closed", False) is True
-
-
-def _shown_url(url: str) -> str:
-    """``url`` without what may hold a credential (user info, query, fragment): it goes
-    into error texts a model is told."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port is not None else ""
-    except ValueError:
-        return "(a URL that cannot be read)"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{parts.scheme}://{host}{port}{parts.path}"
-
-
-async def _wound_down(sent: asyncio.Future[Any]) -> None:
-    """Wait for ``sent``, cancelled by the caller, to end; its own outcome is dropped, but a
-    cancellation of the task waiting here goes on (never swallowed with it)."""
-    try:
-        await sent
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-    except BaseException:  # the call's own end, already accounted for
-        pass
-
-
-def _maybe_a_reply(exc: Exception) -> bool:
-    """Whether a message the transport could not read may have been some call's reply: a
-    JSON-RPC reply is a JSON object, so a line that does not start as one (a log line a
-    server printed on stdout) or an object with neither ``result``, ``error`` nor ``id``
-    (a structured log line) is nobody's. Anything else, or an error that does not say what
-    it read, may be."""
-    if not isinstance(exc, ValidationError):
-        return True
-    for error in exc.errors(include_url=False):
-        read = error.get("input")
-        if isinstance(read, str) and not read.lstrip().startswith("{"):
-            continue
-        if isinstance(read, dict) and not read.keys() & {"result", "error", "id"}:
-            continue
-        return True
-    return False
 
 
 def _server_tool(listed: mcp.types.Tool) -> ServerTool:

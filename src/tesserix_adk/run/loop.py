@@ -16,21 +16,16 @@ anything of that turn is written or sent.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Collection, Sequence
-from urllib.parse import quote
+from collections.abc import Sequence
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.payload import (
-    MAX_NESTING,
     Boundary,
     Checkpoint,
     CheckpointStatus,
     OutstandingCall,
-    within_nesting,
 )
-from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
     AdkError,
     ConfigurationError,
@@ -38,7 +33,7 @@ from tesserix_adk.errors import (
     ProviderError,
     StoreUnavailableError,
 )
-from tesserix_adk.messages import REFUSED_ARGUMENTS, Message, ToolCall, Usage, refusal_of
+from tesserix_adk.messages import Message, ToolCall, Usage
 from tesserix_adk.providers.base import ModelRequest, ModelResponse, StreamingProvider
 from tesserix_adk.run import grouping
 from tesserix_adk.run.approvals import ask_approval, take_decision
@@ -57,8 +52,9 @@ from tesserix_adk.run.frontier import write_frontier, write_frontier_naming_unke
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.recording import to_the_end
 from tesserix_adk.run.result import Run, RunStatus
+from tesserix_adk.run.screening import refused, screened
 from tesserix_adk.run.state import RunState
-from tesserix_adk.tools import Tool, canonical_json, default_key, replay_key
+from tesserix_adk.tools import canonical_json, replay_key
 
 __all__ = ["carry_on", "outstanding_calls", "run_loop"]
 
@@ -96,9 +92,9 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
         response = await _call_model(parts, run, attempt)
         if isinstance(response, str):
             return await _finish(parts, run, attempt, RunStatus.failed, output=response)
-        message = without_secret_keys(
+        message = screened(
             run,
-            _within_nesting(response.message),
+            response.message,
             parts.redactor,
             recorded=attempt.ahead.get(run.iteration, {}).keys(),
         )
@@ -207,42 +203,9 @@ def _asks_a_person(agent: Agent, message: Message) -> bool:
     return any(
         (tool := agent.tools.get(call.name)) is not None
         and tool.requires_approval
-        and not _refused(call)
+        and not refused(call)
         for call in message.tool_calls
     )
-
-
-def _within_nesting(message: Message) -> Message:
-    """The model's message with every call the kit cannot carry replaced by a refusal: one
-    whose arguments nest deeper than the kit encodes, or whose id, name or arguments hold
-    text that is not Unicode (a lone surrogate, half an emoji a stream cut). Such a call
-    cannot be keyed, recorded or checkpointed as asked, so it is answered with an error
-    rather than sent (and the frontier stays writable)."""
-    if all(_carriable(c) is None for c in message.tool_calls):
-        return message
-    calls = tuple(
-        c
-        if (why := _carriable(c)) is None
-        else dataclasses.replace(c, arguments={REFUSED_ARGUMENTS: why})
-        for c in message.tool_calls
-    )
-    return dataclasses.replace(message, tool_calls=calls)
-
-
-def _carriable(call: ToolCall) -> str | None:
-    """Why the kit cannot carry ``call`` as asked, or ``None``."""
-    if not within_nesting(call.arguments):
-        return f"arguments nest deeper than {MAX_NESTING} levels"
-    try:
-        canonical_json([call.id, call.name, dict(call.arguments)]).encode("utf-8")
-    except UnicodeEncodeError:
-        return (
-            "its id, name or arguments hold text that is not valid Unicode (a lone "
-            "surrogate); ask for the call again with whole characters"
-        )
-    except (TypeError, ValueError):
-        return None  # not JSON at all: the key and the tool say so, as before
-    return None
 
 
 def outstanding_calls(run: RunState, calls: Sequence[ToolCall]) -> list[OutstandingCall]:
@@ -252,7 +215,7 @@ def outstanding_calls(run: RunState, calls: Sequence[ToolCall]) -> list[Outstand
     result: list[OutstandingCall] = []
     for call in calls:
         tool = run.agent.tools.get(call.name)
-        if tool is None or _refused(call):  # answered with an error, never dispatched
+        if tool is None or refused(call):  # answered with an error, never dispatched
             result.append(OutstandingCall(call=call, key=None, side_effects=False))
             continue
         twin = (call.name, canonical_json(dict(call.arguments)))
@@ -275,86 +238,6 @@ def outstanding_calls(run: RunState, calls: Sequence[ToolCall]) -> list[Outstand
             )
         )
     return result
-
-
-SECRET_KEY = (
-    "its idempotency key (made by the tool's key function) would hold a secret, and the "
-    "kit never stores one; it needs a key built from values that are not secret"
-)
-
-
-def _refused(call: ToolCall) -> bool:
-    return refusal_of(call) is not None
-
-
-def without_secret_keys(
-    run: RunState, message: Message, redactor: Redactor, recorded: Collection[str] = ()
-) -> Message:
-    """The model's message with every call whose key a tool's own key function would build
-    from a secret replaced by a refusal (answered "not sent", never dispatched): the key is
-    what every store keeps, the frontier and the tool's downstream system too. Refused,
-    not stored masked or digested: under another redaction setting (another process, a
-    later kit) the same call would get another key and could go out twice. A key already
-    ``recorded`` (a call that went out before the frontier, under a process that masked
-    less) is kept: its outcome is replayed, never refused as if the model had not asked."""
-    seen: dict[tuple[str, str], int] = {}
-    calls: list[ToolCall] = []
-    for call in message.tool_calls:
-        tool = run.agent.tools.get(call.name)
-        if _refused(call) or tool is None or tool.key is None or tool.key is default_key:
-            calls.append(call)
-            continue
-        # Occurrences counted as outstanding_calls counts them: refused twins left out.
-        twin = (call.name, canonical_json(dict(call.arguments)))
-        occurrence = seen.get(twin, 0)
-        if _key_holds_a_secret(run, tool, call, occurrence, redactor, recorded):
-            calls.append(dataclasses.replace(call, arguments={REFUSED_ARGUMENTS: SECRET_KEY}))
-            continue
-        seen[twin] = occurrence + 1
-        calls.append(call)
-    if all(a is b for a, b in zip(calls, message.tool_calls, strict=True)):
-        return message
-    return dataclasses.replace(message, tool_calls=tuple(calls))
-
-
-def _key_holds_a_secret(
-    run: RunState,
-    tool: Tool,
-    call: ToolCall,
-    occurrence: int,
-    redactor: Redactor,
-    recorded: Collection[str],
-) -> bool:
-    """Whether the key ``tool``'s key function makes for ``call`` holds what ``redactor``
-    masks: a secret in it, or one it took from the arguments (its key from the masked
-    arguments differs, or it cannot make one from them). The kit's own part of the key
-    (the tenant in front, a twin's ``#n``) is not asked about."""
-
-    def key_of(asked: ToolCall) -> str | None:
-        return tool.key_for(
-            tenant=run.tenant,
-            run_id=run.run_id,
-            iteration=run.iteration,
-            call=asked,
-            occurrence=occurrence,
-        )
-
-    try:
-        key = key_of(call)
-    except Exception:
-        return False  # not a secret: the key function's own error, raised when keyed
-    if key is None or key in recorded:
-        return False
-    own = key.removeprefix(quote(run.tenant, safe="") + "/")
-    if redactor.text(own) != own:
-        return True
-    arguments = dict(call.arguments)
-    if not redactor.changed(arguments):
-        return False
-    try:
-        return key_of(dataclasses.replace(call, arguments=redactor.value(arguments))) != key
-    except Exception:
-        return True
 
 
 def _refuse_divergence(run: RunState, attempt: Attempt, calls: Sequence[OutstandingCall]) -> None:

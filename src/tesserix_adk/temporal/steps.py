@@ -48,7 +48,7 @@ from tesserix_adk.errors import (
     StoreUnavailableError,
 )
 from tesserix_adk.messages import Message, ToolOutcome
-from tesserix_adk.run import loop
+from tesserix_adk.run import loop, screening
 from tesserix_adk.run.approvals import ask_approval, take_decision
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.cancelling import cancel_requested
@@ -329,9 +329,9 @@ async def _ask_model(parts: RunParts, run: RunState, attempt: Attempt) -> StepRe
     response = await loop._call_model(parts, run, attempt)
     if isinstance(response, str):
         return await _finish(parts, run, attempt, RunStatus.failed, response)
-    message = loop.without_secret_keys(
+    message = screening.screened(
         run,
-        loop._within_nesting(response.message),
+        response.message,
         parts.redactor,
         recorded=attempt.ahead.get(run.iteration, {}).keys(),
     )

@@ -1,0 +1,141 @@
+"""What of a model's tool calls the kit refuses to carry, before any is keyed: a call it
+cannot encode as asked (arguments nested too deep, text that is not Unicode) or whose key
+its tool's key function would build from a secret. Such a call keeps the model's id and
+name, its arguments replaced by the kit's refusal (``messages.REFUSED_ARGUMENTS``): it is
+answered "not sent", saying why, and never keyed, claimed or dispatched."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+from urllib.parse import quote
+
+from tesserix_adk.checkpoint.payload import MAX_NESTING, within_nesting
+from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.messages import REFUSED_ARGUMENTS, Message, ToolCall, refusal_of
+from tesserix_adk.run.state import RunState
+from tesserix_adk.tools import Tool, canonical_json, default_key
+
+__all__ = ["SECRET_KEY", "refused", "screened"]
+
+
+def screened(
+    run: RunState, message: Message, redactor: Redactor, recorded: Collection[str] = ()
+) -> Message:
+    """The model's ``message`` with every call the kit will not carry refused
+    (``_within_nesting``, then ``without_secret_keys``)."""
+    return without_secret_keys(run, _within_nesting(message), redactor, recorded)
+
+
+def refused(call: ToolCall) -> bool:
+    """Whether ``call`` is answered "not sent" whatever its tool (``refusal_of``)."""
+    return refusal_of(call) is not None
+
+
+def _within_nesting(message: Message) -> Message:
+    """The model's message with every call the kit cannot carry replaced by a refusal: one
+    whose arguments nest deeper than the kit encodes, or whose id, name or arguments hold
+    text that is not Unicode (a lone surrogate, half an emoji a stream cut). Such a call
+    cannot be keyed, recorded or checkpointed as asked, so it is answered with an error
+    rather than sent (and the frontier stays writable)."""
+    if all(_carriable(c) is None for c in message.tool_calls):
+        return message
+    calls = tuple(
+        c
+        if (why := _carriable(c)) is None
+        else dataclasses.replace(c, arguments={REFUSED_ARGUMENTS: why})
+        for c in message.tool_calls
+    )
+    return dataclasses.replace(message, tool_calls=calls)
+
+
+def _carriable(call: ToolCall) -> str | None:
+    """Why the kit cannot carry ``call`` as asked, or ``None``."""
+    if not within_nesting(call.arguments):
+        return f"arguments nest deeper than {MAX_NESTING} levels"
+    try:
+        canonical_json([call.id, call.name, dict(call.arguments)]).encode("utf-8")
+    except UnicodeEncodeError:
+        return (
+            "its id, name or arguments hold text that is not valid Unicode (a lone "
+            "surrogate); ask for the call again with whole characters"
+        )
+    except (TypeError, ValueError):
+        return None  # not JSON at all: the key and the tool say so, as before
+    return None
+
+
+SECRET_KEY = (
+    "its idempotency key (made by the tool's key function) would hold a secret, and the "
+    "kit never stores one; it needs a key built from values that are not secret"
+)
+
+
+def without_secret_keys(
+    run: RunState, message: Message, redactor: Redactor, recorded: Collection[str] = ()
+) -> Message:
+    """The model's message with every call whose key a tool's own key function would build
+    from a secret replaced by a refusal (answered "not sent", never dispatched): the key is
+    what every store keeps, the frontier and the tool's downstream system too. Refused,
+    not stored masked or digested: under another redaction setting (another process, a
+    later kit) the same call would get another key and could go out twice. A key already
+    ``recorded`` (a call that went out before the frontier, under a process that masked
+    less) is kept: its outcome is replayed, never refused as if the model had not asked."""
+    seen: dict[tuple[str, str], int] = {}
+    calls: list[ToolCall] = []
+    for call in message.tool_calls:
+        tool = run.agent.tools.get(call.name)
+        if refused(call) or tool is None or tool.key is None or tool.key is default_key:
+            calls.append(call)
+            continue
+        # Occurrences counted as outstanding_calls counts them: refused twins left out.
+        twin = (call.name, canonical_json(dict(call.arguments)))
+        occurrence = seen.get(twin, 0)
+        if _key_holds_a_secret(run, tool, call, occurrence, redactor, recorded):
+            calls.append(dataclasses.replace(call, arguments={REFUSED_ARGUMENTS: SECRET_KEY}))
+            continue
+        seen[twin] = occurrence + 1
+        calls.append(call)
+    if all(a is b for a, b in zip(calls, message.tool_calls, strict=True)):
+        return message
+    return dataclasses.replace(message, tool_calls=tuple(calls))
+
+
+def _key_holds_a_secret(
+    run: RunState,
+    tool: Tool,
+    call: ToolCall,
+    occurrence: int,
+    redactor: Redactor,
+    recorded: Collection[str],
+) -> bool:
+    """Whether the key ``tool``'s key function makes for ``call`` holds what ``redactor``
+    masks: a secret in it, or one it took from the arguments (its key from the masked
+    arguments differs, or it cannot make one from them). The kit's own part of the key,
+    the tenant in front, is not asked about."""
+
+    def key_of(asked: ToolCall) -> str | None:
+        return tool.key_for(
+            tenant=run.tenant,
+            run_id=run.run_id,
+            iteration=run.iteration,
+            call=asked,
+            occurrence=occurrence,
+        )
+
+    try:
+        key = key_of(call)
+    except Exception:
+        return False  # not a secret: the key function's own error, raised when keyed
+    if key is None or key in recorded:
+        return False
+    own = key.removeprefix(quote(run.tenant, safe="") + "/")
+    if redactor.text(own) != own:
+        return True
+    arguments = dict(call.arguments)
+    if not redactor.changed(arguments):
+        return False
+    try:
+        return key_of(dataclasses.replace(call, arguments=redactor.value(arguments))) != key
+    except Exception:
+        return True
