@@ -7,8 +7,9 @@ redacts error sentences; ``timestamps.shown_time`` clamps times. SQLite under ``
 and ``memory://``; no Temporal, no servers.
 
 Defects (each an ``xfail(strict=True)`` test asserting the right behaviour until fixed; all
-but three are fixed since (f94d07d), their tests plain: calls sharing an id in an approved
-turn, and error sentences masking a run id or store path that looks like a secret, stay):
+but two are fixed since (f94d07d, and calls sharing an id in an approved turn after it),
+their tests plain: error sentences masking a run id or store path that looks like a secret
+stay):
 
 1. (e29ae79, HIGH) A side-effecting call sent twice, and sent without a key. The loop takes
    a call for refused when its arguments merely *hold* the key ``__tesserix_refused__``
@@ -511,19 +512,13 @@ _ONE_ID = {
 }
 
 
-_SHARED_ID = pytest.mark.xfail(
-    strict=True,
-    reason="take_decision maps the turn's calls by provider id: two calls under one id "
-    "become one, and the approved request is refused as CheckpointCorruptError",
-)
-
-
 @pytest.mark.parametrize(
     "turn",
     [
         # Fixed: a refused call asks nobody, so the request names the whole call only.
         "one refused",
-        pytest.param("two whole", marks=_SHARED_ID),
+        # Fixed too: take_decision matches the request's ids in order, one call each.
+        "both whole",
     ],
 )
 async def test_an_approved_turn_whose_calls_share_an_id_is_carried_on(turn: str) -> None:

@@ -105,13 +105,29 @@ async def take_decision(
         return run.result(RunStatus.waiting_approval, fence=attempt.fence, pending_approval=request)
     # The frontier names the calls as this run's transcript does; a request found again
     # after a death may carry the ids an earlier answer of the model gave them.
-    by_id = {oc.call.id: oc.call for oc in calls}
-    named = [by_id[i] for i in pending.calls if i in by_id]
+    # Matched among the calls a request can name (refused calls ask nobody).
+    askable = [
+        oc
+        for oc in calls
+        if refusal_of(oc.call) is None
+        and (tool := run.agent.tools.get(oc.call.name)) is not None
+        and tool.requires_approval
+    ]
+    named = _in_request_order(pending.calls, askable)
     _same_calls(request, named, parts.redactor, masked=True)
     _grant(
         parts, run, request, calls, now_named=named if len(named) == len(request.calls) else None
     )
     return None
+
+
+def _in_request_order(ids: Sequence[str], calls: Sequence[OutstandingCall]) -> list[ToolCall]:
+    """The turn's calls the request names, in its order: each id takes the next call under
+    it not taken yet, so calls a model gave one id (it happens) stay apart."""
+    waiting: dict[str, list[ToolCall]] = {}
+    for oc in calls:
+        waiting.setdefault(oc.call.id, []).append(oc.call)
+    return [waiting[i].pop(0) for i in ids if waiting.get(i)]
 
 
 def _same_calls(
