@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
-from tesserix_adk import Message, ModelRequest, ModelResponse, ScriptedTurn
+from tesserix_adk import Message, ModelRequest, ModelResponse, Role, ScriptedTurn, ToolCall
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
+from tesserix_adk.stores.urls import open_stores
 
-__all__ = ["Recording", "answers", "at", "database_of", "scripted", "statuses"]
+__all__ = [
+    "Asks",
+    "Recording",
+    "answers",
+    "at",
+    "database_of",
+    "fresh_stores",
+    "scripted",
+    "statuses",
+]
 
 
 def at(boundary: str, iteration: int) -> Any:
@@ -31,6 +43,32 @@ class Recording:
         self.requests.append(request)
         response: ModelResponse = await self.inner.complete(request)
         return response
+
+
+class Asks:
+    """A model that asks for each turn's calls as given (ids included), then ``done``."""
+
+    def __init__(self, *turns: list[ToolCall] | str) -> None:
+        self.turns = turns
+        self.requests: list[ModelRequest] = []
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        self.requests.append(request)
+        asked = sum(1 for m in request.messages if m.role is Role.assistant)
+        turn = self.turns[asked] if asked < len(self.turns) else "done"
+        if isinstance(turn, str):
+            return ModelResponse(message=Message(role="assistant", content=turn))
+        return ModelResponse(message=Message(role="assistant", content="", tool_calls=turn))
+
+
+@contextlib.asynccontextmanager
+async def fresh_stores(where: str, tmp_path: Path) -> AsyncIterator[Stores]:
+    """Empty stores with the kit's schema: a SQLite file under ``tmp_path`` (``where``
+    ``"sqlite"``), else memory."""
+    url = f"sqlite:///{tmp_path / 'adk.sqlite3'}" if where == "sqlite" else "memory://"
+    async with open_stores(url) as stores:
+        await stores.create_schema()
+        yield stores
 
 
 def answers(request: ModelRequest, name: str) -> list[Message]:

@@ -31,18 +31,15 @@ with a string value) nor a refusal into a sendable call.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from run.helpers import Asks, fresh_stores
 from tesserix_adk import (
     Agent,
     AgentRunner,
-    Message,
-    ModelRequest,
-    ModelResponse,
     Role,
     RunStatus,
     ToolCall,
@@ -53,36 +50,10 @@ from tesserix_adk.errors import IndeterminateToolCallError
 from tesserix_adk.mcp.tools import MCPTool, ServerTool
 from tesserix_adk.messages import MALFORMED_ARGUMENTS, REFUSED_ARGUMENTS, refusal_of
 from tesserix_adk.providers._common import arguments_from_text
-from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.urls import open_stores
 from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
 
 T = "t"
 Sent = list[tuple[dict[str, Any], str | None]]
-
-
-class _Asks:
-    """A model that asks for each turn's calls as given (ids included), then ``done``."""
-
-    def __init__(self, *turns: list[ToolCall] | str) -> None:
-        self.turns = turns
-        self.requests: list[ModelRequest] = []
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.requests.append(request)
-        asked = sum(1 for m in request.messages if m.role is Role.assistant)
-        turn = self.turns[asked] if asked < len(self.turns) else "done"
-        if isinstance(turn, str):
-            return ModelResponse(message=Message(role="assistant", content=turn))
-        return ModelResponse(message=Message(role="assistant", content="", tool_calls=turn))
-
-
-@contextlib.asynccontextmanager
-async def _stores(where: str, tmp_path: Path) -> AsyncIterator[Stores]:
-    url = f"sqlite:///{tmp_path / 'adk.sqlite3'}" if where == "sqlite" else "memory://"
-    async with open_stores(url) as stores:
-        await stores.create_schema()
-        yield stores
 
 
 def _booking(sent: Sent, die: dict[str, bool]) -> Agent:
@@ -133,14 +104,14 @@ async def test_a_refused_shape_is_never_sent_planned_refused_and_not_sent_on_res
     sent: Sent = []
     agent = _booking(sent, {"on": False})
     turn = [ToolCall(id="c1", name="book_seat", arguments=_REFUSED_SHAPES[shape])]
-    async with _stores(where, tmp_path) as stores:
-        model = _Asks(turn)
+    async with fresh_stores(where, tmp_path) as stores:
+        model = Asks(turn)
         run = await AgentRunner.from_stores(model, stores).run(agent, "book", tenant=T, run_id="r")
         assert run.status is RunStatus.completed
         answers = [m for m in model.requests[-1].messages if m.role is Role.tool]
         assert len(answers) == 1 and answers[0].is_error
         assert "not sent" in str(answers[0].content)
-        resumed = await AgentRunner.from_stores(_Asks(turn), stores).resume(agent, "r", tenant=T)
+        resumed = await AgentRunner.from_stores(Asks(turn), stores).resume(agent, "r", tenant=T)
         assert resumed.status is RunStatus.completed
     assert sent == []
 
@@ -156,9 +127,9 @@ async def test_a_frontier_holding_a_refused_shape_plans_it_refused_not_sent_agai
     def after_tool_result(body: Any) -> bool:
         return bool(body.get("boundary") == "after_tool_result")
 
-    async with _stores("sqlite", tmp_path) as stores:
+    async with fresh_stores("sqlite", tmp_path) as stores:
         dying = AgentRunner(
-            _Asks(turn),
+            Asks(turn),
             idempotency=stores.idempotency,
             checkpoints=Checkpointer(
                 FaultyCheckpointStore(stores.checkpoints, crash_before=after_tool_result),
@@ -182,7 +153,7 @@ async def test_a_frontier_holding_a_refused_shape_plans_it_refused_not_sent_agai
             plan = await plan_resume(latest, stores.idempotency)
             reasons = [p.reason for p in plan.to_dispatch]
             assert len(reasons) == 1 and "refused, never sent" in reasons[0], reasons
-        resumed = await AgentRunner.from_stores(_Asks(turn), stores).resume(agent, "r", tenant=T)
+        resumed = await AgentRunner.from_stores(Asks(turn), stores).resume(agent, "r", tenant=T)
         assert resumed.status is RunStatus.completed
     assert sent == []
 
@@ -196,9 +167,9 @@ async def test_a_sendable_shape_is_keyed_and_never_sent_twice_across_a_death_and
     die = {"on": True}
     agent = _booking(sent, die)
     turn = [ToolCall(id="c1", name="book_seat", arguments=_SENT_SHAPES[shape])]
-    async with _stores(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         with contextlib.suppress(SimulatedCrash):
-            await AgentRunner.from_stores(_Asks(turn), stores).run(
+            await AgentRunner.from_stores(Asks(turn), stores).run(
                 agent, "book", tenant=T, run_id="r"
             )
         die["on"] = False
@@ -210,7 +181,7 @@ async def test_a_sendable_shape_is_keyed_and_never_sent_twice_across_a_death_and
         ]
         # The resume, the model asking again for the same call: no guess, no second send.
         with pytest.raises(IndeterminateToolCallError):
-            await AgentRunner.from_stores(_Asks(turn), stores).resume(agent, "r", tenant=T)
+            await AgentRunner.from_stores(Asks(turn), stores).resume(agent, "r", tenant=T)
     assert len(sent) == 1, sent
     assert all(key is not None for _, key in sent), sent
 
@@ -220,11 +191,11 @@ async def test_a_sendable_shape_goes_out_once_with_its_key(tmp_path: Path, shape
     sent: Sent = []
     agent = _booking(sent, {"on": False})
     turn = [ToolCall(id="c1", name="book_seat", arguments=_SENT_SHAPES[shape])]
-    async with _stores("memory", tmp_path) as stores:
-        run = await AgentRunner.from_stores(_Asks(turn), stores).run(
+    async with fresh_stores("memory", tmp_path) as stores:
+        run = await AgentRunner.from_stores(Asks(turn), stores).run(
             agent, "book", tenant=T, run_id="r"
         )
         assert run.status is RunStatus.completed
-        again = await AgentRunner.from_stores(_Asks(turn), stores).resume(agent, "r", tenant=T)
+        again = await AgentRunner.from_stores(Asks(turn), stores).resume(agent, "r", tenant=T)
         assert again.status is RunStatus.completed
     assert len(sent) == 1 and sent[0][1] is not None, sent

@@ -101,13 +101,12 @@ from typing import Any
 
 import pytest
 
-from run.helpers import Recording, answers
+from run.helpers import Asks, Recording, answers, fresh_stores
 from tesserix_adk import (
     Agent,
     AgentRunner,
     Boundary,
     LeasePolicy,
-    Message,
     ModelRequest,
     ModelResponse,
     Role,
@@ -147,30 +146,6 @@ REFUSED = "__tesserix_refused__"
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-class _Asks:
-    """A model that asks for each turn's calls as given (ids included), then ``done``."""
-
-    def __init__(self, *turns: list[ToolCall] | str) -> None:
-        self.turns = turns
-        self.requests: list[ModelRequest] = []
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.requests.append(request)
-        asked = sum(1 for m in request.messages if m.role is Role.assistant)
-        turn = self.turns[asked] if asked < len(self.turns) else "done"
-        if isinstance(turn, str):
-            return ModelResponse(message=Message(role="assistant", content=turn))
-        return ModelResponse(message=Message(role="assistant", content="", tool_calls=turn))
-
-
-@contextlib.asynccontextmanager
-async def _stores(where: str, tmp_path: Path) -> Any:
-    url = f"sqlite:///{tmp_path / 'adk.sqlite3'}" if where == "sqlite" else "memory://"
-    async with open_stores(url) as stores:
-        await stores.create_schema()
-        yield stores
 
 
 def _faulty_runner(
@@ -248,15 +223,15 @@ async def test_a_model_writing_the_refusal_key_never_gets_a_call_sent_unkeyed_or
     die = {"on": True}
     agent = _mcp_booking(sent, die)
     turn = [ToolCall(id="c1", name="book_seat", arguments={"flight": "LH1", REFUSED: None})]
-    async with _stores(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         with contextlib.suppress(SimulatedCrash):
-            await AgentRunner.from_stores(_Asks(turn), stores).run(
+            await AgentRunner.from_stores(Asks(turn), stores).run(
                 agent, "book", tenant=T, run_id="r"
             )
         die["on"] = False
         # Whatever the resume decides (refuse the call in doubt, or say "not sent"):
         with contextlib.suppress(IndeterminateToolCallError):
-            await AgentRunner.from_stores(_Asks(turn), stores).resume(agent, "r", tenant=T)
+            await AgentRunner.from_stores(Asks(turn), stores).resume(agent, "r", tenant=T)
     assert len(sent) <= 1, sent  # today: two bookings
     assert all(key is not None for _, key in sent), sent  # today: sent with no key at all
 
@@ -283,8 +258,8 @@ _NEVER_SENT = {
 @pytest.mark.parametrize("why", sorted(_NEVER_SENT))
 async def test_no_approval_is_asked_for_a_call_the_kit_refuses(tmp_path: Path, why: str) -> None:
     sent: list[str] = []
-    provider = _Asks([_NEVER_SENT[why]])
-    async with _stores("sqlite", tmp_path) as stores:
+    provider = Asks([_NEVER_SENT[why]])
+    async with fresh_stores("sqlite", tmp_path) as stores:
         run = await AgentRunner.from_stores(provider, stores).run(
             _wire_agent(sent), "wire", tenant=T, run_id="r"
         )
@@ -319,7 +294,7 @@ async def test_a_process_that_masks_more_replays_the_call_a_worker_already_made(
     sent: list[str | None] = []
     agent = _biller(sent)
     turns = [[("look", {"q": "who"})], [("bill", {"customer": CUSTOMER})], "done"]
-    async with _stores("sqlite", tmp_path) as stores:
+    async with fresh_stores("sqlite", tmp_path) as stores:
         # `tesserix worker` (no extra patterns) bills, then dies before its frontier.
         worker = _faulty_runner(
             stores,
@@ -359,7 +334,7 @@ async def test_a_twin_is_keyed_as_it_was_checked_and_no_secret_is_stored(tmp_pat
 
     cards = {"cards": [SECRET, "tok_4242"]}
     turns = [[("charge", cards), ("charge", cards)], "done"]
-    async with _stores("sqlite", tmp_path) as stores:
+    async with fresh_stores("sqlite", tmp_path) as stores:
         run = await AgentRunner.from_stores(ScriptedProvider(turns), stores).run(
             Agent("payer", "Pay.", [charge]), "pay", tenant=T, run_id="r"
         )
@@ -384,7 +359,7 @@ async def test_a_business_key_is_not_refused_because_of_the_tenant_prefix(tmp_pa
     ksuid = "2NfXpQ7bLkR9sTzVw4YcD1gHj8M"  # a KSUID: 27 base62 characters
     turns = [[("ship", {"order": ksuid})], "done"]
     assert not default_redactor().changed({"order": ksuid})  # nothing secret was asked
-    async with _stores("sqlite", tmp_path) as stores:
+    async with fresh_stores("sqlite", tmp_path) as stores:
         for tenant in ("Acme", "AcmeHoldings"):
             await AgentRunner.from_stores(ScriptedProvider(turns), stores).run(
                 agent, "ship", tenant=tenant, run_id="r"
@@ -417,7 +392,7 @@ def _refusal_then_crash_in_a_booking(url: str) -> None:
         async with open_stores(url) as stores:
             await stores.create_schema()
             with pytest.raises(SimulatedCrash):
-                await AgentRunner.from_stores(_Asks(turn), stores).run(
+                await AgentRunner.from_stores(Asks(turn), stores).run(
                     Agent("bank", "Wire.", [wire, book]), "go", tenant=T, run_id="r"
                 )
 
@@ -532,7 +507,7 @@ async def test_an_approved_turn_whose_calls_share_an_id_is_carried_on(turn: str)
 
     agent = Agent("booker", "Book.", [book])
     async with open_stores("memory://") as stores:
-        runner = AgentRunner.from_stores(_Asks(_ONE_ID[turn]), stores)
+        runner = AgentRunner.from_stores(Asks(_ONE_ID[turn]), stores)
         waiting = await runner.run(agent, "book", tenant=T, run_id="r")
         assert waiting.pending_approval is not None
         await stores.approvals.decide(T, waiting.pending_approval.id, approved=True, by="ops")
@@ -649,8 +624,8 @@ async def test_a_refused_call_beside_twins_in_a_parallel_turn_is_never_sent(
         ToolCall(id="c", name="book", arguments={"flight": ODD}),
         ToolCall(id="d", name="book", arguments={"flight": "LH1"}),
     ]
-    provider = _Asks(turn)
-    async with _stores(where, tmp_path) as stores:
+    provider = Asks(turn)
+    async with fresh_stores(where, tmp_path) as stores:
         runner = AgentRunner.from_stores(provider, stores)
         run = await runner.run(agent, "go", tenant=T, run_id="r")
         again = await runner.resume(agent, "r", tenant=T)
@@ -679,7 +654,7 @@ async def test_a_refusal_in_the_frontier_stays_one_for_a_process_that_masks_less
             response: ModelResponse = await self.inner.complete(request)
             return response
 
-    async with _stores("sqlite", tmp_path) as stores:
+    async with fresh_stores("sqlite", tmp_path) as stores:
         app = AgentRunner.from_stores(_DiesInTheLookup(), stores, extra_patterns=EXTRA)
         with pytest.raises(SimulatedCrash):
             await app.run(agent, "bill", tenant=T, run_id="r")
@@ -710,7 +685,7 @@ async def test_a_crash_after_a_refusal_refuses_only_the_call_in_doubt(tmp_path: 
 
     agent = Agent("payer", "Pay and book.", [charge, book])
     turns = [[("charge", {"card": SECRET}), ("book", {"flight": "LH1"})], "done"]
-    async with _stores("sqlite", tmp_path) as stores:
+    async with fresh_stores("sqlite", tmp_path) as stores:
         with pytest.raises(SimulatedCrash):
             await AgentRunner.from_stores(ScriptedProvider(turns), stores).run(
                 agent, "go", tenant=T, run_id="r"
@@ -738,7 +713,7 @@ async def test_approving_a_refused_call_sends_nothing() -> None:
     sent: list[str] = []
     agent = _wire_agent(sent)
     async with open_stores("memory://") as stores:
-        provider = _Asks([_NEVER_SENT["secret key"]])
+        provider = Asks([_NEVER_SENT["secret key"]])
         runner = AgentRunner.from_stores(provider, stores)
         run = await runner.run(agent, "wire", tenant=T, run_id="r")
         if run.pending_approval is not None:  # defect 2: asked at all
@@ -768,12 +743,12 @@ async def test_a_replay_from_a_frontier_holding_a_refused_call_stubs_and_sends_n
         ToolCall(id="c1", name="book", arguments={"flight": ODD}),
         ToolCall(id="c2", name="book", arguments={"flight": "LH1"}),
     ]
-    async with _stores("sqlite", tmp_path) as stores:
-        runner = AgentRunner.from_stores(_Asks(turn), stores)
+    async with fresh_stores("sqlite", tmp_path) as stores:
+        runner = AgentRunner.from_stores(Asks(turn), stores)
         first = await runner.run(agent, "book", tenant=T, run_id="r")
         assert first.status is RunStatus.completed and sent == ["LH1"]
         before = await stores.checkpoints.steps(T, "r")
-        replayed = await AgentRunner.from_stores(_Asks(turn), stores).replay(
+        replayed = await AgentRunner.from_stores(Asks(turn), stores).replay(
             agent,
             "r",
             tenant=T,

@@ -24,12 +24,14 @@ from tesserix_adk.stores.protocols import (
     IdempotencyStore,
     RecordsFrom,
     RecordStatus,
+    RunLease,
 )
 from tesserix_adk.timestamps import shown_time
 from tesserix_adk.tools import key_digest
 
 __all__ = [
     "as_seen_now",
+    "plan_as_told",
     "left_in_doubt",
     "left_open",
     "PlannedCall",
@@ -138,13 +140,28 @@ def left_open(rec: IdempotencyRecord) -> bool:
     )
 
 
-def as_seen_now(plan: ResumePlan, holder: str | None, fence: int | None) -> ResumePlan:
-    """``plan`` as a reader who takes no lease tells it, given the run's live lease
-    (``holder``, ``fence``; ``None`` when none is live): a call in flight under that very
-    holder is being carried now, not left by a holder that no longer carries the run. The
-    disposition stays what a resume would find were that holder to stop."""
-    if holder is None:
+async def plan_as_told(
+    checkpoint: Checkpoint, idempotency: IdempotencyStore, lease: RunLease | None
+) -> ResumePlan:
+    """What a reader who takes no lease (``inspect``, the console) tells of the run's calls:
+    the calls an ended run left open (``left_in_doubt``), else the resume's plan, as seen
+    beside the run's live ``lease`` (``as_seen_now``)."""
+    planned = (
+        await left_in_doubt(checkpoint, idempotency)
+        if checkpoint.status.finished
+        else await plan_resume(checkpoint, idempotency)
+    )
+    return as_seen_now(planned, lease)
+
+
+def as_seen_now(plan: ResumePlan, lease: RunLease | None) -> ResumePlan:
+    """``plan`` as a reader who takes no lease tells it, given the run's live ``lease``
+    (``None`` when none is live): a call in flight under that very holder is being carried
+    now, not left by a holder that no longer carries the run. The disposition stays what a
+    resume would find were that holder to stop."""
+    if lease is None:
         return plan
+    holder, fence = lease.holder, lease.fence
 
     def seen(p: PlannedCall) -> PlannedCall:
         rec = p.record

@@ -21,7 +21,7 @@ import sqlite3
 from enum import IntEnum
 from typing import TextIO
 
-from tesserix_adk.checkpoint.redaction import default_redactor
+from tesserix_adk.checkpoint.redaction import Redactor, default_redactor
 from tesserix_adk.cli.text import sentence
 from tesserix_adk.errors import (
     AdkError,
@@ -121,16 +121,17 @@ def exit_code_for(exc: BaseException) -> ExitCode:
 def explain(exc: BaseException) -> tuple[ExitCode, str]:
     """The exit code of ``exc`` and the one line of stderr that says it, redacted: an
     error's text may repeat what it was given (a provider's echoing its API key)."""
-    code, said = _explained(exc)
-    return code, default_redactor().text(said)
+    redactor = default_redactor()
+    code, said = _explained(exc, redactor)
+    return code, redactor.text(said)
 
 
-def _explained(exc: BaseException) -> tuple[ExitCode, str]:
+def _explained(exc: BaseException, redactor: Redactor) -> tuple[ExitCode, str]:
     trouble = _store_trouble(exc)
     if trouble is not None:
         return trouble
     # Redacted before its lines are joined, as the redactor finds a key wrapped across them.
-    text = sentence(default_redactor().text(str(exc))) or type(exc).__name__
+    text = sentence(redactor.text(str(exc))) or type(exc).__name__
     if isinstance(exc, (AdkError, UsageError, Refused)):
         return _code_of(exc), "tesserix: " + text
     return _code_of(exc), f"tesserix: {type(exc).__name__}: {text}"

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
-from tesserix_adk.checkpoint.planning import ResumePlan, as_seen_now, left_in_doubt, plan_resume
+from tesserix_adk.checkpoint.planning import ResumePlan, plan_as_told
 from tesserix_adk.cli.describe import describe
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import claim_json, emit, key_digest, lease_json, when
@@ -66,16 +66,7 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
     if unreadable is not None and args.json:
         raise _cannot_be_carried_on(unreadable)
     lease = await stores.leases.current(args.tenant, args.run)
-    planned = (
-        await left_in_doubt(cp, stores.idempotency)
-        if cp.status.finished
-        else await plan_resume(cp, stores.idempotency)
-    )
-    plan = as_seen_now(
-        planned,
-        None if lease is None else lease.holder,
-        None if lease is None else lease.fence,
-    )
+    plan = await plan_as_told(cp, stores.idempotency, lease)
     spent = await stores.ledger.spent(args.tenant, args.run)
     parked = await parked_item(stores, args.tenant, args.run)
     approval = await asked_approval(stores, cp)

@@ -78,11 +78,7 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
     }
     first_result = _first_result_step(snapshots, transcript)
     lease = await stores.leases.current(tenant, run_id)
-    plan = as_seen_now(
-        await plan_resume(cp, stores.idempotency),
-        None if lease is None else lease.holder,
-        None if lease is None else lease.fence,
-    )
+    plan = as_seen_now(await plan_resume(cp, stores.idempotency), lease)
     planned = {p.key: str(p.disposition) for p in plan.calls if p.key is not None}
     claim_key = run_claim_key(tenant, run_id)
     claim = next((r for r in records if r.key == claim_key), None)

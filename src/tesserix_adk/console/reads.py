@@ -14,13 +14,7 @@ from typing import Any
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
-from tesserix_adk.checkpoint.planning import (
-    ResumePlan,
-    as_seen_now,
-    left_in_doubt,
-    left_open,
-    plan_resume,
-)
+from tesserix_adk.checkpoint.planning import ResumePlan, left_open, plan_as_told
 from tesserix_adk.errors import AdkError, CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.messages import Message
 from tesserix_adk.run.unstarted import Unstarted, unstarted_runs
@@ -224,18 +218,10 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
     if cp.pending_approval is not None:
         approval = await stores.approvals.get(tenant, cp.pending_approval.id)
     lease = await stores.leases.current(tenant, run_id)
-    # As `tesserix inspect` tells it: the calls an ended run left open, and a call under
-    # the live lease's holder as being carried now.
-    planned = (
-        await left_in_doubt(cp, stores.idempotency)
-        if cp.status.finished
-        else await plan_resume(cp, stores.idempotency)
-    )
     return RunDetail(
         checkpoint=cp,
-        plan=as_seen_now(
-            planned, None if lease is None else lease.holder, None if lease is None else lease.fence
-        ),
+        # As `tesserix inspect` tells it.
+        plan=await plan_as_told(cp, stores.idempotency, lease),
         spent=await stores.ledger.spent(tenant, run_id),
         lease=lease,
         parked=(await _parked(stores, tenant)).get(run_id),
