@@ -92,6 +92,7 @@ import pytest
 
 from adapters import services
 from booking import BOOK_TURNS, Airline, booking_agent
+from run.helpers import at, faulty_runner
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -113,7 +114,7 @@ from tesserix_adk.cli.main import main
 from tesserix_adk.errors import StoreUnavailableError
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.urls import open_stores
-from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
+from tesserix_adk.testing.faults import SimulatedCrash
 from tesserix_adk.worker import Backoff, Worker
 
 HERE = "test_attacks_session_two"
@@ -170,32 +171,6 @@ def _execute(path: Path, sql: str, *params: Any) -> None:
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.execute(sql, params)
         conn.commit()
-
-
-def _faulty_runner(
-    stores: Stores, provider: Any, *, crash_before: Any, **checkpointer: Any
-) -> AgentRunner:
-    """A runner whose checkpoint store "dies" before the frontier ``crash_before`` picks."""
-    return AgentRunner(
-        provider,
-        idempotency=stores.idempotency,
-        checkpoints=Checkpointer(
-            FaultyCheckpointStore(stores.checkpoints, crash_before=crash_before),
-            history=stores.history,
-            **checkpointer,
-        ),
-        leases=stores.leases,
-        ledger=stores.ledger,
-        approvals=stores.approvals,
-        work=stores.work,
-        lease_policy=FAST,
-    )
-
-
-def _after_tool_result(iteration: int) -> Any:
-    return lambda body: (
-        body.get("boundary") == "after_tool_result" and (body.get("iteration") == iteration)
-    )
 
 
 ONLY_AFTER_TOOLS = CheckpointPolicy(boundaries={Boundary.after_tool_result})
@@ -280,10 +255,11 @@ async def test_a_run_carried_on_by_another_process_sends_the_call_at_most_once(
     turns = [[("look", {"q": "who"})], [("bill", {"customer": CUSTOMER})], "done"]
     async with open_stores(f"sqlite:///{tmp_path / 'adk.sqlite3'}") as stores:
         await stores.create_schema()
-        app = _faulty_runner(
+        app = faulty_runner(
             stores,
             ScriptedProvider(turns),
-            crash_before=_after_tool_result(1),  # the bill answered; died before its frontier
+            crash_before=at("after_tool_result", 1),  # billed; died before its frontier
+            lease_policy=FAST,
             policy=ONLY_AFTER_TOOLS,
             extra_patterns=EXTRA,
         )
@@ -756,8 +732,11 @@ async def test_the_step_check_refuses_nothing_a_legitimate_writer_wrote(
 ) -> None:
     async with _backend(backend, tmp_path) as stores:
         # A run pruned to its last step, carried on after a death.
-        runner = _faulty_runner(
-            stores, ScriptedProvider(BOOK_TURNS), crash_before=_after_tool_result(1)
+        runner = faulty_runner(
+            stores,
+            ScriptedProvider(BOOK_TURNS),
+            crash_before=at("after_tool_result", 1),
+            lease_policy=FAST,
         )
         with pytest.raises(SimulatedCrash):
             await runner.run(booking_agent(Airline()), "book", tenant=T, run_id="carried")

@@ -9,10 +9,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from tesserix_adk import Message, ModelRequest, ModelResponse, Role, ScriptedTurn, ToolCall
+from tesserix_adk import (
+    AgentRunner,
+    Checkpointer,
+    LeasePolicy,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    Role,
+    ScriptedTurn,
+    ToolCall,
+)
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
 from tesserix_adk.stores.urls import open_stores
+from tesserix_adk.testing.faults import FaultyCheckpointStore
 
 __all__ = [
     "Asks",
@@ -20,6 +31,7 @@ __all__ = [
     "answers",
     "at",
     "database_of",
+    "faulty_runner",
     "fresh_stores",
     "scripted",
     "statuses",
@@ -43,6 +55,32 @@ class Recording:
         self.requests.append(request)
         response: ModelResponse = await self.inner.complete(request)
         return response
+
+
+def faulty_runner(
+    stores: Stores,
+    provider: Any,
+    *,
+    crash_before: Any,
+    lease_policy: LeasePolicy | None = None,
+    **checkpointer: Any,
+) -> AgentRunner:
+    """A runner over ``stores`` whose checkpoint store "dies" (``SimulatedCrash``) before
+    the frontier ``crash_before`` picks (``at``)."""
+    return AgentRunner(
+        provider,
+        idempotency=stores.idempotency,
+        checkpoints=Checkpointer(
+            FaultyCheckpointStore(stores.checkpoints, crash_before=crash_before),
+            history=stores.history,
+            **checkpointer,
+        ),
+        leases=stores.leases,
+        ledger=stores.ledger,
+        approvals=stores.approvals,
+        work=stores.work,
+        lease_policy=lease_policy,
+    )
 
 
 class Asks:

@@ -101,7 +101,7 @@ from typing import Any
 
 import pytest
 
-from run.helpers import Asks, Recording, answers, fresh_stores
+from run.helpers import Asks, Recording, answers, at, faulty_runner, fresh_stores
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -117,7 +117,7 @@ from tesserix_adk import (
     ToolOutcome,
     tool,
 )
-from tesserix_adk.checkpoint.checkpointer import Checkpointer, CheckpointPolicy
+from tesserix_adk.checkpoint.checkpointer import CheckpointPolicy
 from tesserix_adk.checkpoint.payload.outcomes import encode_outcome
 from tesserix_adk.checkpoint.redaction import Redactor, default_redactor
 from tesserix_adk.cli import ExitCode
@@ -130,9 +130,8 @@ from tesserix_adk.errors import (
     ProviderError,
 )
 from tesserix_adk.mcp.tools import MCPTool, ServerTool
-from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.urls import open_stores
-from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
+from tesserix_adk.testing.faults import SimulatedCrash
 from tesserix_adk.timestamps import iso_time, shown_time
 
 T = "t"
@@ -146,32 +145,6 @@ REFUSED = "__tesserix_refused__"
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def _faulty_runner(
-    stores: Stores, provider: Any, *, crash_before: Any, **checkpointer: Any
-) -> AgentRunner:
-    """A runner whose checkpoint store "dies" before the frontier ``crash_before`` picks."""
-    return AgentRunner(
-        provider,
-        idempotency=stores.idempotency,
-        checkpoints=Checkpointer(
-            FaultyCheckpointStore(stores.checkpoints, crash_before=crash_before),
-            history=stores.history,
-            **checkpointer,
-        ),
-        leases=stores.leases,
-        ledger=stores.ledger,
-        approvals=stores.approvals,
-        work=stores.work,
-        lease_policy=FAST,
-    )
-
-
-def _after_tool_result(iteration: int) -> Any:
-    return lambda body: (
-        body.get("boundary") == "after_tool_result" and body.get("iteration") == iteration
-    )
 
 
 def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -296,10 +269,11 @@ async def test_a_process_that_masks_more_replays_the_call_a_worker_already_made(
     turns = [[("look", {"q": "who"})], [("bill", {"customer": CUSTOMER})], "done"]
     async with fresh_stores("sqlite", tmp_path) as stores:
         # `tesserix worker` (no extra patterns) bills, then dies before its frontier.
-        worker = _faulty_runner(
+        worker = faulty_runner(
             stores,
             ScriptedProvider(turns),
-            crash_before=_after_tool_result(1),
+            crash_before=at("after_tool_result", 1),
+            lease_policy=FAST,
             policy=ONLY_AFTER_TOOLS,
         )
         with pytest.raises(SimulatedCrash):
