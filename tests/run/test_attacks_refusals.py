@@ -7,9 +7,9 @@ redacts error sentences; ``timestamps.shown_time`` clamps times. SQLite under ``
 and ``memory://``; no Temporal, no servers.
 
 Defects (each an ``xfail(strict=True)`` test asserting the right behaviour until fixed; all
-but two are fixed since (f94d07d, and calls sharing an id in an approved turn after it),
-their tests plain: error sentences masking a run id or store path that looks like a secret
-stay):
+are fixed since (f94d07d; calls sharing an id in an approved turn after it; error sentences
+showing the run id and store path the operator gave as given, ``explain``'s ``told``), their
+tests plain):
 
 1. (e29ae79, HIGH) A side-effecting call sent twice, and sent without a key. The loop takes
    a call for refused when its arguments merely *hold* the key ``__tesserix_refused__``
@@ -499,11 +499,6 @@ async def test_an_approved_turn_whose_calls_share_an_id_is_carried_on(turn: str)
 RUN_ID = "Acme/Orders/2026/Invoice/Q3Batch/Item007"  # 40 base64 characters, with "/"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="636738d: explain() redacts the whole sentence, and a run id that looks like "
-    "an AWS secret key becomes [redacted:aws_secret_key]",
-)
 def test_an_error_sentence_keeps_the_run_id_it_names(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -520,11 +515,6 @@ def test_an_error_sentence_keeps_the_run_id_it_names(
     assert RUN_ID in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="636738d: a store path whose run of characters looks like an AWS secret key "
-    "is masked, with the `tesserix schema apply --store ...` command it names",
-)
 def test_an_error_sentence_keeps_the_store_path_it_names(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -30,6 +30,7 @@ from tesserix_adk.cli.failures import (
     explain,
     output_closed,
     say,
+    told_by,
 )
 from tesserix_adk.cli.frontier import run_frontier_command
 from tesserix_adk.cli.jsonout import emit, error_json
@@ -342,6 +343,8 @@ def _main(
     err = err or sys.stderr
     # Set once the command line is read: whether an error is also a JSON object on stdout.
     wants_json = [isinstance(argv, argparse.Namespace) and bool(getattr(argv, "json", False))]
+    # And what it names, which an error's sentence shows as given (``explain``'s ``told``).
+    told = list(told_by(argv)) if isinstance(argv, argparse.Namespace) else []
 
     def body() -> Awaitable[ExitCode]:
         if isinstance(argv, argparse.Namespace):
@@ -350,13 +353,14 @@ def _main(
             assert parser is not None
             args = parser.parse_args(list(argv))
         wants_json[0] = bool(getattr(args, "json", False))
+        told[:] = told_by(args)
         if args.command in RESUME_COMMANDS:
             return run_resume_command(args, stores, agents, out, provider=provider)
         if args.command in WORK_COMMANDS:
             return run_work_command(args, stores, agents, out)
         return run_frontier_command(args, stores, out)
 
-    return _run(body, stores, err, out, wants_json)
+    return _run(body, stores, err, out, wants_json, told)
 
 
 def _run(
@@ -365,6 +369,7 @@ def _run(
     err: TextIO,
     out: TextIO,
     wants_json: list[bool],
+    told: list[str],
 ) -> int:
     async def main() -> ExitCode:
         # Connections belong to this event loop: close them before it ends.
@@ -383,7 +388,7 @@ def _run(
     except BrokenPipeError:
         return output_closed(out)
     except Exception as exc:
-        code, text = explain(exc)
+        code, text = explain(exc, told=told)
         say(err, text)
         if wants_json[0]:
             with contextlib.suppress(Exception):

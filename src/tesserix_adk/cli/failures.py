@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import sqlite3
+from collections.abc import Callable, Iterable
 from enum import IntEnum
 from typing import TextIO
 
@@ -50,6 +51,7 @@ __all__ = [
     "UsageError",
     "exit_code_for",
     "explain",
+    "told_by",
     "output_closed",
     "say",
 ]
@@ -118,20 +120,57 @@ def exit_code_for(exc: BaseException) -> ExitCode:
     return explain(exc)[0]
 
 
-def explain(exc: BaseException) -> tuple[ExitCode, str]:
+def explain(exc: BaseException, *, told: Iterable[str] = ()) -> tuple[ExitCode, str]:
     """The exit code of ``exc`` and the one line of stderr that says it, redacted: an
-    error's text may repeat what it was given (a provider's echoing its API key)."""
-    redactor = default_redactor()
-    code, said = _explained(exc, redactor)
-    return code, redactor.text(said)
+    error's text may repeat what it was given (a provider's echoing its API key).
+
+    ``told`` are what the operator gave the command (a run id, a tenant, a store's path):
+    they are shown as given, never masked, since a sentence naming a run or a command to
+    type is no use with it masked, and a run id may look like a key to the redactor."""
+    redact = _redacting(default_redactor(), told)
+    code, said = _explained(exc, redact)
+    return code, redact(said)
 
 
-def _explained(exc: BaseException, redactor: Redactor) -> tuple[ExitCode, str]:
+def told_by(args: object) -> tuple[str, ...]:
+    """What a parsed command line names that ``explain`` shows as given: its run ids, its
+    tenant and, for a SQLite store, the store's URL and file (the URL of any other store may
+    hold a password)."""
+    told = [
+        value
+        for name in ("run", "tenant", "new_run_id")
+        if isinstance(value := getattr(args, name, None), str)
+    ]
+    store = getattr(args, "store", None)
+    if isinstance(store, str) and store.startswith("sqlite:///"):
+        path = store.removeprefix("sqlite:///").partition("?")[0]
+        told += [store, path, os.path.abspath(path)]
+    return tuple(told)
+
+
+def _redacting(redactor: Redactor, told: Iterable[str]) -> Callable[[str], str]:
+    # Long enough to be mistaken for a secret; anything shorter the redactor leaves alone.
+    kept = sorted({t for t in told if isinstance(t, str) and len(t) >= 8}, key=len, reverse=True)
+    if not kept:
+        return redactor.text
+    between = re.compile("|".join(map(re.escape, kept)))
+
+    def redact(text: str) -> str:
+        # The text between the operator's own words is redacted; the words are kept.
+        pieces = between.split(text)
+        words = between.findall(text)
+        shown = [redactor.text(piece) for piece in pieces]
+        return "".join(s + w for s, w in zip(shown, [*words, ""], strict=True))
+
+    return redact
+
+
+def _explained(exc: BaseException, redact: Callable[[str], str]) -> tuple[ExitCode, str]:
     trouble = _store_trouble(exc)
     if trouble is not None:
         return trouble
     # Redacted before its lines are joined, as the redactor finds a key wrapped across them.
-    text = sentence(redactor.text(str(exc))) or type(exc).__name__
+    text = sentence(redact(str(exc))) or type(exc).__name__
     if isinstance(exc, (AdkError, UsageError, Refused)):
         return _code_of(exc), "tesserix: " + text
     return _code_of(exc), f"tesserix: {type(exc).__name__}: {text}"

@@ -28,7 +28,7 @@ from tesserix_adk.cli.commands import (
     new_parser,
     run_command,
 )
-from tesserix_adk.cli.failures import ExitCode, UsageError, explain, say
+from tesserix_adk.cli.failures import ExitCode, UsageError, explain, say, told_by
 from tesserix_adk.cli.jsonout import emit, error_json
 from tesserix_adk.cli.text import sentence
 from tesserix_adk.cli.ui import add_ui_command
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_demo(keep=args.keep)
     from tesserix_adk.stores.urls import open_stores
 
-    url = args.store or os.environ.get("ADK_STORE") or DEFAULT_STORE
+    url = args.store = args.store or os.environ.get("ADK_STORE") or DEFAULT_STORE
     if args.command == "ui":
         from tesserix_adk.cli.ui import run_ui
 
@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_store_url(url)
         stores = open_stores(url)
     except Exception as exc:
-        code, text = explain(exc)
+        code, text = explain(exc, told=told_by(args))
         return _failed(code, text, args_list)
     return run_command(args, stores=stores, agents={})
 

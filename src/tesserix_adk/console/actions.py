@@ -21,7 +21,7 @@ from tesserix_adk.cli.commands import (
     add_worker_commands,
     new_parser,
 )
-from tesserix_adk.cli.failures import ExitCode, explain
+from tesserix_adk.cli.failures import ExitCode, explain, told_by
 from tesserix_adk.cli.frontier import run_frontier_command
 from tesserix_adk.cli.work import run_work_command
 from tesserix_adk.stores.bundle import Stores
@@ -91,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
 async def carry_out(argv: list[str], stores: Stores) -> Done:
     """Parse ``argv`` as the CLI does and run it on ``stores``; never raises for a refusal."""
     out = io.StringIO()
+    args: argparse.Namespace | None = None
     try:
         args = _parser().parse_args(argv)
         if args.command == "cancel":
@@ -100,6 +101,6 @@ async def carry_out(argv: list[str], stores: Stores) -> Done:
     except (UsageError, HelpShown) as exc:
         return Done(ExitCode.USAGE, f"tesserix: {exc}")
     except Exception as exc:  # the CLI's one sentence for it, as on stderr
-        code, text = explain(exc)
+        code, text = explain(exc, told=told_by(args))
         return Done(code, text)
     return Done(code, out.getvalue().strip())

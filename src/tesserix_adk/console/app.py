@@ -86,7 +86,8 @@ def create_app(
                 response = _refused(refusal)
             except AdkError as exc:
                 # A store down or slow: what the CLI would say (exit 3), never a bare 500.
-                _, text = explain(exc)
+                # The run and tenant the page names are the operator's own words.
+                _, text = explain(exc, told=request.path_params.values())
                 response = _refused(Refusal(503 if exc.retryable else 500, text))
             if new:
                 response.set_cookie(
