@@ -209,17 +209,6 @@ def test_runs_stuck_keeps_a_cancelled_run_whose_call_is_in_doubt() -> None:
     assert "book_seat" in told and "tesserix resolve" in told, told
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "README `tesserix show`: each call with its disposition 'and who resolved, approved "
-        "or denied it'. After `tesserix resolve --never-ran --by alice` the resume sends the "
-        "call again (as documented) and its record is claimed afresh: `show` (text and "
-        "--json) then says only 'dispatched', and nothing the kit keeps names alice or her "
-        "decision, though it is what let the call go out a second time (a reconciler's "
-        "never_ran answer, recorded 'by=reconciler:<tool>', vanishes the same way)"
-    ),
-)
 def test_show_keeps_who_said_a_call_never_ran() -> None:
     stores = open_stores("memory://")
     sent: list[str] = []
@@ -247,4 +236,8 @@ def test_show_keeps_who_said_a_call_never_ran() -> None:
     assert sent == ["LH400", "LH400"]  # sent again, on alice's word
     code, story, err = _cli(stores, "show", "r", "--tenant", TENANT)
     assert code == 0, err
-    assert "alice" in story, story
+    assert "sent again after alice said it never ran" in story, story
+    code, told, err = _cli(stores, "show", "r", "--tenant", TENANT, "--json")
+    assert code == 0, err
+    (call,) = [c for c in json.loads(told)["calls"] if c["tool"] == "book_seat"]
+    assert (call["disposition"], call["by"], call["never_ran_by"]) == ("dispatched", None, "alice")

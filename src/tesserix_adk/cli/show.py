@@ -2,9 +2,10 @@
 
 Each step's boundary (from the step snapshots), the model's turns (from the transcript),
 each call with its key digest, disposition, outcome (as stored: redacted) and who resolved
-it, the approvals and who decided them, the fences the run was written under and the
-holders seen at each, a cancel request, accepted revision changes, and spend. What a
-backend does not keep is said in ``not_kept`` rather than left out silently.
+it (or, for a call sent again, who said it never ran), the approvals and who decided
+them, the fences the run was written under and the holders seen at each, a cancel request,
+accepted revision changes, and spend. What a backend does not keep is said in
+``not_kept`` rather than left out silently.
 
 The story is built once as a JSON-able dict (``--json`` prints it as it is) and the text
 is rendered from it, so the two cannot drift.
@@ -270,6 +271,7 @@ def _call_json(
         "completed_at": when(rec.completed_at),
         "expires_at": when(rec.expires_at),
         "by": rec.by,
+        "never_ran_by": rec.never_ran_by,
         "approval": decided.get(rec.call_id or ""),
         "outcome": outcome,
         "is_error": error,
@@ -360,6 +362,8 @@ def render(told: dict[str, Any]) -> str:
         if c["approval"] is not None:
             verdict = "approved" if c["approval"]["approved"] else "denied"
             who += f", {verdict} by {_e(c['approval']['by'])}"
+        if c["never_ran_by"]:
+            who += f", sent again after {_e(c['never_ran_by'])} said it never ran"
         lines.append(
             f"  {_e(c['tool'])} ({_e(c['call_id'])}) key {c['key_digest']}: {c['disposition']}"
             f"{who}; holder {_e(c['holder'])} fence {_e(c['fence'])}; outcome "

@@ -53,6 +53,7 @@ def after_claim(
             fence=fence,
             since=now,
             expires_at=expires_at,
+            never_ran_by=existing.by if existing is not None else None,
         )
         return fresh, True
     if existing.status is RecordStatus.in_flight and existing.holder == holder:

@@ -58,6 +58,7 @@ def _record(row: Row) -> IdempotencyRecord:
         completed_at=row["completed_at"],
         expires_at=row["expires_at"],
         by=row["resolved_by"],
+        never_ran_by=row["never_ran_by"],
     )
 
 

@@ -69,6 +69,7 @@ def _record(fields: Mapping[bytes, bytes]) -> IdempotencyRecord:
         completed_at=when(b"completed_at"),
         expires_at=when(b"expires_at"),
         by=text(b"by"),
+        never_ran_by=text(b"never_ran_by"),
     )
 
 
@@ -89,6 +90,7 @@ _PLANNED_FIELDS = (
     "completed_at",
     "expires_at",
     "by",
+    "never_ran_by",
 )
 
 

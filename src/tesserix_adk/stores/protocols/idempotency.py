@@ -36,7 +36,9 @@ class IdempotencyRecord:
     """One claim: a tool call's (``tool`` set) or a run's resume claim (``tool`` is ``None``).
 
     ``since``, ``completed_at`` and ``expires_at`` are the store's clock (epoch seconds).
-    ``outcome`` is bytes the kit encoded and redacted.
+    ``outcome`` is bytes the kit encoded and redacted. ``by`` is who settled the call by
+    hand (an operator, or ``reconciler:<tool>``); ``never_ran_by`` is who last said it never
+    ran before it was claimed again, kept for the audit since that word let it go out again.
     """
 
     key: str
@@ -54,6 +56,7 @@ class IdempotencyRecord:
     completed_at: float | None = None
     expires_at: float | None = None
     by: str | None = None
+    never_ran_by: str | None = None
 
 
 @runtime_checkable

@@ -37,7 +37,7 @@ _LOOKUP_CHUNK = 500
 
 _RECORD_COLUMNS = (
     "key, status, holder, tenant, run_id, iteration, tool, call_id, side_effects, "
-    "idempotent, fence, outcome, since, completed_at, expires_at, resolved_by"
+    "idempotent, fence, outcome, since, completed_at, expires_at, resolved_by, never_ran_by"
 )
 # A ttl claim past its expiry is absent everywhere.
 _LIVE_SQL = f"NOT (status = 'in_flight' AND expires_at IS NOT NULL AND expires_at <= {NOW_SQL})"
@@ -62,6 +62,7 @@ def _record_from_row(row: Sequence[Any]) -> IdempotencyRecord:
         completed_at,
         expires_at,
         by,
+        never_ran_by,
     ) = row
     flags = (
         None
@@ -86,6 +87,7 @@ def _record_from_row(row: Sequence[Any]) -> IdempotencyRecord:
         completed_at=typed(completed_at, *number, none, what="completed_at"),
         expires_at=typed(expires_at, *number, none, what="expires_at"),
         by=typed(by, str, none, what="by"),
+        never_ran_by=typed(never_ran_by, str, none, what="never_ran_by"),
     )
 
 
@@ -108,13 +110,14 @@ def _record_to_row(record: IdempotencyRecord) -> tuple[Any, ...]:
         record.completed_at,
         record.expires_at,
         record.by,
+        record.never_ran_by,
     )
 
 
 def _save_record(conn: sqlite3.Connection, record: IdempotencyRecord) -> None:
     conn.execute(
         f"INSERT OR REPLACE INTO adk_idempotency ({_RECORD_COLUMNS}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         _record_to_row(record),
     )
 

@@ -38,6 +38,32 @@ class ResolutionChecks(ClockedConformance):
         assert again.holder == "worker-b"
         assert again.fence == 2
 
+    async def test_a_call_sent_again_keeps_who_said_it_never_ran(
+        self, idempotency_store: IdempotencyStore
+    ) -> None:
+        """The word that let a call go out a second time stays on its record: through the
+        new claim, its outcome, and another operator's word after a second loss."""
+        await _claim(idempotency_store, "k1", "worker-a", fence=1)
+        await idempotency_store.resolve("k1", never_ran=True, tenant=T, by="alice")
+        again = await _claim(idempotency_store, "k1", "worker-b", fence=2)
+        assert (again.status, again.by, again.never_ran_by) == (
+            RecordStatus.in_flight,
+            None,
+            "alice",
+        )
+        done = await idempotency_store.complete("k1", b"booked", tenant=T, holder="worker-b")
+        assert (done.by, done.never_ran_by) == (None, "alice")
+        assert (await idempotency_store.lookup(["k1"], tenant=T))["k1"] == done
+        await _claim(idempotency_store, "k2", "worker-a", fence=2)
+        await idempotency_store.resolve("k2", never_ran=True, tenant=T, by="alice")
+        await _claim(idempotency_store, "k2", "worker-b", fence=3)
+        bob = await idempotency_store.resolve("k2", never_ran=True, tenant=T, by="bob")
+        assert (bob.by, bob.never_ran_by) == ("bob", "alice")
+        third = await _claim(idempotency_store, "k2", "worker-c", fence=4)
+        assert (third.by, third.never_ran_by) == (None, "bob")
+        fresh = await _claim(idempotency_store, "k3", "worker-a", fence=4)
+        assert fresh.never_ran_by is None
+
     async def test_resolve_of_an_unknown_key_raises_key_error(
         self, idempotency_store: IdempotencyStore
     ) -> None:

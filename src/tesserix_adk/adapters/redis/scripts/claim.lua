@@ -30,9 +30,13 @@ local function set_or_drop(field, value)
   end
 end
 if (not status) or status == 'never_ran' then
+  -- Who said it never ran stays on the new claim: that word let it go out again.
+  local said = false
+  if status == 'never_ran' then said = redis.call('HGET', KEYS[1], 'by') end
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 'status', 'in_flight', 'holder', holder, 'since', int(now),
              unpack(ARGV, 8))
+  if said then redis.call('HSET', KEYS[1], 'never_ran_by', said) end
   set_or_drop('fence', fence)
   set_or_drop('expires_at', expires)
   redis.call('SADD', KEYS[2], ARGV[6])

@@ -93,6 +93,13 @@ claimed AS (
                   AND r.expires_at IS NOT NULL AND r.expires_at <= EXCLUDED.since))
                 THEN EXCLUDED.resolved_by
             ELSE r.resolved_by END,
+        -- Who said it never ran, kept on the new claim; a ttl claim that lapsed keeps none.
+        never_ran_by = CASE
+            WHEN r.status = 'never_ran' THEN r.resolved_by
+            WHEN (r.status = 'in_flight' AND r.expires_at IS NOT NULL
+                  AND r.expires_at <= EXCLUDED.since)
+                THEN NULL
+            ELSE r.never_ran_by END,
         fence = CASE
             WHEN (r.status = 'never_ran' OR (r.status = 'in_flight'
                   AND r.expires_at IS NOT NULL AND r.expires_at <= EXCLUDED.since))
@@ -135,6 +142,7 @@ claimed AS (
         r.side_effects, r.idempotent, r.fence, r.outcome,
         extract(epoch FROM r.since)::float8 AS since,
         extract(epoch FROM r.completed_at)::float8 AS completed_at,
-        extract(epoch FROM r.expires_at)::float8 AS expires_at, r.resolved_by
+        extract(epoch FROM r.expires_at)::float8 AS expires_at, r.resolved_by,
+    r.never_ran_by
 )
 SELECT * FROM claimed
