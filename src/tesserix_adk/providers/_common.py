@@ -7,15 +7,18 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tesserix_adk.errors import ConfigurationError, ProviderError
-from tesserix_adk.messages import MALFORMED_ARGUMENTS
+from tesserix_adk.messages import MALFORMED_ARGUMENTS, REFUSED_ARGUMENTS, ToolCall
 
 __all__ = [
     "MALFORMED_ARGUMENTS",
     "arguments_from_text",
     "arguments_to_text",
+    "cut_off",
     "is_transient_status",
     "scrub",
     "strip_vendor",
+    "token_count",
+    "uncharged",
 ]
 
 
@@ -100,3 +103,35 @@ def translate_sdk_error(
     if isinstance(exc, base):
         return ProviderError(f"{where}: {scrub(str(exc))}", retryable=False)
     return None
+
+
+def uncharged(what: str) -> ProviderError:
+    """The error of an answer whose cost the ledger cannot charge as given: not retryable,
+    since asking again pays again."""
+    return ProviderError(
+        f"the provider answered {what}, which the ledger cannot charge; the call's cost "
+        "is not counted, and the run stops rather than ask again",
+        retryable=False,
+    )
+
+
+def token_count(value: object, name: str) -> int:
+    """A reply's token count as the vendor gave it: absent is 0, a whole number is itself,
+    anything else is ``uncharged`` (never rounded into a count: ``10.9`` or ``true`` would
+    charge less than was paid, and ``NaN`` or ``1e999`` cannot be charged at all)."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise uncharged(f"{name}={shown}")
+
+
+def cut_off(calls: list[ToolCall], why: str) -> list[ToolCall]:
+    """A reply's tool calls when the vendor cut the reply off (out of tokens): each is
+    refused, never sent, whatever its arguments read as. A call cut off mid-argument may
+    still parse (Anthropic hands out the input it had, ``{"amount": 10}`` of ``1000``), and
+    sending it would be a guess at what the model meant."""
+    refusal = {REFUSED_ARGUMENTS: f"not sent: {why}"}
+    return [ToolCall(id=c.id, name=c.name, arguments=refusal) for c in calls]

@@ -32,11 +32,13 @@ class StreamCut(Exception):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Streamed:
-    """A streamed reply once it is whole: the message, its usage, the model that answered."""
+    """A reply once it is whole (streamed or not): the message, its usage, the model that
+    answered and why the vendor ended it."""
 
     message: Message
     usage: Usage = field(default_factory=Usage)
     model: str | None = None
+    finish_reason: str | None = None
 
 
 class SDKClient(Protocol):
@@ -127,14 +129,13 @@ class SDKProvider(Generic[ClientT]):
                 raise
             raise error from exc
         try:
-            message, usage = self._read(wire)
+            reply = self._read(wire)
         except MALFORMED_REPLY as exc:
             raise ProviderError(
                 f"{self.vendor} {self.model}: malformed {self.reply_noun}: {self._scrub(str(exc))}",
                 retryable=True,
             ) from exc
-        reported = getattr(wire, "model", None)
-        return self._priced(message, usage, reported if isinstance(reported, str) else None)
+        return self._priced(reply)
 
     async def complete_streaming(self, request: ModelRequest, on_text: TextSink) -> ModelResponse:
         """One streamed model call: ``on_text`` hears the text as it arrives, and the whole
@@ -149,11 +150,16 @@ class SDKProvider(Generic[ClientT]):
             if error is None:
                 raise
             raise error from exc
-        return self._priced(streamed.message, streamed.usage, streamed.model)
+        return self._priced(streamed)
 
-    def _priced(self, message: Message, usage: Usage, reported: str | None) -> ModelResponse:
-        price = price_for(self.prices, self.model, reported)
-        return ModelResponse(message=message, usage=usage, cost_micros=cost_micros(usage, price))
+    def _priced(self, reply: Streamed) -> ModelResponse:
+        price = price_for(self.prices, self.model, reply.model)
+        return ModelResponse(
+            message=reply.message,
+            usage=reply.usage,
+            cost_micros=cost_micros(reply.usage, price),
+            finish_reason=reply.finish_reason,
+        )
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of the SDK's create call (the wire body)."""
@@ -169,8 +175,8 @@ class SDKProvider(Generic[ClientT]):
         """One call to the vendor with ``body``; the SDK's errors propagate."""
         raise NotImplementedError
 
-    def _read(self, wire: object) -> tuple[Message, Usage]:
-        """The reply as our message and its usage."""
+    def _read(self, wire: object) -> Streamed:
+        """The reply as our message, its usage, the model and its finish reason."""
         raise NotImplementedError
 
     async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Streamed:

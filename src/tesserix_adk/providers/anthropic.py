@@ -44,7 +44,12 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall, Usage
-from tesserix_adk.providers._common import MALFORMED_ARGUMENTS, arguments_from_text
+from tesserix_adk.providers._common import (
+    MALFORMED_ARGUMENTS,
+    arguments_from_text,
+    cut_off,
+    token_count,
+)
 from tesserix_adk.providers._sdk import SDKProvider, StreamCut, Streamed
 from tesserix_adk.providers.base import ModelRequest, TextSink
 from tesserix_adk.providers.pricing import Price, Prices
@@ -117,7 +122,7 @@ class AnthropicProvider(SDKProvider[anthropic.AsyncAnthropic]):
         wire: object = await self._client.messages.create(**body)
         return wire
 
-    def _read(self, wire: object) -> tuple[Message, Usage]:
+    def _read(self, wire: object) -> Streamed:
         if not isinstance(wire, WireMessage):
             raise TypeError(f"the body is a {type(wire).__name__}, not a message")
         return _read_message(wire)
@@ -147,8 +152,7 @@ class AnthropicProvider(SDKProvider[anthropic.AsyncAnthropic]):
                 # message_start's placeholder count and the call would be undercharged.
                 raise StreamCut("no message_delta before message_stop")
             wire = await stream.get_final_message()
-        message, usage = _read_message(wire, raw_inputs)
-        return Streamed(message=message, usage=usage, model=str(wire.model))
+        return _read_message(wire, raw_inputs)
 
 
 # --- our messages → the wire ----------------------------------------------------------------
@@ -236,11 +240,10 @@ def _text_only(message: Message) -> str:
 # --- the wire → our message ----------------------------------------------------------------
 
 
-def _read_message(
-    wire: WireMessage, raw_inputs: Mapping[int, str] | None = None
-) -> tuple[Message, Usage]:
+def _read_message(wire: WireMessage, raw_inputs: Mapping[int, str] | None = None) -> Streamed:
     """Our message from the wire's; ``raw_inputs`` are the streamed tool inputs by block
-    index, which decide the arguments (parsed strictly) over the SDK's snapshot."""
+    index, which decide the arguments (parsed strictly) over the SDK's snapshot. A reply
+    cut off at ``max_tokens`` has its calls refused (``cut_off``)."""
     texts: list[str] = []
     calls: list[ToolCall] = []
     for index, block in enumerate(wire.content):
@@ -253,13 +256,20 @@ def _read_message(
             elif not isinstance(arguments, dict):
                 arguments = {MALFORMED_ARGUMENTS: json.dumps(arguments)}
             calls.append(ToolCall(id=str(block.id), name=str(block.name), arguments=arguments))
+    stop = wire.stop_reason if isinstance(wire.stop_reason, str) else None
+    if stop == "max_tokens" and calls:
+        calls = cut_off(calls, "the reply was cut off at max_tokens while it was written")
     usage = wire.usage
-    input_tokens = (
-        int(usage.input_tokens)
-        + int(getattr(usage, "cache_creation_input_tokens", None) or 0)
-        + int(getattr(usage, "cache_read_input_tokens", None) or 0)
+    input_tokens = sum(
+        token_count(getattr(usage, name, None), name)
+        for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
-    return (
-        Message.assistant("".join(texts), calls),
-        Usage(input_tokens=input_tokens, output_tokens=int(usage.output_tokens)),
+    return Streamed(
+        message=Message.assistant("".join(texts), calls),
+        usage=Usage(
+            input_tokens=input_tokens,
+            output_tokens=token_count(usage.output_tokens, "output_tokens"),
+        ),
+        model=str(wire.model),
+        finish_reason=stop,
     )

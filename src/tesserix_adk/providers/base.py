@@ -33,11 +33,13 @@ class ModelRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelResponse:
-    """The model's answer: an assistant message, its usage and its cost."""
+    """The model's answer: an assistant message, its usage and its cost; ``finish_reason``
+    is why the vendor ended it, as the vendor says it (``None``: not said)."""
 
     message: Message
     usage: Usage = field(default_factory=Usage)
     cost_micros: int = 0
+    finish_reason: str | None = None
 
 
 @runtime_checkable

@@ -45,7 +45,12 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall, Usage
-from tesserix_adk.providers._common import arguments_from_text, arguments_to_text
+from tesserix_adk.providers._common import (
+    arguments_from_text,
+    arguments_to_text,
+    cut_off,
+    token_count,
+)
 from tesserix_adk.providers._sdk import SDKProvider, StreamCut, Streamed
 from tesserix_adk.providers.base import ModelRequest, TextSink
 from tesserix_adk.providers.pricing import Price, Prices
@@ -126,7 +131,7 @@ class OpenAIProvider(SDKProvider[openai.AsyncOpenAI]):
         completion: object = await self._client.chat.completions.create(**body)
         return completion
 
-    def _read(self, wire: object) -> tuple[Message, Usage]:
+    def _read(self, wire: object) -> Streamed:
         if not isinstance(wire, ChatCompletion):
             raise TypeError(f"the body is a {type(wire).__name__}, not a completion")
         return _read_completion(wire)
@@ -225,21 +230,42 @@ def _wire_part(part: Part) -> dict[str, Any]:
 # --- the wire → our message ----------------------------------------------------------------
 
 
-def _read_completion(completion: ChatCompletion) -> tuple[Message, Usage]:
+def _read_completion(completion: ChatCompletion) -> Streamed:
     if not completion.choices:
         raise IndexError("the completion has no choices")
-    wire = completion.choices[0].message
-    calls = [_read_call(c) for c in (wire.tool_calls or ())]
+    choice = completion.choices[0]
+    wire = choice.message
+    calls = _whole_calls([_read_call(c) for c in (wire.tool_calls or ())], choice.finish_reason)
     text = wire.content if wire.content is not None else (wire.refusal or "")
     if not isinstance(text, str):
         raise TypeError("the message content is not text")
     usage = Usage()
     if completion.usage is not None:
-        usage = Usage(
-            input_tokens=int(completion.usage.prompt_tokens or 0),
-            output_tokens=int(completion.usage.completion_tokens or 0),
-        )
-    return Message.assistant(text, calls), usage
+        usage = _usage(completion.usage)
+    return Streamed(
+        message=Message.assistant(text, calls),
+        usage=usage,
+        model=completion.model if isinstance(completion.model, str) else None,
+        finish_reason=_reason(choice.finish_reason),
+    )
+
+
+def _usage(usage: Any) -> Usage:
+    return Usage(
+        input_tokens=token_count(usage.prompt_tokens, "prompt_tokens"),
+        output_tokens=token_count(usage.completion_tokens, "completion_tokens"),
+    )
+
+
+def _reason(finish_reason: object) -> str | None:
+    return finish_reason if isinstance(finish_reason, str) else None
+
+
+def _whole_calls(calls: list[ToolCall], finish_reason: object) -> list[ToolCall]:
+    """The calls of a reply; refused if it ran out of tokens (``length``) while written."""
+    if finish_reason == "length" and calls:
+        return cut_off(calls, "the reply was cut off at its token limit while it was written")
+    return calls
 
 
 @dataclass(slots=True)
@@ -260,6 +286,7 @@ class _StreamedReply:
     usage: Usage = field(default_factory=Usage)
     model: str | None = None
     finished: bool = False
+    finish_reason: str | None = None
     usage_seen: bool = False
 
     def add(self, chunk: Any, on_text: TextSink) -> None:
@@ -268,10 +295,7 @@ class _StreamedReply:
             # Counts of null say nothing: such a chunk is not the usage asked for.
             u = chunk.usage
             self.usage_seen = u.prompt_tokens is not None and u.completion_tokens is not None
-            self.usage = Usage(
-                input_tokens=int(chunk.usage.prompt_tokens or 0),
-                output_tokens=int(chunk.usage.completion_tokens or 0),
-            )
+            self.usage = _usage(u)
         for choice in chunk.choices:
             if choice.index != 0:
                 continue  # one choice is asked for
@@ -292,6 +316,7 @@ class _StreamedReply:
                         call.arguments.append(fragment.function.arguments)
             if choice.finish_reason is not None:
                 self.finished = True
+                self.finish_reason = _reason(choice.finish_reason)
 
     def whole(self, *, with_usage: bool) -> Streamed:
         if not self.finished:
@@ -314,7 +339,12 @@ class _StreamedReply:
                 )
             )
         text = "".join(self.text) or "".join(self.refusal)
-        return Streamed(message=Message.assistant(text, calls), usage=self.usage, model=self.model)
+        return Streamed(
+            message=Message.assistant(text, _whole_calls(calls, self.finish_reason)),
+            usage=self.usage,
+            model=self.model,
+            finish_reason=self.finish_reason,
+        )
 
 
 def _read_call(call: Any) -> ToolCall:

@@ -218,10 +218,16 @@ class Attempt:
     sent_keys: set[str] = field(default_factory=set)
     # Where a streamed run's events go (``AgentRunner.stream``); None: nobody listens.
     events: EventSink | None = None
+    # Whether the model's text is streamed: asked for by whoever started the attempt (events
+    # to hear), not by telemetry added to ``events`` later, which must not change the wire.
+    streams: bool = field(init=False, default=False)
     # The write group open right now (``run.grouping``), and whether writes may be grouped
     # at all (not while a turn's calls go out side by side).
     group: PendingGroup | None = None
     folding: bool = True
+
+    def __post_init__(self) -> None:
+        self.streams = self.events is not None
 
     def emit(self, event: RunEvent) -> None:
         """Report ``event`` to whoever streams the run (a no-op when nobody does). A

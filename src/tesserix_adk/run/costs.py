@@ -14,6 +14,7 @@ from numbers import Real
 
 from tesserix_adk.errors import ProviderError
 from tesserix_adk.messages import Usage
+from tesserix_adk.providers._common import uncharged
 from tesserix_adk.providers.base import ModelResponse
 
 __all__ = ["MAX_COST_MICROS", "paid"]
@@ -49,8 +50,4 @@ def _short(value: object) -> str:
 
 
 def _refused(what: str) -> ProviderError:
-    return ProviderError(
-        f"the provider answered {what}, which the ledger cannot charge; the call's cost "
-        "is not counted, and the run stops rather than ask again",
-        retryable=False,
-    )
+    return uncharged(what)

@@ -376,7 +376,8 @@ async def _asked(
             model=request.model,
             input_tokens=response.usage.input_tokens,
             output_tokens=response.usage.output_tokens,
-            finish_reason="tool_calls" if response.message.tool_calls else "stop",
+            finish_reason=response.finish_reason
+            or ("tool_calls" if response.message.tool_calls else "stop"),
         )
     )
     return response
@@ -388,7 +389,7 @@ async def _ask(
     """The model's whole answer; its text streamed to whoever listens as it arrives (all
     at once from a provider that cannot stream)."""
     provider = parts.provider
-    if attempt.events is None:
+    if not attempt.streams:
         return await provider.complete(request)
     iteration = run.iteration
 

@@ -148,7 +148,7 @@ def observe(
         agent=agent.name,
         tenant=tenant,
         run_id=run_id,
-        streamed=attempt.events is not None,
+        streamed=attempt.streams,
         worker=runner.worker,
         redactor=runner.redactor,
         attempt=attempt,

@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from tesserix_adk.telemetry.config import Telemetry
 
 __all__ = ["AttemptSpans", "ToolDisposition", "tool_disposition"]
+
+T = TypeVar("T")
 
 Attributes = Mapping[str, str | bool | int | float | Sequence[str]]
 
@@ -77,8 +79,10 @@ class AttemptSpans:
         # Whether the attempt carried the run at all (a resume of a finished run does not).
         self._carried = False
         self._chat: Span | None = None
-        self._tools: dict[str, Span] = {}
-        self._arguments: dict[str, Mapping[str, Any]] = {}
+        # By call id, in the order asked: two calls of one reply may share an id, and each
+        # is told its own arguments and ends its own span, first in first out.
+        self._tools: dict[str, list[Span]] = {}
+        self._arguments: dict[str, list[Mapping[str, Any]]] = {}
         # The caller's own span (a request handler's, say) is linked, not made the parent:
         # the trace is the run's, whoever carries it.
         caller = trace.get_current_span().get_span_context()
@@ -104,9 +108,10 @@ class AttemptSpans:
             self._model_finished(event)
         elif isinstance(event, ToolCallAsked):
             if self._t.capture_content:
-                self._arguments[event.call_id] = event.arguments
+                self._arguments.setdefault(event.call_id, []).append(event.arguments)
         elif isinstance(event, ToolCallStarted):
-            self._tools[event.call_id] = self._tool_span(event.iteration, event.call_id, event.name)
+            span = self._tool_span(event.iteration, event.call_id, event.name)
+            self._tools.setdefault(event.call_id, []).append(span)
         elif isinstance(event, ToolCallFinished):
             self._tool_finished(event)
         elif isinstance(event, ToolCallUnsent):
@@ -140,7 +145,7 @@ class AttemptSpans:
             "gen_ai.tool.call.id": call_id,
             "tesserix.iteration": iteration,
         }
-        arguments = self._arguments.pop(call_id, None)
+        arguments = _first(self._arguments, call_id)
         if arguments is not None:
             attributes["gen_ai.tool.call.arguments"] = self._shown(dict(arguments))
         return self._child(
@@ -148,7 +153,7 @@ class AttemptSpans:
         )
 
     def _tool_finished(self, event: ToolCallFinished) -> None:
-        span = self._tools.pop(event.call_id, None)
+        span = _first(self._tools, event.call_id)
         if span is None:  # refused: never started, never sent
             span = self._tool_span(event.iteration, event.call_id, event.name)
         span.set_attribute("tesserix.tool.disposition", tool_disposition(event).value)
@@ -160,7 +165,7 @@ class AttemptSpans:
         span.end()
 
     def _tool_unsent(self, event: ToolCallUnsent) -> None:
-        span = self._tools.pop(event.call_id, None)
+        span = _first(self._tools, event.call_id)
         if span is None:
             span = self._tool_span(event.iteration, event.call_id, event.name)
         span.set_attribute("tesserix.tool.disposition", ToolDisposition.refused.value)
@@ -180,11 +185,12 @@ class AttemptSpans:
         """Close what is open; the attempt's span says how it ended."""
         root = self._ensure_root()
         failed = type(error).__name__ if error else "abandoned"
-        for span in self._tools.values():
+        open_tools = [span for spans in self._tools.values() for span in spans]
+        for span in open_tools:
             # Started means sent (its claim was durable): it may have run, so it counts as
             # an execution, its outcome unknown to this attempt.
             span.set_attribute("tesserix.tool.disposition", ToolDisposition.dispatched.value)
-        for span in [*([self._chat] if self._chat else []), *self._tools.values()]:
+        for span in [*([self._chat] if self._chat else []), *open_tools]:
             span.set_attribute("error.type", failed)
             span.set_status(StatusCode.ERROR)
             span.end()
@@ -289,3 +295,14 @@ class AttemptSpans:
 
 def _model(model: str | None) -> dict[str, str]:
     return {} if model is None else {"gen_ai.request.model": model}
+
+
+def _first(waiting: dict[str, list[T]], call_id: str) -> T | None:
+    """The first of what waits under ``call_id``, taken off (``None``: nothing waits)."""
+    queue = waiting.get(call_id)
+    if not queue:
+        return None
+    first = queue.pop(0)
+    if not queue:
+        del waiting[call_id]
+    return first
