@@ -272,6 +272,16 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
                 takeover=True,
                 record=rec,
             )
+        elif rec.run_id != checkpoint.run_id:
+            # A business key two runs share: the other run may be sending it right now.
+            planned = PlannedCall(
+                **base,
+                disposition=ToolDisposition.indeterminate,
+                reason=f"claimed in flight under the same key by run {rec.run_id} "
+                f"({rec.holder}, fence {rec.fence}) at {_when(rec.since)}; that run may "
+                "still be sending it, so nobody can say whether it ran",
+                record=rec,
+            )
         else:
             planned = PlannedCall(
                 **base,

@@ -16,15 +16,17 @@ import threading
 from typing import Any
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.checkpoint.payload import encode_outcome
 from tesserix_adk.checkpoint.planning import PlannedCall, ResumePlan
 from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.errors import AdkError
 from tesserix_adk.leases import NEVER_RAN_MARGIN, never_ran_wait
 from tesserix_adk.messages import ToolCall, ToolOutcome
 from tesserix_adk.reconcile import Reconciled, ReconciledAs
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.parts import RunParts
+from tesserix_adk.run.recording import redacted_record
 from tesserix_adk.stores.grouping import outside_scope
+from tesserix_adk.stores.protocols import LeaseStore
 from tesserix_adk.tools import Tool, ToolContext
 
 __all__ = ["RECONCILE_TIMEOUT", "reconcile_in_doubt"]
@@ -44,21 +46,45 @@ async def reconcile_in_doubt(
     tenant: str,
     run_id: str,
     margin: float = NEVER_RAN_MARGIN,
+    leases: LeaseStore | None = None,
 ) -> bool:
     """Ask the reconciler of each call in doubt and record what it knows; whether anything
-    was recorded (then the plan is made again)."""
-    askable = [
-        (pc, tool)
-        for pc in plan.indeterminate
-        if pc.key is not None
-        and (tool := agent.tools.get(pc.tool)) is not None
-        and tool.reconcile is not None
-    ]
+    was recorded (then the plan is made again).
+
+    A claim another run holds under the same key (a business key two runs share) is asked
+    about only once that run's lease is not live, and after the margin past its end: while
+    it lives, its holder may be sending the call right now. ``leases`` is where that run's
+    lease is read; without it such a claim is left in doubt."""
+    askable: list[tuple[PlannedCall, Tool]] = []
+    ended_agos: list[float | None] = []
+    # Without a lease store nothing says when the last carrier stopped: wait a whole margin.
+    own = attempt.lease.since_previous_end() if attempt.lease is not None else 0.0
+    for pc in plan.indeterminate:
+        tool = agent.tools.get(pc.tool)
+        if pc.key is None or tool is None or tool.reconcile is None:
+            continue
+        if pc.key in {asked.key for asked, _ in askable}:
+            continue  # twins under one key: one answer settles the one record
+        other = pc.record.run_id if pc.record is not None else run_id
+        if other == run_id:
+            ended_agos.append(own)
+        else:
+            ended = await _other_run_ended(leases, tenant, other)
+            if ended is _MAY_BE_SENDING:
+                _log.info(
+                    "run %s: %s is claimed by run %s, which may be sending it now; its "
+                    "reconciler is not asked",
+                    run_id,
+                    pc.describe(),
+                    other,
+                )
+                continue
+            assert isinstance(ended, (int, float))
+            ended_agos.append(float(ended))
+        askable.append((pc, tool))
     if not askable:
         return False
-    # Without a lease store nothing says when the last carrier stopped: wait a whole margin.
-    ended = attempt.lease.since_previous_end() if attempt.lease is not None else 0.0
-    wait = never_ran_wait(ended, margin)
+    wait = max(never_ran_wait(ended, margin) for ended in ended_agos)
     if wait > 0:
         # The lease keeps renewing meanwhile; the run is held, nobody else moves.
         _log.info(
@@ -80,7 +106,20 @@ async def reconcile_in_doubt(
             await parts.idempotency.resolve(pc.key, tenant=tenant, never_ran=True, by=by)
         elif answer.found is ReconciledAs.completed:
             outcome = ToolOutcome(call_id=pc.call_id or "", content=answer.content)
-            encoded = encode_outcome(outcome, parts.redactor)
+            try:
+                # Off the event loop when large, as a tool's own result is.
+                encoded = (await redacted_record(parts, outcome)).payload
+            except Exception as exc:
+                _log.warning(
+                    "run %s: the reconciler of %s answered what cannot be recorded (%s: %s); "
+                    "the call stays in doubt",
+                    run_id,
+                    pc.describe(),
+                    type(exc).__name__,
+                    parts.redactor.text(str(exc))[:200],
+                )
+                continue
+            attempt.guard()
             await parts.idempotency.resolve(pc.key, encoded, tenant=tenant, by=by)
         _log.info("run %s: %s settled by its reconciler: %s", run_id, pc.describe(), answer.found)
         recorded = True
@@ -111,7 +150,18 @@ async def _ask(
     try:
         with outside_scope():
             result = await _reconciled(reconcile, call, ctx)
-    except Exception as exc:
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the run is being cancelled: that is not the reconciler's answer
+        _log.warning(
+            "run %s: the reconciler of %s raised CancelledError by itself; the call stays in doubt",
+            run_id,
+            pc.describe(),
+        )
+        return Reconciled.unknown()
+    except (Exception, SystemExit) as exc:
+        # A reconciler calling sys.exit() is user code failing, not the worker asked to end.
         _log.warning(
             "run %s: the reconciler of %s failed (%s: %s); the call stays in doubt",
             run_id,
@@ -160,10 +210,33 @@ def _in_daemon_thread(fn: Any, *args: Any) -> asyncio.Future[Any]:
     def run() -> None:
         try:
             value, error = fn(*args), None
-        except BaseException as exc:  # handed to the awaiting task, which judges it
+        except Exception as exc:  # handed to the awaiting task, which judges it
             value, error = None, exc
+        except BaseException as exc:
+            # sys.exit() in this thread would end only the thread: never the awaiting task,
+            # let alone the worker's loop. It is the reconciler failing.
+            value, error = None, RuntimeError(f"the reconciler raised {type(exc).__name__}")
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
             loop.call_soon_threadsafe(settle, value, error)
 
     threading.Thread(target=run, name="tesserix-reconciler", daemon=True).start()
     return future
+
+
+_MAY_BE_SENDING = object()
+
+
+async def _other_run_ended(leases: LeaseStore | None, tenant: str, run_id: str) -> object:
+    """Seconds since ``run_id``'s lease ended, or ``_MAY_BE_SENDING``: its lease is live,
+    cannot be read, or none ever ended (a claim made without a lease says nothing of when
+    its holder stopped)."""
+    if leases is None:
+        return _MAY_BE_SENDING
+    try:
+        if await leases.current(tenant, run_id) is not None:
+            return _MAY_BE_SENDING
+        ended = await leases.ended_ago(tenant, run_id)
+    except AdkError as exc:
+        _log.warning("the lease of run %s could not be read (%s)", run_id, exc)
+        return _MAY_BE_SENDING
+    return _MAY_BE_SENDING if ended is None else ended

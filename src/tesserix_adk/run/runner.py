@@ -477,6 +477,7 @@ class AgentRunner:
             tenant=tenant,
             run_id=run_id,
             margin=self.never_ran_margin,
+            leases=self.leases,
         )
 
     async def _wanted(self, tenant: str, run_id: str, agent: Agent) -> None:

@@ -278,6 +278,7 @@ async def _settle_in_doubt(
             tenant=cp.tenant,
             run_id=cp.run_id,
             margin=runner.never_ran_margin,
+            leases=runner.leases,
         )
 
 
