@@ -39,6 +39,7 @@ try:
         BusyLoadingError,
         ClusterCrossSlotError,
         ClusterDownError,
+        ClusterError,
         CrossSlotTransactionError,
         NoPermissionError,
         OutOfMemoryError,
@@ -408,6 +409,13 @@ def _driver_errors(action: str) -> Iterator[None]:
             raise _cross_slot(action, exc) from exc
         if reply.startswith(_PERMISSION_REPLIES):
             raise ConfigurationError(f"Redis refused {action}: {reply}") from exc
+        if "non local key" in reply:
+            # A script reached a key its node no longer serves (the slot is migrating):
+            # Redis does not undo what the script wrote before, so it may be part done.
+            raise StoreReplyLostError(
+                f"Redis stopped {action} part way, as its slot is moving to another node; "
+                f"it may have been partly applied: {reply}"
+            ) from exc
         if "WRONGTYPE" in reply:
             # A key of the kit's holds another kind of value: damage, not "retry later".
             raise CheckpointCorruptError(
@@ -418,6 +426,13 @@ def _driver_errors(action: str) -> Iterator[None]:
             retryable=reply.startswith(_TRANSIENT_REPLIES),
         ) from exc
     except RedisError as exc:
+        if isinstance(exc, ClusterError) and "TTL exhausted" in str(exc):
+            # redis-py's cluster client goes round only on MOVED, ASK and TRYAGAIN, each a
+            # refusal of the whole command: none of its tries took effect.
+            raise StoreUnavailableError(
+                f"Redis Cluster kept redirecting {action} (its slot is moving): {exc}",
+                retryable=True,
+            ) from exc
         if sends.sent:
             raise StoreReplyLostError(
                 f"Redis failed while {action} after the command was sent: {exc}"

@@ -33,7 +33,13 @@ if (not status) or status == 'never_ran' then
   -- Who said it never ran stays on the new claim: that word let it go out again.
   local said = false
   if status == 'never_ran' then said = redis.call('HGET', KEYS[1], 'by') end
-  redis.call('DEL', KEYS[1])
+  -- The record is rewritten in place, never deleted first: in a slot that is migrating,
+  -- Redis refuses a write to a key the script just deleted, and keeps the delete.
+  local fresh = {status = true, holder = true, since = true}
+  for i = 8, #ARGV, 2 do fresh[ARGV[i]] = true end
+  for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if not fresh[name] then redis.call('HDEL', KEYS[1], name) end
+  end
   redis.call('HSET', KEYS[1], 'status', 'in_flight', 'holder', holder, 'since', int(now),
              unpack(ARGV, 8))
   if said then redis.call('HSET', KEYS[1], 'never_ran_by', said) end
