@@ -9,7 +9,9 @@ since and their tests plain (``claim.lua`` rewrites a record in place, never del
 first, so a claim in a migrating slot lands whole; a script stopped part way by a moving
 slot is a retryable lost reply; ``TTL exhausted`` after redirects is a retryable refusal).
 2 stays two strict xfails, a limit README guarantee 2 now names (the kit does not ``WAIT``
-for replicas):
+for replicas). 3 was fixed and then put back: redis-py's cluster client also retries a
+command after a dropped connection, so "TTL exhausted" may follow a try that was applied,
+and a lost reply (read back) is the truth it can tell:
 
 1. MEDIUM. ``scripts/claim.lua`` re-claims a record (a lapsed ttl claim, a run's lapsed
    resume claim, a call resolved ``never_ran``) with ``DEL`` and then ``HSET`` on the same
@@ -392,7 +394,7 @@ def test_a_script_stopped_part_way_by_a_migrating_slot_is_a_retryable_lost_reply
         node.close()
 
 
-async def test_a_claim_refused_by_tryagain_is_said_to_have_certainly_not_taken_effect(
+async def test_a_claim_refused_by_tryagain_is_retryable_and_claims_nothing(
     own_cluster: ThrowawayCluster,
 ) -> None:
     run_id = "tryagain"
@@ -418,7 +420,10 @@ async def test_a_claim_refused_by_tryagain_is_said_to_have_certainly_not_taken_e
             _finish_migration(own_cluster.ports, slot, source, target)
         assert caught.value.retryable
         assert "TTL exhausted" in str(caught.value)  # it was TRYAGAIN, over and over
-        assert not isinstance(caught.value, StoreReplyLostError), str(caught.value)
+        # Said as a reply lost, not a refusal: redis-py's cluster client also retries after
+        # a dropped connection, so an earlier try of the same call may have been applied
+        # (the runner reads the record back either way).
+        assert isinstance(caught.value, StoreReplyLostError), str(caught.value)
         assert await stores.idempotency.lookup(["new-key"], tenant=T) == {}
 
 

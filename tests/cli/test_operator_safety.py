@@ -189,6 +189,45 @@ def test_no_worker_can_take_the_run_while_an_operator_resolves_it(make_stores: A
     assert _in(make_stores(), lambda s: s.leases.current("acme", "r")) is None
 
 
+def test_a_resolution_is_refused_when_the_claim_was_taken_again_meanwhile(
+    make_stores: Any,
+) -> None:
+    """Another run sharing the call's key settles it and claims it again while the operator
+    resolves: the operator's word was about the claim they looked at, and lands on none."""
+    _in_flight(make_stores)
+    key = _record(make_stores).key
+    stores = make_stores()
+    real_resolve = stores.idempotency.resolve
+
+    async def resolve_after_a_takeover(key: str, *args: Any, **kwargs: Any) -> Any:
+        await real_resolve(key, never_ran=True, tenant="acme", by="other-run")
+        await stores.idempotency.claim(
+            key,
+            holder="other-run-holder",
+            tenant="acme",
+            run_id="other-run",
+            iteration=1,
+            tool="book_seat",
+            call_id="c9",
+            flags=None,
+        )
+        return await real_resolve(key, *args, **kwargs)
+
+    stores.idempotency.resolve = resolve_after_a_takeover  # type: ignore[method-assign]
+    err = io.StringIO()
+    code = frontier_main(
+        ["resolve", "r", "--tenant", "acme", "--call", "call_1_0", "--never-ran", "--by", "me"],
+        stores=stores,
+        out=io.StringIO(),
+        err=err,
+    )
+    assert code == ExitCode.HELD, err.getvalue()
+    assert "changed while it was resolved" in err.getvalue()
+    found = _in(make_stores(), lambda s: s.idempotency.lookup([key], tenant="acme"))
+    record = found[key]
+    assert (record.status, record.holder) == (RecordStatus.in_flight, "other-run-holder")
+
+
 # --- run --resume while the lease is held elsewhere -----------------------------------------
 
 

@@ -134,8 +134,8 @@ def explain(exc: BaseException, *, told: Iterable[str] = ()) -> tuple[ExitCode, 
 
 def told_by(args: object) -> tuple[str, ...]:
     """What a parsed command line names that ``explain`` shows as given: its run ids, its
-    tenant and, for a SQLite store, the store's URL and file (the URL of any other store may
-    hold a password)."""
+    tenant and, for a SQLite store, the store's file and URL without their query (the URL
+    of any other store, and any query, may hold a password)."""
     told = [
         value
         for name in ("run", "tenant", "new_run_id")
@@ -144,23 +144,38 @@ def told_by(args: object) -> tuple[str, ...]:
     store = getattr(args, "store", None)
     if isinstance(store, str) and store.startswith("sqlite:///"):
         path = store.removeprefix("sqlite:///").partition("?")[0]
-        told += [store, path, os.path.abspath(path)]
+        told += ["sqlite:///" + path, path, os.path.abspath(path)]
     return tuple(told)
 
 
 def _redacting(redactor: Redactor, told: Iterable[str]) -> Callable[[str], str]:
-    # Long enough to be mistaken for a secret; anything shorter the redactor leaves alone.
-    kept = sorted({t for t in told if isinstance(t, str) and len(t) >= 8}, key=len, reverse=True)
+    # Only a word the redactor would mask on its own needs keeping; any other is left to
+    # the redactor in its place, where it may be the context that shows a secret beside it
+    # (the user of ``postgresql://acme-prod:<password>@db``).
+    kept = sorted(
+        {t for t in told if isinstance(t, str) and redactor.text(t) != t},
+        key=len,
+        reverse=True,
+    )
     if not kept:
         return redactor.text
     between = re.compile("|".join(map(re.escape, kept)))
 
     def redact(text: str) -> str:
-        # The text between the operator's own words is redacted; the words are kept.
-        pieces = between.split(text)
-        words = between.findall(text)
-        shown = [redactor.text(piece) for piece in pieces]
-        return "".join(s + w for s, w in zip(shown, [*words, ""], strict=True))
+        # Each kept word is a plain token while the whole text is redacted, then put back:
+        # a secret the word sits in or beside is masked with its context intact (the token
+        # inside it is masked with it, so nothing of the secret comes back).
+        stand_ins: dict[str, str] = {}
+
+        def stand_in(match: re.Match[str]) -> str:
+            token = f"tesserixtold{len(stand_ins)}x"
+            stand_ins[token] = match[0]
+            return token
+
+        masked = redactor.text(between.sub(stand_in, text))
+        for token, word in stand_ins.items():
+            masked = masked.replace(token, word)
+        return masked
 
     return redact
 

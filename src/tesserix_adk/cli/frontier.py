@@ -376,13 +376,29 @@ async def _record_resolution(
 ) -> ExitCode:
     call = f"{escaped(record.tool or '')} ({escaped(args.call)})"
     as_json = getattr(args, "json", False)
-    if args.never_ran:
-        await stores.idempotency.resolve(record.key, tenant=args.tenant, never_ran=True, by=args.by)
-        said = f"recorded: {call} never ran, by {escaped(args.by)}\n"
-    else:
+    encoded = None
+    if not args.never_ran:
         outcome = ToolOutcome(call_id=record.call_id or "", content=content)
         encoded = encode_outcome(outcome, Redactor())
-        await stores.idempotency.resolve(record.key, encoded, tenant=args.tenant, by=args.by)
+    try:
+        # On the claim the operator looked at: another run sharing the key may have
+        # settled it and claimed it again meanwhile, and be sending it now.
+        await stores.idempotency.resolve(
+            record.key,
+            encoded,
+            tenant=args.tenant,
+            never_ran=args.never_ran,
+            by=args.by,
+            holder=record.holder,
+        )
+    except (KeyError, ValueError) as exc:
+        raise ResumeConflictError(
+            f"{call} changed while it was resolved ({exc}); nothing was recorded: look at it "
+            "again with `tesserix inspect`"
+        ) from exc
+    if args.never_ran:
+        said = f"recorded: {call} never ran, by {escaped(args.by)}\n"
+    else:
         said = f"recorded: {call} completed with the given outcome, by {escaped(args.by)}\n"
     if not as_json:
         out.write(said)

@@ -239,6 +239,10 @@ def _text_only(message: Message) -> str:
 
 # --- the wire → our message ----------------------------------------------------------------
 
+# Stop reasons of a reply the model did not finish: out of tokens or of context, or stopped
+# by the vendor's classifiers part way. Its calls may read whole and still be cut short.
+_CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded", "refusal"})
+
 
 def _read_message(wire: WireMessage, raw_inputs: Mapping[int, str] | None = None) -> Streamed:
     """Our message from the wire's; ``raw_inputs`` are the streamed tool inputs by block
@@ -257,8 +261,8 @@ def _read_message(wire: WireMessage, raw_inputs: Mapping[int, str] | None = None
                 arguments = {MALFORMED_ARGUMENTS: json.dumps(arguments)}
             calls.append(ToolCall(id=str(block.id), name=str(block.name), arguments=arguments))
     stop = wire.stop_reason if isinstance(wire.stop_reason, str) else None
-    if stop == "max_tokens" and calls:
-        calls = cut_off(calls, "the reply was cut off at max_tokens while it was written")
+    if stop in _CUT_OFF and calls:
+        calls = cut_off(calls, f"the reply was cut off ({stop}) while it was written")
     usage = wire.usage
     input_tokens = sum(
         token_count(getattr(usage, name, None), name)

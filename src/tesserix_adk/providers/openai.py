@@ -262,9 +262,10 @@ def _reason(finish_reason: object) -> str | None:
 
 
 def _whole_calls(calls: list[ToolCall], finish_reason: object) -> list[ToolCall]:
-    """The calls of a reply; refused if it ran out of tokens (``length``) while written."""
-    if finish_reason == "length" and calls:
-        return cut_off(calls, "the reply was cut off at its token limit while it was written")
+    """The calls of a reply; refused if the reply was cut short while written: out of
+    tokens (``length``) or with content the vendor's filter left out (``content_filter``)."""
+    if finish_reason in ("length", "content_filter") and calls:
+        return cut_off(calls, f"the reply was cut off ({finish_reason}) while it was written")
     return calls
 
 

@@ -101,9 +101,17 @@ async def reconcile_in_doubt(
             continue
         assert pc.key is not None
         by = f"reconciler:{tool.name}"
+        # The answer is about the claim the plan saw: recorded only while that claim still
+        # stands (another run's holder may have settled it and claimed it again meanwhile,
+        # and be sending it now).
+        seen = pc.record.holder if pc.record is not None else None
         attempt.guard()
         if answer.found is ReconciledAs.never_ran:
-            await parts.idempotency.resolve(pc.key, tenant=tenant, never_ran=True, by=by)
+            if not await _settled(
+                parts, pc, tenant=tenant, run_id=run_id, never_ran=True, by=by, holder=seen
+            ):
+                recorded = True  # the record changed: the plan is made again
+                continue
         elif answer.found is ReconciledAs.completed:
             outcome = ToolOutcome(call_id=pc.call_id or "", content=answer.content)
             try:
@@ -120,10 +128,44 @@ async def reconcile_in_doubt(
                 )
                 continue
             attempt.guard()
-            await parts.idempotency.resolve(pc.key, encoded, tenant=tenant, by=by)
+            if not await _settled(
+                parts, pc, encoded, tenant=tenant, run_id=run_id, by=by, holder=seen
+            ):
+                recorded = True
+                continue
         _log.info("run %s: %s settled by its reconciler: %s", run_id, pc.describe(), answer.found)
         recorded = True
     return recorded
+
+
+async def _settled(
+    parts: RunParts,
+    pc: PlannedCall,
+    outcome: bytes | None = None,
+    *,
+    tenant: str,
+    run_id: str,
+    by: str,
+    holder: str | None,
+    never_ran: bool = False,
+) -> bool:
+    """Whether the reconciler's answer was recorded on the claim ``holder`` held; ``False``
+    when that claim was settled or taken again meanwhile (the answer was about it alone)."""
+    assert pc.key is not None
+    try:
+        await parts.idempotency.resolve(
+            pc.key, outcome, tenant=tenant, never_ran=never_ran, by=by, holder=holder
+        )
+    except (KeyError, ValueError) as exc:
+        _log.info(
+            "run %s: %s changed while its reconciler was asked (%s); its answer is not "
+            "recorded, and the call is planned again",
+            run_id,
+            pc.describe(),
+            exc,
+        )
+        return False
+    return True
 
 
 async def _ask(

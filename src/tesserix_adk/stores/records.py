@@ -107,12 +107,16 @@ def after_resolve(
     never_ran: bool,
     by: str,
     now: float,
+    holder: str | None = None,
 ) -> IdempotencyRecord:
-    """An operator settles an in-flight call (``KeyError`` absent, ``ValueError`` settled)."""
+    """An operator settles an in-flight call (``KeyError`` absent, ``ValueError`` settled,
+    or in flight under another holder than ``holder`` when it is given)."""
     if existing is None:
         raise KeyError(key)
     if existing.status is not RecordStatus.in_flight:
         raise ValueError(f"{key!r} is {existing.status}, not in flight")
+    if holder is not None and existing.holder != holder:
+        raise ValueError(f"{key!r} is in flight under {existing.holder!r}, not {holder!r}")
     if never_ran:
         return replace(existing, status=RecordStatus.never_ran, by=by, expires_at=None)
     return replace(

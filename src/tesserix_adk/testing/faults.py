@@ -222,9 +222,12 @@ class FaultyIdempotencyStore:
         tenant: str,
         never_ran: bool = False,
         by: str,
+        holder: str | None = None,
     ) -> IdempotencyRecord:
         """Delegates."""
-        return await self.inner.resolve(key, outcome, tenant=tenant, never_ran=never_ran, by=by)
+        return await self.inner.resolve(
+            key, outcome, tenant=tenant, never_ran=never_ran, by=by, holder=holder
+        )
 
     async def seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Delegates."""

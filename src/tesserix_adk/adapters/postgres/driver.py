@@ -63,6 +63,12 @@ def driver_errors(action: str) -> Iterator[Call]:
         raise ConfigurationError(
             f"a tesserix-adk table is missing while {action} ({exc.diag.message_primary}); {APPLY}"
         ) from exc
+    except pg_errors.UndefinedColumn as exc:
+        # A schema from an earlier kit, not yet migrated: applying the schema adds it.
+        raise ConfigurationError(
+            f"a tesserix-adk column is missing while {action} ({exc.diag.message_primary}): "
+            f"the schema is from an earlier kit; {APPLY}"
+        ) from exc
     except (pg_errors.InsufficientPrivilege, pg_errors.InvalidSchemaName) as exc:
         raise ConfigurationError(f"PostgreSQL refused {action}: {exc}") from exc
     except (

@@ -183,6 +183,7 @@ class PostgresIdempotencyStore(FencedStore):
         tenant: str,
         never_ran: bool = False,
         by: str,
+        holder: str | None = None,
     ) -> IdempotencyRecord:
         """An operator settles an in-flight call: its outcome, or that it never ran."""
         checked_resolution(outcome, never_ran)
@@ -192,6 +193,7 @@ class PostgresIdempotencyStore(FencedStore):
             "never_ran": never_ran,
             "outcome": None if outcome is None else bytes(outcome),
             "by": by,
+            "holder": holder,
         }
         for _ in range(ATTEMPTS):
             row = await self.database.row(f"resolving {key!r}", self._sql.resolve, params)
@@ -202,4 +204,6 @@ class PostgresIdempotencyStore(FencedStore):
                 return record
             if record.status is not RecordStatus.in_flight:
                 raise ValueError(f"{key!r} is {record.status}, not in flight")
+            if holder is not None and record.holder != holder:
+                raise ValueError(f"{key!r} is in flight under {record.holder!r}, not {holder!r}")
         raise StoreUnavailableError(f"{key!r} kept changing while it was resolved")

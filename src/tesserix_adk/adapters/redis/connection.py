@@ -39,7 +39,6 @@ try:
         BusyLoadingError,
         ClusterCrossSlotError,
         ClusterDownError,
-        ClusterError,
         CrossSlotTransactionError,
         NoPermissionError,
         OutOfMemoryError,
@@ -426,13 +425,6 @@ def _driver_errors(action: str) -> Iterator[None]:
             retryable=reply.startswith(_TRANSIENT_REPLIES),
         ) from exc
     except RedisError as exc:
-        if isinstance(exc, ClusterError) and "TTL exhausted" in str(exc):
-            # redis-py's cluster client goes round only on MOVED, ASK and TRYAGAIN, each a
-            # refusal of the whole command: none of its tries took effect.
-            raise StoreUnavailableError(
-                f"Redis Cluster kept redirecting {action} (its slot is moving): {exc}",
-                retryable=True,
-            ) from exc
         if sends.sent:
             raise StoreReplyLostError(
                 f"Redis failed while {action} after the command was sent: {exc}"

@@ -379,6 +379,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
         tenant: str,
         never_ran: bool = False,
         by: str,
+        holder: str | None = None,
     ) -> IdempotencyRecord:
         """An operator settles an in-flight call: its outcome, or that it never ran."""
         checked_resolution(outcome, never_ran)
@@ -389,13 +390,20 @@ class RedisIdempotencyStore(_FencedRedisStore):
                 raise KeyError(key)
             result = await self._resolve(
                 keys=[self._record_key(tag, key)],
-                args=["1" if never_ran else "0", b"" if outcome is None else bytes(outcome), by],
+                args=[
+                    "1" if never_ran else "0",
+                    b"" if outcome is None else bytes(outcome),
+                    by,
+                    "" if holder is None else holder,
+                ],
             )
         _refuse_damaged(result, key)
         if result[0] == b"absent":
             raise KeyError(key)
         if result[0] == b"settled":
             raise ValueError(f"{key!r} is {_text(result[1])}, not in flight")
+        if result[0] == b"held":
+            raise ValueError(f"{key!r} is in flight under {_text(result[1])!r}, not {holder!r}")
         return _record(_pairs(result[1]))
 
 

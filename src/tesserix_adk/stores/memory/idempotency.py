@@ -156,6 +156,7 @@ class MemoryIdempotencyStore:
         tenant: str,
         never_ran: bool = False,
         by: str,
+        holder: str | None = None,
     ) -> IdempotencyRecord:
         """An operator settles the tenant's in-flight call: its outcome, or that it never
         ran."""
@@ -168,6 +169,7 @@ class MemoryIdempotencyStore:
             never_ran=never_ran,
             by=by,
             now=now,
+            holder=holder,
         )
         self._records[(tenant, key)] = record
         return record

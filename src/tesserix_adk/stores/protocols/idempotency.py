@@ -140,10 +140,13 @@ class IdempotencyStore(Protocol):
         tenant: str,
         never_ran: bool = False,
         by: str,
+        holder: str | None = None,
     ) -> IdempotencyRecord:
         """An operator settles an in-flight call: its outcome, or that it never ran.
 
-        Raises ``KeyError`` for an unknown key and ``ValueError`` when it is not in flight.
+        Raises ``KeyError`` for an unknown key and ``ValueError`` when it is not in flight,
+        or, with ``holder``, not in flight under that holder: the claim the caller looked
+        at and decided on was settled or taken again meanwhile.
         """
         ...
 

@@ -321,6 +321,7 @@ class SqliteIdempotencyStore(FencedSqliteStore):
         tenant: str,
         never_ran: bool = False,
         by: str,
+        holder: str | None = None,
     ) -> IdempotencyRecord:
         """An operator settles the tenant's in-flight call: its outcome, or that it never
         ran."""
@@ -336,6 +337,7 @@ class SqliteIdempotencyStore(FencedSqliteStore):
                 never_ran=never_ran,
                 by=by,
                 now=now,
+                holder=holder,
             )
             _save_record(conn, record)
             return record

@@ -38,6 +38,29 @@ class ResolutionChecks(ClockedConformance):
         assert again.holder == "worker-b"
         assert again.fence == 2
 
+    async def test_resolve_for_a_holder_settles_only_that_holders_claim(
+        self, idempotency_store: IdempotencyStore
+    ) -> None:
+        """``holder=``: the answer is about the claim the caller saw, and is refused once
+        that claim was settled and taken again by someone else."""
+        first = await _claim(idempotency_store, "k1", "worker-a", fence=1)
+        with pytest.raises(ValueError):
+            await idempotency_store.resolve(
+                "k1", never_ran=True, tenant=T, by="reconciler:x", holder="worker-b"
+            )
+        assert (await idempotency_store.lookup(["k1"], tenant=T))["k1"] == first
+        await idempotency_store.resolve("k1", never_ran=True, tenant=T, by="ops", holder="worker-a")
+        again = await _claim(idempotency_store, "k1", "worker-b", fence=2)
+        with pytest.raises(ValueError):
+            await idempotency_store.resolve(
+                "k1", b"done", tenant=T, by="reconciler:x", holder="worker-a"
+            )
+        assert (await idempotency_store.lookup(["k1"], tenant=T))["k1"] == again
+        done = await idempotency_store.resolve(
+            "k1", b"done", tenant=T, by="reconciler:x", holder="worker-b"
+        )
+        assert (done.status, done.outcome) == (RecordStatus.completed, b"done")
+
     async def test_a_call_sent_again_keeps_who_said_it_never_ran(
         self, idempotency_store: IdempotencyStore
     ) -> None:

@@ -1,16 +1,18 @@
 -- resolve: an operator settles an in-flight call: its outcome, or that it never ran.
 -- KEYS: [1] record.
--- ARGV: [1] never_ran ('1'/'0'), [2] outcome, [3] by.
--- Returns {'ok', the record's fields}, {'absent'}, {'settled', status} or {'damaged'}.
+-- ARGV: [1] never_ran ('1'/'0'), [2] outcome, [3] by, [4] holder ('' = whoever holds it).
+-- Returns {'ok', the record's fields}, {'absent'}, {'settled', status},
+-- {'held', holder} (in flight under another holder than ARGV[4]) or {'damaged'}.
 if damaged(KEYS[1]) then return {'damaged'} end
 local now = now_us()
-local current = redis.call('HMGET', KEYS[1], 'status', 'expires_at')
+local current = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'holder')
 local status = current[1]
 if status == 'in_flight' and current[2] and now >= tonumber(current[2]) then
   status = false
 end
 if not status then return {'absent'} end
 if status ~= 'in_flight' then return {'settled', status} end
+if ARGV[4] ~= '' and current[3] ~= ARGV[4] then return {'held', current[3]} end
 if ARGV[1] == '1' then
   redis.call('HSET', KEYS[1], 'status', 'never_ran', 'by', ARGV[3])
 else

@@ -1,5 +1,5 @@
 -- idempotency/resolve: An operator settles an in-flight call: its outcome, or that it never ran.
--- Parameters: tenant, key, never_ran, outcome, by.
+-- Parameters: tenant, key, never_ran, outcome, by, holder (NULL: whoever holds it).
 -- Returns: changed (this statement settled it), lapsed (the claim's ttl ran out) and the
 -- record; no row if there is none.
 WITH now_ AS (SELECT clock_timestamp() AS t),
@@ -12,6 +12,7 @@ settled AS (
         resolved_by = %(by)s
     FROM now_
     WHERE r.tenant = %(tenant)s AND r.key = %(key)s AND r.status = 'in_flight'
+      AND (%(holder)s::text IS NULL OR r.holder = %(holder)s::text)
       AND NOT (r.status = 'in_flight' AND r.expires_at IS NOT NULL AND r.expires_at <= now_.t)
     RETURNING r.key, r.status, r.holder, r.tenant, r.run_id, r.iteration, r.tool, r.call_id,
         r.side_effects, r.idempotent, r.fence, r.outcome,
