@@ -223,6 +223,15 @@ class Tool:
             arguments=call.arguments,
         )
 
+    def invalid_arguments(self, arguments: Mapping[str, Any]) -> str | None:
+        """Why ``arguments`` cannot be given to this tool (they fail its parameters'
+        validation), or ``None``: such a call is answered without being sent."""
+        try:
+            self._args_model.model_validate(dict(arguments))
+        except ValidationError as exc:
+            return f"invalid arguments for {self.name}: {exc}"
+        return None
+
     async def invoke(
         self,
         arguments: Mapping[str, Any],

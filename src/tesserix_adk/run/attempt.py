@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
     AdkError,
     ResumeConflictError,
@@ -221,6 +222,12 @@ class Attempt:
     # Whether the model's text is streamed: asked for by whoever started the attempt (events
     # to hear), not by telemetry added to ``events`` later, which must not change the wire.
     streams: bool = field(init=False, default=False)
+    # Each call of the turn being dispatched at its place in the turn, by the call object's
+    # id(): events name a call by its place too, as a model may give two calls one id.
+    positions: dict[int, int] = field(default_factory=dict)
+    # What masks a listener's error before it is logged (the runner's; built-in patterns
+    # when none was given).
+    redactor: Redactor | None = None
     # The write group open right now (``run.grouping``), and whether writes may be grouped
     # at all (not while a turn's calls go out side by side).
     group: PendingGroup | None = None
@@ -228,6 +235,10 @@ class Attempt:
 
     def __post_init__(self) -> None:
         self.streams = self.events is not None
+
+    def position_of(self, call: object) -> int:
+        """The place of ``call`` (an outstanding call of the turn) among its turn's calls."""
+        return self.positions.get(id(call), 0)
 
     def emit(self, event: RunEvent) -> None:
         """Report ``event`` to whoever streams the run (a no-op when nobody does). A
@@ -237,7 +248,10 @@ class Attempt:
             try:
                 self.events(event)
             except Exception as exc:
-                _log.warning("a listener of run events failed on %s: %r", type(event).__name__, exc)
+                shown = (self.redactor or Redactor()).text(repr(exc))
+                _log.warning(
+                    "a listener of run events failed on %s: %s", type(event).__name__, shown
+                )
 
     @property
     def fence(self) -> int | None:

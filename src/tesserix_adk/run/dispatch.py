@@ -91,6 +91,7 @@ async def dispatch_turn(
     finished in. A failure starts no more calls but lets those started finish (see
     ``run.parallel``); then it is raised, and nothing of the turn is appended."""
     grants = {g.call_id: g for g in run.grants}
+    attempt.positions = {id(oc): i for i, oc in enumerate(calls)}
     # Every call about to be sent asks for a cancel once it is claimed (``call_tool``): one
     # acknowledged before the claim, while the model thought or an earlier call was out,
     # stops it.
@@ -148,6 +149,9 @@ async def _answer(
         content = f"unknown tool {oc.call.name!r}"
     elif tool.requires_approval and not _approved(grants.get(oc.call.id)):
         content = _denial(grants.get(oc.call.id))
+    elif (invalid := tool.invalid_arguments(oc.call.arguments)) is not None:
+        # Nothing could be sent: no claim, and the model is told why, as the tool would.
+        content = invalid
     else:
         return await call_tool(parts, run, attempt, tool, oc)
     outcome = ToolOutcome(call_id=oc.call.id, content=content, is_error=True)
@@ -174,7 +178,11 @@ def _turn_error(errors: Sequence[BaseException]) -> BaseException:
 def _started(run: RunState, attempt: Attempt, oc: OutstandingCall) -> None:
     attempt.emit(
         ToolCallStarted(
-            run_id=run.run_id, iteration=run.iteration, call_id=oc.call.id, name=oc.call.name
+            run_id=run.run_id,
+            iteration=run.iteration,
+            call_id=oc.call.id,
+            name=oc.call.name,
+            position=attempt.position_of(oc),
         )
     )
 
@@ -204,6 +212,7 @@ def _finished_by(
             iteration=run.iteration,
             call_id=oc.call.id,
             name=oc.call.name,
+            position=attempt.position_of(oc),
             disposition=disposition,
             is_error=outcome.is_error,
             by=by,
@@ -220,6 +229,7 @@ def _unsent(run: RunState, attempt: Attempt, oc: OutstandingCall, error: AdkErro
             iteration=run.iteration,
             call_id=oc.call.id,
             name=oc.call.name,
+            position=attempt.position_of(oc),
             error=type(error).__name__,
         )
     )
@@ -333,8 +343,10 @@ async def _call_tool(
     # Else nothing goes out here (replayed, refused in doubt): the group stays open for the
     # turn's next writes, committed before anything leaves.
     if rec.status is RecordStatus.completed and rec.outcome is not None:
-        _started(run, attempt, oc)
+        # Read before it is reported started: one that cannot be read is no replay, and
+        # an attempt ending with a call started reports it as sent.
         known = decode_outcome(rec.outcome, oc.call.id)
+        _started(run, attempt, oc)
         # Recorded with a ``by``: a reconciler or an operator said what happened.
         how = CallDisposition.settled if rec.by else CallDisposition.replayed
         return _finished_by(run, attempt, oc, known, how, rec.by)

@@ -58,6 +58,8 @@ class ToolCallAsked:
     iteration: int
     call_id: str
     name: str
+    # The call's place among its turn's calls: a model may give two calls one id.
+    position: int = 0
     arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -69,6 +71,8 @@ class ToolCallStarted:
     iteration: int
     call_id: str
     name: str
+    # The call's place among its turn's calls: a model may give two calls one id.
+    position: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +83,8 @@ class ToolCallFinished:
     iteration: int
     call_id: str
     name: str
+    # The call's place among its turn's calls: a model may give two calls one id.
+    position: int = 0
     disposition: CallDisposition
     is_error: bool = False
     # Who settled it (``settled`` only): ``reconciler:<tool>`` or the person who resolved it.
@@ -96,6 +102,8 @@ class ToolCallUnsent:
     iteration: int
     call_id: str
     name: str
+    # The call's place among its turn's calls: a model may give two calls one id.
+    position: int = 0
     error: str
 
 

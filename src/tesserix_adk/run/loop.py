@@ -100,13 +100,14 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
         )
         run.steps_used += 1
         run.messages.append(message)
-        for call in message.tool_calls:
+        for position, call in enumerate(message.tool_calls):
             attempt.emit(
                 ToolCallAsked(
                     run_id=run.run_id,
                     iteration=run.iteration,
                     call_id=call.id,
                     name=call.name,
+                    position=position,
                     arguments=call.arguments,
                 )
             )

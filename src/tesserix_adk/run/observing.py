@@ -83,24 +83,25 @@ async def observed(
     try:
         watch = observer.watch(watched)
     except Exception as exc:
-        _log.warning("observing an attempt failed: %r", exc)
+        _log.warning("observing an attempt failed: %s", watched.redactor.text(repr(exc)))
         return await work
-    attempt.events = _both(_guarded(watch), attempt.events)
+    redactor = watched.redactor
+    attempt.events = _both(_guarded(watch, redactor), attempt.events)
     try:
         run = await work
     except BaseException as exc:
-        _end(watch, None, exc)
+        _end(watch, None, exc, redactor)
         raise
-    _end(watch, run, None)
+    _end(watch, run, None, redactor)
     return run
 
 
-def _guarded(watch: AttemptWatch) -> EventSink:
+def _guarded(watch: AttemptWatch, redactor: Redactor) -> EventSink:
     def hear(event: RunEvent) -> None:
         try:
             watch.event(event)
         except Exception as exc:
-            _log.warning("observing an event failed: %r", exc)
+            _log.warning("observing an event failed: %s", redactor.text(repr(exc)))
 
     return hear
 
@@ -116,11 +117,13 @@ def _both(first: EventSink, then: EventSink | None) -> EventSink:
     return both
 
 
-def _end(watch: AttemptWatch, run: Run | None, error: BaseException | None) -> None:
+def _end(
+    watch: AttemptWatch, run: Run | None, error: BaseException | None, redactor: Redactor
+) -> None:
     try:
         watch.end(run, error)
     except Exception as exc:
-        _log.warning("observing the end of an attempt failed: %r", exc)
+        _log.warning("observing the end of an attempt failed: %s", redactor.text(repr(exc)))
 
 
 class _Observable(Protocol):

@@ -226,7 +226,9 @@ class AgentRunner:
         own task (or a sync tool's thread), so it must not block; ``RunFinished`` is not
         among them (``run`` returns it).
         """
-        attempt = Attempt(holder=new_holder(self.worker), stop=stop, events=on_event)
+        attempt = Attempt(
+            holder=new_holder(self.worker), stop=stop, events=on_event, redactor=self.redactor
+        )
         work = self._start(attempt, agent, input, tenant, run_id, state)
         return await observe(self, attempt, AttemptKind.run, agent, tenant, run_id, work)
 
@@ -244,7 +246,9 @@ class AgentRunner:
         it early stops the run (lease released, resumable): see ``run.streaming``."""
 
         def start(events: EventSink) -> Coroutine[Any, Any, Run]:
-            attempt = Attempt(holder=new_holder(self.worker), stop=stop, events=events)
+            attempt = Attempt(
+                holder=new_holder(self.worker), stop=stop, events=events, redactor=self.redactor
+            )
             work = self._start(attempt, agent, input, tenant, run_id, state)
             return observe(self, attempt, AttemptKind.run, agent, tenant, run_id, work)
 
@@ -303,7 +307,9 @@ class AgentRunner:
         has a reconciler are settled by it first. A run whose cancel stands ends cancelled
         here, sending nothing (calls in doubt left as they are). ``stop`` and ``on_event``
         as for ``run``."""
-        attempt = Attempt(holder=new_holder(self.worker), stop=stop, events=on_event)
+        attempt = Attempt(
+            holder=new_holder(self.worker), stop=stop, events=on_event, redactor=self.redactor
+        )
         work = self._resume(attempt, agent, run_id, tenant, on_frontier)
         return await observe(self, attempt, AttemptKind.resume, agent, tenant, run_id, work)
 
@@ -320,7 +326,9 @@ class AgentRunner:
         leaving it early stops the run as for ``stream``."""
 
         def start(events: EventSink) -> Coroutine[Any, Any, Run]:
-            attempt = Attempt(holder=new_holder(self.worker), stop=stop, events=events)
+            attempt = Attempt(
+                holder=new_holder(self.worker), stop=stop, events=events, redactor=self.redactor
+            )
             work = self._resume(attempt, agent, run_id, tenant, on_frontier)
             return observe(self, attempt, AttemptKind.resume, agent, tenant, run_id, work)
 

@@ -10,15 +10,17 @@ by that frontier's fence, so only with a lease store).
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, StatusCode, TraceFlags
 
+from tesserix_adk.checkpoint.checkpointer import OFF_LOOP_BYTES, text_weight
 from tesserix_adk.run.events import (
     AttemptResumed,
     CallDisposition,
@@ -40,9 +42,10 @@ if TYPE_CHECKING:
 
 __all__ = ["AttemptSpans", "ToolDisposition", "tool_disposition"]
 
-T = TypeVar("T")
-
 Attributes = Mapping[str, str | bool | int | float | Sequence[str]]
+
+
+_log = logging.getLogger("tesserix_adk.runner")
 
 
 class ToolDisposition(StrEnum):
@@ -79,10 +82,9 @@ class AttemptSpans:
         # Whether the attempt carried the run at all (a resume of a finished run does not).
         self._carried = False
         self._chat: Span | None = None
-        # By call id, in the order asked: two calls of one reply may share an id, and each
-        # is told its own arguments and ends its own span, first in first out.
-        self._tools: dict[str, list[Span]] = {}
-        self._arguments: dict[str, list[Mapping[str, Any]]] = {}
+        # By call id and place in the turn: two calls of one reply may share an id.
+        self._tools: dict[tuple[str, int], Span] = {}
+        self._arguments: dict[tuple[str, int], Mapping[str, Any]] = {}
         # The caller's own span (a request handler's, say) is linked, not made the parent:
         # the trace is the run's, whoever carries it.
         caller = trace.get_current_span().get_span_context()
@@ -108,10 +110,10 @@ class AttemptSpans:
             self._model_finished(event)
         elif isinstance(event, ToolCallAsked):
             if self._t.capture_content:
-                self._arguments.setdefault(event.call_id, []).append(event.arguments)
+                self._arguments[(event.call_id, event.position)] = event.arguments
         elif isinstance(event, ToolCallStarted):
-            span = self._tool_span(event.iteration, event.call_id, event.name)
-            self._tools.setdefault(event.call_id, []).append(span)
+            span = self._tool_span(event.iteration, event.call_id, event.position, event.name)
+            self._tools[(event.call_id, event.position)] = span
         elif isinstance(event, ToolCallFinished):
             self._tool_finished(event)
         elif isinstance(event, ToolCallUnsent):
@@ -138,24 +140,30 @@ class AttemptSpans:
             span.set_attribute("gen_ai.response.finish_reasons", [event.finish_reason or "stop"])
         span.end()
 
-    def _tool_span(self, iteration: int, call_id: str, name: str) -> Span:
+    def _tool_span(self, iteration: int, call_id: str, position: int, name: str) -> Span:
+        # The name and id are the model's words, and a model can be made to write a secret
+        # there (a call it was refused for): masked as everything the kit keeps is.
+        shown = self._w.redactor.text(name)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": name,
-            "gen_ai.tool.call.id": call_id,
+            "gen_ai.tool.name": shown,
+            "gen_ai.tool.call.id": self._w.redactor.text(call_id),
             "tesserix.iteration": iteration,
         }
-        arguments = _first(self._arguments, call_id)
+        arguments = self._arguments.pop((call_id, position), None)
         if arguments is not None:
             attributes["gen_ai.tool.call.arguments"] = self._shown(dict(arguments))
         return self._child(
-            f"execute_tool {name}", ("tool", iteration, call_id), attributes, SpanKind.INTERNAL
+            f"execute_tool {shown}",
+            ("tool", iteration, call_id, position),
+            attributes,
+            SpanKind.INTERNAL,
         )
 
     def _tool_finished(self, event: ToolCallFinished) -> None:
-        span = _first(self._tools, event.call_id)
+        span = self._tools.pop((event.call_id, event.position), None)
         if span is None:  # refused: never started, never sent
-            span = self._tool_span(event.iteration, event.call_id, event.name)
+            span = self._tool_span(event.iteration, event.call_id, event.position, event.name)
         span.set_attribute("tesserix.tool.disposition", tool_disposition(event).value)
         if self._t.capture_content:
             span.set_attribute("gen_ai.tool.call.result", self._shown(event.content))
@@ -165,9 +173,9 @@ class AttemptSpans:
         span.end()
 
     def _tool_unsent(self, event: ToolCallUnsent) -> None:
-        span = _first(self._tools, event.call_id)
+        span = self._tools.pop((event.call_id, event.position), None)
         if span is None:
-            span = self._tool_span(event.iteration, event.call_id, event.name)
+            span = self._tool_span(event.iteration, event.call_id, event.position, event.name)
         span.set_attribute("tesserix.tool.disposition", ToolDisposition.refused.value)
         span.set_attribute("error.type", event.error)
         span.set_status(StatusCode.ERROR)
@@ -175,55 +183,68 @@ class AttemptSpans:
 
     def _shown(self, content: Any) -> str:
         """Content as an attribute may hold it: JSON, masked twice over (values by key
-        and shape, then the text), as everything the runner stores is."""
+        and shape, then the text), as everything the runner stores is. Content too large
+        to mask on the event loop (the runner masks it in a thread for its records) is not
+        captured: masking it here would hold up lease renewals."""
+        weight = text_weight(content)
+        if weight > OFF_LOOP_BYTES:
+            return f"(not captured: about {weight} characters)"
         redactor = self._w.redactor
         return redactor.text(json.dumps(redactor.value(content), sort_keys=True, default=str))
 
     # --- the attempt ---------------------------------------------------------------------
 
     def end(self, run: Run | None, error: BaseException | None) -> None:
-        """Close what is open; the attempt's span says how it ended."""
-        root = self._ensure_root()
+        """Close what is open; the attempt's span says how it ended. Each step is on its
+        own: a span or an instrument that fails loses that step alone, not the others."""
         failed = type(error).__name__ if error else "abandoned"
-        open_tools = [span for spans in self._tools.values() for span in spans]
-        for span in open_tools:
-            # Started means sent (its claim was durable): it may have run, so it counts as
-            # an execution, its outcome unknown to this attempt.
-            span.set_attribute("tesserix.tool.disposition", ToolDisposition.dispatched.value)
+        open_tools = list(self._tools.values())
         for span in [*([self._chat] if self._chat else []), *open_tools]:
-            span.set_attribute("error.type", failed)
-            span.set_status(StatusCode.ERROR)
-            span.end()
+            self._quietly(_failed_span, span, failed, span in open_tools)
         self._chat, self._tools = None, {}
         attributes: dict[str, str] = {"gen_ai.agent.name": self._w.agent}
-        root.set_attribute("tesserix.attempt.carried", self._carried)
         if run is not None:
             attributes["tesserix.run.status"] = run.status.value
-            root.set_attribute("tesserix.run.status", run.status.value)
-            if run.status is RunStatus.failed:
-                root.set_status(StatusCode.ERROR)
         else:
-            kind = type(error).__name__ if error is not None else "unknown"
-            attributes["error.type"] = kind
-            root.set_attribute("error.type", kind)
-            root.set_status(StatusCode.ERROR)
+            attributes["error.type"] = type(error).__name__ if error is not None else "unknown"
         if self._carried or run is None:
             # A run found already finished (or still waiting) was not carried: counting it
             # again would count one run's end twice.
-            self._t.instruments.runs.add(1, attributes)
-        root.end()
+            self._quietly(self._t.instruments.runs.add, 1, attributes)
+        self._quietly(self._end_root, run, attributes)
 
-    def _attempt_number(self) -> int:
+    def _end_root(self, run: Run | None, attributes: dict[str, str]) -> None:
+        root = self._ensure_root()
+        try:
+            root.set_attribute("tesserix.attempt.carried", self._carried)
+            for name, value in attributes.items():
+                if name != "gen_ai.agent.name":
+                    root.set_attribute(name, value)
+            if run is None or run.status is RunStatus.failed:
+                root.set_status(StatusCode.ERROR)
+        finally:
+            root.end()
+
+    def _quietly(self, step: Callable[..., object], *args: Any) -> None:
+        """``step(*args)``; a failure is logged (masked), never the run's."""
+        try:
+            step(*args)
+        except Exception as exc:
+            _log.warning("telemetry of an attempt failed: %s", self._w.redactor.text(repr(exc)))
+
+    def _attempt_ids(self) -> tuple[str | int, ...]:
+        """What names this attempt in span ids: its fence, or without a lease (none held
+        yet, or no lease store) its holder id, which no other attempt has."""
         fence = self._w.attempt.fence
         if fence is not None:
-            return fence
-        return 0 if self._resumed is None else self._resumed.step
+            return ("attempt", fence)
+        return ("attempt-of", self._w.attempt.holder)
 
     def _ensure_root(self) -> Span:
         if self._root is not None:
             return self._root
         tenant, run_id = self._w.tenant, self._run_id or "unknown"
-        number = self._attempt_number()
+        number = self._w.attempt.fence
         trace_id = trace_id_of(tenant, run_id)
         links: list[Link] = []
         previous = None if self._resumed is None else self._resumed.fence
@@ -244,14 +265,15 @@ class AttemptSpans:
             "gen_ai.conversation.id": run_id,
             "tesserix.tenant": tenant,
             "tesserix.run.id": run_id,
-            "tesserix.attempt": number,
             "tesserix.attempt.kind": self._w.kind.value,
             "tesserix.attempt.streamed": self._w.streamed,
             "tesserix.worker": self._w.worker,
         }
+        if number is not None:
+            attributes["tesserix.attempt"] = number
         if self._resumed is not None:
             attributes["tesserix.resumed.step"] = self._resumed.step
-        self._expect(trace_id, span_id_of(tenant, run_id, "attempt", number))
+        self._expect(trace_id, span_id_of(tenant, run_id, *self._attempt_ids()))
         try:
             self._root = self._t.tracer.start_span(
                 f"invoke_agent {self._w.agent}",
@@ -272,7 +294,7 @@ class AttemptSpans:
         tenant, run_id = self._w.tenant, self._run_id or "unknown"
         self._expect(
             trace_id_of(tenant, run_id),
-            span_id_of(tenant, run_id, "attempt", self._attempt_number(), *what),
+            span_id_of(tenant, run_id, *self._attempt_ids(), *what),
         )
         try:
             return self._t.tracer.start_span(
@@ -297,12 +319,11 @@ def _model(model: str | None) -> dict[str, str]:
     return {} if model is None else {"gen_ai.request.model": model}
 
 
-def _first(waiting: dict[str, list[T]], call_id: str) -> T | None:
-    """The first of what waits under ``call_id``, taken off (``None``: nothing waits)."""
-    queue = waiting.get(call_id)
-    if not queue:
-        return None
-    first = queue.pop(0)
-    if not queue:
-        del waiting[call_id]
-    return first
+def _failed_span(span: Span, failed: str, sent: bool) -> None:
+    if sent:
+        # Started means sent (its claim was durable): it may have run, so it counts as an
+        # execution, its outcome unknown to this attempt.
+        span.set_attribute("tesserix.tool.disposition", ToolDisposition.dispatched.value)
+    span.set_attribute("error.type", failed)
+    span.set_status(StatusCode.ERROR)
+    span.end()
