@@ -149,8 +149,10 @@ async def _answer(
         content = f"unknown tool {oc.call.name!r}"
     elif tool.requires_approval and not _approved(grants.get(oc.call.id)):
         content = _denial(grants.get(oc.call.id))
-    elif (invalid := tool.invalid_arguments(oc.call.arguments)) is not None:
-        # Nothing could be sent: no claim, and the model is told why, as the tool would.
+    elif not oc.redacted and (invalid := tool.invalid_arguments(oc.call.arguments)) is not None:
+        # Nothing could be sent: no claim, and the model is told why, as the tool would. (A
+        # call whose arguments were masked goes on below, where what its record says of it
+        # decides, as for any other such call.)
         content = invalid
     else:
         return await call_tool(parts, run, attempt, tool, oc)
