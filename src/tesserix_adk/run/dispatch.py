@@ -149,11 +149,6 @@ async def _answer(
         content = f"unknown tool {oc.call.name!r}"
     elif tool.requires_approval and not _approved(grants.get(oc.call.id)):
         content = _denial(grants.get(oc.call.id))
-    elif not oc.redacted and (invalid := tool.invalid_arguments(oc.call.arguments)) is not None:
-        # Nothing could be sent: no claim, and the model is told why, as the tool would. (A
-        # call whose arguments were masked goes on below, where what its record says of it
-        # decides, as for any other such call.)
-        content = invalid
     else:
         return await call_tool(parts, run, attempt, tool, oc)
     outcome = ToolOutcome(call_id=oc.call.id, content=content, is_error=True)
@@ -222,6 +217,13 @@ def _finished_by(
         )
     )
     return outcome
+
+
+def _invalid(tool: Tool, oc: OutstandingCall) -> ToolOutcome | None:
+    """The answer to a call whose arguments its tool's validation refuses (it would raise
+    before sending anything), or ``None``."""
+    why = tool.invalid_arguments(oc.call.arguments)
+    return None if why is None else ToolOutcome(call_id=oc.call.id, content=why, is_error=True)
 
 
 def _unsent(run: RunState, attempt: Attempt, oc: OutstandingCall, error: AdkError) -> None:
@@ -298,6 +300,9 @@ async def _call_tool(
         )
         if unsent is not None:
             return _finished(run, attempt, oc, unsent, CallDisposition.refused)
+        invalid = _invalid(tool, oc)
+        if invalid is not None:
+            return _finished(run, attempt, oc, invalid, CallDisposition.refused)
         _started(run, attempt, oc)
         try:
             outcome = await invoke(attempt, tool, oc.call, ctx, parts.redactor)
@@ -376,9 +381,16 @@ async def _call_tool(
             "it is not sent again"
         )
     how = CallDisposition.dispatched
+    invalid = None if oc.redacted or unsent is not None else _invalid(tool, oc)
     if oc.redacted:
         how = CallDisposition.refused
         outcome = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
+    elif invalid is not None:
+        # Not sent: arguments its tool refuses. Recorded like any answer (what a resume
+        # replays), reported refused. Checked only now, once the record said it was to go
+        # out: a call that ran is replayed, whatever its tool's validation says today.
+        how = CallDisposition.refused
+        outcome = invalid
     else:
         if unsent is not None:
             # Claimed by this attempt and never sent: the claim goes.

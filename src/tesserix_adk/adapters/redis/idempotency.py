@@ -395,6 +395,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
                     b"" if outcome is None else bytes(outcome),
                     by,
                     "" if holder is None else holder,
+                    "0" if holder is None else "1",
                 ],
             )
         _refuse_damaged(result, key)
