@@ -55,36 +55,11 @@ async def reconcile_in_doubt(
     about only once that run's lease is not live, and after the margin past its end: while
     it lives, its holder may be sending the call right now. ``leases`` is where that run's
     lease is read; without it such a claim is left in doubt."""
-    askable: list[tuple[PlannedCall, Tool]] = []
-    ended_agos: list[float | None] = []
-    # Without a lease store nothing says when the last carrier stopped: wait a whole margin.
-    own = attempt.lease.since_previous_end() if attempt.lease is not None else 0.0
-    for pc in plan.indeterminate:
-        tool = agent.tools.get(pc.tool)
-        if pc.key is None or tool is None or tool.reconcile is None:
-            continue
-        if pc.key in {asked.key for asked, _ in askable}:
-            continue  # twins under one key: one answer settles the one record
-        other = pc.record.run_id if pc.record is not None else run_id
-        if other == run_id:
-            ended_agos.append(own)
-        else:
-            ended = await _other_run_ended(leases, tenant, other)
-            if ended is _MAY_BE_SENDING:
-                _log.info(
-                    "run %s: %s is claimed by run %s, which may be sending it now; its "
-                    "reconciler is not asked",
-                    run_id,
-                    pc.describe(),
-                    other,
-                )
-                continue
-            assert isinstance(ended, (int, float))
-            ended_agos.append(float(ended))
-        askable.append((pc, tool))
+    askable, wait = await _askable(
+        agent, plan, attempt, leases, tenant=tenant, run_id=run_id, margin=margin
+    )
     if not askable:
         return False
-    wait = max(never_ran_wait(ended, margin) for ended in ended_agos)
     if wait > 0:
         # The lease keeps renewing meanwhile; the run is held, nobody else moves.
         _log.info(
@@ -136,6 +111,45 @@ async def reconcile_in_doubt(
         _log.info("run %s: %s settled by its reconciler: %s", run_id, pc.describe(), answer.found)
         recorded = True
     return recorded
+
+
+async def _askable(
+    agent: Agent,
+    plan: ResumePlan,
+    attempt: Attempt,
+    leases: LeaseStore | None,
+    *,
+    tenant: str,
+    run_id: str,
+    margin: float,
+) -> tuple[list[tuple[PlannedCall, Tool]], float]:
+    """The calls in doubt a reconciler may be asked about, each with its tool, and how long
+    to wait first: the margin past the end of the lease of every run whose claim is asked
+    about (this run's, or another's sharing a key, whose lease must not be live)."""
+    askable: list[tuple[PlannedCall, Tool]] = []
+    waits: list[float] = []
+    # Without a lease store nothing says when the last carrier stopped: wait a whole margin.
+    own = attempt.lease.since_previous_end() if attempt.lease is not None else 0.0
+    for pc in plan.indeterminate:
+        tool = agent.tools.get(pc.tool)
+        if pc.key is None or tool is None or tool.reconcile is None:
+            continue
+        if pc.key in {asked.key for asked, _ in askable}:
+            continue  # twins under one key: one answer settles the one record
+        other = pc.record.run_id if pc.record is not None else run_id
+        ended = own if other == run_id else await _other_run_ended(leases, tenant, other)
+        if other != run_id and ended is None:
+            _log.info(
+                "run %s: %s is claimed by run %s, which may be sending it now; its "
+                "reconciler is not asked",
+                run_id,
+                pc.describe(),
+                other,
+            )
+            continue
+        waits.append(never_ran_wait(ended, margin))
+        askable.append((pc, tool))
+    return askable, max(waits, default=0.0)
 
 
 async def _settled(
@@ -265,20 +279,16 @@ def _in_daemon_thread(fn: Any, *args: Any) -> asyncio.Future[Any]:
     return future
 
 
-_MAY_BE_SENDING = object()
-
-
-async def _other_run_ended(leases: LeaseStore | None, tenant: str, run_id: str) -> object:
-    """Seconds since ``run_id``'s lease ended, or ``_MAY_BE_SENDING``: its lease is live,
-    cannot be read, or none ever ended (a claim made without a lease says nothing of when
-    its holder stopped)."""
+async def _other_run_ended(leases: LeaseStore | None, tenant: str, run_id: str) -> float | None:
+    """Seconds since ``run_id``'s lease ended; ``None`` when its holder may be sending right
+    now: its lease is live, cannot be read, or none ever ended (a claim made without a
+    lease says nothing of when its holder stopped)."""
     if leases is None:
-        return _MAY_BE_SENDING
+        return None
     try:
         if await leases.current(tenant, run_id) is not None:
-            return _MAY_BE_SENDING
-        ended = await leases.ended_ago(tenant, run_id)
+            return None
+        return await leases.ended_ago(tenant, run_id)
     except AdkError as exc:
         _log.warning("the lease of run %s could not be read (%s)", run_id, exc)
-        return _MAY_BE_SENDING
-    return _MAY_BE_SENDING if ended is None else ended
+        return None
