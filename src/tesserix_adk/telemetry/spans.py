@@ -1,10 +1,11 @@
 """One attempt's spans: ``invoke_agent {agent}`` over it, ``chat {model}`` per model call
 and ``execute_tool {tool}`` per call beside them, made from the events the loop reports.
 
-Ids: the trace is the run's; the attempt is its fence (with a lease store) or, without
-one, the step it starts from; a model call is named by its iteration, a tool call by its
-iteration and call id. A resume links to the attempt whose frontier it continues (known
-by that frontier's fence, so only with a lease store).
+Ids: the trace is the run's; the attempt is its fence (with a lease) or, without one, its
+holder id, which no other attempt shares; a model call is named by its iteration, a tool
+call by its iteration, call id and place in the turn (a model may give two calls one id).
+A resume links to the attempt whose frontier it continues (known by that frontier's
+fence, so only with a lease store).
 """
 
 from __future__ import annotations
