@@ -125,8 +125,9 @@ def explain(exc: BaseException, *, told: Iterable[str] = ()) -> tuple[ExitCode, 
     error's text may repeat what it was given (a provider's echoing its API key).
 
     ``told`` are what the operator gave the command (a run id, a tenant, a store's path):
-    they are shown as given, never masked, since a sentence naming a run or a command to
-    type is no use with it masked, and a run id may look like a key to the redactor."""
+    one the redactor would take for a secret on its own (a run id may look like an AWS key)
+    is shown as given, since a sentence naming a run or a command to type is no use with it
+    masked; a secret it sits in or beside is still masked whole."""
     redact = _redacting(default_redactor(), told)
     code, said = _explained(exc, redact)
     return code, redact(said)
