@@ -236,7 +236,7 @@ def test_show_keeps_who_said_a_call_never_ran() -> None:
     assert sent == ["LH400", "LH400"]  # sent again, on alice's word
     code, story, err = _cli(stores, "show", "r", "--tenant", TENANT)
     assert code == 0, err
-    assert "sent again after alice said it never ran" in story, story
+    assert "claimed again after alice said it never ran" in story, story
     code, told, err = _cli(stores, "show", "r", "--tenant", TENANT, "--json")
     assert code == 0, err
     (call,) = [c for c in json.loads(told)["calls"] if c["tool"] == "book_seat"]

@@ -325,7 +325,7 @@ async def test_show_names_who_said_a_resent_call_never_ran(tmp_path: Path) -> No
     [call] = [c for c in told["calls"] if c["tool"] == "charge"]
     assert (call["never_ran_by"], call["by"]) == ("alice@ops", None)
     code, out, err = await _cli(open_stores(url), "show", "r1", "--tenant", T)
-    assert "sent again after alice@ops said it never ran" in out, out
+    assert "claimed again after alice@ops said it never ran" in out, out
 
 
 # --- 3. a reply cut off for want of tokens (providers) ---------------------------------------

@@ -7,6 +7,7 @@ reading the attribute, never by matching on names.
 
     AdkError (.retryable)
     ├── ConfigurationError            a usage mistake; fix the code or the deployment
+    │   └── SchemaMismatchError       the store's schema is not this kit's version
     ├── StoreUnavailableError         a store could not be reached (retryable)
     │   └── StoreReplyLostError       sent, but the reply was lost: the outcome is unknown
     ├── ProviderError                 a model call failed (.retryable, .status_code)
@@ -62,6 +63,7 @@ __all__ = [
     "RunFailedError",
     "RunStartedError",
     "RunStoppedError",
+    "SchemaMismatchError",
     "StaleFenceError",
     "StoreReplyLostError",
     "StoreUnavailableError",
@@ -81,6 +83,12 @@ class AdkError(Exception):
 
 class ConfigurationError(AdkError):
     """The kit was wired or called in a way that cannot work."""
+
+
+class SchemaMismatchError(ConfigurationError):
+    """The store holds no schema of this kit's version (none, an earlier one that
+    ``tesserix schema apply`` migrates, or a later one): a matter of the store, not of any
+    one run, so a worker stops on it rather than park the run it was carrying."""
 
 
 class StoreUnavailableError(AdkError):

@@ -44,6 +44,7 @@ from tesserix_adk.errors import (
     RunFailedError,
     RunStartedError,
     RunStoppedError,
+    SchemaMismatchError,
     StaleFenceError,
 )
 from tesserix_adk.run.result import Run, RunStatus
@@ -159,6 +160,9 @@ class Worker:
         self.drain_timeout = drain_timeout
         self._rng = rng or random.Random()
         self._draining = asyncio.Event()
+        # A store whose schema is not this kit's, met while carrying a run: the worker
+        # stops with it (raised by ``run``), as at its first look.
+        self._fatal: SchemaMismatchError | None = None
         self._wake = asyncio.Event()
         self._running: dict[tuple[str, str], asyncio.Task[Carried]] = {}
         # Runs found held by another attempt, and the loop time before which this worker
@@ -197,6 +201,8 @@ class Worker:
                     await self._nap()
         finally:
             await self._drain_running()
+        if self._fatal is not None:
+            raise self._fatal
 
     async def poll(self) -> int:
         """Take what is due now, up to the free slots; how many runs were started."""
@@ -380,6 +386,16 @@ class Worker:
                 "run %s: another worker has it (%s); looking again in %.1f s", where, exc, hold
             )
             return Carried.elsewhere
+        if isinstance(exc, SchemaMismatchError):
+            # The store's, not the run's (an earlier schema not yet migrated, say): parked,
+            # the run would stay parked once the schema is applied. It is given back, and
+            # the worker stops with the store's sentence.
+            if counted:
+                await self._give_back(item)
+            _log.error("run %s: %s; the worker stops", where, exc)
+            self._fatal = self._fatal or exc
+            self._draining.set()
+            return Carried.stopped
         retryable = isinstance(exc, AdkError) and exc.retryable
         if isinstance(exc, (*_PARK, NoCheckpointError)) and not retryable:
             parked = await self._park_as(item, f"{type(exc).__name__}: {exc}", type(exc).__name__)

@@ -134,12 +134,13 @@ def explain(exc: BaseException, *, told: Iterable[str] = ()) -> tuple[ExitCode, 
 
 
 def told_by(args: object) -> tuple[str, ...]:
-    """What a parsed command line names that ``explain`` shows as given: its run ids, its
-    tenant and, for a SQLite store, the store's file and URL without their query (the URL
+    """What a parsed command line names that ``explain`` shows as given: its run ids
+    (``run``, ``run --resume``, ``--new-run-id``), its tenant, the approval request or call
+    it names and, for a SQLite store, the store's file and URL without their query (the URL
     of any other store, and any query, may hold a password)."""
     told = [
         value
-        for name in ("run", "tenant", "new_run_id")
+        for name in ("run", "resume", "tenant", "new_run_id", "request", "call")
         if isinstance(value := getattr(args, name, None), str)
     ]
     store = getattr(args, "store", None)

@@ -2,7 +2,7 @@
 
 Each step's boundary (from the step snapshots), the model's turns (from the transcript),
 each call with its key digest, disposition, outcome (as stored: redacted) and who resolved
-it (or, for a call sent again, who said it never ran), the approvals and who decided
+it (or, for a call claimed again, who said it never ran), the approvals and who decided
 them, the fences the run was written under and the holders seen at each, a cancel request,
 accepted revision changes, and spend. What a backend does not keep is said in
 ``not_kept`` rather than left out silently.
@@ -363,7 +363,7 @@ def render(told: dict[str, Any]) -> str:
             verdict = "approved" if c["approval"]["approved"] else "denied"
             who += f", {verdict} by {_e(c['approval']['by'])}"
         if c["never_ran_by"]:
-            who += f", sent again after {_e(c['never_ran_by'])} said it never ran"
+            who += f", claimed again after {_e(c['never_ran_by'])} said it never ran"
         lines.append(
             f"  {_e(c['tool'])} ({_e(c['call_id'])}) key {c['key_digest']}: {c['disposition']}"
             f"{who}; holder {_e(c['holder'])} fence {_e(c['fence'])}; outcome "

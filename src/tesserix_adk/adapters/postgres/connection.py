@@ -56,7 +56,7 @@ from tesserix_adk.adapters.postgres.grouping import PostgresWriteGroup
 from tesserix_adk.adapters.postgres.prepared import PreparedStatements
 from tesserix_adk.adapters.postgres.schema import APPLY, SCHEMA_LOCK_CLASS, TABLES, Schema
 from tesserix_adk.adapters.postgres.statements import qualified_tables, qualify
-from tesserix_adk.errors import ConfigurationError, StoreReplyLostError
+from tesserix_adk.errors import ConfigurationError, SchemaMismatchError, StoreReplyLostError
 from tesserix_adk.stores.grouping import joined
 
 __all__ = ["DEFAULT_TIMEOUT", "Pool", "PostgresDatabase", "Row"]
@@ -353,24 +353,24 @@ class PostgresDatabase:
         bare = dict(zip(self.tables, TABLES, strict=True))
         missing: list[str] = [bare[t] for t in row["missing"]]
         if "adk_schema_version" in missing:
-            raise ConfigurationError(
+            raise SchemaMismatchError(
                 f"the tesserix-adk schema is missing from {where} (this kit needs version "
                 f"{self.schema.version}); {APPLY}"
             )
         found = await self.row("checking the schema", self._version_query, {})
         version = 0 if found is None else int(found["version"])
         if version > self.schema.version:
-            raise ConfigurationError(
+            raise SchemaMismatchError(
                 f"the tesserix-adk schema in {where} is at version {version}, newer than the "
                 f"{self.schema.version} this kit reads; upgrade tesserix-adk"
             )
         if version < self.schema.version:
-            raise ConfigurationError(
+            raise SchemaMismatchError(
                 f"the tesserix-adk schema in {where} is at version {version}, older than the "
                 f"{self.schema.version} this kit needs; {APPLY}"
             )
         if missing:
-            raise ConfigurationError(
+            raise SchemaMismatchError(
                 f"the tesserix-adk schema in {where} lacks {', '.join(missing)}; {APPLY}"
             )
 

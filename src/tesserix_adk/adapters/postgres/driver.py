@@ -21,7 +21,12 @@ from tesserix_adk.adapters.postgres.prepared import (
     lost_statement,
 )
 from tesserix_adk.adapters.postgres.schema import APPLY
-from tesserix_adk.errors import ConfigurationError, StoreReplyLostError, StoreUnavailableError
+from tesserix_adk.errors import (
+    ConfigurationError,
+    SchemaMismatchError,
+    StoreReplyLostError,
+    StoreUnavailableError,
+)
 
 __all__ = [
     "Call",
@@ -60,12 +65,12 @@ def driver_errors(action: str) -> Iterator[Call]:
     try:
         yield call
     except pg_errors.UndefinedTable as exc:
-        raise ConfigurationError(
+        raise SchemaMismatchError(
             f"a tesserix-adk table is missing while {action} ({exc.diag.message_primary}); {APPLY}"
         ) from exc
     except pg_errors.UndefinedColumn as exc:
         # A schema from an earlier kit, not yet migrated: applying the schema adds it.
-        raise ConfigurationError(
+        raise SchemaMismatchError(
             f"a tesserix-adk column is missing while {action} ({exc.diag.message_primary}): "
             f"the schema is from an earlier kit; {APPLY}"
         ) from exc

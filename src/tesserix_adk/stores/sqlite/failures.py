@@ -9,6 +9,7 @@ from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
     ConfigurationError,
+    SchemaMismatchError,
     StoreUnavailableError,
 )
 
@@ -21,15 +22,15 @@ def sqlite_url(path: str) -> str:
     return "sqlite:///" + path
 
 
-def missing_schema(path: str) -> ConfigurationError:
+def missing_schema(path: str) -> SchemaMismatchError:
     """No schema (or no file) where the stores were pointed."""
-    return ConfigurationError(
+    return SchemaMismatchError(
         f"the SQLite store {path} has no tesserix schema (or does not exist); "
         f"create it with `tesserix schema apply --store {sqlite_url(path)}`"
     )
 
 
-def wrong_version(path: str, found: object, version: int) -> ConfigurationError:
+def wrong_version(path: str, found: object, version: int) -> SchemaMismatchError:
     """A schema version this kit does not use, with what to do about it."""
     # Version 1 is the first: anything lower was not written by a release of the kit.
     if isinstance(found, int) and found > version:
@@ -40,7 +41,7 @@ def wrong_version(path: str, found: object, version: int) -> ConfigurationError:
         )
     else:
         hint = "it was not created by `tesserix schema apply`"
-    return ConfigurationError(
+    return SchemaMismatchError(
         f"the SQLite store {path} has schema version {found!r}, this kit needs {version}; {hint}"
     )
 
