@@ -7,7 +7,8 @@ reading the attribute, never by matching on names.
 
     AdkError (.retryable)
     ├── ConfigurationError            a usage mistake; fix the code or the deployment
-    │   └── SchemaMismatchError       the store's schema is not this kit's version
+    │   ├── SchemaMismatchError       the store's schema is not this kit's version
+    │   └── StorePermissionError      the store refuses the kit's user what it needs
     ├── StoreUnavailableError         a store could not be reached (retryable)
     │   └── StoreReplyLostError       sent, but the reply was lost: the outcome is unknown
     ├── ProviderError                 a model call failed (.retryable, .status_code)
@@ -65,6 +66,7 @@ __all__ = [
     "RunStoppedError",
     "SchemaMismatchError",
     "StaleFenceError",
+    "StorePermissionError",
     "StoreReplyLostError",
     "StoreUnavailableError",
 ]
@@ -89,6 +91,11 @@ class SchemaMismatchError(ConfigurationError):
     """The store holds no schema of this kit's version (none, an earlier one that
     ``tesserix schema apply`` migrates, or a later one): a matter of the store, not of any
     one run, so a worker stops on it rather than park the run it was carrying."""
+
+
+class StorePermissionError(ConfigurationError):
+    """The store refuses the kit's database user (or Redis ACL user) what it needs: like a
+    schema mismatch, a matter of the store, on which a worker stops rather than park runs."""
 
 
 class StoreUnavailableError(AdkError):

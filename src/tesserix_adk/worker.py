@@ -46,6 +46,7 @@ from tesserix_adk.errors import (
     RunStoppedError,
     SchemaMismatchError,
     StaleFenceError,
+    StorePermissionError,
 )
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.runner import AgentRunner
@@ -72,6 +73,8 @@ _PARK = (
     ReplayNotResumableError,
     ConfigurationError,
 )
+# The store's own trouble, not the run's: the worker stops instead of parking the run.
+_STORE_WIDE = (SchemaMismatchError, StorePermissionError)
 # Someone else carries the run now, or will: nothing to record.
 _ELSEWHERE = (ResumeConflictError, LeaseError, StaleFenceError)
 # Found held as the take began (not lost while carried): the take did not happen.
@@ -162,7 +165,7 @@ class Worker:
         self._draining = asyncio.Event()
         # A store whose schema is not this kit's, met while carrying a run: the worker
         # stops with it (raised by ``run``), as at its first look.
-        self._fatal: SchemaMismatchError | None = None
+        self._fatal: ConfigurationError | None = None
         self._wake = asyncio.Event()
         self._running: dict[tuple[str, str], asyncio.Task[Carried]] = {}
         # Runs found held by another attempt, and the loop time before which this worker
@@ -352,6 +355,20 @@ class Worker:
         _log.info("run %s/%s: %s; finished %s", item.tenant, item.run_id, verb, result.status)
         return Carried.finished
 
+    async def _the_stores_own(self, exc: ConfigurationError) -> bool:
+        """Whether a schema or permission error a run met is this worker's store's (then
+        the worker stops), not one a run's own tool or model met elsewhere (then it is the
+        run's, parked like any ``ConfigurationError``): a schema error counts as the store's
+        when the store's own check fails too, or cannot be made."""
+        verify = self.runner.verify_stores
+        if isinstance(exc, StorePermissionError) or verify is None:
+            return True
+        try:
+            await verify()
+        except Exception:
+            return True
+        return False
+
     async def _give_back(self, item: WorkItem) -> None:
         """Take back the attempt this take counted: the run was not carried (another worker
         has it) or this worker stopped it (a drain), through no fault of the run's."""
@@ -386,10 +403,10 @@ class Worker:
                 "run %s: another worker has it (%s); looking again in %.1f s", where, exc, hold
             )
             return Carried.elsewhere
-        if isinstance(exc, SchemaMismatchError):
-            # The store's, not the run's (an earlier schema not yet migrated, say): parked,
-            # the run would stay parked once the schema is applied. It is given back, and
-            # the worker stops with the store's sentence.
+        if isinstance(exc, _STORE_WIDE) and await self._the_stores_own(exc):
+            # The store's, not the run's (an earlier schema not yet migrated, a grant
+            # missing): parked, the run would stay parked once the store is mended. It is
+            # given back, and the worker stops with the store's sentence.
             if counted:
                 await self._give_back(item)
             _log.error("run %s: %s; the worker stops", where, exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
@@ -132,6 +132,9 @@ class AgentRunner:
         # a frozen VM) holds SQLite's write lock, or the run's rows on PostgreSQL, until it
         # resumes; off by default, each write commits on its own.
         self.group_writes = group_writes
+        # Checks the stores' schema (``Stores.verify``; ``from_stores`` sets it): a worker
+        # asks it whether a schema error a run met is its store's.
+        self.verify_stores: Callable[[], Awaitable[None]] | None = None
 
     @classmethod
     def from_stores(cls, provider: Provider, stores: Stores, **kwargs: Any) -> AgentRunner:
@@ -142,7 +145,7 @@ class AgentRunner:
         cp_kwargs = {k: v for k, v in kwargs.items() if k in cp_options}
         runner_kwargs = {k: v for k, v in kwargs.items() if k not in cp_options}
         checkpointer = Checkpointer.from_stores(stores, **cp_kwargs)
-        return cls(
+        runner = cls(
             provider,
             idempotency=stores.idempotency,
             checkpoints=checkpointer,
@@ -152,6 +155,8 @@ class AgentRunner:
             work=stores.work,
             **runner_kwargs,
         )
+        runner.verify_stores = stores.verify
+        return runner
 
     @property
     def redactor(self) -> Redactor:

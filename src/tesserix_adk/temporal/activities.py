@@ -22,7 +22,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.errors import AdkError, ConfigurationError, LeaseError, StaleFenceError
+from tesserix_adk.errors import (
+    AdkError,
+    ConfigurationError,
+    LeaseError,
+    SchemaMismatchError,
+    StaleFenceError,
+    StorePermissionError,
+)
 from tesserix_adk.run.attempt import new_holder
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.temporal import steps
@@ -104,5 +111,9 @@ async def _translated(work: Awaitable[T]) -> T:
     except AdkError as exc:
         # A held or lost lease, a stale fence: this attempt only; the next one reads the
         # records back and decides again.
-        retry = exc.retryable or isinstance(exc, LeaseError | StaleFenceError)
+        # A store not (yet) of this kit's schema, or refusing its user: retried until an
+        # operator applies the schema or the grant, never the end of the run's workflow.
+        retry = exc.retryable or isinstance(
+            exc, LeaseError | StaleFenceError | SchemaMismatchError | StorePermissionError
+        )
         raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=not retry) from exc

@@ -22,8 +22,8 @@ from tesserix_adk.adapters.postgres.prepared import (
 )
 from tesserix_adk.adapters.postgres.schema import APPLY
 from tesserix_adk.errors import (
-    ConfigurationError,
     SchemaMismatchError,
+    StorePermissionError,
     StoreReplyLostError,
     StoreUnavailableError,
 )
@@ -74,8 +74,10 @@ def driver_errors(action: str) -> Iterator[Call]:
             f"a tesserix-adk column is missing while {action} ({exc.diag.message_primary}): "
             f"the schema is from an earlier kit; {APPLY}"
         ) from exc
-    except (pg_errors.InsufficientPrivilege, pg_errors.InvalidSchemaName) as exc:
-        raise ConfigurationError(f"PostgreSQL refused {action}: {exc}") from exc
+    except pg_errors.InsufficientPrivilege as exc:
+        raise StorePermissionError(f"PostgreSQL refused {action}: {exc}") from exc
+    except pg_errors.InvalidSchemaName as exc:
+        raise SchemaMismatchError(f"PostgreSQL refused {action}: {exc}") from exc
     except (
         pg_errors.QueryCanceled,
         pg_errors.LockNotAvailable,

@@ -59,6 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 from tesserix_adk.errors import (
     CheckpointCorruptError,
     ConfigurationError,
+    StorePermissionError,
     StoreReplyLostError,
     StoreUnavailableError,
 )
@@ -394,7 +395,7 @@ def _driver_errors(action: str) -> Iterator[None]:
             f"Redis refused {action} for now ({type(exc).__name__}): {exc}", retryable=True
         ) from exc
     except NoPermissionError as exc:
-        raise ConfigurationError(f"Redis refused {action}: {exc}") from exc
+        raise StorePermissionError(f"Redis refused {action}: {exc}") from exc
     except (RedisConnectionError, RedisTimeoutError) as exc:
         if sends.sent:
             raise StoreReplyLostError(
@@ -407,7 +408,7 @@ def _driver_errors(action: str) -> Iterator[None]:
         if "CROSSSLOT" in reply or "not hash to the same slot" in reply:
             raise _cross_slot(action, exc) from exc
         if reply.startswith(_PERMISSION_REPLIES):
-            raise ConfigurationError(f"Redis refused {action}: {reply}") from exc
+            raise StorePermissionError(f"Redis refused {action}: {reply}") from exc
         if "non local key" in reply:
             # A script reached a key its node no longer serves (the slot is migrating):
             # Redis does not undo what the script wrote before, so it may be part done.

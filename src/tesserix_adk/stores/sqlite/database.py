@@ -61,6 +61,7 @@ from tesserix_adk.stores.sqlite.batching import (
 )
 from tesserix_adk.stores.sqlite.failures import (
     missing_schema,
+    missing_tables,
     refuse_null_keys,
     sqlite_url,
     translate,
@@ -260,8 +261,18 @@ class SqliteDatabase:
         await self._submit(self._create_schema)
 
     async def verify(self) -> None:
-        """Check the file exists with this kit's schema version (``ConfigurationError``)."""
-        await self._submit(lambda: self._check_schema(self._connection()))
+        """Check the file exists with this kit's schema version and every table of it
+        (``SchemaMismatchError``)."""
+
+        def check() -> None:
+            conn = self._connection()
+            self._check_schema(conn)
+            found = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+            missing = [t for t in self.schema.tables if t not in found]
+            if missing:
+                raise missing_tables(self.path, missing)
+
+        await self._submit(check)
 
     async def aclose(self) -> None:
         """Close the connection and stop the worker thread; idempotent."""

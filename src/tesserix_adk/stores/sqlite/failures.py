@@ -13,7 +13,14 @@ from tesserix_adk.errors import (
     StoreUnavailableError,
 )
 
-__all__ = ["missing_schema", "refuse_null_keys", "sqlite_url", "translate", "wrong_version"]
+__all__ = [
+    "missing_schema",
+    "missing_tables",
+    "refuse_null_keys",
+    "sqlite_url",
+    "translate",
+    "wrong_version",
+]
 
 
 def sqlite_url(path: str) -> str:
@@ -27,6 +34,14 @@ def missing_schema(path: str) -> SchemaMismatchError:
     return SchemaMismatchError(
         f"the SQLite store {path} has no tesserix schema (or does not exist); "
         f"create it with `tesserix schema apply --store {sqlite_url(path)}`"
+    )
+
+
+def missing_tables(path: str, tables: list[str]) -> SchemaMismatchError:
+    """Tables of the schema gone from a file that has it (dropped by hand, say)."""
+    return SchemaMismatchError(
+        f"the SQLite store {path} lacks {', '.join(tables)}; put them back with "
+        f"`tesserix schema apply --store {sqlite_url(path)}`"
     )
 
 

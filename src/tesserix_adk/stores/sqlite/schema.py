@@ -24,6 +24,7 @@ from tesserix_adk.errors import ConfigurationError
 __all__ = ["SqliteSchema", "statements"]
 
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+_TABLE = re.compile(r'^CREATE TABLE IF NOT EXISTS "?(\w+)"?', re.MULTILINE)
 
 # sqlite_master keeps each CREATE with its first two keywords single-spaced and any
 # IF NOT EXISTS removed, so this finds where to put it back.
@@ -43,6 +44,11 @@ class SqliteSchema:
     def version(self) -> int:
         """The schema version this kit reads and writes: the number of migrations."""
         return len(self.migrations)
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The tables the schema holds, as the DDL creates them."""
+        return tuple(_TABLE.findall(self.ddl))
 
     @classmethod
     def load(cls) -> SqliteSchema:
