@@ -163,8 +163,8 @@ class Worker:
         self.drain_timeout = drain_timeout
         self._rng = rng or random.Random()
         self._draining = asyncio.Event()
-        # A store whose schema is not this kit's, met while carrying a run: the worker
-        # stops with it (raised by ``run``), as at its first look.
+        # The store's own trouble (a schema not this kit's, a grant missing) met while
+        # carrying a run: the worker stops with it (raised by ``run``), as at its first look.
         self._fatal: ConfigurationError | None = None
         self._wake = asyncio.Event()
         self._running: dict[tuple[str, str], asyncio.Task[Carried]] = {}
