@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import logging
 import random
@@ -75,6 +76,18 @@ _PARK = (
 )
 # The store's own trouble, not the run's: the worker stops instead of parking the run.
 _STORE_WIDE = (SchemaMismatchError, StorePermissionError)
+# Seconds the store's own check may take, asked whose such an error is.
+_CHECK_TIMEOUT = 10.0
+
+
+class _Whose(enum.Enum):
+    """Whose a schema or permission error is (``Worker._whose``)."""
+
+    store = "store"
+    run = "run"
+    unknown = "unknown"
+
+
 # Someone else carries the run now, or will: nothing to record.
 _ELSEWHERE = (ResumeConflictError, LeaseError, StaleFenceError)
 # Found held as the take began (not lost while carried): the take did not happen.
@@ -355,19 +368,25 @@ class Worker:
         _log.info("run %s/%s: %s; finished %s", item.tenant, item.run_id, verb, result.status)
         return Carried.finished
 
-    async def _the_stores_own(self, exc: ConfigurationError) -> bool:
-        """Whether a schema or permission error a run met is this worker's store's (then
-        the worker stops), not one a run's own tool or model met elsewhere (then it is the
-        run's, parked like any ``ConfigurationError``): a schema error counts as the store's
-        when the store's own check fails too, or cannot be made."""
+    async def _whose(self, exc: ConfigurationError) -> _Whose:
+        """Whose a schema or permission error a run met is: this worker's store's (the
+        worker stops), the run's own (a tool or model of it met another store's: parked
+        like any ``ConfigurationError``), or not known now (the store's check could not be
+        made: retried later). A schema error is the store's when the store's own check
+        fails too; a permission error always is (a store's check reads, and a grant
+        missing may be a write's), as is any where the runner has no check
+        (``AgentRunner.from_stores`` gives it one)."""
         verify = self.runner.verify_stores
         if isinstance(exc, StorePermissionError) or verify is None:
-            return True
+            return _Whose.store
         try:
-            await verify()
-        except Exception:
-            return True
-        return False
+            await asyncio.wait_for(verify(), timeout=_CHECK_TIMEOUT)
+        except (SchemaMismatchError, StorePermissionError):
+            return _Whose.store
+        except Exception as failed:
+            _log.warning("checking the store's schema failed (%r): asked again later", failed)
+            return _Whose.unknown
+        return _Whose.run
 
     async def _give_back(self, item: WorkItem) -> None:
         """Take back the attempt this take counted: the run was not carried (another worker
@@ -403,17 +422,26 @@ class Worker:
                 "run %s: another worker has it (%s); looking again in %.1f s", where, exc, hold
             )
             return Carried.elsewhere
-        if isinstance(exc, _STORE_WIDE) and await self._the_stores_own(exc):
+        whose = None
+        store_wide = exc if isinstance(exc, _STORE_WIDE) else None
+        if store_wide is not None:
+            try:
+                whose = await self._whose(store_wide)
+            except asyncio.CancelledError:
+                if counted:  # drained while the store was asked: not the run's doing
+                    await asyncio.shield(self._give_back(item))
+                raise
+        if store_wide is not None and whose is _Whose.store:
             # The store's, not the run's (an earlier schema not yet migrated, a grant
             # missing): parked, the run would stay parked once the store is mended. It is
             # given back, and the worker stops with the store's sentence.
             if counted:
                 await self._give_back(item)
             _log.error("run %s: %s; the worker stops", where, exc)
-            self._fatal = self._fatal or exc
+            self._fatal = self._fatal or store_wide
             self._draining.set()
             return Carried.stopped
-        retryable = isinstance(exc, AdkError) and exc.retryable
+        retryable = (isinstance(exc, AdkError) and exc.retryable) or whose is _Whose.unknown
         if isinstance(exc, (*_PARK, NoCheckpointError)) and not retryable:
             parked = await self._park_as(item, f"{type(exc).__name__}: {exc}", type(exc).__name__)
             if isinstance(exc, IndeterminateToolCallError):

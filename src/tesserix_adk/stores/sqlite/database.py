@@ -267,7 +267,8 @@ class SqliteDatabase:
         def check() -> None:
             conn = self._connection()
             self._check_schema(conn)
-            found = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+            tables = "SELECT name FROM sqlite_master WHERE type = 'table'"
+            found = {row[0] for row in conn.execute(tables)}
             missing = [t for t in self.schema.tables if t not in found]
             if missing:
                 raise missing_tables(self.path, missing)
