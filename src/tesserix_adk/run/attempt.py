@@ -209,6 +209,8 @@ class Attempt:
     # Completed side-effecting records the run left ahead of its frontier, by iteration.
     ahead: dict[int, dict[str, AheadCall]] = field(default_factory=dict)
     stubs: Mapping[str, Callable[..., Any]] | None = None
+    # A replay's calls whose arguments its step kept masked (their stubs take them as kept).
+    masked_calls: frozenset[str] = frozenset()
     # Asked at each boundary between turns: a reason to stop there (a draining worker), or
     # None to go on.
     stop: Callable[[], str | None] | None = None

@@ -219,9 +219,14 @@ def _finished_by(
     return outcome
 
 
-def _invalid(tool: Tool, oc: OutstandingCall) -> ToolOutcome | None:
+def _invalid(attempt: Attempt, tool: Tool, oc: OutstandingCall) -> ToolOutcome | None:
     """The answer to a call whose arguments its tool's validation refuses (it would raise
-    before sending anything), or ``None``."""
+    before sending anything), or ``None``. A call whose arguments the replayed step kept
+    masked goes to the replay's stub unjudged: the tool is not called, and the masks would
+    fail its validation where the original's real values passed."""
+    stubbed = attempt.stubs is not None and tool.name in attempt.stubs
+    if stubbed and oc.call.id in attempt.masked_calls:
+        return None
     why = tool.invalid_arguments(oc.call.arguments)
     return None if why is None else ToolOutcome(call_id=oc.call.id, content=why, is_error=True)
 
@@ -300,7 +305,7 @@ async def _call_tool(
         )
         if unsent is not None:
             return _finished(run, attempt, oc, unsent, CallDisposition.refused)
-        invalid = _invalid(tool, oc)
+        invalid = _invalid(attempt, tool, oc)
         if invalid is not None:
             return _finished(run, attempt, oc, invalid, CallDisposition.refused)
         _started(run, attempt, oc)
@@ -381,7 +386,7 @@ async def _call_tool(
             "it is not sent again"
         )
     how = CallDisposition.dispatched
-    invalid = None if oc.redacted or unsent is not None else _invalid(tool, oc)
+    invalid = None if oc.redacted or unsent is not None else _invalid(attempt, tool, oc)
     if oc.redacted:
         how = CallDisposition.refused
         outcome = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)

@@ -63,7 +63,11 @@ async def replay_from(
         raise ConfigurationError("a replay never writes into the original run")
     await _refuse_taken(runner, tenant, new_id)
     run = replay_state(agent, cp, messages, new_id)
-    attempt = Attempt(holder=new_holder(runner.worker), stubs=dict(stubs))
+    attempt = Attempt(
+        holder=new_holder(runner.worker),
+        stubs=dict(stubs),
+        masked_calls=frozenset(oc.call.id for oc in cp.outstanding if oc.redacted),
+    )
     async with runner._holding(attempt, tenant, new_id):
         # Asked again under the lease: another start of the id (a replay, a run) may have
         # taken it since the first look, and finished, leaving the lease free.
