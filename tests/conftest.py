@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from booking import Airline
+from providers.fake_server import SDK_ENVIRONMENT, ModelServer
 from reliability.figures import TALLY, details, lines
 from reliability.profile import PROFILE
 from tesserix_adk.testing import FakeClock
@@ -30,6 +31,22 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile(
         "explore" if os.environ.get("ADK_HYPOTHESIS") == "explore" else "repeatable"
     )
+
+
+@pytest.fixture
+def model_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
+    """A fresh fake model server (OpenAI and Anthropic wire) on an ephemeral port, stopped
+    after the test; the SDKs' environment is cleared so nothing reaches a real vendor."""
+    for name in SDK_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    # Keep the SDKs away from any credentials file on this machine.
+    monkeypatch.setenv("ANTHROPIC_CONFIG_DIR", "/nonexistent/tesserix-adk-tests")
+    server = ModelServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -34,7 +34,6 @@ import pytest
 
 from adapters import services
 from providers.fake_server import (
-    SDK_ENVIRONMENT,
     ModelServer,
     Reply,
     anthropic_message,
@@ -448,19 +447,6 @@ def test_a_redis_cluster_store_has_no_work_index_so_no_worker_or_submit(
 
 
 # --- 5. replies cut short, run() on the plain endpoint with telemetry ---------------------------
-
-
-@pytest.fixture
-def model_server(monkeypatch: pytest.MonkeyPatch) -> Any:
-    for name in SDK_ENVIRONMENT:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("ANTHROPIC_CONFIG_DIR", "/nonexistent/tesserix-adk-tests")
-    server = ModelServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _memory_pipeline() -> tuple[Any, Telemetry]:

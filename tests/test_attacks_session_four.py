@@ -49,7 +49,6 @@ from pydantic import AfterValidator
 
 from adapters import services
 from providers.fake_server import (
-    SDK_ENVIRONMENT,
     ModelServer,
     Reply,
     anthropic_message,
@@ -194,19 +193,6 @@ async def test_resolve_for_a_holder_behaves_alike_in_every_backend(tmp_path: Pat
 
 
 # --- cut-off replies with text and parallel calls (providers) --------------------------------
-
-
-@pytest.fixture
-def model_server(monkeypatch: pytest.MonkeyPatch) -> Any:
-    for name in SDK_ENVIRONMENT:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("ANTHROPIC_CONFIG_DIR", "/nonexistent/tesserix-adk-tests")
-    server = ModelServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 _TWO_CALLS = [("call_1", "transfer", {"amount": 10}), ("call_2", "transfer", {"amount": 20})]

@@ -66,7 +66,7 @@ from typing import Any
 import pytest
 
 from adapters import services
-from providers.fake_server import SDK_ENVIRONMENT, ModelServer, anthropic_message
+from providers.fake_server import ModelServer, anthropic_message
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -329,19 +329,6 @@ async def test_show_names_who_said_a_resent_call_never_ran(tmp_path: Path) -> No
 
 
 # --- 3. a reply cut off for want of tokens (providers) ---------------------------------------
-
-
-@pytest.fixture
-def model_server(monkeypatch: pytest.MonkeyPatch) -> Any:
-    for name in SDK_ENVIRONMENT:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("ANTHROPIC_CONFIG_DIR", "/nonexistent/tesserix-adk-tests")
-    server = ModelServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def test_a_tool_use_cut_off_at_the_context_window_is_never_sent(

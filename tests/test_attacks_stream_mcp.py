@@ -24,7 +24,6 @@ import pytest
 
 from mcp_tools.servers import Effects, stdio
 from providers.fake_server import (
-    SDK_ENVIRONMENT,
     ModelServer,
     Reply,
     anthropic_stream,
@@ -61,19 +60,6 @@ from tesserix_adk.run.events import RunEvent, RunFinished, ToolCallStarted
 
 HOSTILE = str(Path(__file__).with_name("attack_mcp_server.py"))
 PRICE = Price(input_per_million_micros=1_000_000, output_per_million_micros=2_000_000)
-
-
-@pytest.fixture
-def model_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
-    for name in SDK_ENVIRONMENT:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("ANTHROPIC_CONFIG_DIR", "/nonexistent/tesserix-adk-tests")
-    server = ModelServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

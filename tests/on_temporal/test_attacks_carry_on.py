@@ -91,7 +91,6 @@ from on_temporal.helpers import (
     world_stores,
 )
 from providers.fake_server import (
-    SDK_ENVIRONMENT,
     ModelServer,
     Reply,
     anthropic_stream,
@@ -782,19 +781,6 @@ def test_a_frontier_that_ended_carries_nothing(status: CheckpointStatus) -> None
 
 
 # --- streams: the usage an OpenAI or Anthropic stream ends with ------------------------------
-
-
-@pytest.fixture
-def model_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
-    for name in SDK_ENVIRONMENT:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("ANTHROPIC_CONFIG_DIR", "/nonexistent/tesserix-adk-tests")
-    server = ModelServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

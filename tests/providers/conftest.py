@@ -1,34 +1,19 @@
-"""Fixtures: the fake model server, the vendor under test, providers closed after use, and
-the airline the booking agent talks to.
+"""Fixtures: the vendor under test, providers closed after use (over the root conftest's
+fake model server, ``model_server``), and the airline the booking agent talks to.
 
 The server and its reply bodies live in ``fake_server``; the vendors in ``vendors``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
 from .booking import Airline
-from .fake_server import SDK_ENVIRONMENT, ModelServer
+from .fake_server import ModelServer
 from .vendors import VENDORS, SDKProvider, Vendor
-
-
-@pytest.fixture
-def model_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
-    """A fresh fake model server on an ephemeral port, stopped after the test."""
-    for name in SDK_ENVIRONMENT:
-        monkeypatch.delenv(name, raising=False)
-    # Keep the SDKs away from any credentials file on this machine.
-    monkeypatch.setenv("ANTHROPIC_CONFIG_DIR", "/nonexistent/tesserix-adk-tests")
-    server = ModelServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(params=VENDORS, ids=[v.name for v in VENDORS])
