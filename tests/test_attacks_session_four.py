@@ -175,19 +175,7 @@ async def _holder_cycles(store: Any) -> list[Any]:
 
 
 async def test_resolve_for_a_holder_behaves_alike_in_every_backend(tmp_path: Path) -> None:
-    seen: dict[str, list[Any]] = {
-        "memory": await _holder_cycles(open_stores("memory://").idempotency)
-    }
-    async with open_stores(f"sqlite:///{tmp_path / 'adk.sqlite3'}") as stores:
-        await stores.create_schema()
-        seen["sqlite"] = await _holder_cycles(stores.idempotency)
-    async with services.redis_stores() as stores:
-        seen["redis"] = await _holder_cycles(stores.idempotency)
-    async with contextlib.AsyncExitStack() as stack:
-        name = await stack.enter_async_context(services.postgres_schema())
-        url = services.schema_url(name)
-        stores = await stack.enter_async_context(services.postgres_stores_applied(url))
-        seen["postgres"] = await _holder_cycles(stores.idempotency)
+    seen = await services.on_every_idempotency_store(tmp_path / "adk.sqlite3", _holder_cycles)
     for backend, got in seen.items():
         assert got == seen["memory"], backend
 
@@ -342,16 +330,7 @@ async def _resolve_for_the_empty_holder(store: Any) -> str:
 async def test_resolve_for_the_empty_holder_is_refused_alike_in_every_backend(
     tmp_path: Path,
 ) -> None:
-    seen = {"memory": await _resolve_for_the_empty_holder(open_stores("memory://").idempotency)}
-    async with open_stores(f"sqlite:///{tmp_path / 'adk.sqlite3'}") as stores:
-        await stores.create_schema()
-        seen["sqlite"] = await _resolve_for_the_empty_holder(stores.idempotency)
-    async with contextlib.AsyncExitStack() as stack:
-        name = await stack.enter_async_context(services.postgres_schema())
-        stores = await stack.enter_async_context(
-            services.postgres_stores_applied(services.schema_url(name))
-        )
-        seen["postgres"] = await _resolve_for_the_empty_holder(stores.idempotency)
-    async with services.redis_stores() as stores:
-        seen["redis"] = await _resolve_for_the_empty_holder(stores.idempotency)
+    seen = await services.on_every_idempotency_store(
+        tmp_path / "adk.sqlite3", _resolve_for_the_empty_holder
+    )
     assert seen == dict.fromkeys(seen, "refused"), seen

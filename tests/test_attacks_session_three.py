@@ -245,19 +245,7 @@ async def _cycles(store: IdempotencyStore) -> list[dict[str, Any]]:
 async def test_every_store_rewrites_a_reclaimed_record_alike_leaving_no_stale_field(
     tmp_path: Path,
 ) -> None:
-    seen: dict[str, list[dict[str, Any]]] = {
-        "memory": await _cycles(open_stores("memory://").idempotency)
-    }
-    async with open_stores(f"sqlite:///{tmp_path / 'adk.sqlite3'}") as stores:
-        await stores.create_schema()
-        seen["sqlite"] = await _cycles(stores.idempotency)
-    async with services.redis_stores() as stores:
-        seen["redis"] = await _cycles(stores.idempotency)
-    async with contextlib.AsyncExitStack() as stack:
-        name = await stack.enter_async_context(services.postgres_schema())
-        url = services.schema_url(name)
-        stores = await stack.enter_async_context(services.postgres_stores_applied(url))
-        seen["postgres"] = await _cycles(stores.idempotency)
+    seen = await services.on_every_idempotency_store(tmp_path / "adk.sqlite3", _cycles)
     memory = seen["memory"]
     # The model itself: what each re-claim keeps and drops.
     assert [(r["holder"], r["by"], r["never_ran_by"]) for r in memory] == [

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from urllib.parse import quote, urlencode
 
 import pytest
@@ -270,3 +270,25 @@ class SharedSchema:
                 self._admin.execute(f'DROP SCHEMA IF EXISTS "{self.name}" CASCADE')
             finally:
                 self._admin.close()
+
+
+T = TypeVar("T")
+
+
+async def on_every_idempotency_store(
+    sqlite_path: Any, check: Callable[[Any], Awaitable[T]]
+) -> dict[str, T]:
+    """``check`` run on a fresh idempotency store of each backend (memory, a SQLite file at
+    ``sqlite_path``, the shared Redis under a prefix of its own, PostgreSQL in a schema of
+    its own), what it gave by backend: for tests that hold the backends to one another."""
+    from tesserix_adk.stores.urls import open_stores
+
+    seen = {"memory": await check(open_stores("memory://").idempotency)}
+    async with open_stores(f"sqlite:///{sqlite_path}") as stores:
+        await stores.create_schema()
+        seen["sqlite"] = await check(stores.idempotency)
+    async with redis_stores() as stores:
+        seen["redis"] = await check(stores.idempotency)
+    async with postgres_schema() as name, postgres_stores_applied(schema_url(name)) as stores:
+        seen["postgres"] = await check(stores.idempotency)
+    return seen
