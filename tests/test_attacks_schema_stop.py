@@ -56,6 +56,7 @@ from typing import Any
 import pytest
 
 from adapters import services
+from agent_files import booking_agent_file
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -248,26 +249,6 @@ async def test_postgres_runs_inside_a_call_stop_cleanly_when_another_meets_a_dro
 # --- the command line on an earlier schema ---------------------------------------------------
 
 
-def _agent_file(tmp_path: Path, *, approval: bool = False) -> tuple[str, Path]:
-    """``file.py:agent`` of an agent whose one call writes a line to a file; the file."""
-    sent = tmp_path / f"sent_{secrets.token_hex(4)}.txt"
-    module = tmp_path / f"schema_stop_agent_{secrets.token_hex(4)}.py"
-    module.write_text(
-        "from pathlib import Path\n"
-        "from tesserix_adk import Agent, ScriptedProvider, tool\n"
-        f"@tool(requires_approval={approval})\n"
-        "def book(flight: str) -> str:\n"
-        '    """Book a seat."""\n'
-        f"    with Path({str(sent)!r}).open('a') as f:\n"
-        "        f.write(flight + '\\n')\n"
-        "    return 'booked'\n"
-        'agent = Agent("booking", "Book.", [book])\n'
-        'PROVIDER = ScriptedProvider([[("book", {"flight": "LH1"})], "done"])\n',
-        encoding="utf-8",
-    )
-    return f"{module}:agent", sent
-
-
 def _booking_agent(sent: Path, *, approval: bool = False) -> tuple[Agent, ScriptedProvider]:
     def book(flight: str) -> str:
         """Book a seat."""
@@ -287,7 +268,7 @@ def _one_sentence(err: str) -> None:
 async def test_tesserix_worker_on_an_earlier_postgres_schema_exits_1_and_gives_the_run_back(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    agent_ref, sent = _agent_file(tmp_path)
+    agent_ref, sent = booking_agent_file(tmp_path)
     async with _pg_schema() as (url, admin, name):
         async with open_stores(url) as stores:
             await stores.create_schema()
@@ -322,7 +303,7 @@ async def test_tesserix_worker_on_an_earlier_postgres_schema_exits_1_and_gives_t
 async def test_other_commands_on_an_earlier_schema_exit_1_in_one_line_and_change_nothing(
     backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    agent_ref, sent = _agent_file(tmp_path, approval=True)
+    agent_ref, sent = booking_agent_file(tmp_path, approval=True)
     agent, provider = _booking_agent(sent, approval=True)
 
     async def seed(url: str) -> str:

@@ -71,6 +71,7 @@ from typing import Any
 import pytest
 
 from adapters import services
+from agent_files import booking_agent_file
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -349,25 +350,6 @@ async def test_sqlite_verify_is_not_fooled_by_another_object_named_like_a_kit_ta
 # --- the command line and explain ----------------------------------------------------------
 
 
-def _agent_file(tmp_path: Path) -> tuple[str, Path]:
-    sent = tmp_path / f"sent_{secrets.token_hex(4)}.txt"
-    module = tmp_path / f"store_wide_agent_{secrets.token_hex(4)}.py"
-    module.write_text(
-        "from pathlib import Path\n"
-        "from tesserix_adk import Agent, ScriptedProvider, tool\n"
-        "@tool(requires_approval=True)\n"
-        "def book(flight: str) -> str:\n"
-        '    """Book a seat."""\n'
-        f"    with Path({str(sent)!r}).open('a') as f:\n"
-        "        f.write(flight + '\\n')\n"
-        "    return 'booked'\n"
-        'agent = Agent("booking", "Book.", [book])\n'
-        'PROVIDER = ScriptedProvider([[("book", {"flight": "LH1"})], "done"])\n',
-        encoding="utf-8",
-    )
-    return f"{module}:agent", sent
-
-
 def _cli(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -392,7 +374,7 @@ async def test_postgres_worker_meeting_a_missing_grant_exits_2_and_gives_the_run
 ) -> None:
     import psycopg
 
-    agent_ref, sent = _agent_file(tmp_path)
+    agent_ref, sent = booking_agent_file(tmp_path, approval=True)
     name = f"store_wide_{secrets.token_hex(5)}"
     try:
         admin = await psycopg.AsyncConnection.connect(
@@ -450,7 +432,7 @@ def test_redis_user_without_a_command_gets_exit_2_in_one_line(tmp_path: Path) ->
 
     from adapters.throwaway import redis_server
 
-    agent_ref, _ = _agent_file(tmp_path)
+    agent_ref, _ = booking_agent_file(tmp_path, approval=True)
     with redis_server() as server:
         client = redis.Redis.from_url(server.url)
         try:
