@@ -19,7 +19,7 @@ from tesserix_adk.providers._common import scrub, strip_vendor, translate_sdk_er
 from tesserix_adk.providers.base import ModelRequest, ModelResponse, TextSink
 from tesserix_adk.providers.pricing import Prices, cost_micros, price_for
 
-__all__ = ["SDKClient", "SDKProvider", "StreamCut", "Streamed"]
+__all__ = ["Reply", "SDKClient", "SDKProvider", "StreamCut"]
 
 # What a malformed reply raises while we read it; read as "ask again", never as a bug in
 # the caller's request.
@@ -31,7 +31,7 @@ class StreamCut(Exception):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Streamed:
+class Reply:
     """A reply once it is whole (streamed or not): the message, its usage, the model that
     answered and why the vendor ended it."""
 
@@ -152,7 +152,7 @@ class SDKProvider(Generic[ClientT]):
             raise error from exc
         return self._priced(streamed)
 
-    def _priced(self, reply: Streamed) -> ModelResponse:
+    def _priced(self, reply: Reply) -> ModelResponse:
         price = price_for(self.prices, self.model, reply.model)
         return ModelResponse(
             message=reply.message,
@@ -175,11 +175,11 @@ class SDKProvider(Generic[ClientT]):
         """One call to the vendor with ``body``; the SDK's errors propagate."""
         raise NotImplementedError
 
-    def _read(self, wire: object) -> Streamed:
+    def _read(self, wire: object) -> Reply:
         """The reply as our message, its usage, the model and its finish reason."""
         raise NotImplementedError
 
-    async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Streamed:
+    async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Reply:
         """One streamed call with ``body``, its text told to ``on_text``; ``StreamCut`` if
         the stream ends before the vendor's last event."""
         raise NotImplementedError

@@ -50,7 +50,7 @@ from tesserix_adk.providers._common import (
     cut_off,
     token_count,
 )
-from tesserix_adk.providers._sdk import SDKProvider, StreamCut, Streamed
+from tesserix_adk.providers._sdk import Reply, SDKProvider, StreamCut
 from tesserix_adk.providers.base import ModelRequest, TextSink
 from tesserix_adk.providers.pricing import Price, Prices
 from tesserix_adk.tools import ToolSpec
@@ -122,12 +122,12 @@ class AnthropicProvider(SDKProvider[anthropic.AsyncAnthropic]):
         wire: object = await self._client.messages.create(**body)
         return wire
 
-    def _read(self, wire: object) -> Streamed:
+    def _read(self, wire: object) -> Reply:
         if not isinstance(wire, WireMessage):
             raise TypeError(f"the body is a {type(wire).__name__}, not a message")
         return _read_message(wire)
 
-    async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Streamed:
+    async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Reply:
         stopped = delta_seen = False
         # The tool inputs as sent: the SDK's snapshot parses them leniently (a cut-off
         # `{"amount": 10` reads as a whole object), so they are parsed again, strictly.
@@ -244,7 +244,7 @@ def _text_only(message: Message) -> str:
 _CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded", "refusal"})
 
 
-def _read_message(wire: WireMessage, raw_inputs: Mapping[int, str] | None = None) -> Streamed:
+def _read_message(wire: WireMessage, raw_inputs: Mapping[int, str] | None = None) -> Reply:
     """Our message from the wire's; ``raw_inputs`` are the streamed tool inputs by block
     index, which decide the arguments (parsed strictly) over the SDK's snapshot. A reply
     cut off at ``max_tokens`` has its calls refused (``cut_off``)."""
@@ -268,7 +268,7 @@ def _read_message(wire: WireMessage, raw_inputs: Mapping[int, str] | None = None
         token_count(getattr(usage, name, None), name)
         for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
-    return Streamed(
+    return Reply(
         message=Message.assistant("".join(texts), calls),
         usage=Usage(
             input_tokens=input_tokens,

@@ -51,7 +51,7 @@ from tesserix_adk.providers._common import (
     cut_off,
     token_count,
 )
-from tesserix_adk.providers._sdk import SDKProvider, StreamCut, Streamed
+from tesserix_adk.providers._sdk import Reply, SDKProvider, StreamCut
 from tesserix_adk.providers.base import ModelRequest, TextSink
 from tesserix_adk.providers.pricing import Price, Prices
 from tesserix_adk.tools import ToolSpec
@@ -131,12 +131,12 @@ class OpenAIProvider(SDKProvider[openai.AsyncOpenAI]):
         completion: object = await self._client.chat.completions.create(**body)
         return completion
 
-    def _read(self, wire: object) -> Streamed:
+    def _read(self, wire: object) -> Reply:
         if not isinstance(wire, ChatCompletion):
             raise TypeError(f"the body is a {type(wire).__name__}, not a completion")
         return _read_completion(wire)
 
-    async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Streamed:
+    async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Reply:
         stream = await self._client.chat.completions.create(
             **body, stream=True, stream_options={"include_usage": True}
         )
@@ -230,7 +230,7 @@ def _wire_part(part: Part) -> dict[str, Any]:
 # --- the wire → our message ----------------------------------------------------------------
 
 
-def _read_completion(completion: ChatCompletion) -> Streamed:
+def _read_completion(completion: ChatCompletion) -> Reply:
     if not completion.choices:
         raise IndexError("the completion has no choices")
     choice = completion.choices[0]
@@ -242,7 +242,7 @@ def _read_completion(completion: ChatCompletion) -> Streamed:
     usage = Usage()
     if completion.usage is not None:
         usage = _usage(completion.usage)
-    return Streamed(
+    return Reply(
         message=Message.assistant(text, calls),
         usage=usage,
         model=completion.model if isinstance(completion.model, str) else None,
@@ -319,7 +319,7 @@ class _StreamedReply:
                 self.finished = True
                 self.finish_reason = _reason(choice.finish_reason)
 
-    def whole(self, *, with_usage: bool) -> Streamed:
+    def whole(self, *, with_usage: bool) -> Reply:
         if not self.finished:
             raise StreamCut("no choice finished")
         if with_usage and not self.usage_seen:
@@ -340,7 +340,7 @@ class _StreamedReply:
                 )
             )
         text = "".join(self.text) or "".join(self.refusal)
-        return Streamed(
+        return Reply(
             message=Message.assistant(text, _whole_calls(calls, self.finish_reason)),
             usage=self.usage,
             model=self.model,
