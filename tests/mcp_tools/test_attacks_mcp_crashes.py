@@ -37,8 +37,12 @@ limit the README names):
 5. MEDIUM. A crafted reply (120 000 small annotated content blocks, about 20 MB) is
    parsed and validated by the SDK on the runner's event loop: here over a second at a
    time with nothing else running, so a short lease lapses (``LeaseLostError``) although
-   the worker is alive; the stall grows with the reply. The kit moves large redaction off
-   the loop for exactly this reason, but not the MCP reply.
+   the worker is alive; the stall grows with the reply. Since then a reply past
+   ``max_reply_items`` is not validated (its call in doubt; ``test_mcp_weighing.py``),
+   which halves the stall; the SDK's parse of the line stays, so this stays a strict
+   xfail, a limit the README names. (A thread of its own for the connection was tried
+   and does not help: with a child process running, pydantic-core's parse there holds
+   the GIL throughout.)
 6. MEDIUM. The toolset's own error texts name the server by its full URL, credentials
    included (e.g. ``?access_token=``): ``MCPUnavailableError`` is a tool
    error outcome, so the token is handed to the model (a third party) verbatim, while the
@@ -84,11 +88,13 @@ from tesserix_adk import (
     open_stores,
 )
 from tesserix_adk.errors import AdkError, LeaseLostError, ToolOutcomeUnknownError
+from tesserix_adk.leases import Leaseholder
 from tesserix_adk.mcp import (
     MCPReplyLostError,
     MCPToolset,
     MCPUnavailableError,
 )
+from tesserix_adk.mcp.weighing import DEFAULT_MAX_REPLY_ITEMS
 from tesserix_adk.messages import Role
 from tesserix_adk.providers.base import ModelRequest, ModelResponse
 from tesserix_adk.run.upgrade import accept_revision
@@ -179,6 +185,13 @@ def call(rid, params):
         sys.stdout.write('{"jsonrpc":"2.0","id":%s,"result":{"content":[%s]}}\n'
                          % (json.dumps(rid), body))
         return sys.stdout.flush()
+    if MODE == "error_blocks":  # booked, and an error answer whose data is many values
+        data = [{"at": i, "why": ["a", "b"]} for i in range(int(os.environ["BLOCKS"]))]
+        return send({"jsonrpc": "2.0", "id": rid,
+                     "error": {"code": -32000, "message": "refused", "data": data}})
+    if MODE == "noisy":  # a notification of many values first, then the plain answer
+        params = {"level": "info", "data": [[i] for i in range(int(os.environ["BLOCKS"]))]}
+        send({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
     if MODE == "twice":  # the same request answered twice, differently
         text = "booked " + params.get("arguments", {}).get("flight", "?")
         send({"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": text}]}})
@@ -216,12 +229,20 @@ class Hostile:
         self.script.write_text(HOSTILE_STDIO)
         self.calls_file = tmp / "calls.jsonl"
 
-    def toolset(self, mode: str, *, call_timeout: float | None = 10.0, **env: str) -> MCPToolset:
+    def toolset(
+        self,
+        mode: str,
+        *,
+        call_timeout: float | None = 10.0,
+        max_reply_items: int = DEFAULT_MAX_REPLY_ITEMS,
+        **env: str,
+    ) -> MCPToolset:
         return MCPToolset.stdio(
             sys.executable,
             [str(self.script)],
             env={"MODE": mode, "CALLS": str(self.calls_file), **env},
             call_timeout=call_timeout,
+            max_reply_items=max_reply_items,
         )
 
     def calls(self, name: str = "book_seat") -> list[dict[str, Any]]:
@@ -493,23 +514,27 @@ async def test_an_unreadable_reply_neither_hangs_the_run_nor_outlives_a_cancel(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the SDK parses the MCP reply on the runner's event loop: a crafted reply of "
-    "many small blocks stalls it past the lease ttl and the live worker loses the run",
+    reason="the SDK parses a stdio line in one call into pydantic-core, on whatever thread "
+    "reads it, holding the GIL: 20 MB of small values stop the process for seconds "
+    "before max_reply_items (mcp/weighing.py) can weigh the reply, and a short lease "
+    "lapses (a limit README's MCP section names; the validation after it is bounded)",
 )
 async def test_a_crafted_reply_does_not_stall_the_loop_until_the_lease_is_lost(
     hostile: Hostile, stores: Stores
 ) -> None:
-    """120 000 annotated blocks (about 20 MB): here the loop stops for over a second at a
-    time, several times the 0.4 s ttl, while the same run with a small reply completes."""
+    """120 000 annotated blocks (about 20 MB), past max_reply_items: the call is rightly in
+    doubt, but reading the line held the loop longer than the 0.4 s ttl, so a run's lease
+    held meanwhile has lapsed."""
     policy = LeasePolicy(ttl=0.4, renew_within=0.3)
     async with hostile.toolset("blocks", call_timeout=120, BLOCKS="120000") as toolset:
-        agent = Agent("mcp", "book", list(toolset.tools))
-        runner = AgentRunner.from_stores(ScriptedProvider(BOOK), stores, lease_policy=policy)
-        try:
-            run = await runner.run(agent, "b", tenant=T, run_id="r")
-        except LeaseLostError as exc:
-            pytest.fail(f"the lease was lost while the reply was read: {exc}")
-    assert run.status is RunStatus.completed
+        holder = await Leaseholder.acquire(stores.leases, T, "r", "worker-1", policy)
+        async with holder:
+            with pytest.raises(MCPReplyLostError, match="max_reply_items"):
+                await toolset.call("book_seat", {"flight": "LH1"}, key="k1")
+            try:
+                holder.check()
+            except LeaseLostError as exc:
+                pytest.fail(f"the lease lapsed while the reply was read: {exc}")
     assert len(hostile.calls()) == 1
 
 

@@ -36,10 +36,14 @@ from tesserix_adk.mcp.tools import (
     ServerTool,
     outcome_of,
 )
+from tesserix_adk.mcp.weighing import DEFAULT_MAX_REPLY_ITEMS, TOO_LARGE, Weighed
 
 try:
     import mcp
     from mcp import Client, StdioServerParameters
+    from mcp.client._transport import Transport
+    from mcp.client.stdio import stdio_client
+    from mcp.client.streamable_http import streamable_http_client
     from mcp.shared.exceptions import MCPError as SdkError
     from mcp_types import RequestParamsMeta
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
@@ -47,7 +51,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
         'tesserix_adk.mcp needs the MCP SDK: pip install "tesserix-adk[mcp]"'
     ) from exc
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT", "MCPToolset"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "DEFAULT_MAX_REPLY_ITEMS", "MCPToolset"]
 
 # Bounds the listing walk: a server whose cursor never ends cannot hang the connection.
 _MAX_LIST_PAGES = 100
@@ -67,6 +71,9 @@ class MCPToolset:
     each call; one that runs out is ``MCPReplyLostError``, as the tool may have run.
     ``connect_timeout`` (seconds, default ``DEFAULT_CONNECT_TIMEOUT``) bounds connecting and
     listing: a server that does not answer in time is ``MCPUnavailableError``.
+    ``max_reply_items`` (default ``DEFAULT_MAX_REPLY_ITEMS``) bounds the JSON values a reply
+    may hold: the SDK validates one holding every thread of the process, so one past it is
+    not read, and its call is ``MCPReplyLostError`` (it ran, its outcome is unknown).
     """
 
     __slots__ = (
@@ -74,6 +81,7 @@ class MCPToolset:
         "_closing",
         "_connect_timeout",
         "_lost",
+        "_max_items",
         "_overrides",
         "_owner",
         "_prefix",
@@ -91,9 +99,15 @@ class MCPToolset:
         prefix: str = "",
         call_timeout: float | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        max_reply_items: int = DEFAULT_MAX_REPLY_ITEMS,
     ) -> None:
         if call_timeout is not None and call_timeout <= 0:
             raise ConfigurationError("call_timeout must be positive")
+        if isinstance(max_reply_items, bool) or not isinstance(max_reply_items, int):
+            raise ConfigurationError("max_reply_items must be a whole number")
+        if max_reply_items < 1:
+            raise ConfigurationError("max_reply_items must be at least 1")
+        self._max_items = max_reply_items
         if not 0 < connect_timeout < float("inf"):
             raise ConfigurationError("connect_timeout must be a positive number of seconds")
         self._connect_timeout = connect_timeout
@@ -126,6 +140,7 @@ class MCPToolset:
         prefix: str = "",
         call_timeout: float | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        max_reply_items: int = DEFAULT_MAX_REPLY_ITEMS,
     ) -> MCPToolset:
         """A server the toolset starts as ``command *args`` and talks to over its stdin and
         stdout; ``env`` is added to the SDK's safe default environment. The process is
@@ -142,6 +157,7 @@ class MCPToolset:
             prefix=prefix,
             call_timeout=call_timeout,
             connect_timeout=connect_timeout,
+            max_reply_items=max_reply_items,
         )
 
     @classmethod
@@ -153,6 +169,7 @@ class MCPToolset:
         prefix: str = "",
         call_timeout: float | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        max_reply_items: int = DEFAULT_MAX_REPLY_ITEMS,
     ) -> MCPToolset:
         """A running server at ``url`` (its streamable HTTP endpoint, e.g.
         ``http://127.0.0.1:8000/mcp``); ``ConfigurationError`` for one that cannot be read."""
@@ -168,6 +185,7 @@ class MCPToolset:
             prefix=prefix,
             call_timeout=call_timeout,
             connect_timeout=connect_timeout,
+            max_reply_items=max_reply_items,
         )
 
     @property
@@ -217,7 +235,7 @@ class MCPToolset:
                     # No response cache: every listing is the server's word now.
                     client = await stack.enter_async_context(
                         Client(
-                            self._server,
+                            Weighed(self._transport(), self._max_items),
                             read_timeout_seconds=self._timeout,
                             cache=None,
                             message_handler=self._heard,
@@ -283,6 +301,13 @@ class MCPToolset:
                 # upstream, or an HTTP request that failed while the session stands, leave
                 # later calls to go out.
                 self._lost = exc.message
+            if kind == "internal" and exc.message.startswith(TOO_LARGE):
+                raise MCPReplyLostError(
+                    f"{name} was sent to {self._where()}, and its reply held more than "
+                    f"{self._max_items:,} JSON values (max_reply_items), so it was not read; "
+                    "it may have run: look it up by its idempotency key before sending it "
+                    "again"
+                ) from exc
             if kind is not None:
                 raise self._reply_lost(name, exc) from exc
             # A JSON-RPC error answer (unknown tool, invalid params): the server said no.
@@ -389,6 +414,11 @@ class MCPToolset:
             )
             for t in listed
         )
+
+    def _transport(self) -> Transport:
+        if isinstance(self._server, str):
+            return cast(Transport, streamable_http_client(self._server))
+        return cast(Transport, stdio_client(self._server))
 
     def _where(self) -> str:
         if isinstance(self._server, str):
