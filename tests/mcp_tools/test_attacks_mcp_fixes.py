@@ -8,8 +8,8 @@ JSON-RPC stdio servers written here.
 A strict xfail is a defect found (its reason says which); a plain test is a promise that
 held.
 
-Findings (defects; all but 5 fixed since, their tests now plain: 5 stays a strict xfail,
-a limit the README names):
+Findings (defects; all fixed since, their tests now plain; 5 was a limit the README named
+until the toolset learned to reach an HTTP server again):
 
 1. HIGH. A server's own SDK answers a request that was in the tool's handler when its
    session ended with ``-32603 "Session terminated before the request completed"`` (the
@@ -47,7 +47,7 @@ a limit the README names):
    task group dies with the dropped POST, and every later call is refused as not sent,
    ``retryable``, though the server is back; retrying never helps until the app re-enters
    the toolset. A restart while idle is harmless, so the same deploy breaks or not by
-   timing.
+   timing. (Fixed: the next call reaches the server again, if it lists the same tools.)
 6. LOW. ``_shown_url`` raises ``ValueError`` for a URL ``urlsplit`` cannot take apart (a
    port out of range or not a number, an unclosed IPv6 bracket, an unencoded ``#``, ``?``
    or ``/`` in a password): ``repr(toolset)`` raises, and ``async with`` fails with a raw
@@ -596,11 +596,6 @@ async def test_a_call_whose_arguments_cannot_be_encoded_is_not_in_doubt_and_not_
 # --- 5. a streamable-HTTP server restarted during a call ----------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a connection the SDK ended (an HTTP request failing in its transport) stays lost: "
-    "the toolset does not reconnect by itself; re-entering it does (README names this)",
-)
 async def test_a_server_restarted_during_a_call_is_reached_again_once_it_is_back(
     tmp_path: Path,
 ) -> None:
@@ -632,6 +627,64 @@ async def test_a_server_restarted_during_a_call_is_reached_again_once_it_is_back
                     assert last == "LH123 A-B", repr(last)
     finally:
         (hold / "release").write_text("")
+    assert effects.keys() == ["k1"]
+
+
+async def _lost_in_a_call(toolset: MCPToolset, hold: Path, first: Any) -> None:
+    """A call in the tool when the server is killed: rightly in doubt, the connection lost."""
+    call = asyncio.ensure_future(toolset.call("book_seat", {"flight": "LH1"}, key="k1"))
+    await _until((hold / "inside").exists, "the call reached the tool")
+    first.kill()
+    first.wait(10)
+    with pytest.raises(MCPReplyLostError):
+        await asyncio.wait_for(call, 30)
+    (hold / "release").write_text("")
+
+
+async def test_a_server_still_down_is_not_sent_to_and_is_reached_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    effects, hold = Effects(tmp_path), tmp_path / "hold"
+    hold.mkdir()
+    port = free_port()
+    argv = [sys.executable, SERVER, "http", str(port)]
+    async with contextlib.AsyncExitStack() as stack:
+        first = stack.enter_context(_process(argv, port, **effects.env(MCP_HOLD_DIR=str(hold))))
+        toolset = await stack.enter_async_context(
+            MCPToolset.http(f"http://127.0.0.1:{port}/mcp", call_timeout=20, connect_timeout=5)
+        )
+        await _lost_in_a_call(toolset, hold, first)
+        with pytest.raises(MCPUnavailableError, match="reaching it again failed") as down:
+            await toolset.call("book_seat", {"flight": "LH2"}, key="k2")
+        assert down.value.retryable and not down.value.outcome_unknown
+        with _process(argv, port, **effects.env()):
+            # Two calls at once: one reaches the server again, both are answered.
+            both = await asyncio.gather(
+                toolset.call("book_seat", {"flight": "LH3"}, key="k3"),
+                toolset.call("find_flights", {"origin": "A", "dest": "B"}),
+            )
+            assert both[1] == "LH123 A-B"
+    assert effects.keys() == ["k1", "k3"]
+
+
+async def test_a_server_back_with_other_tools_is_refused_whole_not_called(
+    tmp_path: Path,
+) -> None:
+    effects, hold = Effects(tmp_path), tmp_path / "hold"
+    hold.mkdir()
+    port = free_port()
+    argv = [sys.executable, SERVER, "http", str(port)]
+    async with contextlib.AsyncExitStack() as stack:
+        first = stack.enter_context(_process(argv, port, **effects.env(MCP_HOLD_DIR=str(hold))))
+        toolset = await stack.enter_async_context(
+            MCPToolset.http(f"http://127.0.0.1:{port}/mcp", call_timeout=20)
+        )
+        await _lost_in_a_call(toolset, hold, first)
+        with _process(argv, port, **effects.env(MCP_TOOLS_VARIANT="added")):
+            for flight in ("LH2", "LH3"):  # refused each time, never sent
+                with pytest.raises(MCPUnavailableError, match="lists other tools") as other:
+                    await toolset.call("book_seat", {"flight": flight}, key=flight)
+                assert not other.value.retryable and not other.value.outcome_unknown
     assert effects.keys() == ["k1"]
 
 

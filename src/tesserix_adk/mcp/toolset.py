@@ -1,25 +1,26 @@
 """``MCPToolset``: the tools of one MCP server, over stdio or streamable HTTP, as kit tools.
 
-The toolset owns one connection (an ``mcp.Client``) for as long as its ``async with`` lasts:
-entering connects and lists the server's tools once; ``tools`` are then ordinary kit tools,
-so the agent's revision covers each one's name, description, schema and flags, and a server
-that changed its tools makes a changed agent. Errors of the SDK and its transports are
-translated once, here, into ``tesserix_adk.mcp.errors``, saying whether a call was sent.
+The toolset holds a connection (``connection.Connection``) for as long as its ``async with``
+lasts: entering connects and lists the server's tools once; ``tools`` are then ordinary kit
+tools, so the agent's revision covers each one's name, description, schema and flags, and a
+server that changed its tools makes a changed agent. An HTTP server whose connection was
+lost is reached again by the next call, if it lists the same tools. Errors of the SDK and
+its transports are translated once, here, into ``tesserix_adk.mcp.errors``, saying whether
+a call was sent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Coroutine, Mapping, Sequence
-from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 from tesserix_adk.errors import AdkError, ConfigurationError
+from tesserix_adk.mcp.connection import Connection, said
 from tesserix_adk.mcp.errors import MCPReplyLostError, MCPToolError, MCPUnavailableError
 from tesserix_adk.mcp.replies import (
     Unread,
@@ -39,7 +40,6 @@ from tesserix_adk.mcp.tools import (
 from tesserix_adk.mcp.weighing import DEFAULT_MAX_REPLY_ITEMS, TOO_LARGE, Weighed
 
 try:
-    import mcp
     from mcp import Client, StdioServerParameters
     from mcp.client._transport import Transport
     from mcp.client.stdio import stdio_client
@@ -53,8 +53,6 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "DEFAULT_MAX_REPLY_ITEMS", "MCPToolset"]
 
-# Bounds the listing walk: a server whose cursor never ends cannot hang the connection.
-_MAX_LIST_PAGES = 100
 T = TypeVar("T")
 
 # Seconds to start or reach a server and list its tools.
@@ -77,14 +75,13 @@ class MCPToolset:
     """
 
     __slots__ = (
-        "_client",
-        "_closing",
+        "_conn",
         "_connect_timeout",
-        "_lost",
+        "_listed",
         "_max_items",
         "_overrides",
-        "_owner",
         "_prefix",
+        "_reconnecting",
         "_server",
         "_timeout",
         "_tools",
@@ -115,15 +112,12 @@ class MCPToolset:
         self._overrides = dict(overrides or {})
         self._prefix = prefix
         self._timeout = call_timeout
-        # The task that holds the connection open: the SDK's task group lives in the task
-        # that enters the client, and a transport failure cancels whatever that task does;
-        # in a task of its own it cancels only the connection, never a run.
-        self._owner: asyncio.Task[None] | None = None
-        self._closing = asyncio.Event()
-        self._client: Client | None = None
+        self._conn: Connection | None = None
+        # Taken by the call that reaches the server again after the connection was lost.
+        self._reconnecting = asyncio.Lock()
+        # The tools as listed on entering: a server reached again must list the same.
+        self._listed: tuple[ServerTool, ...] = ()
         self._tools: tuple[MCPTool, ...] | None = None
-        # Why the connection is known gone: a later call is then certainly not sent.
-        self._lost: str | None = None
         # One future per call waiting for its reply, told when a message came that the
         # transport could not read: it may have been that call's reply.
         self._unread: set[asyncio.Future[str]] = set()
@@ -198,60 +192,16 @@ class MCPToolset:
         return self._tools
 
     async def __aenter__(self) -> MCPToolset:
-        if self._owner is not None:
+        if self._conn is not None:
             raise ConfigurationError(f"{self!r} is already connected")
-        ready: asyncio.Future[tuple[Client, tuple[MCPTool, ...]]] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self._closing = asyncio.Event()
-        owner = asyncio.create_task(self._own(ready), name=f"mcp:{self._where()}")
+        conn = await Connection.open(self._client, self._where(), self._connect_timeout)
         try:
-            client, tools = await asyncio.shield(ready)
-        except BaseException as exc:
-            self._closing.set()
-            owner.cancel()
-            with contextlib.suppress(BaseException):
-                await owner
-            # The SDK's and the transports' errors are translated; the kit's own stand
-            # (raised inside the SDK's task group, they come out in an exception group).
-            leaf = _leaf(exc)
-            if isinstance(leaf, AdkError):
-                raise leaf from exc
-            if isinstance(exc, Exception):
-                raise _connect_error(self._where(), exc) from exc
+            tools = self._kit_tools(conn.listed)
+        except BaseException:
+            await conn.close()
             raise
-        self._owner, self._client, self._tools, self._lost = owner, client, tools, None
+        self._conn, self._listed, self._tools = conn, conn.listed, tools
         return self
-
-    async def _own(self, ready: asyncio.Future[tuple[Client, tuple[MCPTool, ...]]]) -> None:
-        """Connect, list, hand the client over, and hold the connection until closing; a
-        failure after that is remembered (later calls are not sent), never raised."""
-        try:
-            async with AsyncExitStack() as stack:
-                # Bounded whatever call_timeout says: a server that never answers
-                # initialize, or whose listing the SDK cannot parse (and drops), would hang
-                # here for good.
-                async with asyncio.timeout(self._connect_timeout):
-                    # No response cache: every listing is the server's word now.
-                    client = await stack.enter_async_context(
-                        Client(
-                            Weighed(self._transport(), self._max_items),
-                            read_timeout_seconds=self._timeout,
-                            cache=None,
-                            message_handler=self._heard,
-                        )
-                    )
-                    listed = await self._listed(client)
-                ready.set_result((client, self._kit_tools(listed)))
-                await self._closing.wait()
-        except BaseException as exc:
-            if not ready.done():
-                if isinstance(exc, asyncio.CancelledError):
-                    ready.cancel()
-                else:
-                    ready.set_exception(exc)
-            elif not self._closing.is_set():
-                self._lost = _said(exc)
 
     async def __aexit__(
         self,
@@ -259,27 +209,22 @@ class MCPToolset:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        owner, self._owner, self._client, self._tools = self._owner, None, None, None
-        if owner is not None:
-            self._closing.set()
-            with contextlib.suppress(Exception):
-                await owner
+        conn, self._conn, self._tools = self._conn, None, None
+        if conn is not None:
+            await conn.close()
 
     async def call(self, name: str, arguments: Mapping[str, Any], *, key: str | None = None) -> Any:
         """Call the server's tool ``name`` (its own name, not prefixed) and answer the
         outcome: the text of its result, ``MCPToolError`` for an error answer. ``key``
         goes in the request's ``_meta`` as ``tesserix/idempotency_key``. A reconciler may
         use this to ask the server about a call in doubt."""
-        client = self._client
-        if client is None:
+        conn = self._conn
+        if conn is None:
             raise ConfigurationError(f"{self!r} is not connected")
-        if self._lost is None and sdk_closed(client):
-            self._lost = "the server closed the connection"
-        if self._lost is not None:
-            raise MCPUnavailableError(
-                f"{name} was not sent: the connection to {self._where()} was lost earlier "
-                f"({self._lost})"
-            )
+        if conn.lost is None and sdk_closed(conn.client):
+            conn.lost = "the server closed the connection"
+        if conn.lost is not None:
+            conn = await self._reached_again(conn, name)
         try:
             json.dumps([dict(arguments), key], ensure_ascii=False).encode("utf-8")
         except (TypeError, ValueError) as exc:
@@ -293,14 +238,16 @@ class MCPToolset:
         # An open TypedDict (extra_items, PEP 728) that mypy does not read yet: hence the cast.
         meta = None if key is None else cast(RequestParamsMeta, {IDEMPOTENCY_KEY_META: key})
         try:
-            result = await self._answer(client.call_tool(name, dict(arguments), meta=meta))
+            result = await self._answer(
+                conn, conn.client.call_tool(name, dict(arguments), meta=meta)
+            )
         except SdkError as exc:
             kind = stand_in(exc)
-            if kind == "closed" and self._gone(client):
+            if kind == "closed" and conn.gone():
                 # Our own connection closed; the same words relayed by a gateway from its
                 # upstream, or an HTTP request that failed while the session stands, leave
                 # later calls to go out.
-                self._lost = exc.message
+                conn.lost = exc.message
             if kind == "internal" and exc.message.startswith(TOO_LARGE):
                 raise MCPReplyLostError(
                     f"{name} was sent to {self._where()}, and its reply held more than "
@@ -319,10 +266,10 @@ class MCPToolset:
                 "it again"
             ) from exc
         except Exception as exc:
-            if self._gone(client) or isinstance(exc, ConnectionError):
+            if conn.gone() or isinstance(exc, ConnectionError):
                 # A transport failure after the request was handed over: nobody can say
                 # whether it reached the server, and the connection is gone.
-                self._lost = self._lost or f"{type(exc).__name__}: {exc}"
+                conn.lost = conn.lost or f"{type(exc).__name__}: {exc}"
                 raise self._reply_lost(name, exc) from exc
             # The connection stands, and the reply came but is not a result the SDK
             # accepts (its shape, the tool's output schema): in doubt, this call only.
@@ -335,18 +282,46 @@ class MCPToolset:
             result.content, is_error=result.is_error, structured=result.structured_content
         )
 
-    async def _answer(self, request: Coroutine[Any, Any, T]) -> T:
+    async def _reached_again(self, lost: Connection, name: str) -> Connection:
+        """A new connection to an HTTP server in place of ``lost``, or
+        ``MCPUnavailableError`` (``name`` not sent). A stdio server is not started again:
+        the toolset's own process died, which a restart would hide."""
+        not_sent = (
+            f"{name} was not sent: the connection to {self._where()} was lost earlier ({lost.lost})"
+        )
+        if not isinstance(self._server, str):
+            raise MCPUnavailableError(not_sent)
+        async with self._reconnecting:
+            current = self._conn
+            if current is None:
+                raise ConfigurationError(f"{self!r} is not connected")
+            if current is not lost and current.lost is None:
+                return current  # another call reached it again meanwhile
+            try:
+                fresh = await Connection.open(self._client, self._where(), self._connect_timeout)
+            except AdkError as exc:
+                raise MCPUnavailableError(f"{not_sent}; reaching it again failed ({exc})") from exc
+            if fresh.listed != self._listed:
+                await fresh.close()
+                raise MCPUnavailableError(
+                    f"{not_sent}; reached again, it lists other tools than when the toolset "
+                    "connected, so the agent's tools no longer say what it does: leave the "
+                    "toolset and enter it again",
+                    retryable=False,
+                )
+            self._conn = fresh
+        await lost.close()
+        return fresh
+
+    async def _answer(self, conn: Connection, request: Coroutine[Any, Any, T]) -> T:
         """``request``'s answer, or the connection's failure if it ended first (the
         request was handed over: whether it reached the server, nobody can say), or
         ``Unread`` if a message came meanwhile that the transport could not read."""
-        owner = self._owner
         sent = asyncio.ensure_future(request)
         unread: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._unread.add(unread)
         try:
-            waits: set[asyncio.Future[Any]] = {sent, unread}
-            if owner is not None:
-                waits.add(owner)
+            waits: set[asyncio.Future[Any]] = {sent, unread, conn.owner}
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             sent.cancel()
@@ -359,7 +334,7 @@ class MCPToolset:
             await wound_down(sent)
             if unread.done():
                 raise Unread(unread.result())
-            raise ConnectionError(self._lost or "the connection ended")
+            raise ConnectionError(conn.lost or "the connection ended")
         return sent.result()
 
     async def _heard(self, message: Any) -> None:
@@ -373,31 +348,23 @@ class MCPToolset:
                     waiting.set_result(said)
         await asyncio.sleep(0)
 
-    def _gone(self, client: Client) -> bool:
-        """Whether this toolset's own connection is known to be over."""
-        owner = self._owner
-        return owner is None or owner.done() or sdk_closed(client)
-
     def _reply_lost(self, name: str, exc: BaseException) -> MCPReplyLostError:
         return MCPReplyLostError(
-            f"{name} was sent to {self._where()} but no reply came ({_said(exc)}); it may "
+            f"{name} was sent to {self._where()} but no reply came ({said(exc)}); it may "
             "have run: look it up by its idempotency key before sending it again"
         )
 
-    async def _listed(self, client: Client) -> list[ServerTool]:
-        found: list[ServerTool] = []
-        cursor: str | None = None
-        for _ in range(_MAX_LIST_PAGES):
-            page = await client.list_tools(cursor=cursor)
-            found.extend(_server_tool(t) for t in page.tools)
-            cursor = page.next_cursor
-            if not cursor:
-                return found
-        raise MCPUnavailableError(
-            f"{self._where()} listed more than {_MAX_LIST_PAGES} pages of tools", retryable=False
+    def _client(self) -> Client:
+        """A new SDK client for one connection: no response cache, so every listing is
+        the server's word now."""
+        return Client(
+            Weighed(self._transport(), self._max_items),
+            read_timeout_seconds=self._timeout,
+            cache=None,
+            message_handler=self._heard,
         )
 
-    def _kit_tools(self, listed: list[ServerTool]) -> tuple[MCPTool, ...]:
+    def _kit_tools(self, listed: tuple[ServerTool, ...]) -> tuple[MCPTool, ...]:
         names = {t.name for t in listed}
         unknown = sorted(set(self._overrides) - names)
         if unknown:
@@ -426,37 +393,5 @@ class MCPToolset:
         return f"the MCP server `{self._server.command}`"
 
     def __repr__(self) -> str:
-        state = "connected" if self._client is not None else "not connected"
+        state = "connected" if self._conn is not None else "not connected"
         return f"MCPToolset({self._where()}, {state})"
-
-
-def _server_tool(listed: mcp.types.Tool) -> ServerTool:
-    hints = listed.annotations
-    return ServerTool(
-        name=listed.name,
-        description=listed.description or "",
-        input_schema=listed.input_schema,
-        read_only=bool(hints and hints.read_only_hint),
-        idempotent=bool(hints and hints.idempotent_hint),
-    )
-
-
-def _connect_error(where: str, exc: Exception) -> Exception:
-    cause = _leaf(exc)
-    if isinstance(cause, FileNotFoundError | PermissionError | NotADirectoryError):
-        return ConfigurationError(f"cannot start {where}: {cause}")
-    return MCPUnavailableError(f"cannot connect to {where}: {_said(cause)}")
-
-
-def _leaf(exc: BaseException) -> BaseException:
-    """The first error inside a (nested) exception group: what actually failed."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _said(exc: BaseException) -> str:
-    leaf = _leaf(exc)
-    if isinstance(leaf, SdkError):
-        return leaf.message
-    return f"{type(leaf).__name__}: {leaf}"
