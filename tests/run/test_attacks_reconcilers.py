@@ -18,7 +18,8 @@ own is an answer of unknown):
    r1's call is still on its way says ``never_ran``, r2 records it over r1's claim and sends
    the call again: two charges (and r1's own outcome is then refused, StaleFenceError).
    Without a reconciler r2 is refused, as it should be (its reason wrongly says r1's holder
-   "no longer carries the run").
+   "no longer carries the run"). (Since then r2 is told to come back while r1 is carried,
+   ``ResumeConflictError``, rather than refused in doubt: ``test_held_by_another_run.py``.)
 2. Twin calls under one key (a key function that takes ``occurrence`` and names the business
    object) left in doubt are asked of the reconciler once per twin, and the second answer's
    ``resolve`` finds the record settled: the resume dies with a raw ``ValueError`` from the
@@ -238,7 +239,7 @@ async def test_a_claim_a_live_run_holds_under_a_shared_business_key_is_never_rec
         _runner(stores, turns, margin=0.05).run(agent, "go", tenant=T, run_id="r1")
     )
     await asyncio.wait_for(inside.wait(), 10)
-    with pytest.raises(IndeterminateToolCallError):
+    with pytest.raises(ResumeConflictError):  # come back once r1 has its outcome
         await _runner(stores, turns, margin=0.05).run(agent, "go", tenant=T, run_id="r2")
     lease = await stores.leases.current(T, "r1")
     assert lease is not None  # r1 is alive and carrying its call

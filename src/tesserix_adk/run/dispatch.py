@@ -32,6 +32,7 @@ from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
     IndeterminateToolCallError,
+    ResumeConflictError,
     StaleFenceError,
 )
 from tesserix_adk.messages import REFUSED_ARGUMENTS, Message, ToolOutcome, refusal_of
@@ -44,6 +45,7 @@ from tesserix_adk.run.events import (
     ToolCallStarted,
     ToolCallUnsent,
 )
+from tesserix_adk.run.holding import carried_now
 from tesserix_adk.run.invoking import NotSent, invoke
 from tesserix_adk.run.parallel import first_error, in_model_order
 from tesserix_adk.run.parts import RunParts
@@ -363,12 +365,24 @@ async def _call_tool(
         how = CallDisposition.settled if rec.by else CallDisposition.replayed
         return _finished_by(run, attempt, oc, known, how, rec.by)
     if _held_elsewhere(rec, attempt):
+        other_run = rec.run_id != run.run_id
+        leases = attempt.lease.store if attempt.lease is not None else None
+        if other_run and await carried_now(leases, run.tenant, rec.run_id):
+            # A business key two runs share, and that run is sending it now: come back
+            # once it has its outcome (replayed then), rather than be parked in doubt.
+            raise ResumeConflictError(
+                f"{tool.name} ({oc.call.id}): claimed under the same key by run "
+                f"{rec.run_id!r}, which is carried now and may be sending it; carry this "
+                "run on once that run has its outcome",
+                holder=rec.holder,
+            )
+        by = f"run {rec.run_id!r} ({rec.holder}" if other_run else f"{rec.holder} ("
         doubt = PlannedCall(
             call_id=oc.call.id,
             tool=tool.name,
             key=oc.key,
             disposition=ToolDisposition.indeterminate,
-            reason=f"claimed in flight by {rec.holder} (fence {rec.fence}), another attempt; "
+            reason=f"claimed in flight by {by}, fence {rec.fence}), another attempt; "
             "nobody can say whether it ran",
             iteration=run.iteration,
             arguments=oc.call.arguments,

@@ -11,13 +11,14 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from tesserix_adk.errors import LeaseHeldError, ResumeConflictError
+from tesserix_adk.checkpoint.planning import ResumePlan
+from tesserix_adk.errors import AdkError, LeaseHeldError, ResumeConflictError, StoreUnavailableError
 from tesserix_adk.leases import Leaseholder, LeasePolicy
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.stores.protocols import LeaseStore
 from tesserix_adk.timestamps import iso_time
 
-__all__ = ["Sealable", "holding", "lease_lapses"]
+__all__ = ["Sealable", "carried_elsewhere", "carried_now", "holding", "lease_lapses"]
 
 
 class Sealable(Protocol):
@@ -72,4 +73,42 @@ async def lease_lapses(leases: LeaseStore, tenant: str, run_id: str) -> str:
         return ""
     return (
         f"; its lease lapses at {iso_time(current.expires_at)} by the store's clock unless renewed"
+    )
+
+
+async def carried_now(leases: LeaseStore | None, tenant: str, run_id: str) -> bool:
+    """Whether run ``run_id`` is carried now: its lease is live, so its holder may be sending
+    a call it claimed. ``False`` without a lease store or when the lease cannot be read for
+    a reason other than the store being away (that one is raised: retryable)."""
+    if leases is None:
+        return False
+    try:
+        return await leases.current(tenant, run_id) is not None
+    except StoreUnavailableError:
+        raise
+    except AdkError:
+        return False
+
+
+async def carried_elsewhere(
+    plan: ResumePlan, leases: LeaseStore | None, *, tenant: str, run_id: str
+) -> None:
+    """Raise ``ResumeConflictError`` when every call in doubt in ``plan`` is claimed by
+    another run (a business key two runs share) that is carried now: its holder may be
+    sending it, so this run comes back later (it then replays that run's outcome), instead
+    of being refused and left to an operator who could not decide it either."""
+    others = [p for p in plan.indeterminate if p.record is not None and p.record.run_id != run_id]
+    if not others or len(others) != len(plan.indeterminate):
+        return
+    for pc in others:
+        assert pc.record is not None
+        if not await carried_now(leases, tenant, pc.record.run_id):
+            return
+    first = others[0].record
+    assert first is not None
+    raise ResumeConflictError(
+        f"{', '.join(f'{p.tool} ({p.call_id})' for p in others)}: claimed under the same "
+        f"key by run {first.run_id!r}, which is carried now and may be sending it; carry "
+        "this run on once that run has its outcome",
+        holder=first.holder,
     )

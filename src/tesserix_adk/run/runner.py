@@ -38,7 +38,7 @@ from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_ho
 from tesserix_adk.run.cancelling import cancel_requested, cancelled_frontier, request_cancel
 from tesserix_adk.run.events import EventSink, RunEvent
 from tesserix_adk.run.grouping import held_and_grouped
-from tesserix_adk.run.holding import holding
+from tesserix_adk.run.holding import carried_elsewhere, holding
 from tesserix_adk.run.ids import MAX_ID_BYTES, check_ids, id_problem
 from tesserix_adk.run.loop import carry_on, run_loop
 from tesserix_adk.run.observing import AttemptKind, AttemptObserver, observe
@@ -287,6 +287,7 @@ class AgentRunner:
             plan = await plan_without_frontier(tenant, run_id, self.idempotency)
             if await self._reconcile(agent, plan, attempt, tenant, run_id):
                 plan = await plan_without_frontier(tenant, run_id, self.idempotency)
+            await carried_elsewhere(plan, self.leases, tenant=tenant, run_id=run_id)
             refuse_if_undecidable(plan)
             note_ahead(attempt, plan)
             if self.ledger is not None:
@@ -415,6 +416,7 @@ class AgentRunner:
                 return await self._settled(finished_run(ended or cp))
             refuse_unresumable(cp, agent)
             if cancelled is None and not nothing_ran_since_approval_asked(cp, plan):
+                await carried_elsewhere(plan, self.leases, tenant=tenant, run_id=run_id)
                 refuse_if_undecidable(plan)
             run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=[])
             await restore(checkpoints, self.ledger, run, attempt, cp, plan)
