@@ -81,6 +81,8 @@ class MCPToolset:
         "_max_items",
         "_overrides",
         "_prefix",
+        "_reach_failed",
+        "_reach_tries",
         "_reconnecting",
         "_server",
         "_timeout",
@@ -115,6 +117,10 @@ class MCPToolset:
         self._conn: Connection | None = None
         # Taken by the call that reaches the server again after the connection was lost.
         self._reconnecting = asyncio.Lock()
+        # Tries that failed so far, and why the last one did: calls queued behind a try that
+        # failed are told so, rather than each waiting out a connect_timeout of its own.
+        self._reach_tries = 0
+        self._reach_failed = ("", True)
         # The tools as listed on entering: a server reached again must list the same.
         self._listed: tuple[ServerTool, ...] = ()
         self._tools: tuple[MCPTool, ...] | None = None
@@ -291,27 +297,42 @@ class MCPToolset:
         )
         if not isinstance(self._server, str):
             raise MCPUnavailableError(not_sent)
+        failed = self._reach_tries
         async with self._reconnecting:
             current = self._conn
             if current is None:
                 raise ConfigurationError(f"{self!r} is not connected")
             if current is not lost and current.lost is None:
                 return current  # another call reached it again meanwhile
+            if self._reach_tries != failed:
+                # Another call tried while this one waited, and failed: so does this one.
+                why, retryable = self._reach_failed
+                raise MCPUnavailableError(f"{not_sent}; {why}", retryable=retryable)
             try:
                 fresh = await Connection.open(self._client, self._where(), self._connect_timeout)
             except AdkError as exc:
+                self._failed_to_reach(f"reaching it again failed ({exc})", retryable=True)
                 raise MCPUnavailableError(f"{not_sent}; reaching it again failed ({exc})") from exc
-            if fresh.listed != self._listed:
+            if self._conn is not current:
+                # The toolset was left meanwhile: nothing goes out, nothing stays open.
                 await fresh.close()
-                raise MCPUnavailableError(
-                    f"{not_sent}; reached again, it lists other tools than when the toolset "
-                    "connected, so the agent's tools no longer say what it does: leave the "
-                    "toolset and enter it again",
-                    retryable=False,
+                raise ConfigurationError(f"{self!r} is not connected")
+            if _by_name(fresh.listed) != _by_name(self._listed):
+                await fresh.close()
+                why = (
+                    "reached again, it lists other tools than when the toolset connected, so "
+                    "the agent's tools no longer say what it does: leave the toolset and "
+                    "enter it again"
                 )
+                self._failed_to_reach(why, retryable=False)
+                raise MCPUnavailableError(f"{not_sent}; {why}", retryable=False)
             self._conn = fresh
-        await lost.close()
+        await current.close()
         return fresh
+
+    def _failed_to_reach(self, why: str, *, retryable: bool) -> None:
+        self._reach_tries += 1
+        self._reach_failed = (why, retryable)
 
     async def _answer(self, conn: Connection, request: Coroutine[Any, Any, T]) -> T:
         """``request``'s answer, or the connection's failure if it ended first (the
@@ -395,3 +416,8 @@ class MCPToolset:
     def __repr__(self) -> str:
         state = "connected" if self._conn is not None else "not connected"
         return f"MCPToolset({self._where()}, {state})"
+
+
+def _by_name(listed: tuple[ServerTool, ...]) -> dict[str, ServerTool]:
+    # The agent's revision sorts tools by name: the same tools in another order are the same.
+    return {t.name: t for t in listed}
