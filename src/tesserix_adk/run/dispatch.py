@@ -325,6 +325,8 @@ async def _call_tool(
         # then finds its outcome recorded or keeps its own (see ``_complete``).
         attempt.takeover_keys.add(oc.key)
         rec = await claim(parts, run, attempt, tool, oc)
+    if _held_elsewhere(rec, attempt) and rec.run_id != run.run_id:
+        rec = await _other_runs_claim(parts, run, attempt, tool, oc, rec)
     if _in_doubt_here(rec, attempt):
         # This attempt's own claim, still in flight, of a call it sent under this key (a
         # twin whose sibling lost its reply): that call may have happened. Neither sent
@@ -366,16 +368,6 @@ async def _call_tool(
         return _finished_by(run, attempt, oc, known, how, rec.by)
     if _held_elsewhere(rec, attempt):
         other_run = rec.run_id != run.run_id
-        leases = attempt.lease.store if attempt.lease is not None else None
-        if other_run and await carried_now(leases, run.tenant, rec.run_id):
-            # A business key two runs share, and that run is sending it now: come back
-            # once it has its outcome (replayed then), rather than be parked in doubt.
-            raise ResumeConflictError(
-                f"{tool.name} ({oc.call.id}): claimed under the same key by run "
-                f"{rec.run_id!r}, which is carried now and may be sending it; carry this "
-                "run on once that run has its outcome",
-                holder=rec.holder,
-            )
         by = f"run {rec.run_id!r} ({rec.holder}" if other_run else f"{rec.holder} ("
         doubt = PlannedCall(
             call_id=oc.call.id,
@@ -469,6 +461,30 @@ async def _redacted_and_completed(
     kept.append(recorded)
     await grouping.begin(parts.groups, attempt)
     await complete(parts, run, attempt, tool, oc, recorded.payload)
+
+
+async def _other_runs_claim(
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    tool: Tool,
+    oc: OutstandingCall,
+    rec: IdempotencyRecord,
+) -> IdempotencyRecord:
+    """The record of a call another run claimed under the same key (a business key two
+    runs share), read again once that run is known not to be carried: it may have recorded
+    its outcome (replayed here) or let its claim go since the claim was read. While it is
+    carried, its holder may be sending the call: ``ResumeConflictError``, to come back
+    once it has its outcome, rather than be refused in doubt and parked."""
+    leases = attempt.lease.store if attempt.lease is not None else None
+    if await carried_now(leases, run.tenant, rec.run_id):
+        raise ResumeConflictError(
+            f"{tool.name} ({oc.call.id}): claimed under the same key by run "
+            f"{rec.run_id!r}, which is carried now and may be sending it; carry this "
+            "run on once that run has its outcome",
+            holder=rec.holder,
+        )
+    return await claim(parts, run, attempt, tool, oc)
 
 
 def _held_elsewhere(rec: IdempotencyRecord, attempt: Attempt) -> bool:

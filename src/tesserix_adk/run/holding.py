@@ -92,18 +92,22 @@ async def carried_now(leases: LeaseStore | None, tenant: str, run_id: str) -> bo
 
 async def carried_elsewhere(
     plan: ResumePlan, leases: LeaseStore | None, *, tenant: str, run_id: str
-) -> None:
+) -> bool:
     """Raise ``ResumeConflictError`` when every call in doubt in ``plan`` is claimed by
     another run (a business key two runs share) that is carried now: its holder may be
     sending it, so this run comes back later (it then replays that run's outcome), instead
-    of being refused and left to an operator who could not decide it either."""
+    of being refused and left to an operator who could not decide it either. Else whether
+    ``plan`` holds another run's claim at all: that run may have recorded its outcome and
+    let go since the plan was read, so the plan is to be read again before refusing."""
     others = [p for p in plan.indeterminate if p.record is not None and p.record.run_id != run_id]
-    if not others or len(others) != len(plan.indeterminate):
-        return
+    if not others:
+        return False
+    if len(others) != len(plan.indeterminate):
+        return True
     for pc in others:
         assert pc.record is not None
         if not await carried_now(leases, tenant, pc.record.run_id):
-            return
+            return True
     first = others[0].record
     assert first is not None
     raise ResumeConflictError(

@@ -287,7 +287,6 @@ class AgentRunner:
             plan = await plan_without_frontier(tenant, run_id, self.idempotency)
             if await self._reconcile(agent, plan, attempt, tenant, run_id):
                 plan = await plan_without_frontier(tenant, run_id, self.idempotency)
-            await carried_elsewhere(plan, self.leases, tenant=tenant, run_id=run_id)
             refuse_if_undecidable(plan)
             note_ahead(attempt, plan)
             if self.ledger is not None:
@@ -416,7 +415,9 @@ class AgentRunner:
                 return await self._settled(finished_run(ended or cp))
             refuse_unresumable(cp, agent)
             if cancelled is None and not nothing_ran_since_approval_asked(cp, plan):
-                await carried_elsewhere(plan, self.leases, tenant=tenant, run_id=run_id)
+                if await carried_elsewhere(plan, self.leases, tenant=tenant, run_id=run_id):
+                    plan = await plan_resume(cp, self.idempotency)
+                    await carried_elsewhere(plan, self.leases, tenant=tenant, run_id=run_id)
                 refuse_if_undecidable(plan)
             run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=[])
             await restore(checkpoints, self.ledger, run, attempt, cp, plan)
