@@ -1,6 +1,7 @@
 """What of a model's tool calls the kit refuses to carry, before any is keyed: a call it
-cannot encode as asked (arguments nested too deep, text that is not Unicode) or whose key
-its tool's key function would build from a secret. Such a call keeps the model's id and
+cannot encode as asked (arguments nested too deep, text that is not Unicode), whose key its
+tool's key function cannot make from arguments the tool refuses anyway (one the model left
+out), or whose key that function would build from a secret. Such a call keeps the model's id and
 name, its arguments replaced by the kit's refusal (``messages.REFUSED_ARGUMENTS``): it is
 answered "not sent", saying why, and never keyed, claimed or dispatched."""
 
@@ -12,6 +13,7 @@ from urllib.parse import quote
 
 from tesserix_adk.checkpoint.payload import MAX_NESTING, within_nesting
 from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import REFUSED_ARGUMENTS, Message, ToolCall, refusal_of
 from tesserix_adk.run.state import RunState
 from tesserix_adk.tools import Tool, canonical_json, default_key
@@ -91,7 +93,11 @@ def without_secret_keys(
         # Occurrences counted as outstanding_calls counts them: refused twins left out.
         twin = (call.name, canonical_json(dict(call.arguments)))
         occurrence = seen.get(twin, 0)
-        if _key_holds_a_secret(run, tool, call, occurrence, redactor, recorded):
+        key, unkeyable = _key_of(run, tool, call, occurrence)
+        if unkeyable is not None:
+            calls.append(dataclasses.replace(call, arguments={REFUSED_ARGUMENTS: unkeyable}))
+            continue
+        if _key_holds_a_secret(run, tool, call, occurrence, key, redactor, recorded):
             calls.append(dataclasses.replace(call, arguments={REFUSED_ARGUMENTS: SECRET_KEY}))
             continue
         seen[twin] = occurrence + 1
@@ -101,32 +107,48 @@ def without_secret_keys(
     return dataclasses.replace(message, tool_calls=tuple(calls))
 
 
+def _key_of(
+    run: RunState, tool: Tool, call: ToolCall, occurrence: int
+) -> tuple[str | None, str | None]:
+    """``call``'s key, or why it is not sent: ``tool``'s key function cannot make its key
+    and the tool's parameters refuse its arguments too (the model left one out or misnamed
+    it), as the tool's validation would later. A key function failing on arguments the
+    tool accepts is its author's bug: ``ConfigurationError``, nothing sent."""
+    try:
+        key = tool.key_for(
+            tenant=run.tenant,
+            run_id=run.run_id,
+            iteration=run.iteration,
+            call=call,
+            occurrence=occurrence,
+        )
+    except ConfigurationError:
+        raise
+    except Exception as exc:
+        why = tool.invalid_arguments(call.arguments)
+        if why is not None:
+            return None, f"{why} (so its idempotency key could not be made from them)"
+        raise ConfigurationError(
+            f"the key function of tool {tool.name!r} raised {type(exc).__name__} for "
+            "arguments its parameters accept; it must make a key from any arguments the "
+            "tool takes"
+        ) from exc
+    return key, None
+
+
 def _key_holds_a_secret(
     run: RunState,
     tool: Tool,
     call: ToolCall,
     occurrence: int,
+    key: str | None,
     redactor: Redactor,
     recorded: Collection[str],
 ) -> bool:
-    """Whether the key ``tool``'s key function makes for ``call`` holds what ``redactor``
-    masks: a secret in it, or one it took from the arguments (its key from the masked
-    arguments differs, or it cannot make one from them). The kit's own part of the key,
-    the tenant in front, is not asked about."""
-
-    def key_of(asked: ToolCall) -> str | None:
-        return tool.key_for(
-            tenant=run.tenant,
-            run_id=run.run_id,
-            iteration=run.iteration,
-            call=asked,
-            occurrence=occurrence,
-        )
-
-    try:
-        key = key_of(call)
-    except Exception:
-        return False  # not a secret: the key function's own error, raised when keyed
+    """Whether ``key``, the key ``tool``'s key function made for ``call``, holds what
+    ``redactor`` masks: a secret in it, or one it took from the arguments (its key from
+    the masked arguments differs, or it cannot make one from them). The kit's own part of
+    the key, the tenant in front, is not asked about."""
     if key is None or key in recorded:
         return False
     own = key.removeprefix(quote(run.tenant, safe="") + "/")
@@ -135,7 +157,17 @@ def _key_holds_a_secret(
     arguments = dict(call.arguments)
     if not redactor.changed(arguments):
         return False
+    masked = dataclasses.replace(call, arguments=redactor.value(arguments))
     try:
-        return key_of(dataclasses.replace(call, arguments=redactor.value(arguments))) != key
+        return (
+            tool.key_for(
+                tenant=run.tenant,
+                run_id=run.run_id,
+                iteration=run.iteration,
+                call=masked,
+                occurrence=occurrence,
+            )
+            != key
+        )
     except Exception:
         return True
