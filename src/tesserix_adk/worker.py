@@ -123,7 +123,7 @@ class Carried(StrEnum):
     waiting = "waiting"  # on a person's decision
     parked = "parked"
     retry = "retry"
-    elsewhere = "elsewhere"  # another worker has it
+    elsewhere = "elsewhere"  # another worker has it, or another run a call it needs
     stopped = "stopped"  # drained at a boundary
 
 
@@ -418,9 +418,7 @@ class Worker:
             # keeps it. Either way, look again after a while, not at the next poll.
             hold = self._rng.uniform(0.5, 1.0) * self.runner.lease_policy.ttl
             self._later[(item.tenant, item.run_id)] = asyncio.get_running_loop().time() + hold
-            _log.info(
-                "run %s: another worker has it (%s); looking again in %.1f s", where, exc, hold
-            )
+            _log.info("run %s: held elsewhere (%s); looking again in %.1f s", where, exc, hold)
             return Carried.elsewhere
         whose = None
         store_wide = exc if isinstance(exc, _STORE_WIDE) else None
