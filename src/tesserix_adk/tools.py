@@ -194,6 +194,15 @@ class Tool:
                 f"the key function of tool {self.name!r} returned {type(key).__name__} "
                 f"{key!r}; an idempotency key is a non-empty str"
             )
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            # A lone surrogate (text cut by bytes): no store can keep it, and each would
+            # fail its own way, a retry never mending it.
+            raise ConfigurationError(
+                f"the key function of tool {self.name!r} made a key that is not valid "
+                "Unicode (a lone surrogate); an idempotency key must be whole text"
+            ) from exc
         if not self._key_takes_occurrence and occurrence:
             key = f"{key}#{occurrence}"
         if self.key is not default_key:

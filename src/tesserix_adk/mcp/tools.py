@@ -110,8 +110,15 @@ class MCPTool(Tool):
         self._send = send
 
     def invalid_arguments(self, arguments: Mapping[str, Any]) -> str | None:
-        """``None``: the server validates what it is sent, against its own schema."""
-        return None
+        """Why ``arguments`` lack what the server's schema requires (its ``required``
+        names), else ``None``: the rest the server validates, against its own schema."""
+        required = self.parameters.get("required")
+        if not isinstance(required, list):
+            return None
+        missing = [name for name in required if isinstance(name, str) and name not in arguments]
+        if not missing:
+            return None
+        return f"invalid arguments for {self.name}: missing required {', '.join(missing)}"
 
     async def invoke(
         self,

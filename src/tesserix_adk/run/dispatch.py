@@ -391,42 +391,38 @@ async def _call_tool(
             f"the record of {tool.name} ({oc.call.id}) is {rec.status} without an outcome; "
             "it is not sent again"
         )
-    how = CallDisposition.dispatched
-    invalid = None if oc.redacted or unsent is not None else _invalid(attempt, tool, oc)
     if oc.redacted:
-        how = CallDisposition.refused
-        outcome = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
-    elif invalid is not None:
-        # Not sent: arguments its tool refuses. Recorded like any answer (what a resume
-        # replays), reported refused. Checked only now, once the record said it was to go
-        # out: a call that ran is replayed, whatever its tool's validation says today.
-        how = CallDisposition.refused
-        outcome = invalid
-    else:
-        if unsent is not None:
-            # Claimed by this attempt and never sent: the claim goes.
-            await release_unsent(parts, run, attempt, oc.key)
-            return _finished(run, attempt, oc, unsent, CallDisposition.refused)
-        _started(run, attempt, oc)
-        attempt.sent_keys.add(oc.key)
-        try:
-            outcome = await invoke(attempt, tool, oc.call, ctx, parts.redactor)
-        except NotSent as stop:
-            # The lease check stopped the call before it started: nothing is in doubt, so
-            # the claim goes rather than leave every later resume refusing it.
-            attempt.sent_keys.discard(oc.key)
-            _unsent(run, attempt, oc, stop.error)
-            await release_unsent(parts, run, attempt, oc.key)
-            raise stop.error from None
-        except ThreadReturned as cancelled:
-            # Cancelled while a sync tool ran, and its thread has returned: what it did is
-            # known, so it is recorded (to the end, however often cancelled) and the
-            # cancellation goes on, rather than leaving the call in doubt.
-            returned = returned_outcome(oc.call, cancelled)
-            if returned is not None:
-                with contextlib.suppress(Exception):
-                    await to_the_end(record(parts, run, attempt, tool, oc, returned))
-            raise
+        unsent = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
+    elif unsent is None:
+        # Arguments its tool refuses: not sent. Checked only now, once the record said it
+        # was to go out: a call that ran is replayed, whatever its validation says today.
+        unsent = _invalid(attempt, tool, oc)
+    if unsent is not None:
+        # Claimed by this attempt and never sent: the claim goes, so that nothing is
+        # recorded under the key (a business key names the order, not this call: a
+        # refusal kept there would answer every later call of that order).
+        await release_unsent(parts, run, attempt, oc.key)
+        return _finished(run, attempt, oc, unsent, CallDisposition.refused)
+    _started(run, attempt, oc)
+    attempt.sent_keys.add(oc.key)
+    try:
+        outcome = await invoke(attempt, tool, oc.call, ctx, parts.redactor)
+    except NotSent as stop:
+        # The lease check stopped the call before it started: nothing is in doubt, so
+        # the claim goes rather than leave every later resume refusing it.
+        attempt.sent_keys.discard(oc.key)
+        _unsent(run, attempt, oc, stop.error)
+        await release_unsent(parts, run, attempt, oc.key)
+        raise stop.error from None
+    except ThreadReturned as cancelled:
+        # Cancelled while a sync tool ran, and its thread has returned: what it did is
+        # known, so it is recorded (to the end, however often cancelled) and the
+        # cancellation goes on, rather than leaving the call in doubt.
+        returned = returned_outcome(oc.call, cancelled)
+        if returned is not None:
+            with contextlib.suppress(Exception):
+                await to_the_end(record(parts, run, attempt, tool, oc, returned))
+        raise
     # The outcome is in hand: redacted and recorded to the end, however often the run is
     # cancelled meanwhile, with no cancellation point between the tool's return and its
     # record. It commits with the next call's claim, or at the turn's end.
@@ -440,9 +436,11 @@ async def _call_tool(
         # it recorded is the answer, or ours while it has recorded nothing yet.
         taken = await read_back(parts, run, oc.key)
         if taken is not None and taken.status is RecordStatus.completed and taken.outcome:
-            return _finished(run, attempt, oc, decode_outcome(taken.outcome, oc.call.id), how)
+            known = decode_outcome(taken.outcome, oc.call.id)
+            return _finished(run, attempt, oc, known, CallDisposition.dispatched)
     [recorded] = kept
-    return _finished(run, attempt, oc, recorded.outcome if recorded.replaced else outcome, how)
+    answer = recorded.outcome if recorded.replaced else outcome
+    return _finished(run, attempt, oc, answer, CallDisposition.dispatched)
 
 
 async def _redacted_and_completed(

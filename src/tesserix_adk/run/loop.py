@@ -222,13 +222,23 @@ def outstanding_calls(run: RunState, calls: Sequence[ToolCall]) -> list[Outstand
         twin = (call.name, canonical_json(dict(call.arguments)))
         occurrence = seen.get(twin, 0)
         seen[twin] = occurrence + 1
-        key = tool.key_for(
-            tenant=run.tenant,
-            run_id=run.run_id,
-            iteration=run.iteration,
-            call=call,
-            occurrence=occurrence,
-        )
+        try:
+            key = tool.key_for(
+                tenant=run.tenant,
+                run_id=run.run_id,
+                iteration=run.iteration,
+                call=call,
+                occurrence=occurrence,
+            )
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            # A call screened before (a frontier's, a replayed step's) that the key function
+            # of today's tool cannot key: its author's to mend, said as such.
+            raise ConfigurationError(
+                f"the key function of tool {tool.name!r} raised {type(exc).__name__} for "
+                f"the call {call.id}; it cannot key a call the run already holds"
+            ) from exc
         if key is not None and run.replay_of is not None:
             # A key naming the business object is the original run's too: a replay's stub
             # must never record under it, nor find the original's record there.

@@ -122,12 +122,12 @@ def _key_of(
             call=call,
             occurrence=occurrence,
         )
-    except ConfigurationError:
-        raise
     except Exception as exc:
         why = tool.invalid_arguments(call.arguments)
         if why is not None:
             return None, f"{why} (so its idempotency key could not be made from them)"
+        if isinstance(exc, ConfigurationError):
+            raise  # what it made is no key (not a str, empty, not Unicode): it says so
         raise ConfigurationError(
             f"the key function of tool {tool.name!r} raised {type(exc).__name__} for "
             "arguments its parameters accept; it must make a key from any arguments the "
