@@ -158,6 +158,7 @@ def test_the_mcp_package_pins_its_names() -> None:
     import tesserix_adk.mcp
 
     assert set(tesserix_adk.mcp.__all__) == {
+        "DEFAULT_MAX_REPLY_ITEMS",
         "IDEMPOTENCY_KEY_META",
         "MCPError",
         "MCPReplyLostError",

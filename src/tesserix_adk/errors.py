@@ -21,7 +21,7 @@ reading the attribute, never by matching on names.
     ├── ResumeError
     │   ├── IndeterminateToolCallError  nobody can say whether a call ran (.calls)
     │   ├── DivergedRunError            the resumed model asks for something else
-    │   ├── ResumeConflictError         another worker holds the run (.holder)
+    │   ├── ResumeConflictError         another worker, or run, holds it (.holder)
     │   │   └── RunStartedError         a start found the run started: resume it
     │   ├── RevisionMismatchError       the agent changed since the frontier was written
     │   ├── HistoryUnavailableError     the transcript no longer resolves
@@ -222,7 +222,8 @@ class DivergedRunError(ResumeError):
 
 
 class ResumeConflictError(ResumeError):
-    """Another worker holds the run; try again once it lets go."""
+    """Another worker holds the run, or another run is sending a call this run needs (a
+    business key the two share); ``holder`` is that holder. Try again once it lets go."""
 
     retryable = True
 

@@ -278,8 +278,10 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
                 **base,
                 disposition=ToolDisposition.indeterminate,
                 reason=f"claimed in flight under the same key by run {rec.run_id} "
-                f"({rec.holder}, fence {rec.fence}) at {_when(rec.since)}; that run may "
-                "still be sending it, so nobody can say whether it ran",
+                f"({rec.holder}, fence {rec.fence}) at {_when(rec.since)}: that run's call, "
+                "which it may still be sending; this run replays what that run records "
+                "(while that run is carried, this one comes back later), and if that run "
+                f"died with it in hand, it is resolved on run {rec.run_id}",
                 record=rec,
             )
         else:

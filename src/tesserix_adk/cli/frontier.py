@@ -248,7 +248,18 @@ async def _wake(
 
 
 async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
-    record = _the_call(await stores.idempotency.records(args.tenant, args.run), args)
+    try:
+        record = _the_call(await stores.idempotency.records(args.tenant, args.run), args)
+    except NoCheckpointError as exc:
+        other = await _claimed_by_another_run(stores, args)
+        if other is None:
+            raise
+        raise Refused(
+            f"{args.call} of run {args.run!r} is claimed under the same key by run "
+            f"{other.run_id!r} ({other.status}): it is that run's call, and this run replays "
+            f"what it records; resolve it on run {other.run_id!r} (call {other.call_id}) "
+            "once nobody carries that run"
+        ) from exc
     content: Any = None
     if not args.never_ran:
         try:
@@ -321,6 +332,24 @@ async def _no_live_resumer(stores: Stores, args: argparse.Namespace) -> None:
         "once nobody carries the run",
         holder=claim.holder,
     )
+
+
+async def _claimed_by_another_run(
+    stores: Stores, args: argparse.Namespace
+) -> IdempotencyRecord | None:
+    """The record another run holds under the key of the call ``args`` names among this
+    run's outstanding calls (a business key two runs share), if any."""
+    with contextlib.suppress(AdkError):
+        cp = await Checkpointer.from_stores(stores).latest(args.tenant, args.run)
+        if cp is None:
+            return None
+        for oc in cp.outstanding:
+            if oc.key is None or args.call not in (oc.call.id, oc.key, key_digest(oc.key)):
+                continue
+            found = (await stores.idempotency.lookup([oc.key], tenant=args.tenant)).get(oc.key)
+            if found is not None and found.run_id != args.run:
+                return found
+    return None
 
 
 def _in_flight(record: IdempotencyRecord, args: argparse.Namespace) -> None:

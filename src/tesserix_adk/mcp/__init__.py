@@ -18,8 +18,10 @@ from tesserix_adk.mcp.errors import (
     MCPUnavailableError,
 )
 from tesserix_adk.mcp.tools import IDEMPOTENCY_KEY_META, MCPTool, MCPToolOverride
+from tesserix_adk.mcp.weighing import DEFAULT_MAX_REPLY_ITEMS
 
 __all__ = [
+    "DEFAULT_MAX_REPLY_ITEMS",
     "IDEMPOTENCY_KEY_META",
     "MCPError",
     "MCPReplyLostError",

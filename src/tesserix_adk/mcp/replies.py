@@ -27,7 +27,15 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
         'tesserix_adk.mcp needs the MCP SDK: pip install "tesserix-adk[mcp]"'
     ) from exc
 
-__all__ = ["Unread", "maybe_a_reply", "sdk_closed", "shown_url", "stand_in", "wound_down"]
+__all__ = [
+    "Unread",
+    "maybe_a_reply",
+    "sdk_closed",
+    "session_gone",
+    "shown_url",
+    "stand_in",
+    "wound_down",
+]
 
 
 # The errors the SDK makes up itself when no whole answer came, told apart from a server's
@@ -81,6 +89,13 @@ def stand_in(exc: SdkError) -> str | None:
 
 class Unread(Exception):
     """A message came while the call waited that the transport could not read."""
+
+
+def session_gone(exc: SdkError) -> bool:
+    """Whether ``exc`` is a streamable-HTTP server saying it does not know the session the
+    request named (the SDK's own server: 404, ``Session not found``): it restarted, and the
+    request was refused whole, so nothing ran; this connection is over."""
+    return exc.code == INVALID_REQUEST and exc.message == "Session not found"
 
 
 def sdk_closed(client: Client) -> bool:

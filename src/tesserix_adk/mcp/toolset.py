@@ -26,6 +26,7 @@ from tesserix_adk.mcp.replies import (
     Unread,
     maybe_a_reply,
     sdk_closed,
+    session_gone,
     shown_url,
     stand_in,
     wound_down,
@@ -207,6 +208,7 @@ class MCPToolset:
             await conn.close()
             raise
         self._conn, self._listed, self._tools = conn, conn.listed, tools
+        self._reach_failed = ("", True)
         return self
 
     async def __aexit__(
@@ -248,6 +250,14 @@ class MCPToolset:
                 conn, conn.client.call_tool(name, dict(arguments), meta=meta)
             )
         except SdkError as exc:
+            if session_gone(exc):
+                # A server that restarted since: refused whole, so not sent; the next call
+                # reaches it again.
+                conn.lost = f"it no longer knows the session ({exc.message})"
+                raise MCPUnavailableError(
+                    f"{name} was not sent: {self._where()} no longer knows this toolset's "
+                    "session (it restarted); the next call reaches it again"
+                ) from exc
             kind = stand_in(exc)
             if kind == "closed" and conn.gone():
                 # Our own connection closed; the same words relayed by a gateway from its
@@ -297,6 +307,11 @@ class MCPToolset:
         )
         if not isinstance(self._server, str):
             raise MCPUnavailableError(not_sent)
+        why, retryable = self._reach_failed
+        if not retryable:
+            # It listed other tools: every call is refused until the toolset is entered
+            # again, whatever it lists later.
+            raise MCPUnavailableError(f"{not_sent}; {why}", retryable=False)
         failed = self._reach_tries
         async with self._reconnecting:
             current = self._conn
