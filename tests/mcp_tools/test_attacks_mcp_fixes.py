@@ -87,7 +87,7 @@ import sys
 import time
 import urllib.request
 import warnings
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -630,20 +630,10 @@ async def test_a_server_restarted_during_a_call_is_reached_again_once_it_is_back
     assert effects.keys() == ["k1"]
 
 
-async def _lost_in_a_call(toolset: MCPToolset, hold: Path, first: Any) -> None:
-    """A call in the tool when the server is killed: rightly in doubt, the connection lost."""
-    call = asyncio.ensure_future(toolset.call("book_seat", {"flight": "LH1"}, key="k1"))
-    await _until((hold / "inside").exists, "the call reached the tool")
-    first.kill()
-    first.wait(10)
-    with pytest.raises(MCPReplyLostError):
-        await asyncio.wait_for(call, 30)
-    (hold / "release").write_text("")
-
-
-async def test_a_server_still_down_is_not_sent_to_and_is_reached_once_it_is_back(
-    tmp_path: Path,
-) -> None:
+@contextlib.asynccontextmanager
+async def _lost_over_http(tmp_path: Path) -> AsyncIterator[tuple[MCPToolset, Effects, Any]]:
+    """A toolset over HTTP whose server was killed during a call (rightly in doubt): the
+    connection is lost. Yields it, the effects, and how to start the server again."""
     effects, hold = Effects(tmp_path), tmp_path / "hold"
     hold.mkdir()
     port = free_port()
@@ -653,11 +643,24 @@ async def test_a_server_still_down_is_not_sent_to_and_is_reached_once_it_is_back
         toolset = await stack.enter_async_context(
             MCPToolset.http(f"http://127.0.0.1:{port}/mcp", call_timeout=20, connect_timeout=5)
         )
-        await _lost_in_a_call(toolset, hold, first)
+        call = asyncio.ensure_future(toolset.call("book_seat", {"flight": "LH1"}, key="k1"))
+        await _until((hold / "inside").exists, "the call reached the tool")
+        first.kill()
+        first.wait(10)
+        with pytest.raises(MCPReplyLostError):
+            await asyncio.wait_for(call, 30)
+        (hold / "release").write_text("")
+        yield toolset, effects, lambda **env: _process(argv, port, **effects.env(**env))
+
+
+async def test_a_server_still_down_is_not_sent_to_and_is_reached_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    async with _lost_over_http(tmp_path) as (toolset, effects, start_again):
         with pytest.raises(MCPUnavailableError, match="reaching it again failed") as down:
             await toolset.call("book_seat", {"flight": "LH2"}, key="k2")
         assert down.value.retryable and not down.value.outcome_unknown
-        with _process(argv, port, **effects.env()):
+        with start_again():
             # Two calls at once: one reaches the server again, both are answered.
             both = await asyncio.gather(
                 toolset.call("book_seat", {"flight": "LH3"}, key="k3"),
@@ -670,17 +673,8 @@ async def test_a_server_still_down_is_not_sent_to_and_is_reached_once_it_is_back
 async def test_a_server_back_with_other_tools_is_refused_whole_not_called(
     tmp_path: Path,
 ) -> None:
-    effects, hold = Effects(tmp_path), tmp_path / "hold"
-    hold.mkdir()
-    port = free_port()
-    argv = [sys.executable, SERVER, "http", str(port)]
-    async with contextlib.AsyncExitStack() as stack:
-        first = stack.enter_context(_process(argv, port, **effects.env(MCP_HOLD_DIR=str(hold))))
-        toolset = await stack.enter_async_context(
-            MCPToolset.http(f"http://127.0.0.1:{port}/mcp", call_timeout=20)
-        )
-        await _lost_in_a_call(toolset, hold, first)
-        with _process(argv, port, **effects.env(MCP_TOOLS_VARIANT="added")):
+    async with _lost_over_http(tmp_path) as (toolset, effects, start_again):
+        with start_again(MCP_TOOLS_VARIANT="added"):
             for flight in ("LH2", "LH3"):  # refused each time, never sent
                 with pytest.raises(MCPUnavailableError, match="lists other tools") as other:
                     await toolset.call("book_seat", {"flight": flight}, key=flight)
