@@ -6,6 +6,7 @@ in hand, the call is in doubt as before. On memory and on SQLite."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -113,8 +114,9 @@ async def test_a_claim_whose_run_died_with_it_in_hand_is_in_doubt_not_waited_on(
     while await stores.leases.current(T, "r1") is not None:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
-    with pytest.raises(IndeterminateToolCallError, match="r1"):
+    with pytest.raises(IndeterminateToolCallError, match="r1") as doubt:
         await _runner(stores).run(agent, "go", tenant=T, run_id="r2")
+    assert re.search(r"claimed in flight by run 'r1' \(\S+, fence \d+\), another", str(doubt.value))
     assert shop.charged == []
 
 

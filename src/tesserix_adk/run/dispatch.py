@@ -367,15 +367,15 @@ async def _call_tool(
         how = CallDisposition.settled if rec.by else CallDisposition.replayed
         return _finished_by(run, attempt, oc, known, how, rec.by)
     if _held_elsewhere(rec, attempt):
-        other_run = rec.run_id != run.run_id
-        by = f"run {rec.run_id!r} ({rec.holder}" if other_run else f"{rec.holder} ("
+        who = f"{rec.holder} (fence {rec.fence})"
+        if rec.run_id != run.run_id:
+            who = f"run {rec.run_id!r} ({rec.holder}, fence {rec.fence})"
         doubt = PlannedCall(
             call_id=oc.call.id,
             tool=tool.name,
             key=oc.key,
             disposition=ToolDisposition.indeterminate,
-            reason=f"claimed in flight by {by}, fence {rec.fence}), another attempt; "
-            "nobody can say whether it ran",
+            reason=f"claimed in flight by {who}, another attempt; nobody can say whether it ran",
             iteration=run.iteration,
             arguments=oc.call.arguments,
             side_effects=tool.side_effects,

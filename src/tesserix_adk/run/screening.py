@@ -1,9 +1,9 @@
 """What of a model's tool calls the kit refuses to carry, before any is keyed: a call it
 cannot encode as asked (arguments nested too deep, text that is not Unicode), whose key its
 tool's key function cannot make from arguments the tool refuses anyway (one the model left
-out), or whose key that function would build from a secret. Such a call keeps the model's id and
-name, its arguments replaced by the kit's refusal (``messages.REFUSED_ARGUMENTS``): it is
-answered "not sent", saying why, and never keyed, claimed or dispatched."""
+out), or whose key that function would build from a secret. Such a call keeps the model's
+id and name, its arguments replaced by the kit's refusal (``messages.REFUSED_ARGUMENTS``):
+it is answered "not sent", saying why, and never keyed, claimed or dispatched."""
 
 from __future__ import annotations
 
