@@ -317,8 +317,11 @@ async def _call_tool(
             _unsent(run, attempt, oc, stop.error)
             raise stop.error from None
         return _finished(run, attempt, oc, await told(parts, outcome), CallDisposition.dispatched)
+    refusal = _unsendable(attempt, tool, oc)
+    if refusal is not None:
+        return await _not_claimed(parts, run, attempt, tool, oc, refusal)
     rec = await claim(parts, run, attempt, tool, oc)
-    if _held_elsewhere(rec, attempt) and not oc.redacted and _safe_to_resend(tool):
+    if _held_elsewhere(rec, attempt) and _safe_to_resend(tool):
         # Another attempt's claim (an earlier one of this run, or a live run sharing a
         # business key) on a call that may be sent again (no side effects, or the far side
         # deduplicates by our key): take it over, as a resume would; the other attempt
@@ -326,7 +329,10 @@ async def _call_tool(
         attempt.takeover_keys.add(oc.key)
         rec = await claim(parts, run, attempt, tool, oc)
     if _held_elsewhere(rec, attempt) and rec.run_id != run.run_id:
-        rec = await _other_runs_claim(parts, run, attempt, tool, oc, rec)
+        await _unless_carried(attempt, run, tool, oc, rec)
+        # Not carried: it may have recorded its outcome, or let its claim go, since the
+        # claim was read.
+        rec = await claim(parts, run, attempt, tool, oc)
     if _in_doubt_here(rec, attempt):
         # This attempt's own claim, still in flight, of a call it sent under this key (a
         # twin whose sibling lost its reply): that call may have happened. Neither sent
@@ -338,9 +344,7 @@ async def _call_tool(
             calls=[_in_doubt_call(run, tool, oc, rec)],
         )
     unsent = None
-    if oc.redacted:
-        pass  # a masked call is answered unsent, in the group
-    elif rec.status is RecordStatus.in_flight and not _held_elsewhere(rec, attempt):
+    if rec.status is RecordStatus.in_flight and not _held_elsewhere(rec, attempt):
         # No claim, no dispatch: the claim (and what joined it) is durable before the call
         # goes out. The cancel is looked at after the claim, in its transaction, with the
         # COMMIT sent along: a cancel recorded before the claim is seen (its canceller
@@ -359,48 +363,16 @@ async def _call_tool(
     # Else nothing goes out here (replayed, refused in doubt): the group stays open for the
     # turn's next writes, committed before anything leaves.
     if rec.status is RecordStatus.completed and rec.outcome is not None:
-        # Read before it is reported started: one that cannot be read is no replay, and
-        # an attempt ending with a call started reports it as sent.
-        known = decode_outcome(rec.outcome, oc.call.id)
-        _started(run, attempt, oc)
-        # Recorded with a ``by``: a reconciler or an operator said what happened.
-        how = CallDisposition.settled if rec.by else CallDisposition.replayed
-        return _finished_by(run, attempt, oc, known, how, rec.by)
+        return _replayed(run, attempt, oc, rec)
     if _held_elsewhere(rec, attempt):
-        who = f"{rec.holder} (fence {rec.fence})"
-        if rec.run_id != run.run_id:
-            who = f"run {rec.run_id!r} ({rec.holder}, fence {rec.fence})"
-        doubt = PlannedCall(
-            call_id=oc.call.id,
-            tool=tool.name,
-            key=oc.key,
-            disposition=ToolDisposition.indeterminate,
-            reason=f"claimed in flight by {who}, another attempt; nobody can say whether it ran",
-            iteration=run.iteration,
-            arguments=oc.call.arguments,
-            side_effects=tool.side_effects,
-            record=rec,
-        )
-        raise IndeterminateToolCallError(
-            f"cannot tell whether 1 call(s) ran: {doubt.describe()}; check the tool's own "
-            "system and record what happened with `tesserix resolve`",
-            calls=[doubt],
-        )
+        raise _in_doubt_elsewhere(run, tool, oc, rec)
     if rec.status is not RecordStatus.in_flight:
         raise CheckpointCorruptError(
             f"the record of {tool.name} ({oc.call.id}) is {rec.status} without an outcome; "
             "it is not sent again"
         )
-    if oc.redacted:
-        unsent = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
-    elif unsent is None:
-        # Arguments its tool refuses: not sent. Checked only now, once the record said it
-        # was to go out: a call that ran is replayed, whatever its validation says today.
-        unsent = _invalid(attempt, tool, oc)
     if unsent is not None:
-        # Claimed by this attempt and never sent: the claim goes, so that nothing is
-        # recorded under the key (a business key names the order, not this call: a
-        # refusal kept there would answer every later call of that order).
+        # Claimed by this attempt and never sent: the claim goes.
         await release_unsent(parts, run, attempt, oc.key)
         return _finished(run, attempt, oc, unsent, CallDisposition.refused)
     _started(run, attempt, oc)
@@ -461,19 +433,12 @@ async def _redacted_and_completed(
     await complete(parts, run, attempt, tool, oc, recorded.payload)
 
 
-async def _other_runs_claim(
-    parts: RunParts,
-    run: RunState,
-    attempt: Attempt,
-    tool: Tool,
-    oc: OutstandingCall,
-    rec: IdempotencyRecord,
-) -> IdempotencyRecord:
-    """The record of a call another run claimed under the same key (a business key two
-    runs share), read again once that run is known not to be carried: it may have recorded
-    its outcome (replayed here) or let its claim go since the claim was read. While it is
-    carried, its holder may be sending the call: ``ResumeConflictError``, to come back
-    once it has its outcome, rather than be refused in doubt and parked."""
+async def _unless_carried(
+    attempt: Attempt, run: RunState, tool: Tool, oc: OutstandingCall, rec: IdempotencyRecord
+) -> None:
+    """``ResumeConflictError`` while the other run whose claim ``rec`` is (a business key
+    two runs share) is carried: its holder may be sending the call, so this run comes back
+    once it has its outcome (replayed then), rather than be refused in doubt and parked."""
     leases = attempt.lease.store if attempt.lease is not None else None
     if await carried_now(leases, run.tenant, rec.run_id):
         raise ResumeConflictError(
@@ -482,7 +447,85 @@ async def _other_runs_claim(
             "run on once that run has its outcome",
             holder=rec.holder,
         )
-    return await claim(parts, run, attempt, tool, oc)
+
+
+def _unsendable(attempt: Attempt, tool: Tool, oc: OutstandingCall) -> ToolOutcome | None:
+    """The answer to a call that cannot go out whatever its record says: its arguments
+    were masked in the frontier, or its tool's validation refuses them; else ``None``."""
+    if oc.redacted:
+        return ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
+    return _invalid(attempt, tool, oc)
+
+
+async def _not_claimed(
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    tool: Tool,
+    oc: OutstandingCall,
+    refusal: ToolOutcome,
+) -> ToolOutcome:
+    """A keyed call that cannot go out, looked up and never claimed, so nothing is kept
+    under its key (a business key names the order, not this call: a refusal kept there
+    would answer every later call of that order), and no death between a claim and its
+    release can leave it in doubt. A recorded outcome is still replayed (a call that ran,
+    whatever its validation says today); a claim in flight elsewhere may be a call that ran
+    (an earlier attempt's, or a run sharing the key): in doubt, or come back later while
+    its run is carried."""
+    assert oc.key is not None
+    rec = (await parts.idempotency.lookup([oc.key], tenant=run.tenant)).get(oc.key)
+    if rec is not None and _held_elsewhere(rec, attempt) and rec.run_id != run.run_id:
+        await _unless_carried(attempt, run, tool, oc, rec)
+        rec = (await parts.idempotency.lookup([oc.key], tenant=run.tenant)).get(oc.key)
+    if rec is not None and _in_doubt_here(rec, attempt):
+        raise IndeterminateToolCallError(
+            f"cannot tell whether {tool.name} ({oc.call.id}) ran: a call of this attempt "
+            f"under the same key was sent and its outcome is unknown; check the tool's own "
+            "system and record what happened with `tesserix resolve`",
+            calls=[_in_doubt_call(run, tool, oc, rec)],
+        )
+    if rec is not None and rec.status is RecordStatus.completed and rec.outcome is not None:
+        return _replayed(run, attempt, oc, rec)
+    if rec is not None and _held_elsewhere(rec, attempt):
+        raise _in_doubt_elsewhere(run, tool, oc, rec)
+    return _finished(run, attempt, oc, refusal, CallDisposition.refused)
+
+
+def _replayed(
+    run: RunState, attempt: Attempt, oc: OutstandingCall, rec: IdempotencyRecord
+) -> ToolOutcome:
+    """The recorded outcome, replayed. Read before it is reported started: one that cannot
+    be read is no replay, and an attempt ending with a call started reports it as sent."""
+    assert rec.outcome is not None
+    known = decode_outcome(rec.outcome, oc.call.id)
+    _started(run, attempt, oc)
+    # Recorded with a ``by``: a reconciler or an operator said what happened.
+    how = CallDisposition.settled if rec.by else CallDisposition.replayed
+    return _finished_by(run, attempt, oc, known, how, rec.by)
+
+
+def _in_doubt_elsewhere(
+    run: RunState, tool: Tool, oc: OutstandingCall, rec: IdempotencyRecord
+) -> IndeterminateToolCallError:
+    who = f"{rec.holder} (fence {rec.fence})"
+    if rec.run_id != run.run_id:
+        who = f"run {rec.run_id!r} ({rec.holder}, fence {rec.fence})"
+    doubt = PlannedCall(
+        call_id=oc.call.id,
+        tool=tool.name,
+        key=oc.key,
+        disposition=ToolDisposition.indeterminate,
+        reason=f"claimed in flight by {who}, another attempt; nobody can say whether it ran",
+        iteration=run.iteration,
+        arguments=oc.call.arguments,
+        side_effects=tool.side_effects,
+        record=rec,
+    )
+    return IndeterminateToolCallError(
+        f"cannot tell whether 1 call(s) ran: {doubt.describe()}; check the tool's own "
+        "system and record what happened with `tesserix resolve`",
+        calls=[doubt],
+    )
 
 
 def _held_elsewhere(rec: IdempotencyRecord, attempt: Attempt) -> bool:

@@ -168,9 +168,10 @@ async def complete(
 async def release_unsent(parts: RunParts, run: RunState, attempt: Attempt, key: str) -> None:
     """Drop this attempt's claim on a call it did not send (a no-op if there is none). Never
     under a key this attempt sent a call under: the claim in flight there may be that
-    call's (a twin's failed claim must not drop its sibling's, which went out)."""
-    if key in attempt.sent_keys:
-        _log.warning("the claim %s is a sent call's, left in flight (in doubt)", key)
+    call's (a twin's failed claim must not drop its sibling's, which went out). Nor one it
+    took over: the holder it took it from may have sent the call."""
+    if key in attempt.sent_keys or key in attempt.takeover_keys:
+        _log.warning("the claim %s may be a sent call's, left in flight (in doubt)", key)
         return
     try:
         await asyncio.shield(
