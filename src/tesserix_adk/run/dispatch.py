@@ -27,25 +27,30 @@ from tesserix_adk.checkpoint.payload import (
     RecordedOutcome,
     decode_outcome,
 )
-from tesserix_adk.checkpoint.planning import PlannedCall, ToolDisposition
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
     IndeterminateToolCallError,
-    ResumeConflictError,
     StaleFenceError,
 )
 from tesserix_adk.messages import REFUSED_ARGUMENTS, Message, ToolOutcome, refusal_of
 from tesserix_adk.run import grouping
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.cancelling import not_sent_if_cancelled
+from tesserix_adk.run.claims import (
+    held_elsewhere,
+    in_doubt_elsewhere,
+    in_doubt_here,
+    in_doubt_here_error,
+    safe_to_resend,
+    unless_carried,
+)
 from tesserix_adk.run.events import (
     CallDisposition,
     ToolCallFinished,
     ToolCallStarted,
     ToolCallUnsent,
 )
-from tesserix_adk.run.holding import carried_now
 from tesserix_adk.run.invoking import NotSent, invoke
 from tesserix_adk.run.parallel import first_error, in_model_order
 from tesserix_adk.run.parts import RunParts
@@ -321,30 +326,25 @@ async def _call_tool(
     if refusal is not None:
         return await _not_claimed(parts, run, attempt, tool, oc, refusal)
     rec = await claim(parts, run, attempt, tool, oc)
-    if _held_elsewhere(rec, attempt) and _safe_to_resend(tool):
+    if held_elsewhere(rec, attempt) and safe_to_resend(tool):
         # Another attempt's claim (an earlier one of this run, or a live run sharing a
         # business key) on a call that may be sent again (no side effects, or the far side
         # deduplicates by our key): take it over, as a resume would; the other attempt
         # then finds its outcome recorded or keeps its own (see ``_complete``).
         attempt.takeover_keys.add(oc.key)
         rec = await claim(parts, run, attempt, tool, oc)
-    if _held_elsewhere(rec, attempt) and rec.run_id != run.run_id:
-        await _unless_carried(attempt, run, tool, oc, rec)
+    if held_elsewhere(rec, attempt) and rec.run_id != run.run_id:
+        await unless_carried(attempt, run, tool, oc, rec)
         # Not carried: it may have recorded its outcome, or let its claim go, since the
         # claim was read.
         rec = await claim(parts, run, attempt, tool, oc)
-    if _in_doubt_here(rec, attempt):
+    if in_doubt_here(rec, attempt):
         # This attempt's own claim, still in flight, of a call it sent under this key (a
         # twin whose sibling lost its reply): that call may have happened. Neither sent
         # again nor its claim dropped.
-        raise IndeterminateToolCallError(
-            f"cannot tell whether {tool.name} ({oc.call.id}) ran: a call of this attempt "
-            f"under the same key was sent and its outcome is unknown; check the tool's own "
-            "system and record what happened with `tesserix resolve`",
-            calls=[_in_doubt_call(run, tool, oc, rec)],
-        )
+        raise in_doubt_here_error(run, tool, oc, rec)
     unsent = None
-    if rec.status is RecordStatus.in_flight and not _held_elsewhere(rec, attempt):
+    if rec.status is RecordStatus.in_flight and not held_elsewhere(rec, attempt):
         # No claim, no dispatch: the claim (and what joined it) is durable before the call
         # goes out. The cancel is looked at after the claim, in its transaction, with the
         # COMMIT sent along: a cancel recorded before the claim is seen (its canceller
@@ -364,8 +364,8 @@ async def _call_tool(
     # turn's next writes, committed before anything leaves.
     if rec.status is RecordStatus.completed and rec.outcome is not None:
         return _replayed(run, attempt, oc, rec)
-    if _held_elsewhere(rec, attempt):
-        raise _in_doubt_elsewhere(run, tool, oc, rec)
+    if held_elsewhere(rec, attempt):
+        raise in_doubt_elsewhere(run, tool, oc, rec)
     if rec.status is not RecordStatus.in_flight:
         raise CheckpointCorruptError(
             f"the record of {tool.name} ({oc.call.id}) is {rec.status} without an outcome; "
@@ -402,7 +402,7 @@ async def _call_tool(
     try:
         await to_the_end(_redacted_and_completed(parts, run, attempt, tool, oc, outcome, kept))
     except StaleFenceError:
-        if not _safe_to_resend(tool):
+        if not safe_to_resend(tool):
             raise
         # Taken over meanwhile by an attempt that sent it again (safe for this tool): what
         # it recorded is the answer, or ours while it has recorded nothing yet.
@@ -433,22 +433,6 @@ async def _redacted_and_completed(
     await complete(parts, run, attempt, tool, oc, recorded.payload)
 
 
-async def _unless_carried(
-    attempt: Attempt, run: RunState, tool: Tool, oc: OutstandingCall, rec: IdempotencyRecord
-) -> None:
-    """``ResumeConflictError`` while the other run whose claim ``rec`` is (a business key
-    two runs share) is carried: its holder may be sending the call, so this run comes back
-    once it has its outcome (replayed then), rather than be refused in doubt and parked."""
-    leases = attempt.lease.store if attempt.lease is not None else None
-    if await carried_now(leases, run.tenant, rec.run_id):
-        raise ResumeConflictError(
-            f"{tool.name} ({oc.call.id}): claimed under the same key by run "
-            f"{rec.run_id!r}, which is carried now and may be sending it; carry this "
-            "run on once that run has its outcome",
-            holder=rec.holder,
-        )
-
-
 def _unsendable(attempt: Attempt, tool: Tool, oc: OutstandingCall) -> ToolOutcome | None:
     """The answer to a call that cannot go out whatever its record says: its arguments
     were masked in the frontier, or its tool's validation refuses them; else ``None``."""
@@ -474,20 +458,15 @@ async def _not_claimed(
     its run is carried."""
     assert oc.key is not None
     rec = (await parts.idempotency.lookup([oc.key], tenant=run.tenant)).get(oc.key)
-    if rec is not None and _held_elsewhere(rec, attempt) and rec.run_id != run.run_id:
-        await _unless_carried(attempt, run, tool, oc, rec)
+    if rec is not None and held_elsewhere(rec, attempt) and rec.run_id != run.run_id:
+        await unless_carried(attempt, run, tool, oc, rec)
         rec = (await parts.idempotency.lookup([oc.key], tenant=run.tenant)).get(oc.key)
-    if rec is not None and _in_doubt_here(rec, attempt):
-        raise IndeterminateToolCallError(
-            f"cannot tell whether {tool.name} ({oc.call.id}) ran: a call of this attempt "
-            f"under the same key was sent and its outcome is unknown; check the tool's own "
-            "system and record what happened with `tesserix resolve`",
-            calls=[_in_doubt_call(run, tool, oc, rec)],
-        )
+    if rec is not None and in_doubt_here(rec, attempt):
+        raise in_doubt_here_error(run, tool, oc, rec)
     if rec is not None and rec.status is RecordStatus.completed and rec.outcome is not None:
         return _replayed(run, attempt, oc, rec)
-    if rec is not None and _held_elsewhere(rec, attempt):
-        raise _in_doubt_elsewhere(run, tool, oc, rec)
+    if rec is not None and held_elsewhere(rec, attempt):
+        raise in_doubt_elsewhere(run, tool, oc, rec)
     return _finished(run, attempt, oc, refusal, CallDisposition.refused)
 
 
@@ -502,62 +481,6 @@ def _replayed(
     # Recorded with a ``by``: a reconciler or an operator said what happened.
     how = CallDisposition.settled if rec.by else CallDisposition.replayed
     return _finished_by(run, attempt, oc, known, how, rec.by)
-
-
-def _in_doubt_elsewhere(
-    run: RunState, tool: Tool, oc: OutstandingCall, rec: IdempotencyRecord
-) -> IndeterminateToolCallError:
-    who = f"{rec.holder} (fence {rec.fence})"
-    if rec.run_id != run.run_id:
-        who = f"run {rec.run_id!r} ({rec.holder}, fence {rec.fence})"
-    doubt = PlannedCall(
-        call_id=oc.call.id,
-        tool=tool.name,
-        key=oc.key,
-        disposition=ToolDisposition.indeterminate,
-        reason=f"claimed in flight by {who}, another attempt; nobody can say whether it ran",
-        iteration=run.iteration,
-        arguments=oc.call.arguments,
-        side_effects=tool.side_effects,
-        record=rec,
-    )
-    return IndeterminateToolCallError(
-        f"cannot tell whether 1 call(s) ran: {doubt.describe()}; check the tool's own "
-        "system and record what happened with `tesserix resolve`",
-        calls=[doubt],
-    )
-
-
-def _held_elsewhere(rec: IdempotencyRecord, attempt: Attempt) -> bool:
-    return rec.status is RecordStatus.in_flight and rec.holder != attempt.holder
-
-
-def _in_doubt_here(rec: IdempotencyRecord, attempt: Attempt) -> bool:
-    return (
-        rec.status is RecordStatus.in_flight
-        and rec.holder == attempt.holder
-        and rec.key in attempt.sent_keys
-    )
-
-
-def _in_doubt_call(
-    run: RunState, tool: Tool, oc: OutstandingCall, rec: IdempotencyRecord
-) -> PlannedCall:
-    return PlannedCall(
-        call_id=oc.call.id,
-        tool=tool.name,
-        key=oc.key,
-        disposition=ToolDisposition.indeterminate,
-        reason="a call of this attempt under the same key was sent and its outcome is unknown",
-        iteration=run.iteration,
-        arguments=oc.call.arguments,
-        side_effects=tool.side_effects,
-        record=rec,
-    )
-
-
-def _safe_to_resend(tool: Tool) -> bool:
-    return not tool.side_effects or tool.idempotent
 
 
 def _approved(grant: Grant | None) -> bool:
