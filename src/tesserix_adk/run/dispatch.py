@@ -326,17 +326,19 @@ async def _call_tool(
     if refusal is not None:
         return await _not_claimed(parts, run, attempt, tool, oc, refusal)
     rec = await claim(parts, run, attempt, tool, oc)
-    if held_elsewhere(rec, attempt) and safe_to_resend(tool):
-        # Another attempt's claim (an earlier one of this run, or a live run sharing a
-        # business key) on a call that may be sent again (no side effects, or the far side
-        # deduplicates by our key): take it over, as a resume would; the other attempt
-        # then finds its outcome recorded or keeps its own (see ``_complete``).
-        attempt.takeover_keys.add(oc.key)
-        rec = await claim(parts, run, attempt, tool, oc)
     if held_elsewhere(rec, attempt) and rec.run_id != run.run_id:
+        # Another run's claim (a business key two runs share): while that run is carried it
+        # comes back later, never taken over under it (its outcome would then be fenced
+        # out and lost). Not carried: it may have recorded its outcome, or let its claim
+        # go, since the claim was read.
         await unless_carried(attempt, run, tool, oc, rec)
-        # Not carried: it may have recorded its outcome, or let its claim go, since the
-        # claim was read.
+        rec = await claim(parts, run, attempt, tool, oc)
+    if held_elsewhere(rec, attempt) and safe_to_resend(tool):
+        # Another attempt's claim (an earlier one of this run, or a run no longer carried
+        # that shares a business key) on a call that may be sent again (no side effects, or
+        # the far side deduplicates by our key): take it over, as a resume would; the other
+        # attempt then finds its outcome recorded or keeps its own (see ``_complete``).
+        attempt.takeover_keys.add(oc.key)
         rec = await claim(parts, run, attempt, tool, oc)
     if in_doubt_here(rec, attempt):
         # This attempt's own claim, still in flight, of a call it sent under this key (a
