@@ -251,7 +251,9 @@ async def test_show_never_says_sent_again_for_a_call_answered_not_sent(tmp_path:
         run = await _resume_when_free(runner(stores), agent, "r1")
         assert run.status.value == "completed"
         [rec] = [r for r in await stores.idempotency.records(T, "r1") if r.tool == "send_key"]
-        assert rec.outcome is not None and b"not sent" in rec.outcome
+        # A masked call is looked up and never claimed: the reconciler's never-ran stands
+        # (it was answered "not sent" and completed before 1bb4b03).
+        assert rec.status is RecordStatus.never_ran and rec.by == "reconciler:send_key"
     assert sent == []  # the masked call was never sent again
     code, out, err = await _cli(open_stores(url), "show", "r1", "--tenant", T)
     assert code == ExitCode.CARRIED_ON, err
