@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from tesserix_adk.checkpoint.payload import OutstandingCall
 from tesserix_adk.checkpoint.planning import PlannedCall, ToolDisposition
-from tesserix_adk.errors import IndeterminateToolCallError, ResumeConflictError
+from tesserix_adk.errors import IndeterminateToolCallError
 from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.run.holding import carried_now
+from tesserix_adk.run.holding import carried_now, come_back_later
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus
 from tesserix_adk.tools import Tool
@@ -94,12 +94,7 @@ async def unless_carried(
     once it has its outcome (replayed then), rather than be refused in doubt and parked."""
     leases = attempt.lease.store if attempt.lease is not None else None
     if await carried_now(leases, run.tenant, rec.run_id):
-        raise ResumeConflictError(
-            f"{tool.name} ({oc.call.id}): claimed under the same key by run "
-            f"{rec.run_id!r}, which is carried now and may be sending it; carry this "
-            "run on once that run has its outcome",
-            holder=rec.holder,
-        )
+        raise come_back_later(f"{tool.name} ({oc.call.id})", rec)
 
 
 def in_doubt_here_error(

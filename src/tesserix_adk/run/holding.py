@@ -15,10 +15,17 @@ from tesserix_adk.checkpoint.planning import ResumePlan
 from tesserix_adk.errors import AdkError, LeaseHeldError, ResumeConflictError, StoreUnavailableError
 from tesserix_adk.leases import Leaseholder, LeasePolicy
 from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.stores.protocols import LeaseStore
+from tesserix_adk.stores.protocols import IdempotencyRecord, LeaseStore
 from tesserix_adk.timestamps import iso_time
 
-__all__ = ["Sealable", "carried_elsewhere", "carried_now", "holding", "lease_lapses"]
+__all__ = [
+    "Sealable",
+    "carried_elsewhere",
+    "carried_now",
+    "come_back_later",
+    "holding",
+    "lease_lapses",
+]
 
 
 class Sealable(Protocol):
@@ -110,9 +117,14 @@ async def carried_elsewhere(
             return True
     first = others[0].record
     assert first is not None
-    raise ResumeConflictError(
-        f"{', '.join(f'{p.tool} ({p.call_id})' for p in others)}: claimed under the same "
-        f"key by run {first.run_id!r}, which is carried now and may be sending it; carry "
-        "this run on once that run has its outcome",
-        holder=first.holder,
+    raise come_back_later(", ".join(f"{p.tool} ({p.call_id})" for p in others), first)
+
+
+def come_back_later(calls: str, rec: IdempotencyRecord) -> ResumeConflictError:
+    """The refusal of a run whose ``calls`` another run, carried now, claimed under the
+    same key (``rec``, its claim): its holder may be sending them."""
+    return ResumeConflictError(
+        f"{calls}: claimed under the same key by run {rec.run_id!r}, which is carried now "
+        "and may be sending it; carry this run on once that run has its outcome",
+        holder=rec.holder,
     )
