@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from adapters import services
 from tesserix_adk import (
     AgentRunner,
     Checkpointer,
@@ -102,7 +103,13 @@ class Asks:
 @contextlib.asynccontextmanager
 async def fresh_stores(where: str, tmp_path: Path) -> AsyncIterator[Stores]:
     """Empty stores with the kit's schema: a SQLite file under ``tmp_path`` (``where``
-    ``"sqlite"``), else memory."""
+    ``"sqlite"``), the test Redis or PostgreSQL (``"redis"``, ``"postgres"``, under a
+    prefix or schema of their own), else memory."""
+    if where in ("redis", "postgres"):
+        opened = services.redis_stores() if where == "redis" else services.postgres_stores()
+        async with opened as stores:
+            yield stores
+        return
     url = f"sqlite:///{tmp_path / 'adk.sqlite3'}" if where == "sqlite" else "memory://"
     async with open_stores(url) as stores:
         await stores.create_schema()

@@ -51,14 +51,11 @@ arguments, and a real SIGKILL.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from adapters import services
 from run.helpers import Asks, fresh_stores
 from tesserix_adk import (
     Agent,
@@ -91,20 +88,6 @@ EVERY = [
 GROUPED = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 GOOD = {"order": "5", "amount": 10}
 BAD = {"order": "5", "amount": "ten"}
-
-
-@contextlib.asynccontextmanager
-async def opened(where: str, tmp_path: Path) -> AsyncIterator[Stores]:
-    """Empty stores on ``where``: memory, a SQLite file, the test Redis or PostgreSQL."""
-    if where == "redis":
-        async with services.redis_stores() as stores:
-            yield stores
-    elif where == "postgres":
-        async with services.postgres_stores() as stores:
-            yield stores
-    else:
-        async with fresh_stores(where, tmp_path) as stores:
-            yield stores
 
 
 def _by_order(**kw: Any) -> str:
@@ -173,7 +156,7 @@ async def test_a_refused_call_comes_back_while_the_run_that_took_over_is_sending
         return f"charged {order}: {amount}"
 
     agent = Agent("shop", "Charge.", [charge])
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         with pytest.raises(SimulatedCrash):  # r1 sent order 5 and died, its claim in flight
             await AgentRunner.from_stores(_asks(GOOD), stores, lease_policy=FAST).run(
                 agent, "go", tenant=T, run_id="r1"
@@ -224,7 +207,7 @@ async def test_a_takeover_found_cancelled_leaves_the_live_runs_outcome_recorded(
         return f"charged {order}: {amount}"
 
     agent = Agent("shop", "Charge.", [charge])
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         first = _asks(GOOD)
         one = asyncio.create_task(
             AgentRunner.from_stores(first, stores).run(agent, "go", tenant=T, run_id="r1")
@@ -261,7 +244,7 @@ async def test_grouped_writes_a_refused_twin_after_a_sent_one_replays_it_from_th
         ToolCall(id="a", name="charge", arguments=GOOD),
         ToolCall(id="b", name="charge", arguments=BAD),
     ]
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         model = Asks(turn)
         run = await AgentRunner.from_stores(model, stores, group_writes=True).run(
             agent, "go", tenant=T, run_id="r"
@@ -279,7 +262,7 @@ async def test_a_refused_call_over_a_never_ran_record_keeps_it_and_the_valid_one
 ) -> None:
     charged: list[Any] = []
     agent = Agent("shop", "Charge.", [_charger(charged)])
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         with pytest.raises(SimulatedCrash):
             await AgentRunner.from_stores(_asks(GOOD), stores, lease_policy=FAST).run(
                 agent, "go", tenant=T, run_id="crash"
@@ -305,7 +288,7 @@ async def test_a_refused_call_under_a_crashed_runs_claim_is_in_doubt_and_names_i
 ) -> None:
     charged: list[Any] = []
     agent = Agent("shop", "Charge.", [_charger(charged)])
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         with pytest.raises(SimulatedCrash):
             await AgentRunner.from_stores(_asks(GOOD), stores, lease_policy=FAST).run(
                 agent, "go", tenant=T, run_id="crash"
@@ -325,7 +308,7 @@ async def test_a_refused_call_replaying_an_operators_outcome_reports_it_settled(
 ) -> None:
     charged: list[Any] = []
     agent = Agent("shop", "Charge.", [_charger(charged)])
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         with pytest.raises(SimulatedCrash):
             await AgentRunner.from_stores(_asks(GOOD), stores, lease_policy=FAST).run(
                 agent, "go", tenant=T, run_id="crash"

@@ -49,15 +49,12 @@ transcript now. Not looked at: a real SIGKILL of a subprocess mid-group, a maske
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
 from pydantic import AfterValidator
 
-from adapters import services
 from run.helpers import Asks, fresh_stores
 from tesserix_adk import (
     Agent,
@@ -70,7 +67,6 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.errors import IndeterminateToolCallError, ResumeConflictError
-from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import RecordStatus
 from tesserix_adk.testing.faults import SimulatedCrash
 
@@ -83,20 +79,6 @@ EVERY = [
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("postgres", marks=pytest.mark.postgres),
 ]
-
-
-@contextlib.asynccontextmanager
-async def opened(where: str, tmp_path: Path) -> AsyncIterator[Stores]:
-    """Empty stores on ``where``: memory, a SQLite file, the test Redis or PostgreSQL."""
-    if where == "redis":
-        async with services.redis_stores() as stores:
-            yield stores
-    elif where == "postgres":
-        async with services.postgres_stores() as stores:
-            yield stores
-    else:
-        async with fresh_stores(where, tmp_path) as stores:
-            yield stores
 
 
 def _by_order(**kw: Any) -> str:
@@ -150,7 +132,7 @@ async def test_a_resumed_takeover_refused_today_keeps_the_sent_calls_record(
 
     agent = Agent("shop", "Charge.", [charge])
     turns = [[ToolCall(id="c1", name="charge", arguments={"order": "5"})], "done"]
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         with pytest.raises(SimulatedCrash):
             await AgentRunner.from_stores(Asks(*turns), stores, lease_policy=FAST).run(
                 agent, "go", tenant=T, run_id="r"
@@ -190,7 +172,7 @@ async def test_a_live_runs_sent_call_keeps_its_record_when_another_run_is_refuse
     def asks(args: dict[str, Any]) -> Asks:
         return Asks([ToolCall(id="c1", name="charge", arguments=args)], "done")
 
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         first = asks({"order": "5", "amount": 10})
         one = asyncio.create_task(
             AgentRunner.from_stores(first, stores).run(agent, "go", tenant=T, run_id="r1")
@@ -230,7 +212,7 @@ async def test_a_refused_call_is_never_claimed_so_no_death_leaves_it_in_doubt(
 
     agent = Agent("shop", "Charge.", [charge])
     turns = [[ToolCall(id="c1", name="charge", arguments={"order": "5", "amount": "ten"})]]
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         real = stores.idempotency.claim
         claimed: list[str] = []
 
@@ -278,7 +260,7 @@ async def test_twins_under_one_key_one_refused_send_the_valid_one_once(
 ) -> None:
     agent = Agent("shop", "Charge.", [_charger(world)], parallel_tool_calls=side_by_side)
     turn = _twins(BAD, GOOD) if bad_first else _twins(GOOD, BAD)
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         model = Asks(turn)
         run = await AgentRunner.from_stores(model, stores).run(agent, "go", tenant=T, run_id="r")
         assert run.status is RunStatus.completed
@@ -303,7 +285,7 @@ async def test_grouped_writes_refused_then_valid_twin_are_sent_once_and_recorded
     tmp_path: Path, where: str, world: World
 ) -> None:
     agent = Agent("shop", "Charge.", [_charger(world)])
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         model = Asks(_twins(BAD, GOOD), [ToolCall(id="c", name="charge", arguments=BAD)])
         runner = AgentRunner.from_stores(model, stores, group_writes=True)
         run = await runner.run(agent, "go", tenant=T, run_id="r")
@@ -324,7 +306,7 @@ async def test_an_approved_call_its_tool_refuses_is_never_sent_and_the_run_goes_
         [ToolCall(id="a", name="charge", arguments=BAD)],
         [ToolCall(id="b", name="charge", arguments=GOOD)],
     )
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         runner = AgentRunner.from_stores(Asks(*turns), stores)
         run = await runner.run(agent, "go", tenant=T, run_id="r")
         assert run.status is RunStatus.waiting_approval and run.pending_approval is not None
@@ -350,7 +332,7 @@ async def test_a_replay_of_a_run_with_a_refused_call_sends_nothing_real(
         [ToolCall(id="a", name="charge", arguments=BAD)],
         [ToolCall(id="b", name="charge", arguments=GOOD)],
     )
-    async with opened(where, tmp_path) as stores:
+    async with fresh_stores(where, tmp_path) as stores:
         await AgentRunner.from_stores(Asks(*turns), stores).run(agent, "go", tenant=T, run_id="r")
         before = await stores.idempotency.records(T, "r")
         stubbed: list[Any] = []
