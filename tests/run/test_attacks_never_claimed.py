@@ -4,9 +4,11 @@ validation, or masked) is looked up and never claimed, and ``recording.release_u
 never releases a claim this attempt took over (``attempt.takeover_keys``). Memory, SQLite,
 Redis (127.0.0.1:6379) and PostgreSQL (``test``).
 
-Defects (2 is fixed since and its test plain, changed to the fix's design: a run no longer
-takes over a claim another run is carried with, it comes back later, and carried on then it
-ends cancelled, its cancel read first; 1 stays a strict xfail, a limit the README names):
+Defects (both fixed since, their tests plain and changed to the fixes' designs. 1: a
+record taken over names its taker's run, ``IdempotencyRecord.holder_run``, whose lease is
+the one looked at; the record stays the first run's call. 2: a run no longer takes over a
+claim another run is carried with, it comes back later, and carried on then it ends
+cancelled, its cancel read first):
 
 1. (LOW-MEDIUM) ``test_a_refused_call_comes_back_while_the_run_that_took_over_is_sending``.
    A cross-run takeover keeps the original run's id on the record: ``stores/records.py``
@@ -131,12 +133,6 @@ class CancelsItself(Asks):
         return await super().complete(request)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="records.after_claim keeps the original run_id on a cross-run takeover, so "
-    "claims.unless_carried (from dispatch._not_claimed) asks whether crashed r1 is carried, "
-    "not r2 whose holder is sending: in doubt instead of ResumeConflictError",
-)
 @pytest.mark.parametrize("where", EVERY)
 async def test_a_refused_call_comes_back_while_the_run_that_took_over_is_sending(
     tmp_path: Path, where: str
@@ -186,7 +182,8 @@ async def test_a_refused_call_comes_back_while_the_run_that_took_over_is_sending
     # What should hold: r2 is carried and sending, so r3 comes back later, told so by r2.
     assert isinstance(raised.value, ResumeConflictError), raised.value
     assert "r2" in str(raised.value)
-    assert held.run_id == "r2", f"the record r2's holder took over names run {held.run_id!r}"
+    # (Changed to the fix's design: the record stays r1's call and names r2 as its taker.)
+    assert (held.run_id, held.holding_run) == ("r1", "r2"), held
 
 
 @pytest.mark.parametrize("where", EVERY)

@@ -272,13 +272,16 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
                 takeover=True,
                 record=rec,
             )
-        elif rec.run_id != checkpoint.run_id:
+        elif rec.holding_run != checkpoint.run_id:
             # A business key two runs share: the other run may be sending it right now.
+            whose = "that run's call"
+            if rec.run_id != rec.holding_run:
+                whose = f"run {rec.run_id}'s call, taken over by that run"
             planned = PlannedCall(
                 **base,
                 disposition=ToolDisposition.indeterminate,
-                reason=f"claimed in flight under the same key by run {rec.run_id} "
-                f"({rec.holder}, fence {rec.fence}) at {_when(rec.since)}: that run's call, "
+                reason=f"claimed in flight under the same key by run {rec.holding_run} "
+                f"({rec.holder}, fence {rec.fence}) at {_when(rec.since)}: {whose}, "
                 "which it may still be sending; this run replays what that run records "
                 "(while that run is carried, this one comes back later), and if that run "
                 f"died with it in hand, it is resolved on run {rec.run_id}",

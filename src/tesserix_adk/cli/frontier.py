@@ -277,6 +277,7 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
                 "objects, more than a recorded outcome may"
             )
     await _no_live_resumer(stores, args)
+    await _taker_not_carried(stores, args, record)
     if await stores.leases.current(args.tenant, args.run) is None:
         # Asked before the lease is taken: a refused try must not itself end a lease (and
         # so push back the margin of every other call in doubt).
@@ -299,6 +300,7 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
     try:
         # Read again under the lease: what was in flight before may have completed since.
         record = _the_call(await stores.idempotency.records(args.tenant, args.run), args)
+        await _taker_not_carried(stores, args, record)
         if args.never_ran:
             # Another holder may have come and gone since the first look.
             _margin_passed(args, record, previous_end_ago(lease, RESOLVE_LEASE_TTL))
@@ -313,6 +315,27 @@ async def _resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exi
                     f"the operator's lease on the run could not be released "
                     f"({escaped(str(exc))}); it lapses within {RESOLVE_LEASE_TTL:g} s\n"
                 )
+
+
+async def _taker_not_carried(
+    stores: Stores, args: argparse.Namespace, record: IdempotencyRecord
+) -> None:
+    """A call another run took over (a business key two runs share) is that run's to send:
+    while it is carried its holder may be sending it, and "never ran" waits the margin past
+    the end of its lease too."""
+    taker = record.holding_run
+    if taker == args.run or record.status is not RecordStatus.in_flight:
+        return
+    if await stores.leases.current(args.tenant, taker) is not None:
+        raise ResumeConflictError(
+            f"{record.tool} ({args.call}) was taken over by run {taker!r} ({record.holder}), "
+            "which is carried now and may be sending it; resolve it once nobody carries "
+            "that run",
+            holder=record.holder,
+        )
+    if args.never_ran:
+        ended = await stores.leases.ended_ago(args.tenant, taker)
+        _margin_passed(args, record, ended, whose=f"run {taker!r}'s")
 
 
 async def _no_live_resumer(stores: Stores, args: argparse.Namespace) -> None:
@@ -358,13 +381,16 @@ def _in_flight(record: IdempotencyRecord, args: argparse.Namespace) -> None:
 
 
 def _margin_passed(
-    args: argparse.Namespace, record: IdempotencyRecord, ended_ago: float | None
+    args: argparse.Namespace,
+    record: IdempotencyRecord,
+    ended_ago: float | None,
+    whose: str = "the run's",
 ) -> None:
     wait = never_ran_wait(ended_ago, args.margin)
     if wait > 0:
         _in_flight(record, args)  # a call already settled is refused as such, not "wait"
         raise ResumeConflictError(
-            f"the run's last lease ended {ended_ago or 0:.1f} s ago by the store's clock, and "
+            f"{whose} last lease ended {ended_ago or 0:.1f} s ago by the store's clock, and "
             f"its holder may still be sending {record.tool} ({args.call}); --never-ran is "
             f"taken only after a margin of {args.margin:g} s: look at the outside world "
             f"again in {wait:.1f} s, then resolve"

@@ -272,6 +272,7 @@ def _call_json(
         "expires_at": when(rec.expires_at),
         "by": rec.by,
         "never_ran_by": rec.never_ran_by,
+        "holder_run": rec.holder_run,
         "approval": decided.get(rec.call_id or ""),
         "outcome": outcome,
         "is_error": error,
@@ -364,6 +365,8 @@ def render(told: dict[str, Any]) -> str:
             who += f", {verdict} by {_e(c['approval']['by'])}"
         if c["never_ran_by"]:
             who += f", claimed again after {_e(c['never_ran_by'])} said it never ran"
+        if c["holder_run"]:
+            who += f", taken over by run {_e(c['holder_run'])}"
         lines.append(
             f"  {_e(c['tool'])} ({_e(c['call_id'])}) key {c['key_digest']}: {c['disposition']}"
             f"{who}; holder {_e(c['holder'])} fence {_e(c['fence'])}; outcome "

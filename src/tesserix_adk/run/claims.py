@@ -66,8 +66,8 @@ def in_doubt_elsewhere(
     """The refusal of a call whose claim another attempt (of this run, or another run's
     under a shared key) holds in flight: that call may have run."""
     who = f"{rec.holder} (fence {rec.fence})"
-    if rec.run_id != run.run_id:
-        who = f"run {rec.run_id!r} ({rec.holder}, fence {rec.fence})"
+    if rec.holding_run != run.run_id:
+        who = f"run {rec.holding_run!r} ({rec.holder}, fence {rec.fence})"
     doubt = PlannedCall(
         call_id=oc.call.id,
         tool=tool.name,
@@ -93,7 +93,7 @@ async def unless_carried(
     two runs share) is carried: its holder may be sending the call, so this run comes back
     once it has its outcome (replayed then), rather than be refused in doubt and parked."""
     leases = attempt.lease.store if attempt.lease is not None else None
-    if await carried_now(leases, run.tenant, rec.run_id):
+    if await carried_now(leases, run.tenant, rec.holding_run):
         raise come_back_later(f"{tool.name} ({oc.call.id})", rec)
 
 

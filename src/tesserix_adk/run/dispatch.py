@@ -326,7 +326,7 @@ async def _call_tool(
     if refusal is not None:
         return await _not_claimed(parts, run, attempt, tool, oc, refusal)
     rec = await claim(parts, run, attempt, tool, oc)
-    if held_elsewhere(rec, attempt) and rec.run_id != run.run_id:
+    if held_elsewhere(rec, attempt) and rec.holding_run != run.run_id:
         # Another run's claim (a business key two runs share): while that run is carried it
         # comes back later, never taken over under it (its outcome would then be fenced
         # out and lost). Not carried: it may have recorded its outcome, or let its claim
@@ -460,7 +460,7 @@ async def _not_claimed(
     its run is carried."""
     assert oc.key is not None
     rec = (await parts.idempotency.lookup([oc.key], tenant=run.tenant)).get(oc.key)
-    if rec is not None and held_elsewhere(rec, attempt) and rec.run_id != run.run_id:
+    if rec is not None and held_elsewhere(rec, attempt) and rec.holding_run != run.run_id:
         await unless_carried(attempt, run, tool, oc, rec)
         rec = (await parts.idempotency.lookup([oc.key], tenant=run.tenant)).get(oc.key)
     if rec is not None and in_doubt_here(rec, attempt):

@@ -103,17 +103,27 @@ async def carried_elsewhere(
     """Raise ``ResumeConflictError`` when every call in doubt in ``plan`` is claimed by
     another run (a business key two runs share) that is carried now: its holder may be
     sending it, so this run comes back later (it then replays that run's outcome), instead
-    of being refused and left to an operator who could not decide it either. Else whether
-    ``plan`` holds another run's claim at all: that run may have recorded its outcome and
-    let go since the plan was read, so the plan is to be read again before refusing."""
-    others = [p for p in plan.indeterminate if p.record is not None and p.record.run_id != run_id]
+    of being refused and left to an operator who could not decide it either; and when a
+    call planned to be taken over is held by such a run. Else whether ``plan`` holds
+    another run's claim at all: that run may have recorded its outcome and let go since the
+    plan was read, so the plan is to be read again before refusing."""
+    for pc in plan.to_dispatch:
+        # Safe to send again, and so taken over, unless its holder's run is carried now:
+        # it may be sending the call, and its outcome would be fenced out and lost.
+        rec = pc.record
+        taken = pc.takeover and rec is not None and rec.holding_run != run_id
+        if taken and rec is not None and await carried_now(leases, tenant, rec.holding_run):
+            raise come_back_later(f"{pc.tool} ({pc.call_id})", rec)
+    others = [
+        p for p in plan.indeterminate if p.record is not None and p.record.holding_run != run_id
+    ]
     if not others:
         return False
     if len(others) != len(plan.indeterminate):
         return True
     for pc in others:
         assert pc.record is not None
-        if not await carried_now(leases, tenant, pc.record.run_id):
+        if not await carried_now(leases, tenant, pc.record.holding_run):
             return True
     first = others[0].record
     assert first is not None
@@ -124,7 +134,7 @@ def come_back_later(calls: str, rec: IdempotencyRecord) -> ResumeConflictError:
     """The refusal of a run whose ``calls`` another run, carried now, claimed under the
     same key (``rec``, its claim): its holder may be sending them."""
     return ResumeConflictError(
-        f"{calls}: claimed under the same key by run {rec.run_id!r}, which is carried now "
+        f"{calls}: claimed under the same key by run {rec.holding_run!r}, which is carried now "
         "and may be sending it; carry this run on once that run has its outcome",
         holder=rec.holder,
     )

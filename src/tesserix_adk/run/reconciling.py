@@ -136,7 +136,7 @@ async def _askable(
             continue
         if pc.key in {asked.key for asked, _ in askable}:
             continue  # twins under one key: one answer settles the one record
-        other = pc.record.run_id if pc.record is not None else run_id
+        other = pc.record.holding_run if pc.record is not None else run_id
         ended = own if other == run_id else await _other_run_ended(leases, tenant, other)
         if other != run_id and ended is None:
             _log.info(

@@ -64,7 +64,16 @@ def after_claim(
         )
         return renewed, True
     if existing.status is RecordStatus.in_flight and takeover:
-        taken = replace(existing, holder=holder, fence=fence, since=now, expires_at=expires_at)
+        # The call stays its first run's (that run's listing finds it, turn and call id
+        # as it asked); the run whose holder took it is kept beside, for its lease.
+        taken = replace(
+            existing,
+            holder=holder,
+            holder_run=None if run_id == existing.run_id else run_id,
+            fence=fence,
+            since=now,
+            expires_at=expires_at,
+        )
         return taken, True
     # Completed, or in flight under another holder without takeover: unchanged.
     return existing, False

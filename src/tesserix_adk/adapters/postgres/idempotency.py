@@ -59,6 +59,7 @@ def _record(row: Row) -> IdempotencyRecord:
         expires_at=row["expires_at"],
         by=row["resolved_by"],
         never_ran_by=row["never_ran_by"],
+        holder_run=row["holder_run"],
     )
 
 

@@ -70,6 +70,7 @@ def _record(fields: Mapping[bytes, bytes]) -> IdempotencyRecord:
         expires_at=when(b"expires_at"),
         by=text(b"by"),
         never_ran_by=text(b"never_ran_by"),
+        holder_run=text(b"holder_run"),
     )
 
 
@@ -91,6 +92,7 @@ _PLANNED_FIELDS = (
     "expires_at",
     "by",
     "never_ran_by",
+    "holder_run",
 )
 
 

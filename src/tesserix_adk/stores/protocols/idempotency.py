@@ -39,6 +39,11 @@ class IdempotencyRecord:
     ``outcome`` is bytes the kit encoded and redacted. ``by`` is who settled the call by
     hand (an operator, or ``reconciler:<tool>``); ``never_ran_by`` is who last said it never
     ran before it was claimed again, kept for the audit since that word let it go out again.
+
+    ``run_id``, ``iteration`` and ``call_id`` say whose call it is: the run that claimed it
+    first, whose listing (``records``) keeps finding it. ``holder_run`` is the run whose
+    holder took the claim over (a business key two runs share), ``None`` while it is
+    ``run_id``'s own; ``holding_run`` is whichever of the two holds it now.
     """
 
     key: str
@@ -57,6 +62,13 @@ class IdempotencyRecord:
     expires_at: float | None = None
     by: str | None = None
     never_ran_by: str | None = None
+    holder_run: str | None = None
+
+    @property
+    def holding_run(self) -> str:
+        """The run whose holder holds the claim (or last held it): the one whose lease
+        says whether it may be sending the call now."""
+        return self.run_id if self.holder_run is None else self.holder_run
 
 
 @runtime_checkable
@@ -97,7 +109,9 @@ class IdempotencyStore(Protocol):
 
         The caller owns the claim iff the result is ``in_flight`` under ``holder``. A claim
         by the same holder on its own in-flight record renews its ttl. A record in flight
-        under another holder is returned unchanged unless ``takeover=True``. For a tool-call
+        under another holder is returned unchanged unless ``takeover=True``; taken over by
+        another run, the record stays its first run's call and names the taker in
+        ``holder_run``. For a tool-call
         claim (``tool`` set) the fence is checked (``StaleFenceError``) before anything else.
         A run's resume claim (``tool is None``, with a ttl) is taken before any lease exists,
         so it is not fenced: its ``fence`` is ignored and never raises the highest seen.

@@ -37,7 +37,8 @@ _LOOKUP_CHUNK = 500
 
 _RECORD_COLUMNS = (
     "key, status, holder, tenant, run_id, iteration, tool, call_id, side_effects, "
-    "idempotent, fence, outcome, since, completed_at, expires_at, resolved_by, never_ran_by"
+    "idempotent, fence, outcome, since, completed_at, expires_at, resolved_by, never_ran_by, "
+    "holder_run"
 )
 # A ttl claim past its expiry is absent everywhere.
 _LIVE_SQL = f"NOT (status = 'in_flight' AND expires_at IS NOT NULL AND expires_at <= {NOW_SQL})"
@@ -63,6 +64,7 @@ def _record_from_row(row: Sequence[Any]) -> IdempotencyRecord:
         expires_at,
         by,
         never_ran_by,
+        holder_run,
     ) = row
     flags = (
         None
@@ -88,6 +90,7 @@ def _record_from_row(row: Sequence[Any]) -> IdempotencyRecord:
         expires_at=typed(expires_at, *number, none, what="expires_at"),
         by=typed(by, str, none, what="by"),
         never_ran_by=typed(never_ran_by, str, none, what="never_ran_by"),
+        holder_run=typed(holder_run, str, none, what="holder_run"),
     )
 
 
@@ -111,13 +114,14 @@ def _record_to_row(record: IdempotencyRecord) -> tuple[Any, ...]:
         record.expires_at,
         record.by,
         record.never_ran_by,
+        record.holder_run,
     )
 
 
 def _save_record(conn: sqlite3.Connection, record: IdempotencyRecord) -> None:
     conn.execute(
         f"INSERT OR REPLACE INTO adk_idempotency ({_RECORD_COLUMNS}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         _record_to_row(record),
     )
 

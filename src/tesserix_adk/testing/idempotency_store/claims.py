@@ -7,7 +7,13 @@ import time
 import pytest
 
 from tesserix_adk.errors import StaleFenceError
-from tesserix_adk.stores.protocols import FencedStore, IdempotencyStore, RecordStatus, ToolFlags
+from tesserix_adk.stores.protocols import (
+    FencedStore,
+    IdempotencyStore,
+    RecordsFrom,
+    RecordStatus,
+    ToolFlags,
+)
 from tesserix_adk.testing._support import ClockedConformance
 from tesserix_adk.testing.clock import FakeClock
 from tesserix_adk.testing.idempotency_store._common import R, T, _claim, _run_claim
@@ -93,6 +99,52 @@ class ClaimChecks(ClockedConformance):
             await idempotency_store.complete("k1", b"late", tenant=T, holder="worker-a")
         done = await idempotency_store.complete("k1", b"done", tenant=T, holder="worker-b")
         assert done.status is RecordStatus.completed
+
+    async def test_takeover_by_another_run_names_the_taker_and_stays_the_first_runs_call(
+        self, idempotency_store: IdempotencyStore
+    ) -> None:
+        # A business key two runs share: a third run looks at the taker's lease (its holder
+        # may be sending the call), and the first run's listing still finds the call it sent.
+        flags = ToolFlags(side_effects=True, idempotent=True)
+        await _claim(idempotency_store, "k1", "worker-a", iteration=1, call_id="c1", flags=flags)
+        taken = await _claim(
+            idempotency_store,
+            "k1",
+            "worker-b",
+            run_id="run-2",
+            iteration=4,
+            call_id="c7",
+            fence=1,
+            takeover=True,
+        )
+        assert (taken.holder, taken.holder_run, taken.holding_run) == ("worker-b", "run-2", "run-2")
+        assert (taken.run_id, taken.iteration, taken.call_id) == (R, 1, "c1")
+        assert (taken.tool, taken.flags) == ("book_seat", flags)
+        assert (await idempotency_store.lookup(["k1"], tenant=T))["k1"] == taken
+        assert [r.key for r in await idempotency_store.records(T, R)] == ["k1"]
+        if isinstance(idempotency_store, RecordsFrom):
+            assert [r.key for r in await idempotency_store.records_from(T, R, 1)] == ["k1"]
+        # The outcome the taker records, and an operator's word, keep who took it.
+        done = await idempotency_store.complete("k1", b"ok", tenant=T, holder="worker-b")
+        assert (done.status, done.holder_run) == (RecordStatus.completed, "run-2")
+        # Taken back by the first run, it is that run's own again; and a fresh claim after
+        # "never ran" names no taker.
+        await _claim(idempotency_store, "k2", "worker-a", flags=flags)
+        await _claim(idempotency_store, "k2", "worker-b", run_id="run-2", fence=1, takeover=True)
+        back = await _claim(idempotency_store, "k2", "worker-c", fence=2, takeover=True)
+        assert (back.holder, back.holder_run, back.holding_run) == ("worker-c", None, R)
+        await _claim(idempotency_store, "k3", "worker-a", flags=flags, fence=2)
+        await _claim(idempotency_store, "k3", "worker-b", run_id="run-2", fence=1, takeover=True)
+        await idempotency_store.resolve("k3", tenant=T, never_ran=True, by="ops")
+        fresh = await _claim(idempotency_store, "k3", "worker-d", run_id="run-3", fence=1)
+        assert (fresh.run_id, fresh.holder_run, fresh.holding_run) == ("run-3", None, "run-3")
+
+    async def test_a_claim_of_its_own_run_names_no_taker(
+        self, idempotency_store: IdempotencyStore
+    ) -> None:
+        await _claim(idempotency_store, "k1", "worker-a", fence=1)
+        again = await _claim(idempotency_store, "k1", "worker-b", fence=2, takeover=True)
+        assert (again.holder, again.holder_run, again.holding_run) == ("worker-b", None, R)
 
     async def test_resume_claims_are_not_fenced(self, idempotency_store: IdempotencyStore) -> None:
         # A resume claim is taken before the lease, so it carries no fence even after the

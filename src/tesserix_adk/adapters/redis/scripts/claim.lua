@@ -51,7 +51,14 @@ elseif status == 'in_flight' and current[2] == holder then
   if fence ~= '' then redis.call('HSET', KEYS[1], 'fence', fence) end
   if expires ~= '' then redis.call('HSET', KEYS[1], 'expires_at', expires) end
 elseif status == 'in_flight' and ARGV[4] == '1' then
+  -- The call stays its first run's; the run whose holder took it over is named beside.
+  local taker = ''
+  for i = 8, #ARGV, 2 do
+    if ARGV[i] == 'run_id' then taker = ARGV[i + 1] end
+  end
+  if taker == redis.call('HGET', KEYS[1], 'run_id') then taker = '' end
   redis.call('HSET', KEYS[1], 'holder', holder, 'since', int(now))
+  set_or_drop('holder_run', taker)
   set_or_drop('fence', fence)
   set_or_drop('expires_at', expires)
 end

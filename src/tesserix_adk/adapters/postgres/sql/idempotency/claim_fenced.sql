@@ -100,6 +100,16 @@ claimed AS (
                   AND r.expires_at <= EXCLUDED.since)
                 THEN NULL
             ELSE r.never_ran_by END,
+        -- The run whose holder took the claim over, unless it is the record's own run; a
+        -- fresh claim is its own run's.
+        holder_run = CASE
+            WHEN (r.status = 'never_ran' OR (r.status = 'in_flight'
+                  AND r.expires_at IS NOT NULL AND r.expires_at <= EXCLUDED.since))
+                THEN NULL
+            WHEN (r.status = 'in_flight' AND r.holder <> EXCLUDED.holder
+                  AND %(takeover)s::boolean)
+                THEN NULLIF(EXCLUDED.run_id, r.run_id)
+            ELSE r.holder_run END,
         fence = CASE
             WHEN (r.status = 'never_ran' OR (r.status = 'in_flight'
                   AND r.expires_at IS NOT NULL AND r.expires_at <= EXCLUDED.since))
@@ -143,6 +153,6 @@ claimed AS (
         extract(epoch FROM r.since)::float8 AS since,
         extract(epoch FROM r.completed_at)::float8 AS completed_at,
         extract(epoch FROM r.expires_at)::float8 AS expires_at, r.resolved_by,
-    r.never_ran_by
+    r.never_ran_by, r.holder_run
 )
 SELECT * FROM claimed
