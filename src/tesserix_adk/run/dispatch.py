@@ -67,12 +67,12 @@ from tesserix_adk.run.recording import (
     told,
 )
 from tesserix_adk.run.state import RunState
+from tesserix_adk.run.unsendable import invalid_arguments, masked, unsendable
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus
 from tesserix_adk.tools import ThreadReturned, Tool, ToolContext
 
 __all__ = [
     "COMPLETE_TRIES",
-    "MASKED_CALL",
     "REFUSED_ARGUMENTS",
     "call_tool",
     "refusal_of",
@@ -82,12 +82,6 @@ __all__ = [
 
 
 _log = logging.getLogger("tesserix_adk.runner")
-
-MASKED_CALL = (
-    "not sent: its arguments held a secret, and the kit never stores secrets, so the "
-    "arguments this run kept are masked and sending them would be wrong; ask for the call "
-    "again with the real values if it is still needed"
-)
 
 
 async def dispatch_turn(
@@ -226,18 +220,6 @@ def _finished_by(
     return outcome
 
 
-def _invalid(attempt: Attempt, tool: Tool, oc: OutstandingCall) -> ToolOutcome | None:
-    """The answer to a call whose arguments its tool's validation refuses (it would raise
-    before sending anything), or ``None``. A call whose arguments the replayed step kept
-    masked goes to the replay's stub unjudged: the tool is not called, and the masks would
-    fail its validation where the original's real values passed."""
-    stubbed = attempt.stubs is not None and tool.name in attempt.stubs
-    if stubbed and oc.call.id in attempt.masked_calls:
-        return None
-    why = tool.invalid_arguments(oc.call.arguments)
-    return None if why is None else ToolOutcome(call_id=oc.call.id, content=why, is_error=True)
-
-
 def _unsent(run: RunState, attempt: Attempt, oc: OutstandingCall, error: AdkError) -> None:
     attempt.emit(
         ToolCallUnsent(
@@ -303,8 +285,8 @@ async def _call_tool(
     attempt.guard()
     if oc.key is None:
         if oc.redacted:
-            masked = ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
-            return _finished(run, attempt, oc, masked, CallDisposition.refused)
+            hidden = ToolOutcome(call_id=oc.call.id, content=masked(run), is_error=True)
+            return _finished(run, attempt, oc, hidden, CallDisposition.refused)
         # The frontier naming it is durable before it goes out; the cancel is looked at
         # last, with that COMMIT sent along.
         unsent = await grouping.committing_with(
@@ -312,7 +294,7 @@ async def _call_tool(
         )
         if unsent is not None:
             return _finished(run, attempt, oc, unsent, CallDisposition.refused)
-        invalid = _invalid(attempt, tool, oc)
+        invalid = invalid_arguments(attempt, tool, oc)
         if invalid is not None:
             return _finished(run, attempt, oc, invalid, CallDisposition.refused)
         _started(run, attempt, oc)
@@ -322,7 +304,7 @@ async def _call_tool(
             _unsent(run, attempt, oc, stop.error)
             raise stop.error from None
         return _finished(run, attempt, oc, await told(parts, outcome), CallDisposition.dispatched)
-    refusal = _unsendable(attempt, tool, oc)
+    refusal = unsendable(run, attempt, tool, oc)
     if refusal is not None:
         return await _not_claimed(parts, run, attempt, tool, oc, refusal)
     rec = await claim(parts, run, attempt, tool, oc)
@@ -433,14 +415,6 @@ async def _redacted_and_completed(
     kept.append(recorded)
     await grouping.begin(parts.groups, attempt)
     await complete(parts, run, attempt, tool, oc, recorded.payload)
-
-
-def _unsendable(attempt: Attempt, tool: Tool, oc: OutstandingCall) -> ToolOutcome | None:
-    """The answer to a call that cannot go out whatever its record says: its arguments
-    were masked in the frontier, or its tool's validation refuses them; else ``None``."""
-    if oc.redacted:
-        return ToolOutcome(call_id=oc.call.id, content=MASKED_CALL, is_error=True)
-    return _invalid(attempt, tool, oc)
 
 
 async def _not_claimed(

@@ -3,9 +3,10 @@
 Each activity is one attempt in the kit's sense: a holder id of its own (one per Temporal
 activity attempt), the run's lease and the fence it seals every store with, the latest
 frontier read back, then exactly one piece of the loop — a model turn (``model_turn``) or
-one call through the dispatch unit (``tool_call``). The frontier, not the workflow, holds
-the transcript, so a retried attempt, a second worker or a new execution of the chain all
-pick up from the same durable state, and ``tesserix inspect`` reads it as for any run.
+one call through the dispatch unit (``tool_call``, in ``calls``). The frontier, not the
+workflow, holds the transcript, so a retried attempt, a second worker or a new execution of
+the chain all pick up from the same durable state, and ``tesserix inspect`` reads it as for
+any run.
 
 Keys are the kit's (``loop.outstanding_calls``: run id, iteration, call), computed once
 when the model's turn is written into its frontier and read from there by every attempt of
@@ -22,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.checkpoint.checkpointer import Checkpointer, state_from_json
+from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import (
     Boundary,
     Carrier,
@@ -32,19 +33,14 @@ from tesserix_adk.checkpoint.payload import (
     decode_outcome,
 )
 from tesserix_adk.checkpoint.planning import (
-    PlannedCall,
     ResumePlan,
-    ToolDisposition,
     plan_resume,
     refuse_if_undecidable,
 )
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
-    ConfigurationError,
-    IndeterminateToolCallError,
     NoCheckpointError,
-    RevisionMismatchError,
     StoreUnavailableError,
 )
 from tesserix_adk.messages import Message, ToolOutcome
@@ -52,11 +48,9 @@ from tesserix_adk.run import loop, screening
 from tesserix_adk.run.approvals import ask_approval, take_decision
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.cancelling import cancel_requested
-from tesserix_adk.run.dispatch import _answer, close_turn
+from tesserix_adk.run.dispatch import close_turn
 from tesserix_adk.run.frontier import write_frontier
 from tesserix_adk.run.parts import RunParts
-from tesserix_adk.run.reconciling import reconcile_in_doubt
-from tesserix_adk.run.recording import redacted_record
 from tesserix_adk.run.result import RunStatus
 from tesserix_adk.run.resume import (
     nothing_ran_since_approval_asked,
@@ -66,12 +60,12 @@ from tesserix_adk.run.resume import (
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import HistoryHandle, IdempotencyRecord, RecordStatus
+from tesserix_adk.temporal.calls import check_revision, checkpoints_of, tool_call
 from tesserix_adk.temporal.shapes import (
     CallRef,
     ModelStep,
     StepKind,
     StepResult,
-    ToolInput,
     ToolResult,
 )
 
@@ -80,20 +74,11 @@ __all__ = ["model_turn", "tool_call"]
 _OPEN = (Boundary.after_model_call, Boundary.before_approval)
 
 
-def check_revision(agent: Agent, revision: str, run_id: str) -> None:
-    """A worker whose agent changed since the run was started refuses to carry it."""
-    if agent.revision != revision:
-        raise RevisionMismatchError(
-            f"run {run_id!r} was started by agent {agent.name!r} revision {revision}; this "
-            f"worker's agent is revision {agent.revision}"
-        )
-
-
 async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder: str) -> StepResult:
     """Fold the previous turn's results into the frontier, then ask the model (or only
     fold, or only look for an approval's decision); what the turn ended with."""
     check_revision(agent, step.agent_revision, step.run_id)
-    checkpoints = _checkpoints(runner)
+    checkpoints = checkpoints_of(runner)
     parts = runner._parts
     attempt = Attempt(holder=holder)
     async with runner._holding(attempt, step.tenant, step.run_id):
@@ -181,122 +166,6 @@ async def _taken(runner: AgentRunner, run: RunState) -> None:
     workflow took the decision, so none of the kit's own workers is to take it as well."""
     if runner.work is not None:
         await runner.work.done(run.tenant, run.run_id)
-
-
-async def tool_call(
-    runner: AgentRunner, agent: Agent, call: ToolInput, holder: str, *, retried: bool
-) -> ToolResult:
-    """One call of the turn through the kit's dispatch unit: claimed, sent once, recorded;
-    a completed record replayed; a call a predecessor may have sent settled by its
-    reconciler, else refused as indeterminate, naming it. ``retried``: an earlier attempt
-    of this activity may have run."""
-    check_revision(agent, call.agent_revision, call.run_id)
-    checkpoints = _checkpoints(runner)
-    parts = runner._parts
-    attempt = Attempt(holder=holder)
-    async with runner._holding(attempt, call.tenant, call.run_id):
-        cp = await checkpoints.latest(call.tenant, call.run_id)
-        if cp is None:
-            raise NoCheckpointError(f"nothing is checkpointed under run {call.run_id!r}")
-        refuse_unresumable(cp, agent)
-        if cp.status.finished:
-            # Ended meanwhile (``tesserix cancel``): nothing more is sent; the next model
-            # turn finds the final frontier and ends the workflow with its status.
-            return ToolResult(
-                call_id=call.call_id,
-                content=f"not sent: the run ended {cp.status.value}",
-                is_error=True,
-            )
-        if cp.boundary is not Boundary.after_model_call or cp.iteration != call.iteration:
-            raise CheckpointCorruptError(
-                f"run {call.run_id!r}: call {call.call_id} of iteration {call.iteration} was "
-                f"asked for, but the frontier stands at iteration {cp.iteration} "
-                f"({cp.boundary}); it is not sent"
-            )
-        oc = next((c for c in cp.outstanding if c.call.id == call.call_id), None)
-        if oc is None:
-            raise CheckpointCorruptError(
-                f"run {call.run_id!r}: the frontier of iteration {call.iteration} names no "
-                f"call {call.call_id}; it is not sent"
-            )
-        run = RunState(
-            agent=agent,
-            tenant=call.tenant,
-            run_id=call.run_id,
-            messages=[],
-            iteration=cp.iteration,
-            step=cp.step,
-            state=state_from_json(cp.state, agent.state_schema),
-            grants=list(cp.grants),
-            carried_by=Carrier.temporal,
-        )
-        try:
-            if oc.key is None:
-                if retried and oc.side_effects:
-                    raise _unkeyed_in_doubt(oc, cp)
-            else:
-                await _settle_in_doubt(runner, agent, attempt, cp, oc)
-            # A call about to be sent asks for a cancel once claimed (one asked since the
-            # model's answer stops it; the next model turn ends the run cancelled), after a
-            # recorded outcome is replayed or a call in doubt settled or refused.
-            outcome = await _answer(parts, run, attempt, oc, {g.call_id: g for g in run.grants})
-        except IndeterminateToolCallError:
-            cancelled = await cancel_requested(parts.idempotency, call.tenant, call.run_id)
-            if cancelled is None:
-                raise
-            # A cancelled run ends where it stands, as the kit's own resume ends it: this
-            # call is neither sent again nor guessed at (its record stays in flight), and
-            # the next model turn ends the run cancelled before the model hears of it.
-            return ToolResult(
-                call_id=call.call_id,
-                content=f"left in doubt, not sent again: the run was {cancelled.describe()}",
-                is_error=True,
-            )
-        if oc.key is not None:
-            rec = (await parts.idempotency.lookup([oc.key], tenant=call.tenant)).get(oc.key)
-            if rec is not None and rec.status is RecordStatus.completed and rec.outcome:
-                return ToolResult(call_id=outcome.call_id, recorded=True)
-        told = await redacted_record(parts, outcome)
-        return ToolResult(
-            call_id=outcome.call_id, content=told.outcome.content, is_error=told.outcome.is_error
-        )
-
-
-async def _settle_in_doubt(
-    runner: AgentRunner, agent: Agent, attempt: Attempt, cp: Checkpoint, oc: OutstandingCall
-) -> None:
-    """A claim another attempt left in flight is asked of the tool's reconciler, under the
-    lease, before the dispatch unit sees it (which replays what it recorded, or refuses)."""
-    plan = await plan_resume(cp, runner.idempotency)
-    doubt = tuple(p for p in plan.indeterminate if p.key == oc.key)
-    if doubt:
-        await reconcile_in_doubt(
-            runner._parts,
-            agent,
-            ResumePlan(indeterminate=doubt),
-            attempt,
-            tenant=cp.tenant,
-            run_id=cp.run_id,
-            margin=runner.never_ran_margin,
-            leases=runner.leases,
-        )
-
-
-def _unkeyed_in_doubt(oc: OutstandingCall, cp: Checkpoint) -> IndeterminateToolCallError:
-    doubt = PlannedCall(
-        call_id=oc.call.id,
-        tool=oc.call.name,
-        key=None,
-        disposition=ToolDisposition.indeterminate,
-        reason="no idempotency key, and an earlier attempt of its activity may have sent it",
-        iteration=cp.iteration,
-        arguments=oc.call.arguments,
-        side_effects=oc.side_effects,
-    )
-    return IndeterminateToolCallError(
-        f"cannot tell whether 1 call(s) ran: {doubt.describe()}; check the tool's own system",
-        calls=[doubt],
-    )
 
 
 async def _open_turn(
@@ -494,12 +363,3 @@ def _handle_dict(handle: HistoryHandle) -> dict[str, object]:
 
 def _grant_dict(g: Grant) -> dict[str, object]:
     return asdict(g)
-
-
-def _checkpoints(runner: AgentRunner) -> Checkpointer:
-    if runner.checkpoints is None:
-        raise ConfigurationError(
-            "a Temporal worker keeps every run's state in frontiers: give its runner a "
-            "Checkpointer (AgentRunner.from_stores)"
-        )
-    return runner.checkpoints
