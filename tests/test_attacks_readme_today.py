@@ -268,9 +268,10 @@ async def _records(stores: Any) -> list[Any]:
 
 
 def _sqlite_to_version_5(path: Path) -> None:
-    """Undo migration 0006 by hand: what the kit of schema version 5 left."""
+    """Undo migrations 0007 and 0006 by hand: what the kit of schema version 5 left."""
     conn = sqlite3.connect(path)
     try:
+        conn.execute("ALTER TABLE adk_idempotency DROP COLUMN holder_run")
         conn.execute("ALTER TABLE adk_idempotency DROP COLUMN never_ran_by")
         conn.execute("UPDATE adk_schema_version SET version = 5")
         conn.commit()
