@@ -205,7 +205,12 @@ async def test_a_call_in_doubt_ahead_of_the_frontier_stays_in_doubt_after_a_take
             _peek_then_book(), stores, lease_policy=FAST, policy=RESULTS_ONLY
         )
         await _crashes(one, old, "r1")  # r1's charge went out, in doubt, ahead
-        await _crashes(AgentRunner.from_stores(_books("x9"), stores, lease_policy=FAST), new, "r2")
+        # (Changed since: a claim sent as not safe to send again is never taken over,
+        # whatever today's tool says; r2 is refused in doubt naming r1, nothing sent.)
+        with pytest.raises(IndeterminateToolCallError, match="r1"):
+            await AgentRunner.from_stores(_books("x9"), stores, lease_policy=FAST).run(
+                new, "go", tenant=T, run_id="r2"
+            )
         record = (await stores.idempotency.lookup([KEY], tenant=T))[KEY]
         cp = await Checkpointer.from_stores(stores).latest(T, "r1")
         assert cp is not None
@@ -217,10 +222,10 @@ async def test_a_call_in_doubt_ahead_of_the_frontier_stays_in_doubt_after_a_take
         except IndeterminateToolCallError as exc:
             resumed = exc
     # What holds: nothing was sent again, and the record is in flight, flagged as r1's
-    # non-idempotent call, under r2.
-    assert sent == ["r1", "r2"]
+    # non-idempotent call, under r1's holder.
+    assert sent == ["r1"]
     assert record.status is RecordStatus.in_flight
-    assert (record.run_id, record.holding_run) == ("r1", "r2")
+    assert (record.run_id, record.holding_run) == ("r1", "r1")
     assert record.flags == ToolFlags(side_effects=True, idempotent=False)
     # What should hold: r1 sent a charge nobody can vouch for; inspect says so, and r1's
     # resume is refused in doubt rather than carried on as if it never happened.
@@ -498,10 +503,15 @@ async def test_a_listed_unsafe_call_taken_over_by_a_dead_run_is_in_doubt_naming_
     new = Agent("shop", "Book.", [_booking(sent, crashes, idempotent=True)])
     async with fresh_stores(where, tmp_path) as stores:
         await _crashes(AgentRunner.from_stores(_books("c1"), stores, lease_policy=FAST), old, "r1")
-        await _crashes(AgentRunner.from_stores(_books("x9"), stores, lease_policy=FAST), new, "r2")
-        with pytest.raises(IndeterminateToolCallError, match="r2") as refused:
+        # (Changed since: r2's idempotent call no longer takes over r1's claim, sent as not
+        # safe to send again: r2 is refused in doubt naming r1, and so is r1's resume.)
+        with pytest.raises(IndeterminateToolCallError, match="r1"):
+            await AgentRunner.from_stores(_books("x9"), stores, lease_policy=FAST).run(
+                new, "go", tenant=T, run_id="r2"
+            )
+        with pytest.raises(IndeterminateToolCallError) as refused:
             await AgentRunner.from_stores(_books("c1"), stores, lease_policy=FAST).resume(
                 old, "r1", tenant=T
             )
     assert [c.key for c in refused.value.calls] == [KEY]
-    assert sent == ["r1", "r2"]
+    assert sent == ["r1"]

@@ -18,6 +18,7 @@ __all__ = [
     "in_doubt_elsewhere",
     "in_doubt_here",
     "in_doubt_here_error",
+    "may_take_over",
     "safe_to_resend",
     "unless_carried",
 ]
@@ -42,6 +43,15 @@ def safe_to_resend(tool: Tool) -> bool:
     """Whether a call of ``tool`` may be sent again: no side effects, or the far side
     deduplicates by our key."""
     return not tool.side_effects or tool.idempotent
+
+
+def may_take_over(rec: IdempotencyRecord, tool: Tool) -> bool:
+    """Whether a call of ``tool`` may take over ``rec``, a claim another attempt holds in
+    flight: only a call of the same tool, safe to send again both today and as it was sent
+    (its record's flags). A key two tools share (a business key) names another call, whose
+    claim this one may neither send again nor settle with its own outcome."""
+    sent_safe = rec.flags is None or rec.flags.safe_to_resend
+    return safe_to_resend(tool) and rec.tool == tool.name and sent_safe
 
 
 def _in_doubt_call(

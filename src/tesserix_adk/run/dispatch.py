@@ -42,6 +42,7 @@ from tesserix_adk.run.claims import (
     in_doubt_elsewhere,
     in_doubt_here,
     in_doubt_here_error,
+    may_take_over,
     safe_to_resend,
     unless_carried,
 )
@@ -315,7 +316,7 @@ async def _call_tool(
         # go, since the claim was read.
         await unless_carried(attempt, run, tool, oc, rec)
         rec = await claim(parts, run, attempt, tool, oc)
-    if held_elsewhere(rec, attempt) and safe_to_resend(tool):
+    if held_elsewhere(rec, attempt) and may_take_over(rec, tool):
         # Another attempt's claim (an earlier one of this run, or a run no longer carried
         # that shares a business key) on a call that may be sent again (no side effects, or
         # the far side deduplicates by our key): take it over, as a resume would; the other
