@@ -8,6 +8,8 @@ as its redacted text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer, state_from_json
 from tesserix_adk.checkpoint.payload import Boundary, Carrier, Checkpoint, OutstandingCall
@@ -76,6 +78,7 @@ async def tool_call(
                 call_id=call.call_id,
                 content=f"not sent: the run ended {cp.status.value}",
                 is_error=True,
+                position=call.position,
             )
         if cp.boundary is not Boundary.after_model_call or cp.iteration != call.iteration:
             raise CheckpointCorruptError(
@@ -83,7 +86,7 @@ async def tool_call(
                 f"asked for, but the frontier stands at iteration {cp.iteration} "
                 f"({cp.boundary}); it is not sent"
             )
-        oc = next((c for c in cp.outstanding if c.call.id == call.call_id), None)
+        oc = _the_call(cp.outstanding, call)
         if oc is None:
             raise CheckpointCorruptError(
                 f"run {call.run_id!r}: the frontier of iteration {call.iteration} names no "
@@ -125,6 +128,7 @@ async def tool_call(
                 call_id=call.call_id,
                 content=f"{unsent}: the run was {cancelled.describe()}",
                 is_error=True,
+                position=call.position,
             )
         answered = next((e for e in finished if e.call_id == call.call_id), None)
         if (
@@ -134,10 +138,13 @@ async def tool_call(
         ):
             rec = (await parts.idempotency.lookup([oc.key], tenant=call.tenant)).get(oc.key)
             if rec is not None and rec.status is RecordStatus.completed and rec.outcome:
-                return ToolResult(call_id=outcome.call_id, recorded=True)
+                return ToolResult(call_id=outcome.call_id, recorded=True, position=call.position)
         told = await redacted_record(parts, outcome)
         return ToolResult(
-            call_id=outcome.call_id, content=told.outcome.content, is_error=told.outcome.is_error
+            call_id=outcome.call_id,
+            content=told.outcome.content,
+            is_error=told.outcome.is_error,
+            position=call.position,
         )
 
 
@@ -159,6 +166,14 @@ async def _settle_in_doubt(
             margin=runner.never_ran_margin,
             leases=runner.leases,
         )
+
+
+def _the_call(outstanding: Sequence[OutstandingCall], call: ToolInput) -> OutstandingCall | None:
+    """The frontier's call ``call`` names: at its place, with its id (a model may give two
+    calls one id); by id alone for a kit that did not carry the place."""
+    if 0 <= call.position < len(outstanding) and outstanding[call.position].call.id == call.call_id:
+        return outstanding[call.position]
+    return next((c for c in outstanding if c.call.id == call.call_id), None)
 
 
 def _kept_in(finished: list[ToolCallFinished]) -> EventSink:

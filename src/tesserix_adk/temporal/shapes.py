@@ -182,10 +182,12 @@ class RunOutcome:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallRef:
-    """A call of a turn, named as its frontier names it."""
+    """A call of a turn, named as its frontier names it: by its id and its place among the
+    turn's calls (a model may give two calls one id)."""
 
     call_id: str
     tool: str
+    position: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,6 +201,8 @@ class ToolResult:
     content: Any = None
     is_error: bool = False
     recorded: bool = False
+    # The call's place among its turn's calls (0 from a kit before it was carried).
+    position: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -249,3 +253,5 @@ class ToolInput:
     agent_revision: str
     iteration: int
     call_id: str
+    # The call's place among its turn's calls (0 from a kit before it was carried).
+    position: int = 0

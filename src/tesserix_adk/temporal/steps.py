@@ -227,7 +227,9 @@ async def _asked(
     if waiting is not None:
         request = waiting.pending_approval
         return _standing(StepKind.waiting, run, approval=None if request is None else request.id)
-    refs = [CallRef(call_id=oc.call.id, tool=oc.call.name) for oc in calls]
+    refs = [
+        CallRef(call_id=oc.call.id, tool=oc.call.name, position=i) for i, oc in enumerate(calls)
+    ]
     return _standing(StepKind.calls, run, calls=refs)
 
 
@@ -245,19 +247,32 @@ async def _fold(
             f"run {step.run_id!r}: the turn of iteration {run.iteration} is open but the "
             "workflow brought no results for it; it is not carried on"
         )
-    told = {r.call_id: r for r in step.results}
-    missing = [oc.call.id for oc in calls if oc.call.id not in told]
+    told = _results_in_place(calls, step.results)
+    missing = [oc.call.id for oc, r in zip(calls, told, strict=True) if r is None]
     if missing:
         raise CheckpointCorruptError(
             f"run {step.run_id!r}: no result for call(s) {', '.join(missing)} of iteration "
             f"{run.iteration}; the turn is not closed"
         )
-    keys = [oc.key for oc in calls if oc.key is not None and told[oc.call.id].recorded]
+    found = [(oc, r) for oc, r in zip(calls, told, strict=True) if r is not None]
+    keys = [oc.key for oc, r in found if oc.key is not None and r.recorded]
     records = await parts.idempotency.lookup(keys, tenant=run.tenant) if keys else {}
-    close_turn(run, calls, [_told(oc, told[oc.call.id], records, step) for oc in calls])
+    close_turn(run, calls, [_told(oc, r, records, step) for oc, r in found])
     written = await write_frontier(parts, run, attempt, Boundary.after_tool_result, force=True)
     if not written:
         raise _not_written(parts, run)
+
+
+def _results_in_place(
+    calls: Sequence[OutstandingCall], results: Sequence[ToolResult]
+) -> list[ToolResult | None]:
+    """Each call's result, by its place and id (a model may give two calls one id); a
+    result from a kit that did not carry the place (all at 0) by id alone."""
+    placed = {(r.position, r.call_id): r for r in results}
+    by_id: dict[str, ToolResult] = {}
+    for r in results:
+        by_id.setdefault(r.call_id, r)
+    return [placed.get((i, oc.call.id)) or by_id.get(oc.call.id) for i, oc in enumerate(calls)]
 
 
 def _told(

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         MODEL_ACTIVITY,
         TOOL_ACTIVITY,
         WORKFLOW_NAME,
+        CallRef,
         ContinueReason,
         ModelStep,
         RunInput,
@@ -120,7 +121,7 @@ class AgentWorkflow:
                     iteration=step.iteration,
                     chain=list(start.chain),
                 )
-            results = [await self._tool(start, step.iteration, c.call_id) for c in step.calls]
+            results = [await self._tool(start, step.iteration, c) for c in step.calls]
             standing.journal = [*standing.journal, step.iteration]
             standing.iteration = step.iteration + 1
             reason = self._continue_reason(policy, standing)
@@ -196,14 +197,15 @@ class AgentWorkflow:
             )
         )
 
-    async def _tool(self, start: RunInput, iteration: int, call_id: str) -> ToolResult:
+    async def _tool(self, start: RunInput, iteration: int, ref: CallRef) -> ToolResult:
         call = ToolInput(
             tenant=start.tenant,
             run_id=start.run_id,
             agent_name=start.agent_name,
             agent_revision=start.agent_revision,
             iteration=iteration,
-            call_id=call_id,
+            call_id=ref.call_id,
+            position=ref.position,
         )
         options = start.options
         return await _named(
