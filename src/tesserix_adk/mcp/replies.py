@@ -107,9 +107,14 @@ def sdk_closed(client: Client) -> bool:
     return getattr(dispatcher, "_closed", False) is True
 
 
+# The longest path segment shown whole: words such as ``mcp`` or ``v1`` are shorter, the
+# tokens some services put in a server's path (``/s/<token>/mcp``) longer.
+_SHOWN_SEGMENT = 12
+
+
 def shown_url(url: str) -> str:
-    """``url`` without what may hold a credential (user info, query, fragment): it goes
-    into error texts a model is told."""
+    """``url`` without what may hold a credential (user info, query, fragment, and a path
+    segment longer than a word, shown as ``…``): it goes into error texts a model is told."""
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
@@ -118,7 +123,8 @@ def shown_url(url: str) -> str:
         return "(a URL that cannot be read)"
     if ":" in host:
         host = f"[{host}]"
-    return f"{parts.scheme}://{host}{port}{parts.path}"
+    path = "/".join(seg if len(seg) <= _SHOWN_SEGMENT else "…" for seg in parts.path.split("/"))
+    return f"{parts.scheme}://{host}{port}{path}"
 
 
 async def wound_down(sent: asyncio.Future[Any]) -> None:
