@@ -3,9 +3,10 @@ share, a tool safe to send again) stays its first run's call and names the taker
 ``IdempotencyRecord.holder_run`` (``holding_run``: whose lease is looked at). Memory,
 SQLite, Redis (127.0.0.1:6379) and PostgreSQL (``test``).
 
-Defects (strict xfail, but 2, fixed since: a claim is taken over only by a call of its own
-tool, safe to send again today and as it was sent, ``claims.may_take_over``; its test is
-plain and changed to that design, r2's look is refused in doubt naming r1):
+Defects (strict xfail, but 2 and 4, fixed since, their tests plain. 2: a claim is taken
+over only by a call of its own tool, safe to send again today and as it was sent,
+``claims.may_take_over``; its test is changed to that design, r2's look is refused in doubt
+naming r1):
 
 1. (MEDIUM, not new with the change, left by it)
    ``test_a_taker_whose_call_completed_ahead_of_its_frontier_is_asked_again``. The mirror of
@@ -34,7 +35,8 @@ plain and changed to that design, r2's look is refused in doubt naming r1):
    (``cli/show.py`` ``story``: calls from ``idempotency.records(r2)``) lists no call,
    though r2's transcript asks ``book`` (x9) and r2 sent it; the record naming r2 in
    ``holder_run`` shows only under r1 ("taken over by run r2").
-4. (LOW) ``test_show_of_the_first_run_does_not_put_the_takers_holder_under_its_fence``.
+4. (LOW, fixed: ``_fences`` files only claims the run itself holds)
+   ``test_show_of_the_first_run_does_not_put_the_takers_holder_under_its_fence``.
    ``tesserix show r1`` (``cli/show.py`` ``_fences``) files each record's ``holder`` under
    its ``fence`` among r1's fences; the taken-over record's holder and fence are r2's, so
    r1's "fence 1: holders ..." names r2's worker, which never held r1's lease.
@@ -259,11 +261,6 @@ async def test_show_of_the_taker_lists_the_call_it_sent(tmp_path: Path, where: s
     assert shown["calls"], render(shown)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="show._fences files the taken-over record's holder (r2's worker) under r1's "
-    "fence of the same number",
-)
 @pytest.mark.parametrize("where", EVERY)
 async def test_show_of_the_first_run_does_not_put_the_takers_holder_under_its_fence(
     tmp_path: Path, where: str

@@ -107,7 +107,7 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
         "lease": lease_json(lease),
         "last_lease_ended_ago": await stores.leases.ended_ago(tenant, run_id),
         "resume_claim": claim_json(claim),
-        "fences": _fences(snapshots, calls),
+        "fences": _fences(snapshots, calls, run_id),
         "steps": [_step_json(s) for s in snapshots],
         "turns": _turns(transcript[:shown_until]),
         "calls": [
@@ -173,7 +173,9 @@ def _first_result_step(snapshots: list[Checkpoint], transcript: list[Message]) -
     return at
 
 
-def _fences(snapshots: list[Checkpoint], calls: list[IdempotencyRecord]) -> list[dict[str, Any]]:
+def _fences(
+    snapshots: list[Checkpoint], calls: list[IdempotencyRecord], run_id: str
+) -> list[dict[str, Any]]:
     by_fence: dict[int, dict[str, Any]] = {}
 
     def entry(fence: int) -> dict[str, Any]:
@@ -183,7 +185,8 @@ def _fences(snapshots: list[Checkpoint], calls: list[IdempotencyRecord]) -> list
         if snap.fence is not None:
             entry(snap.fence)["steps"].append(snap.step)
     for rec in calls:
-        if rec.fence is not None:
+        # A claim another run took over carries that run's holder and fence, not this run's.
+        if rec.fence is not None and rec.holding_run == run_id:
             holders = entry(rec.fence)["holders"]
             if rec.holder not in holders:
                 holders.append(rec.holder)
