@@ -67,15 +67,25 @@ from typing import Any
 import pytest
 
 from run.helpers import Asks, at, faulty_runner, fresh_stores
+from run.shared_key import (
+    EVERY,
+    FAST,
+    KEY,
+    ORDER,
+    RESULTS_ONLY,
+    T,
+    peek,
+)
+from run.shared_key import booking as _booking
+from run.shared_key import books as _books
+from run.shared_key import by_order as _by_order
+from run.shared_key import crashes as _crashes
+from run.shared_key import told as _told
 from tesserix_adk import (
     Agent,
     AgentRunner,
-    Boundary,
-    CheckpointPolicy,
     DivergedRunError,
     IndeterminateToolCallError,
-    LeasePolicy,
-    Role,
     RunStatus,
     ToolCall,
     ToolContext,
@@ -88,57 +98,7 @@ from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolF
 from tesserix_adk.stores.urls import open_stores
 from tesserix_adk.testing.faults import SimulatedCrash
 
-T = "acme"
-KEY = "acme/order-5"
-FAST = LeasePolicy(ttl=2.0, renew_within=1.0)
-RESULTS_ONLY = CheckpointPolicy(boundaries=frozenset({Boundary.after_tool_result}))
-EVERY = [
-    "memory",
-    "sqlite",
-    pytest.param("redis", marks=pytest.mark.redis),
-    pytest.param("postgres", marks=pytest.mark.postgres),
-]
-ORDER = {"order": "5"}
 SAFE = ToolFlags(side_effects=True, idempotent=True)
-
-
-def _by_order(**kw: Any) -> str:
-    return f"order-{kw['arguments']['order']}"
-
-
-def _told(model: Asks) -> list[str]:
-    return [m.text for m in model.requests[-1].messages if m.role is Role.tool]
-
-
-def _booking(sent: list[str], crashes: set[str], **flags: Any) -> Any:
-    """``book``: each call noted in ``sent`` (its run); a run in ``crashes`` dies once in
-    the call, after it went out."""
-
-    @tool(key=_by_order, **flags)
-    async def book(order: str, ctx: ToolContext) -> str:
-        """Book an order."""
-        sent.append(ctx.run_id)
-        if ctx.run_id in crashes:
-            crashes.discard(ctx.run_id)
-            raise SimulatedCrash
-        return f"booked {order} by {ctx.run_id}"
-
-    return book
-
-
-@tool
-def peek(order: str) -> str:
-    """Look at an order (read-only, no key)."""
-    return f"order {order} is free"
-
-
-def _books(call_id: str) -> Asks:
-    return Asks([ToolCall(id=call_id, name="book", arguments=ORDER)], "done")
-
-
-async def _crashes(runner: AgentRunner, agent: Agent, run_id: str) -> None:
-    with pytest.raises(SimulatedCrash):
-        await runner.run(agent, "go", tenant=T, run_id=run_id)
 
 
 async def _r1_dies_r2_books(stores: Stores, agent: Agent) -> None:
