@@ -271,7 +271,9 @@ def _sqlite_to_version_5(path: Path) -> None:
     """Undo migrations 0007 and 0006 by hand: what the kit of schema version 5 left."""
     conn = sqlite3.connect(path)
     try:
-        conn.execute("ALTER TABLE adk_idempotency DROP COLUMN holder_run")
+        conn.execute("DROP INDEX adk_idempotency_taken")
+        for column in ("holder_run", "holder_iteration", "holder_call_id"):
+            conn.execute(f"ALTER TABLE adk_idempotency DROP COLUMN {column}")
         conn.execute("ALTER TABLE adk_idempotency DROP COLUMN never_ran_by")
         conn.execute("UPDATE adk_schema_version SET version = 5")
         conn.commit()

@@ -229,7 +229,9 @@ async def _pg_schema() -> AsyncIterator[tuple[str, Any, str]]:
 
 async def _pg_to_version_5(admin: Any, name: str) -> None:
     """Undo migrations 0007 and 0006 by hand: what the kit of schema version 5 left."""
-    await admin.execute(f'ALTER TABLE "{name}".adk_idempotency DROP COLUMN holder_run')
+    await admin.execute(f'DROP INDEX "{name}".adk_idempotency_taken')
+    for column in ("holder_run", "holder_iteration", "holder_call_id"):
+        await admin.execute(f'ALTER TABLE "{name}".adk_idempotency DROP COLUMN {column}')
     await admin.execute(f'ALTER TABLE "{name}".adk_idempotency DROP COLUMN never_ran_by')
     await admin.execute(f'UPDATE "{name}".adk_schema_version SET version = 5')
 
@@ -345,8 +347,10 @@ async def test_other_commands_on_an_earlier_schema_exit_1_in_one_line_and_change
         async def to_5() -> None:
             conn = sqlite3.connect(path)
             try:
-                # (Since schema version 7, its column is undone too.)
-                conn.execute("ALTER TABLE adk_idempotency DROP COLUMN holder_run")
+                # (Since schema version 7, its index and columns are undone too.)
+                conn.execute("DROP INDEX adk_idempotency_taken")
+                for column in ("holder_run", "holder_iteration", "holder_call_id"):
+                    conn.execute(f"ALTER TABLE adk_idempotency DROP COLUMN {column}")
                 conn.execute("ALTER TABLE adk_idempotency DROP COLUMN never_ran_by")
                 conn.execute("UPDATE adk_schema_version SET version = 5")
                 conn.commit()

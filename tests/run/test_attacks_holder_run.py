@@ -3,10 +3,12 @@ share, a tool safe to send again) stays its first run's call and names the taker
 ``IdempotencyRecord.holder_run`` (``holding_run``: whose lease is looked at). Memory,
 SQLite, Redis (127.0.0.1:6379) and PostgreSQL (``test``).
 
-Defects (strict xfail, but 2 and 4, fixed since, their tests plain. 2: a claim is taken
-over only by a call of its own tool, safe to send again today and as it was sent,
-``claims.may_take_over``; its test is changed to that design, r2's look is refused in doubt
-naming r1):
+Defects (all four fixed since, their tests plain. 1 and 3: a record taken over keeps the
+taker's turn and call id, ``holder_iteration``/``holder_call_id``, and the taker's
+``records``/``records_from`` list it as its own call, ``stores.records.listed_by``. 2: a
+claim is taken over only by a call of its own tool, safe to send again today and as it was
+sent, ``claims.may_take_over``; its test is changed to that design, r2's look is refused in
+doubt naming r1. 4: ``_fences`` files only claims the run itself holds):
 
 1. (MEDIUM, not new with the change, left by it)
    ``test_a_taker_whose_call_completed_ahead_of_its_frontier_is_asked_again``. The mirror of
@@ -116,17 +118,7 @@ async def _r1_dies_r2_books(stores: Stores, agent: Agent) -> None:
 @pytest.mark.parametrize("where", EVERY)
 @pytest.mark.parametrize(
     "taken",
-    [
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the record the taker completed stays r1's: records_from(r2) misses "
-                "it, so r2's booking ahead of its frontier is forgotten, no DivergedRunError",
-            ),
-        ),
-        False,
-    ],
+    [True, False],
 )
 async def test_a_taker_whose_call_completed_ahead_of_its_frontier_is_asked_again(
     tmp_path: Path, where: str, taken: bool
@@ -205,11 +197,6 @@ async def test_a_read_only_tool_does_not_settle_another_runs_call_in_doubt_under
     assert isinstance(one, IndeterminateToolCallError), (one.status, _told(model), rec.outcome)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="show lists calls from records(run) by run_id alone: the call r2 sent (holder_run "
-    "r2) is missing from r2's story",
-)
 @pytest.mark.parametrize("where", EVERY)
 async def test_show_of_the_taker_lists_the_call_it_sent(tmp_path: Path, where: str) -> None:
     sent: list[str] = []
@@ -290,7 +277,8 @@ async def test_a_chain_of_takeovers_names_each_taker_and_a_fresh_claim_none(
         await asyncio.sleep(0.6)
         assert _whose(await _claim(stores, "t", "c", "r3")) == ("r3", None, "r3", "call-r3")
         listed = {r.key for r in await stores.idempotency.records(T, "r3") if r.tool}
-    assert listed == {"n", "t"}
+    # (Changed since: the taker lists a call it took over too; r3 last took "k".)
+    assert listed == {"k", "n", "t"}
 
 
 async def test_a_version_6_sqlite_file_is_refused_then_migrated_keeping_its_records(

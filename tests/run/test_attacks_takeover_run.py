@@ -289,7 +289,8 @@ async def test_a_record_stays_its_first_runs_call_and_names_the_taker(
     tmp_path: Path, where: str
 ) -> None:
     # (Changed to the fix's design: a takeover names the taker's run in holder_run and
-    # leaves the call its first run's, so that run's listing keeps finding what it sent.)
+    # leaves the call its first run's, so that run's listing keeps finding what it sent;
+    # the taker lists it too, at its own turn, until it is taken from it.)
     async with fresh_stores(where, tmp_path) as stores:
         await _claim(stores, "k", "a", "r1", 2, "c1")  # r1 names it first
         await _claim(stores, "j", "b", "r2", 4, "x1")  # r2 names this one first
@@ -297,17 +298,18 @@ async def test_a_record_stays_its_first_runs_call_and_names_the_taker(
         assert (taken.run_id, taken.iteration, taken.call_id) == ("r1", 2, "c1")
         assert taken.holding_run == "r2"
         assert await _listed(stores, "r1") == ["k"]
-        assert await _listed(stores, "r2") == ["j"]
+        assert await _listed(stores, "r2") == ["j", "k"]
         if isinstance(stores.idempotency, RecordsFrom):
             assert await _listed(stores, "r1", 2) == ["k"]
             assert await _listed(stores, "r1", 3) == []
-            assert await _listed(stores, "r2", 4) == ["j"]
+            assert await _listed(stores, "r2", 4) == ["j", "k"]
+            assert await _listed(stores, "r2", 5) == ["k"]
         # r1 takes both back: its own call is its own again; r2's names r1 as its taker.
         back = await _claim(stores, "k", "c", "r1", 1, "c1")
         other = await _claim(stores, "j", "c", "r1", 1, "c2")
         assert (back.holding_run, back.holder_run) == ("r1", None)
         assert (other.run_id, other.holding_run) == ("r2", "r1")
-        assert await _listed(stores, "r1") == ["k"]
+        assert sorted(await _listed(stores, "r1")) == ["j", "k"]
         assert await _listed(stores, "r2") == ["j"]
 
 

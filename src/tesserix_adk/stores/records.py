@@ -18,6 +18,7 @@ __all__ = [
     "after_complete",
     "after_resolve",
     "checked_resolution",
+    "listed_by",
     "run_order",
 ]
 
@@ -66,10 +67,13 @@ def after_claim(
     if existing.status is RecordStatus.in_flight and takeover:
         # The call stays its first run's (that run's listing finds it, turn and call id
         # as it asked); the run whose holder took it is kept beside, for its lease.
+        other = run_id != existing.run_id
         taken = replace(
             existing,
             holder=holder,
-            holder_run=None if run_id == existing.run_id else run_id,
+            holder_run=run_id if other else None,
+            holder_iteration=iteration if other else None,
+            holder_call_id=call_id if other else None,
             fence=fence,
             since=now,
             expires_at=expires_at,
@@ -142,3 +146,12 @@ def run_order(record: IdempotencyRecord) -> tuple[int, float, str]:
     """Where ``records`` (and ``records_from``) place a record: by iteration (a run claim,
     which has none, first), then by when it was claimed, then by key."""
     return (-1 if record.iteration is None else record.iteration, record.since, record.key)
+
+
+def listed_by(record: IdempotencyRecord, run_id: str) -> IdempotencyRecord:
+    """``record`` as the listing of ``run_id`` shows it: a call the run took over from
+    another run at the run's own turn and call id (``holder_iteration``, ``holder_call_id``),
+    so planning sees whether it is ahead of the run's frontier; any other unchanged."""
+    if record.run_id != run_id and record.holder_run == run_id:
+        return replace(record, iteration=record.holder_iteration, call_id=record.holder_call_id)
+    return record

@@ -17,7 +17,7 @@ from tesserix_adk.adapters.postgres.statements import Statements
 from tesserix_adk.errors import StaleFenceError, StoreUnavailableError
 from tesserix_adk.stores._common import no_claim, positive_ttl
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
-from tesserix_adk.stores.records import checked_resolution
+from tesserix_adk.stores.records import checked_resolution, listed_by, run_order
 from tesserix_adk.stores.rows import decoded
 
 __all__ = ["PostgresIdempotencyStore"]
@@ -60,6 +60,8 @@ def _record(row: Row) -> IdempotencyRecord:
         by=row["resolved_by"],
         never_ran_by=row["never_ran_by"],
         holder_run=row["holder_run"],
+        holder_iteration=row["holder_iteration"],
+        holder_call_id=row["holder_call_id"],
     )
 
 
@@ -162,7 +164,7 @@ class PostgresIdempotencyStore(FencedStore):
         rows = await self.database.rows(
             f"listing the records of run {run_id!r}", self._sql.records, run_params(tenant, run_id)
         )
-        return [_record(row) for row in rows]
+        return sorted((listed_by(_record(row), run_id) for row in rows), key=run_order)
 
     async def records_from(
         self, tenant: str, run_id: str, iteration: int
@@ -174,7 +176,7 @@ class PostgresIdempotencyStore(FencedStore):
             self._sql.records_from,
             run_params(tenant, run_id, iteration=iteration),
         )
-        return [_record(row) for row in rows]
+        return sorted((listed_by(_record(row), run_id) for row in rows), key=run_order)
 
     async def resolve(
         self,

@@ -27,7 +27,7 @@ from tesserix_adk.adapters.redis.lua import register
 from tesserix_adk.errors import CheckpointCorruptError, StaleFenceError
 from tesserix_adk.stores._common import no_claim
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
-from tesserix_adk.stores.records import checked_resolution, run_order
+from tesserix_adk.stores.records import checked_resolution, listed_by, run_order
 from tesserix_adk.stores.rows import decoded
 
 __all__ = ["RedisIdempotencyStore"]
@@ -71,6 +71,8 @@ def _record(fields: Mapping[bytes, bytes]) -> IdempotencyRecord:
         by=text(b"by"),
         never_ran_by=text(b"never_ran_by"),
         holder_run=text(b"holder_run"),
+        holder_iteration=number(b"holder_iteration"),
+        holder_call_id=text(b"holder_call_id"),
     )
 
 
@@ -93,6 +95,8 @@ _PLANNED_FIELDS = (
     "by",
     "never_ran_by",
     "holder_run",
+    "holder_iteration",
+    "holder_call_id",
 )
 
 
@@ -321,7 +325,11 @@ class RedisIdempotencyStore(_FencedRedisStore):
             owners = await self._owners(tenant, members)
             located = [(owner or tag, key) for key, owner in zip(members, owners, strict=True)]
             found = await self._fetch(located)
-        mine = [r for r in found if r.tenant == tenant and r.run_id == run_id]
+        mine = [
+            listed_by(r, run_id)
+            for r in found
+            if r.tenant == tenant and run_id in (r.run_id, r.holder_run)
+        ]
         return sorted(mine, key=run_order)
 
     async def records_from(
@@ -346,15 +354,19 @@ class RedisIdempotencyStore(_FencedRedisStore):
                 found = await self._indexed(tenant, tag, [unquote(_text(m)) for m in members])
         if found is None:
             found = await self.records(tenant, run_id)
-        return [
-            dataclasses.replace(r, outcome=None)
+        listed = [
+            listed_by(r, run_id)
             for r in found
-            if r.tenant == tenant
-            and r.run_id == run_id
-            and r.tool is not None
-            and r.iteration is not None
-            and r.iteration >= iteration
+            if r.tenant == tenant and run_id in (r.run_id, r.holder_run)
         ]
+        return sorted(
+            (
+                dataclasses.replace(r, outcome=None)
+                for r in listed
+                if r.tool is not None and r.iteration is not None and r.iteration >= iteration
+            ),
+            key=run_order,
+        )
 
     async def _indexed(
         self, tenant: str, tag: str, members: Sequence[str]

@@ -14,6 +14,7 @@ from tesserix_adk.stores.records import (
     after_complete,
     after_resolve,
     checked_resolution,
+    listed_by,
     run_order,
 )
 
@@ -130,11 +131,11 @@ class MemoryIdempotencyStore:
     def _of_run(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
         now = self._clock()
         mine = [
-            record
+            listed_by(record, run_id)
             for owner, key in list(self._records)
             if owner == tenant
             and (record := self._live(owner, key, now)) is not None
-            and record.run_id == run_id
+            and run_id in (record.run_id, record.holder_run)
         ]
         return sorted(mine, key=run_order)
 

@@ -43,7 +43,9 @@ class IdempotencyRecord:
     ``run_id``, ``iteration`` and ``call_id`` say whose call it is: the run that claimed it
     first, whose listing (``records``) keeps finding it. ``holder_run`` is the run whose
     holder took the claim over (a business key two runs share), ``None`` while it is
-    ``run_id``'s own; ``holding_run`` is whichever of the two holds it now.
+    ``run_id``'s own, with that run's ``holder_iteration`` and ``holder_call_id``: the
+    taker's listing finds it too, as its own call. ``holding_run`` is whichever of the two
+    holds it now.
     """
 
     key: str
@@ -63,6 +65,8 @@ class IdempotencyRecord:
     by: str | None = None
     never_ran_by: str | None = None
     holder_run: str | None = None
+    holder_iteration: int | None = None
+    holder_call_id: str | None = None
 
     @property
     def holding_run(self) -> str:
@@ -143,7 +147,8 @@ class IdempotencyStore(Protocol):
         ...
 
     async def records(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
-        """Every live record of the run (tool calls and the run claim)."""
+        """Every live record of the run (tool calls and the run claim): its own, and those
+        it took over from another run, each as ``listed_by`` shows it to the run."""
         ...
 
     async def resolve(
@@ -179,5 +184,5 @@ class RecordsFrom(Protocol):
         self, tenant: str, run_id: str, iteration: int
     ) -> list[IdempotencyRecord]:
         """The live tool-call records of the run whose iteration is ``iteration`` or later,
-        ordered as ``records`` orders them, each with ``outcome`` left out (``None``)."""
+        as ``records`` lists and orders them, each with ``outcome`` left out (``None``)."""
         ...

@@ -17,6 +17,7 @@ from tesserix_adk.stores.records import (
     after_complete,
     after_resolve,
     checked_resolution,
+    listed_by,
     run_order,
 )
 from tesserix_adk.stores.rows import decoded, typed
@@ -38,7 +39,7 @@ _LOOKUP_CHUNK = 500
 _RECORD_COLUMNS = (
     "key, status, holder, tenant, run_id, iteration, tool, call_id, side_effects, "
     "idempotent, fence, outcome, since, completed_at, expires_at, resolved_by, never_ran_by, "
-    "holder_run"
+    "holder_run, holder_iteration, holder_call_id"
 )
 # A ttl claim past its expiry is absent everywhere.
 _LIVE_SQL = f"NOT (status = 'in_flight' AND expires_at IS NOT NULL AND expires_at <= {NOW_SQL})"
@@ -65,6 +66,8 @@ def _record_from_row(row: Sequence[Any]) -> IdempotencyRecord:
         by,
         never_ran_by,
         holder_run,
+        holder_iteration,
+        holder_call_id,
     ) = row
     flags = (
         None
@@ -91,6 +94,8 @@ def _record_from_row(row: Sequence[Any]) -> IdempotencyRecord:
         by=typed(by, str, none, what="by"),
         never_ran_by=typed(never_ran_by, str, none, what="never_ran_by"),
         holder_run=typed(holder_run, str, none, what="holder_run"),
+        holder_iteration=typed(holder_iteration, int, none, what="holder_iteration"),
+        holder_call_id=typed(holder_call_id, str, none, what="holder_call_id"),
     )
 
 
@@ -115,13 +120,15 @@ def _record_to_row(record: IdempotencyRecord) -> tuple[Any, ...]:
         record.by,
         record.never_ran_by,
         record.holder_run,
+        record.holder_iteration,
+        record.holder_call_id,
     )
 
 
 def _save_record(conn: sqlite3.Connection, record: IdempotencyRecord) -> None:
     conn.execute(
         f"INSERT OR REPLACE INTO adk_idempotency ({_RECORD_COLUMNS}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         _record_to_row(record),
     )
 
@@ -288,12 +295,15 @@ class SqliteIdempotencyStore(FencedSqliteStore):
         """Every live record of the run, by (iteration, since, key); the run claim first."""
 
         def records(conn: sqlite3.Connection) -> list[IdempotencyRecord]:
+            # Its own calls, then those it took over from another run (by their index each).
             rows = conn.execute(
                 f"SELECT {_RECORD_COLUMNS} FROM adk_idempotency "
-                f"WHERE tenant = ? AND run_id = ? AND {_LIVE_SQL}",
-                (tenant, run_id),
+                f"WHERE tenant = ? AND run_id = ? AND {_LIVE_SQL} "
+                f"UNION ALL SELECT {_RECORD_COLUMNS} FROM adk_idempotency "
+                f"WHERE tenant = ? AND holder_run = ? AND run_id <> ? AND {_LIVE_SQL}",
+                (tenant, run_id, tenant, run_id, run_id),
             ).fetchall()
-            return [_record_from_row(row) for row in rows]
+            return [listed_by(_record_from_row(row), run_id) for row in rows]
 
         mine = await self.database.read(records)
         return sorted(mine, key=run_order)
@@ -309,10 +319,13 @@ class SqliteIdempotencyStore(FencedSqliteStore):
             rows = conn.execute(
                 f"SELECT {columns} FROM adk_idempotency "
                 f"WHERE tenant = ? AND run_id = ? AND iteration >= ? AND tool IS NOT NULL "
-                f"AND {_LIVE_SQL}",
-                (tenant, run_id, iteration),
+                f"AND {_LIVE_SQL} "
+                f"UNION ALL SELECT {columns} FROM adk_idempotency "
+                f"WHERE tenant = ? AND holder_run = ? AND holder_iteration >= ? "
+                f"AND run_id <> ? AND tool IS NOT NULL AND {_LIVE_SQL}",
+                (tenant, run_id, iteration, tenant, run_id, iteration, run_id),
             ).fetchall()
-            return [_record_from_row(row) for row in rows]
+            return [listed_by(_record_from_row(row), run_id) for row in rows]
 
         mine = await self.database.read(records_from)
         return sorted(mine, key=lambda r: (r.iteration or 0, r.since, r.key))

@@ -119,11 +119,18 @@ class ClaimChecks(ClockedConformance):
         )
         assert (taken.holder, taken.holder_run, taken.holding_run) == ("worker-b", "run-2", "run-2")
         assert (taken.run_id, taken.iteration, taken.call_id) == (R, 1, "c1")
+        assert (taken.holder_iteration, taken.holder_call_id) == (4, "c7")
         assert (taken.tool, taken.flags) == ("book_seat", flags)
         assert (await idempotency_store.lookup(["k1"], tenant=T))["k1"] == taken
         assert [r.key for r in await idempotency_store.records(T, R)] == ["k1"]
+        # The taker lists it too, as its own call: at its turn, with its call id.
+        (mine,) = await idempotency_store.records(T, "run-2")
+        assert (mine.key, mine.iteration, mine.call_id, mine.run_id) == ("k1", 4, "c7", R)
         if isinstance(idempotency_store, RecordsFrom):
             assert [r.key for r in await idempotency_store.records_from(T, R, 1)] == ["k1"]
+            taker = await idempotency_store.records_from(T, "run-2", 4)
+            assert [(r.key, r.iteration, r.call_id) for r in taker] == [("k1", 4, "c7")]
+            assert await idempotency_store.records_from(T, "run-2", 5) == []
         # The outcome the taker records, and an operator's word, keep who took it.
         done = await idempotency_store.complete("k1", b"ok", tenant=T, holder="worker-b")
         assert (done.status, done.holder_run) == (RecordStatus.completed, "run-2")
@@ -133,6 +140,8 @@ class ClaimChecks(ClockedConformance):
         await _claim(idempotency_store, "k2", "worker-b", run_id="run-2", fence=1, takeover=True)
         back = await _claim(idempotency_store, "k2", "worker-c", fence=2, takeover=True)
         assert (back.holder, back.holder_run, back.holding_run) == ("worker-c", None, R)
+        assert (back.holder_iteration, back.holder_call_id) == (None, None)
+        assert "k2" not in [r.key for r in await idempotency_store.records(T, "run-2")]
         await _claim(idempotency_store, "k3", "worker-a", flags=flags, fence=2)
         await _claim(idempotency_store, "k3", "worker-b", run_id="run-2", fence=1, takeover=True)
         await idempotency_store.resolve("k3", tenant=T, never_ran=True, by="ops")

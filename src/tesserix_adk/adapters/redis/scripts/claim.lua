@@ -52,13 +52,13 @@ elseif status == 'in_flight' and current[2] == holder then
   if expires ~= '' then redis.call('HSET', KEYS[1], 'expires_at', expires) end
 elseif status == 'in_flight' and ARGV[4] == '1' then
   -- The call stays its first run's; the run whose holder took it over is named beside.
-  local taker = ''
-  for i = 8, #ARGV, 2 do
-    if ARGV[i] == 'run_id' then taker = ARGV[i + 1] end
-  end
-  if taker == redis.call('HGET', KEYS[1], 'run_id') then taker = '' end
+  local claimant = {}
+  for i = 8, #ARGV, 2 do claimant[ARGV[i]] = ARGV[i + 1] end
+  local other = claimant.run_id ~= redis.call('HGET', KEYS[1], 'run_id')
   redis.call('HSET', KEYS[1], 'holder', holder, 'since', int(now))
-  set_or_drop('holder_run', taker)
+  set_or_drop('holder_run', other and claimant.run_id or '')
+  set_or_drop('holder_iteration', other and claimant.iteration or '')
+  set_or_drop('holder_call_id', other and claimant.call_id or '')
   set_or_drop('fence', fence)
   set_or_drop('expires_at', expires)
 end

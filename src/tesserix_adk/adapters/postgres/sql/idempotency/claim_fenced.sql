@@ -100,8 +100,8 @@ claimed AS (
                   AND r.expires_at <= EXCLUDED.since)
                 THEN NULL
             ELSE r.never_ran_by END,
-        -- The run whose holder took the claim over, unless it is the record's own run; a
-        -- fresh claim is its own run's.
+        -- The run whose holder took the claim over, with its turn and call id, unless it is
+        -- the record's own run; a fresh claim is its own run's.
         holder_run = CASE
             WHEN (r.status = 'never_ran' OR (r.status = 'in_flight'
                   AND r.expires_at IS NOT NULL AND r.expires_at <= EXCLUDED.since))
@@ -110,6 +110,22 @@ claimed AS (
                   AND %(takeover)s::boolean)
                 THEN NULLIF(EXCLUDED.run_id, r.run_id)
             ELSE r.holder_run END,
+        holder_iteration = CASE
+            WHEN (r.status = 'never_ran' OR (r.status = 'in_flight'
+                  AND r.expires_at IS NOT NULL AND r.expires_at <= EXCLUDED.since))
+                THEN NULL
+            WHEN (r.status = 'in_flight' AND r.holder <> EXCLUDED.holder
+                  AND %(takeover)s::boolean)
+                THEN CASE WHEN EXCLUDED.run_id = r.run_id THEN NULL ELSE EXCLUDED.iteration END
+            ELSE r.holder_iteration END,
+        holder_call_id = CASE
+            WHEN (r.status = 'never_ran' OR (r.status = 'in_flight'
+                  AND r.expires_at IS NOT NULL AND r.expires_at <= EXCLUDED.since))
+                THEN NULL
+            WHEN (r.status = 'in_flight' AND r.holder <> EXCLUDED.holder
+                  AND %(takeover)s::boolean)
+                THEN CASE WHEN EXCLUDED.run_id = r.run_id THEN NULL ELSE EXCLUDED.call_id END
+            ELSE r.holder_call_id END,
         fence = CASE
             WHEN (r.status = 'never_ran' OR (r.status = 'in_flight'
                   AND r.expires_at IS NOT NULL AND r.expires_at <= EXCLUDED.since))
@@ -153,6 +169,6 @@ claimed AS (
         extract(epoch FROM r.since)::float8 AS since,
         extract(epoch FROM r.completed_at)::float8 AS completed_at,
         extract(epoch FROM r.expires_at)::float8 AS expires_at, r.resolved_by,
-    r.never_ran_by, r.holder_run
+    r.never_ran_by, r.holder_run, r.holder_iteration, r.holder_call_id
 )
 SELECT * FROM claimed

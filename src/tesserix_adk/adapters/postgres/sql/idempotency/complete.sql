@@ -15,7 +15,7 @@ done AS (
         extract(epoch FROM r.since)::float8 AS since,
         extract(epoch FROM r.completed_at)::float8 AS completed_at,
         extract(epoch FROM r.expires_at)::float8 AS expires_at, r.resolved_by,
-    r.never_ran_by, r.holder_run
+    r.never_ran_by, r.holder_run, r.holder_iteration, r.holder_call_id
 )
 SELECT true AS changed, false AS lapsed, done.* FROM done
 UNION ALL
@@ -25,6 +25,6 @@ SELECT false, (r.status = 'in_flight' AND r.expires_at IS NOT NULL AND r.expires
     extract(epoch FROM r.since)::float8 AS since,
     extract(epoch FROM r.completed_at)::float8 AS completed_at,
     extract(epoch FROM r.expires_at)::float8 AS expires_at, r.resolved_by,
-    r.never_ran_by, r.holder_run
+    r.never_ran_by, r.holder_run, r.holder_iteration, r.holder_call_id
 FROM adk_idempotency AS r, now_
 WHERE r.tenant = %(tenant)s AND r.key = %(key)s AND NOT EXISTS (SELECT 1 FROM done)
