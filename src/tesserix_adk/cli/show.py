@@ -276,6 +276,8 @@ def _call_json(
         "by": rec.by,
         "never_ran_by": rec.never_ran_by,
         "holder_run": rec.holder_run,
+        # The run whose call it is: another run's, on a call this run took over.
+        "call_of": rec.run_id,
         "approval": decided.get(rec.call_id or ""),
         "outcome": outcome,
         "is_error": error,
@@ -368,7 +370,10 @@ def render(told: dict[str, Any]) -> str:
             who += f", {verdict} by {_e(c['approval']['by'])}"
         if c["never_ran_by"]:
             who += f", claimed again after {_e(c['never_ran_by'])} said it never ran"
-        if c["holder_run"]:
+        if c["call_of"] != t["run_id"]:
+            first = _e(c["call_of"])
+            who += f", run {first}'s call taken over by this run (resolved on run {first})"
+        elif c["holder_run"]:
             who += f", taken over by run {_e(c['holder_run'])}"
         lines.append(
             f"  {_e(c['tool'])} ({_e(c['call_id'])}) key {c['key_digest']}: {c['disposition']}"

@@ -136,6 +136,10 @@ async def _askable(
             continue
         if pc.key in {asked.key for asked, _ in askable}:
             continue  # twins under one key: one answer settles the one record
+        if pc.record is not None and pc.record.tool not in (None, pc.tool):
+            # A key two tools share: the claim is another tool's call, which this tool's
+            # reconciler knows nothing of; its answer would settle that call by a guess.
+            continue
         other = pc.record.holding_run if pc.record is not None else run_id
         ended = own if other == run_id else await _other_run_ended(leases, tenant, other)
         if other != run_id and ended is None:
