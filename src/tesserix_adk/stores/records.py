@@ -66,7 +66,8 @@ def after_claim(
         return renewed, True
     if existing.status is RecordStatus.in_flight and takeover:
         # The call stays its first run's (that run's listing finds it, turn and call id
-        # as it asked); the run whose holder took it is kept beside, for its lease.
+        # as it asked); the run whose holder took it is kept beside, with its own turn and
+        # call id: its lease is the one looked at, and its listing finds the call too.
         other = run_id != existing.run_id
         taken = replace(
             existing,
