@@ -59,13 +59,15 @@ class Oracle:
     def __init__(self, url: str | None = None) -> None:
         self.url = url
         self.sent: list[str] = []
-        self.seen_at_dispatch: list[dict[str, Any]] = []
+        # Each dispatch's seat with what it saw: calls sent side by side finish their looks
+        # in any order, so the two are kept together, never paired up by position later.
+        self.seen_at_dispatch: list[tuple[str, dict[str, Any]]] = []
 
         @tool
         async def book(seat: str) -> str:
             self.sent.append(seat)
             if self.url is not None:
-                self.seen_at_dispatch.append(await self._look())
+                self.seen_at_dispatch.append((seat, await self._look()))
             await asyncio.sleep(0)
             return f"booked {seat}"
 
@@ -204,7 +206,8 @@ async def test_every_dispatch_finds_its_claim_and_the_turns_charge_committed(
     assert run.status == "completed"
     assert sorted(oracle.sent) == sorted(f"{t}-{c}" for t in range(2) for c in range(calls))
     # Each dispatch: its own claim committed in flight, and every model call so far charged.
-    for seat, seen in zip(oracle.sent, oracle.seen_at_dispatch, strict=True):
+    assert sorted(seat for seat, _ in oracle.seen_at_dispatch) == sorted(oracle.sent)
+    for seat, seen in oracle.seen_at_dispatch:
         turn, index = (int(x) for x in seat.split("-"))
         assert seen["claims"].get(f"call_{turn}_{index}") == RecordStatus.in_flight.value
         assert seen["spent"] == COST * (turn + 1)
