@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from tesserix_adk.checkpoint.payload import Boundary, Checkpoint, OutstandingCall
+from tesserix_adk.checkpoint.payload import Boundary, Checkpoint
 from tesserix_adk.errors import IndeterminateToolCallError
 from tesserix_adk.messages import refusal_of
 from tesserix_adk.stores.protocols import (
@@ -263,7 +263,7 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
                 "arguments were redacted in the frontier; nobody can say whether it ran",
                 record=rec,
             )
-        elif safe_to_resend and _same_call_sent_safe(rec, oc):
+        elif safe_to_resend and rec.resendable_as(oc.call.name):
             planned = PlannedCall(
                 **base,
                 disposition=ToolDisposition.never_ran,
@@ -332,12 +332,6 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
         to_dispatch=tuple(to_dispatch),
         indeterminate=tuple(indeterminate),
     )
-
-
-def _same_call_sent_safe(rec: IdempotencyRecord, oc: OutstandingCall) -> bool:
-    """Whether ``rec`` is a claim of ``oc``'s tool, sent as safe to send again: only such a
-    claim is taken over (a key two tools share names another tool's call)."""
-    return rec.tool == oc.call.name and (rec.flags is None or rec.flags.safe_to_resend)
 
 
 def _plan_ahead(

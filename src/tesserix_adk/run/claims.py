@@ -50,8 +50,7 @@ def may_take_over(rec: IdempotencyRecord, tool: Tool) -> bool:
     flight: only a call of the same tool, safe to send again both today and as it was sent
     (its record's flags). A key two tools share (a business key) names another call, whose
     claim this one may neither send again nor settle with its own outcome."""
-    sent_safe = rec.flags is None or rec.flags.safe_to_resend
-    return safe_to_resend(tool) and rec.tool == tool.name and sent_safe
+    return safe_to_resend(tool) and rec.resendable_as(tool.name)
 
 
 def _in_doubt_call(

@@ -8,6 +8,7 @@ whether it must be written.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 from tesserix_adk.errors import StaleFenceError
@@ -19,6 +20,7 @@ __all__ = [
     "after_resolve",
     "checked_resolution",
     "listed_by",
+    "listed_for",
     "run_order",
 ]
 
@@ -156,3 +158,16 @@ def listed_by(record: IdempotencyRecord, run_id: str) -> IdempotencyRecord:
     if record.run_id != run_id and record.holder_run == run_id:
         return replace(record, iteration=record.holder_iteration, call_id=record.holder_call_id)
     return record
+
+
+def listed_for(
+    records: Iterable[IdempotencyRecord], tenant: str, run_id: str
+) -> list[IdempotencyRecord]:
+    """Those of ``records`` the listing of the tenant's ``run_id`` holds (its own calls and
+    those it took over), each as ``listed_by`` shows it, in ``run_order``."""
+    mine = [
+        listed_by(r, run_id)
+        for r in records
+        if r.tenant == tenant and run_id in (r.run_id, r.holder_run)
+    ]
+    return sorted(mine, key=run_order)

@@ -27,7 +27,7 @@ from tesserix_adk.adapters.redis.lua import register
 from tesserix_adk.errors import CheckpointCorruptError, StaleFenceError
 from tesserix_adk.stores._common import no_claim
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
-from tesserix_adk.stores.records import checked_resolution, listed_by, run_order
+from tesserix_adk.stores.records import checked_resolution, listed_for, run_order
 from tesserix_adk.stores.rows import decoded
 
 __all__ = ["RedisIdempotencyStore"]
@@ -325,12 +325,7 @@ class RedisIdempotencyStore(_FencedRedisStore):
             owners = await self._owners(tenant, members)
             located = [(owner or tag, key) for key, owner in zip(members, owners, strict=True)]
             found = await self._fetch(located)
-        mine = [
-            listed_by(r, run_id)
-            for r in found
-            if r.tenant == tenant and run_id in (r.run_id, r.holder_run)
-        ]
-        return sorted(mine, key=run_order)
+        return listed_for(found, tenant, run_id)
 
     async def records_from(
         self, tenant: str, run_id: str, iteration: int
@@ -354,19 +349,11 @@ class RedisIdempotencyStore(_FencedRedisStore):
                 found = await self._indexed(tenant, tag, [unquote(_text(m)) for m in members])
         if found is None:
             found = await self.records(tenant, run_id)
-        listed = [
-            listed_by(r, run_id)
-            for r in found
-            if r.tenant == tenant and run_id in (r.run_id, r.holder_run)
+        return [
+            dataclasses.replace(r, outcome=None)
+            for r in listed_for(found, tenant, run_id)
+            if r.tool is not None and r.iteration is not None and r.iteration >= iteration
         ]
-        return sorted(
-            (
-                dataclasses.replace(r, outcome=None)
-                for r in listed
-                if r.tool is not None and r.iteration is not None and r.iteration >= iteration
-            ),
-            key=run_order,
-        )
 
     async def _indexed(
         self, tenant: str, tag: str, members: Sequence[str]

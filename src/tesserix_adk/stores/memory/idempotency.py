@@ -14,8 +14,7 @@ from tesserix_adk.stores.records import (
     after_complete,
     after_resolve,
     checked_resolution,
-    listed_by,
-    run_order,
+    listed_for,
 )
 
 __all__ = ["MemoryIdempotencyStore"]
@@ -130,14 +129,8 @@ class MemoryIdempotencyStore:
 
     def _of_run(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
         now = self._clock()
-        mine = [
-            listed_by(record, run_id)
-            for owner, key in list(self._records)
-            if owner == tenant
-            and (record := self._live(owner, key, now)) is not None
-            and run_id in (record.run_id, record.holder_run)
-        ]
-        return sorted(mine, key=run_order)
+        live = (self._live(owner, key, now) for owner, key in list(self._records))
+        return listed_for((r for r in live if r is not None), tenant, run_id)
 
     async def records_from(
         self, tenant: str, run_id: str, iteration: int

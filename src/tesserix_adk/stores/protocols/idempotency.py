@@ -74,6 +74,12 @@ class IdempotencyRecord:
         says whether it may be sending the call now."""
         return self.run_id if self.holder_run is None else self.holder_run
 
+    def resendable_as(self, tool: str) -> bool:
+        """Whether this claim is a call of ``tool`` sent as safe to send again: only such a
+        claim may be taken over by a call of ``tool`` (a key two tools share names another
+        tool's call). A record without flags is taken as sent safe."""
+        return self.tool == tool and (self.flags is None or self.flags.safe_to_resend)
+
 
 @runtime_checkable
 class IdempotencyStore(Protocol):
