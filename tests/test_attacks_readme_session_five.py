@@ -118,14 +118,14 @@ import textwrap
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from mcp_tools.servers import SERVER, Effects, _wait_accepting, free_port, stdio
+from mcp_tools.servers import SERVER, Effects, JsonHttpHandler, _wait_accepting, free_port, stdio
 from mcp_tools.test_attacks_mcp_reach_again import BOOK_SEAT, LOOK, _lose, _switched
 from tesserix_adk import (
     Agent,
@@ -246,36 +246,15 @@ async def test_an_http_server_killed_mid_call_is_in_doubt_unavailable_while_down
     assert effects.keys() == ["k1", "k3"]
 
 
-class _Stateful(BaseHTTPRequestHandler):
+class _Stateful(JsonHttpHandler):
     """A streamable-HTTP server of the 2025 protocol that keeps sessions: ``initialize``
     opens one (``mcp-session-id``); a request naming a session it does not know is answered
     as the SDK's own stateful server answers it (``streamable_http_manager``): 404 with a
     JSON-RPC error ``Session not found``. ``restart()`` forgets every session, as a new
     process would."""
 
-    protocol_version = "HTTP/1.0"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _reply(self, status: int, body: Any = None, headers: dict[str, str] | None = None) -> None:
-        data = b"" if body is None else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        self._reply(405)
-
-    def do_DELETE(self) -> None:
-        self._reply(200)
-
     def do_POST(self) -> None:
-        request = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+        request = self._request()
         server: Any = self.server
         session = self.headers.get("mcp-session-id")
         method, rid = request.get("method"), request.get("id")

@@ -16,13 +16,13 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mcp_tools.servers import Effects, stdio
+from mcp_tools.servers import Effects, JsonHttpHandler, stdio
 from providers.fake_server import (
     ModelServer,
     Reply,
@@ -599,35 +599,14 @@ async def test_an_ordinary_json_rpc_error_answer_is_a_tool_error_and_the_connect
 # --- MCP over streamable HTTP: a server (or the proxy before it) that fails mid-call -------
 
 
-class _HttpMCP(BaseHTTPRequestHandler):
+class _HttpMCP(JsonHttpHandler):
     """Just enough of the streamable HTTP transport (JSON replies, no SSE) to list one
     side-effecting tool; a ``tools/call`` is recorded, then answered as ``server.mode`` says:
     ``drop`` (the connection closes with no response) or an HTTP status (a gateway's 502/504
     after it forwarded the request)."""
 
-    protocol_version = "HTTP/1.0"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _reply(self, status: int, body: Any = None, headers: dict[str, str] | None = None) -> None:
-        data = b"" if body is None else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        self._reply(405)  # no server-to-client stream
-
-    def do_DELETE(self) -> None:
-        self._reply(200)
-
     def do_POST(self) -> None:
-        request = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+        request = self._request()
         method, rid = request.get("method"), request.get("id")
         server: Any = self.server
         if rid is None:

@@ -3,6 +3,7 @@ as a subprocess on a free loopback port; and the effects it recorded."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sqlite3
@@ -11,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +86,34 @@ def _wait_accepting(port: int, proc: subprocess.Popen[Any]) -> None:
         except OSError:
             time.sleep(0.05)
     raise AssertionError("the MCP server never accepted connections")
+
+
+class JsonHttpHandler(BaseHTTPRequestHandler):
+    """The plumbing of a hand-written streamable-HTTP MCP server (JSON replies, no SSE):
+    quiet, no server-to-client stream (GET is 405), a session's DELETE accepted. A test's
+    subclass answers ``do_POST``, reading the request with ``_request``."""
+
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _request(self) -> Any:
+        """The POSTed JSON-RPC message."""
+        return json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+
+    def _reply(self, status: int, body: Any = None, headers: dict[str, str] | None = None) -> None:
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._reply(405)
+
+    def do_DELETE(self) -> None:
+        self._reply(200)

@@ -62,13 +62,13 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mcp_tools.servers import SERVER, Effects, free_port
+from mcp_tools.servers import SERVER, Effects, JsonHttpHandler, free_port
 from mcp_tools.test_attacks_mcp_crashes import Seeing, _record
 from mcp_tools.test_attacks_mcp_fixes import _process, _until
 from tesserix_adk import (
@@ -254,36 +254,15 @@ LOOK = {
 }
 
 
-class _Switched(BaseHTTPRequestHandler):
+class _Switched(JsonHttpHandler):
     """Streamable HTTP enough for a toolset; ``server.mode`` says how it behaves now:
     ``""`` answers, ``cut`` records a call then drops the connection (it ran, no reply),
     ``hang`` holds ``initialize`` for ``server.hang`` seconds, ``redirect`` sends every
     POST to a login page carrying the URL, ``502`` answers every POST with a bare 502,
     ``big`` answers a call with a result of ``server.big`` values."""
 
-    protocol_version = "HTTP/1.0"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _reply(self, status: int, body: Any = None, headers: dict[str, str] | None = None) -> None:
-        data = b"" if body is None else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        self._reply(405)
-
-    def do_DELETE(self) -> None:
-        self._reply(200)
-
     def do_POST(self) -> None:
-        request = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+        request = self._request()
         server: Any = self.server
         method, rid, mode = request.get("method"), request.get("id"), server.mode
         if mode == "redirect":
