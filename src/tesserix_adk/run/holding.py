@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from tesserix_adk.checkpoint.planning import ResumePlan
+from tesserix_adk.checkpoint.planning import ResumePlan, refuse_if_undecidable
 from tesserix_adk.errors import AdkError, LeaseHeldError, ResumeConflictError, StoreUnavailableError
 from tesserix_adk.leases import Leaseholder, LeasePolicy
 from tesserix_adk.run.attempt import Attempt
@@ -25,6 +25,7 @@ __all__ = [
     "come_back_later",
     "holding",
     "lease_lapses",
+    "refuse_in_doubt",
 ]
 
 
@@ -128,6 +129,17 @@ async def carried_elsewhere(
     first = others[0].record
     assert first is not None
     raise come_back_later(", ".join(f"{p.tool} ({p.call_id})" for p in others), first)
+
+
+def refuse_in_doubt(plan: ResumePlan, attempt: Attempt) -> None:
+    """``refuse_if_undecidable`` for an attempt that holds the run: ``LeaseLostError``
+    instead when its lease may have lapsed since. Planning calls another holder's claim in
+    flight abandoned because this attempt holds the lease; an attempt whose replies came
+    back late may have read the live holder's claim, and would page an operator over a call
+    being sent now. Its own lease, not the store, says whether it held the run while it read."""
+    if plan.indeterminate and attempt.lease is not None:
+        attempt.lease.check()
+    refuse_if_undecidable(plan)
 
 
 def come_back_later(calls: str, rec: IdempotencyRecord) -> ResumeConflictError:

@@ -22,7 +22,6 @@ from tesserix_adk.checkpoint.planning import (
     ResumePlan,
     plan_resume,
     plan_without_frontier,
-    refuse_if_undecidable,
 )
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
@@ -38,7 +37,7 @@ from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_ho
 from tesserix_adk.run.cancelling import cancel_requested, cancelled_frontier, request_cancel
 from tesserix_adk.run.events import EventSink, RunEvent
 from tesserix_adk.run.grouping import held_and_grouped
-from tesserix_adk.run.holding import carried_elsewhere, holding
+from tesserix_adk.run.holding import carried_elsewhere, holding, refuse_in_doubt
 from tesserix_adk.run.ids import MAX_ID_BYTES, check_ids, id_problem
 from tesserix_adk.run.loop import carry_on, run_loop
 from tesserix_adk.run.observing import AttemptKind, AttemptObserver, observe
@@ -287,7 +286,7 @@ class AgentRunner:
             plan = await plan_without_frontier(tenant, run_id, self.idempotency)
             if await self._reconcile(agent, plan, attempt, tenant, run_id):
                 plan = await plan_without_frontier(tenant, run_id, self.idempotency)
-            refuse_if_undecidable(plan)
+            refuse_in_doubt(plan, attempt)
             note_ahead(attempt, plan)
             if self.ledger is not None:
                 run.spent = await self.ledger.spent(tenant, run_id)
@@ -418,7 +417,7 @@ class AgentRunner:
                 if await carried_elsewhere(plan, self.leases, tenant=tenant, run_id=run_id):
                     plan = await plan_resume(cp, self.idempotency)
                     await carried_elsewhere(plan, self.leases, tenant=tenant, run_id=run_id)
-                refuse_if_undecidable(plan)
+                refuse_in_doubt(plan, attempt)
             run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=[])
             await restore(checkpoints, self.ledger, run, attempt, cp, plan)
             await self._wanted(tenant, run_id, agent)
