@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn, TextIO
 
 from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.cli.failures import (
     ExitCode,
     UsageError,
@@ -103,6 +104,12 @@ def _named(value: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return value
+
+
+def _operator(value: str) -> str:
+    """Who acts (``--by``): a name as ``_named`` reads it, with any secret in it masked, as
+    in every text bound for a store (a token pasted into the wrong flag)."""
+    return _named(Redactor().text(_named(value)))
 
 
 # A decision's note is read by people, and carried into the run (``GRANT_NOTE_CHARS``).
@@ -187,7 +194,7 @@ def add_frontier_commands(sub: Any, parents: Parents = ()) -> None:
     p = sub.add_parser("approve", help="decide an approval request", parents=parents)
     p.add_argument("request", metavar="REQUEST", type=_named)
     p.add_argument("--tenant", required=True, type=_named)
-    p.add_argument("--by", required=True, type=_named, help="who decides")
+    p.add_argument("--by", required=True, type=_operator, help="who decides")
     p.add_argument("--deny", action="store_true")
     p.add_argument("--note", type=_note, help="why (secrets in it are masked before it is stored)")
     p.add_argument(
@@ -210,7 +217,7 @@ def add_frontier_commands(sub: Any, parents: Parents = ()) -> None:
         "--outcome", type=_text, help="the call's outcome as JSON (secrets are masked)"
     )
     what.add_argument("--never-ran", action="store_true")
-    p.add_argument("--by", required=True, type=_named, help="who checked")
+    p.add_argument("--by", required=True, type=_operator, help="who checked")
     p.add_argument(
         "--margin",
         type=_seconds,
@@ -261,7 +268,9 @@ def resume_main(
 
 def add_worker_commands(sub: Any, parents: Parents = ()) -> None:
     """Add ``submit`` and ``worker`` to ``sub`` (an ``add_subparsers()`` result)."""
-    add_work_commands(sub, parents, named=_named, seconds=_seconds, note=_note, text=_text)
+    add_work_commands(
+        sub, parents, named=_named, seconds=_seconds, note=_note, text=_text, operator=_operator
+    )
 
 
 def add_resume_commands(sub: Any, parents: Parents = ()) -> None:
@@ -282,7 +291,7 @@ def add_resume_commands(sub: Any, parents: Parents = ()) -> None:
         help="carry on a run pinned to another agent revision under this one, when every "
         "outstanding call's tool is unchanged (audited; needs --by)",
     )
-    p.add_argument("--by", type=_named, help="who accepts the revision change")
+    p.add_argument("--by", type=_operator, help="who accepts the revision change")
     p.add_argument("--note", type=_note, help="why (secrets in it are masked before it is stored)")
     _json(p)
     p = sub.add_parser(

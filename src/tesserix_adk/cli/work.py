@@ -45,10 +45,18 @@ WORK_COMMANDS = frozenset({"submit", "worker", "cancel"})
 
 
 def add_work_commands(
-    sub: Any, parents: Any = (), *, named: Any, seconds: Any, note: Any = str, text: Any = str
+    sub: Any,
+    parents: Any = (),
+    *,
+    named: Any,
+    seconds: Any,
+    note: Any = str,
+    text: Any = str,
+    operator: Any = str,
 ) -> None:
     """Add ``submit``, ``worker`` and ``cancel`` to ``sub``; ``named``/``seconds``/``note``/
-    ``text`` read ids, durations, notes and free text as the other commands do."""
+    ``text``/``operator`` read ids, durations, notes, free text and who acts as the other
+    commands do."""
     p = sub.add_parser(
         "submit", help="record a run for a worker to start; prints its id", parents=parents
     )
@@ -91,7 +99,7 @@ def add_work_commands(
     )
     p.add_argument("run", metavar="RUN", type=named)
     p.add_argument("--tenant", required=True, type=named)
-    p.add_argument("--by", required=True, type=named, help="who cancels")
+    p.add_argument("--by", required=True, type=operator, help="who cancels")
     p.add_argument("--reason", type=note, help="why (secrets in it are masked before it is stored)")
     _add_json(p)
 

@@ -84,6 +84,7 @@ async def request_cancel(
 ) -> CancelRequest:
     """Record the request (the first one stands: asking again returns it)."""
     key = cancel_key(tenant, run_id)
+    by = redactor.text(by)  # who asked is kept as the request's holder too
     holder = f"cancel:{by}"
     request = CancelRequest(
         by=by, at=time.time(), reason=None if reason is None else redactor.text(reason)

@@ -8,6 +8,7 @@ it is answered "not sent", saying why, and never keyed, claimed or dispatched.""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Collection
 from urllib.parse import quote
 
@@ -25,8 +26,30 @@ def screened(
     run: RunState, message: Message, redactor: Redactor, recorded: Collection[str] = ()
 ) -> Message:
     """The model's ``message`` with every call the kit will not carry refused
-    (``_within_nesting``, then ``without_secret_keys``)."""
+    (``_within_nesting``, then ``without_secret_keys``), and every call id that holds a
+    secret replaced (``_ids_without_secrets``)."""
+    message = _ids_without_secrets(message, redactor)
     return without_secret_keys(run, _within_nesting(message), redactor, recorded)
+
+
+def _ids_without_secrets(message: Message, redactor: Redactor) -> Message:
+    """``message`` with each call id that holds a secret replaced by one made from its
+    digest, before any store, record, frontier or page sees it. A model chooses its call
+    ids (a local server, a prompt injection); the kit keeps, shows and fences by them. Not
+    masked: two masked ids would be one, and the id pairs a call with its result. The same
+    id always gets the same replacement, so a turn asked again is named as before."""
+    if all(redactor.text(c.id) == c.id for c in message.tool_calls):
+        return message
+    calls = tuple(
+        c if redactor.text(c.id) == c.id else dataclasses.replace(c, id=_id_without_secret(c.id))
+        for c in message.tool_calls
+    )
+    return dataclasses.replace(message, tool_calls=calls)
+
+
+def _id_without_secret(call_id: str) -> str:
+    digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"call_masked_{digest[:24]}"
 
 
 def refused(call: ToolCall) -> bool:
