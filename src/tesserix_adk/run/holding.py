@@ -8,11 +8,18 @@ says ``ResumeConflictError`` and when, by the store's clock, the lease lapses.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Protocol
 
-from tesserix_adk.checkpoint.planning import ResumePlan, refuse_if_undecidable
-from tesserix_adk.errors import AdkError, LeaseHeldError, ResumeConflictError, StoreUnavailableError
+from tesserix_adk.checkpoint.planning import ResumePlan
+from tesserix_adk.errors import (
+    AdkError,
+    DivergedRunError,
+    IndeterminateToolCallError,
+    LeaseHeldError,
+    ResumeConflictError,
+    StoreUnavailableError,
+)
 from tesserix_adk.leases import Leaseholder, LeasePolicy
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.stores.protocols import IdempotencyRecord, LeaseStore
@@ -25,7 +32,6 @@ __all__ = [
     "come_back_later",
     "holding",
     "lease_lapses",
-    "refuse_in_doubt",
 ]
 
 
@@ -51,7 +57,8 @@ async def holding(
     """Hold the run's lease (with a lease store) and seal ``stores`` with its fence, for
     the length of the block; release it on the way out, shielded."""
     if leases is None:
-        yield
+        with _told_while_held(attempt):
+            yield
         return
     try:
         lease = await Leaseholder.acquire(leases, tenant, run_id, attempt.holder, policy)
@@ -68,7 +75,27 @@ async def holding(
         # Before reading anything: a superseded holder is refused from here on.
         for store in stores:
             await store.seal(tenant, run_id, lease.fence)
+        with _told_while_held(attempt):
+            yield
+
+
+# What an attempt decides from what it read of the run (records, the cancel request): a
+# worker parks the run on it and an operator is paged.
+_TOLD_FROM_READS = (IndeterminateToolCallError, DivergedRunError)
+
+
+@contextlib.contextmanager
+def _told_while_held(attempt: Attempt) -> Iterator[None]:
+    """``LeaseLostError`` in place of a refusal decided from reads (``_TOLD_FROM_READS``)
+    when the attempt's lease may have lapsed since: its replies came back late, and what
+    it read may be the live holder's doing (a claim in flight, a call made ahead). Planning
+    calls another holder's claim abandoned because this attempt holds the lease; only its
+    own lease can say whether it did while it read."""
+    try:
         yield
+    except _TOLD_FROM_READS:
+        attempt.guard()
+        raise
 
 
 async def lease_lapses(leases: LeaseStore, tenant: str, run_id: str) -> str:
@@ -129,17 +156,6 @@ async def carried_elsewhere(
     first = others[0].record
     assert first is not None
     raise come_back_later(", ".join(f"{p.tool} ({p.call_id})" for p in others), first)
-
-
-def refuse_in_doubt(plan: ResumePlan, attempt: Attempt) -> None:
-    """``refuse_if_undecidable`` for an attempt that holds the run: ``LeaseLostError``
-    instead when its lease may have lapsed since. Planning calls another holder's claim in
-    flight abandoned because this attempt holds the lease; an attempt whose replies came
-    back late may have read the live holder's claim, and would page an operator over a call
-    being sent now. Its own lease, not the store, says whether it held the run while it read."""
-    if plan.indeterminate and attempt.lease is not None:
-        attempt.lease.check()
-    refuse_if_undecidable(plan)
 
 
 def come_back_later(calls: str, rec: IdempotencyRecord) -> ResumeConflictError:

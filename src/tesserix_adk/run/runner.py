@@ -22,6 +22,7 @@ from tesserix_adk.checkpoint.planning import (
     ResumePlan,
     plan_resume,
     plan_without_frontier,
+    refuse_if_undecidable,
 )
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
@@ -37,7 +38,7 @@ from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_ho
 from tesserix_adk.run.cancelling import cancel_requested, cancelled_frontier, request_cancel
 from tesserix_adk.run.events import EventSink, RunEvent
 from tesserix_adk.run.grouping import held_and_grouped
-from tesserix_adk.run.holding import carried_elsewhere, holding, refuse_in_doubt
+from tesserix_adk.run.holding import carried_elsewhere, holding
 from tesserix_adk.run.ids import MAX_ID_BYTES, check_ids, id_problem
 from tesserix_adk.run.loop import carry_on, run_loop
 from tesserix_adk.run.observing import AttemptKind, AttemptObserver, observe
@@ -45,7 +46,7 @@ from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.reconciling import reconcile_in_doubt
 from tesserix_adk.run.recording import to_the_end
 from tesserix_adk.run.replay import replay_from
-from tesserix_adk.run.result import Run, finished_run
+from tesserix_adk.run.result import Run, RunStatus, finished_run
 from tesserix_adk.run.resume import (
     note_ahead,
     nothing_ran_since_approval_asked,
@@ -286,12 +287,12 @@ class AgentRunner:
             plan = await plan_without_frontier(tenant, run_id, self.idempotency)
             if await self._reconcile(agent, plan, attempt, tenant, run_id):
                 plan = await plan_without_frontier(tenant, run_id, self.idempotency)
-            refuse_in_doubt(plan, attempt)
+            refuse_if_undecidable(plan)
             note_ahead(attempt, plan)
             if self.ledger is not None:
                 run.spent = await self.ledger.spent(tenant, run_id)
             await self._wanted(tenant, run_id, agent)
-            return await self._settled(await run_loop(self._parts, run, attempt))
+            return await self._settled(await run_loop(self._parts, run, attempt), attempt)
 
     async def resume(
         self,
@@ -401,7 +402,7 @@ class AgentRunner:
                 on_frontier(cp, plan, attempt.fence, attempt.holder)
             if plan is None:
                 refuse_unresumable(cp, agent)
-                return await self._settled(finished_run(cp))
+                return await self._settled(finished_run(cp), attempt)
             # Read before anything is refused: a cancelled run ends where it stands, calls in
             # doubt and all (nothing more is sent, so none is guessed at), instead of
             # waiting on an operator's decision about a call it will never make again.
@@ -411,18 +412,18 @@ class AgentRunner:
                 # is another revision, or the run a replay whose stubs are gone).
                 await cancelled_frontier(checkpoints, cp, fence=attempt.fence, request=cancelled)
                 ended = await checkpoints.latest(tenant, run_id)
-                return await self._settled(finished_run(ended or cp))
+                return await self._settled(finished_run(ended or cp), attempt)
             refuse_unresumable(cp, agent)
             if cancelled is None and not nothing_ran_since_approval_asked(cp, plan):
                 if await carried_elsewhere(plan, self.leases, tenant=tenant, run_id=run_id):
                     plan = await plan_resume(cp, self.idempotency)
                     await carried_elsewhere(plan, self.leases, tenant=tenant, run_id=run_id)
-                refuse_in_doubt(plan, attempt)
+                refuse_if_undecidable(plan)
             run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=[])
             await restore(checkpoints, self.ledger, run, attempt, cp, plan)
             await self._wanted(tenant, run_id, agent)
             return await self._settled(
-                await carry_on(self._parts, run, attempt, cp, cancelled=cancelled)
+                await carry_on(self._parts, run, attempt, cp, cancelled=cancelled), attempt
             )
 
     async def replay(
@@ -502,8 +503,13 @@ class AgentRunner:
         if self.work is not None:
             await self.work.want(tenant, run_id, agent=agent.name)
 
-    async def _settled(self, result: Run) -> Run:
-        """A finished run, or one waiting on a person, wants no worker now."""
+    async def _settled(self, result: Run, attempt: Attempt) -> Run:
+        """A finished run, or one waiting on a person, wants no worker now. Waiting is
+        told only while the attempt holds the run: an attempt whose read of the decision
+        came back late may have read "pending" while the live holder sends the approved
+        call, and must not take the run out of the workers' hands."""
+        if result.status is RunStatus.waiting_approval:
+            attempt.guard()
         if self.work is not None:
             await self.work.done(result.tenant, result.run_id)
         return result
