@@ -49,6 +49,8 @@ from tesserix_adk.errors import (
     StaleFenceError,
     StorePermissionError,
 )
+from tesserix_adk.run.attempt import new_holder
+from tesserix_adk.run.holding import held_to_decide
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.protocols import RecordStatus, WorkIndex, WorkItem, WorkState
@@ -283,22 +285,23 @@ class Worker:
 
     async def _carry(self, item: WorkItem) -> Carried:
         if item.attempts >= self.max_attempts:
-            # Each take counted itself as it began; takes that never came back (the process
-            # carrying the run died in it, again and again) are counted too, and end here.
-            how = await self._park_as(
-                item,
-                f"taken {item.attempts} times without finishing: the process carrying it "
-                "died, or lost it, each time",
-                "too_many_attempts",
-            )
+            how = await self._park_too_many(item)
             self.carried.append((item, how))
             return how
         counted = False
         progress = TakeProgress(self.work, item)
         try:
             # Counted before anything else, so a take no carrier lives to report is counted;
-            # and wanted from now on, as the runner marks it, so the count is kept.
-            await self.work.want(item.tenant, item.run_id, agent=item.agent, count=1)
+            # and wanted from now on, as the runner marks it, so the count is kept. Out of
+            # other workers' polls for a ttl: until it holds the run, only this says a take
+            # is under way (the runner's want brings it back once it does).
+            await self.work.want(
+                item.tenant,
+                item.run_id,
+                agent=item.agent,
+                count=1,
+                delay=self.runner.lease_policy.ttl,
+            )
             counted = True
             how = await self._take(item, progress)
         except asyncio.CancelledError as exc:
@@ -321,6 +324,38 @@ class Worker:
         await progress.settled()
         self.carried.append((item, how))
         return how
+
+    async def _park_too_many(self, item: WorkItem) -> Carried:
+        """Park a run taken ``max_attempts`` times: each take counted itself as it began, so
+        takes that never came back (the process carrying it died in it, again and again)
+        are counted too. Decided holding the run as a take would, so a take carrying it now
+        (the count here may be a late poll's) is left alone, and a run that finished since
+        is not parked."""
+        runner = self.runner
+        assert runner.checkpoints is not None
+        try:
+            async with held_to_decide(
+                runner.idempotency,
+                runner.leases,
+                runner.lease_policy,
+                tenant=item.tenant,
+                run_id=item.run_id,
+                holder=new_holder(runner.worker),
+                claim_ttl=runner.resume_claim_ttl,
+            ):
+                with contextlib.suppress(AdkError):  # unreadable: parked, as it would be
+                    cp = await runner.checkpoints.latest(item.tenant, item.run_id)
+                    if cp is not None and cp.status.finished:
+                        await self.work.done(item.tenant, item.run_id)
+                        return Carried.finished
+                return await self._park_as(
+                    item,
+                    f"taken {item.attempts} times without finishing: the process carrying it "
+                    "died, or lost it, each time",
+                    "too_many_attempts",
+                )
+        except _NOT_TAKEN as exc:
+            return self._held_elsewhere(item, exc)
 
     async def _take(self, item: WorkItem, progress: TakeProgress) -> Carried:
         agent = self.agents[item.agent]
@@ -388,6 +423,19 @@ class Worker:
             return _Whose.unknown
         return _Whose.run
 
+    def _held_elsewhere(self, item: WorkItem, exc: Exception) -> Carried:
+        """Look at the run again after a while, not at the next poll."""
+        hold = self._rng.uniform(0.5, 1.0) * self.runner.lease_policy.ttl
+        self._later[(item.tenant, item.run_id)] = asyncio.get_running_loop().time() + hold
+        _log.info(
+            "run %s/%s: held elsewhere (%s); looking again in %.1f s",
+            item.tenant,
+            item.run_id,
+            exc,
+            hold,
+        )
+        return Carried.elsewhere
+
     async def _give_back(self, item: WorkItem) -> None:
         """Take back the attempt this take counted: the run was not carried (another worker
         has it) or this worker stopped it (a drain), through no fault of the run's."""
@@ -416,10 +464,7 @@ class Worker:
                 await self._give_back(item)
             # Whatever holds it lapses within about a ttl if its holder died; a live holder
             # keeps it. Either way, look again after a while, not at the next poll.
-            hold = self._rng.uniform(0.5, 1.0) * self.runner.lease_policy.ttl
-            self._later[(item.tenant, item.run_id)] = asyncio.get_running_loop().time() + hold
-            _log.info("run %s: held elsewhere (%s); looking again in %.1f s", where, exc, hold)
-            return Carried.elsewhere
+            return self._held_elsewhere(item, exc)
         whose = None
         store_wide = exc if isinstance(exc, _STORE_WIDE) else None
         if store_wide is not None:

@@ -25,7 +25,13 @@ from tesserix_adk.run.frontier import write_frontier
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.state import RunState
-from tesserix_adk.stores.protocols import ApprovalRequest, ApprovalStatus
+from tesserix_adk.stores.protocols import (
+    ApprovalRequest,
+    ApprovalStatus,
+    ApprovalStore,
+    WorkIndex,
+    WorkState,
+)
 from tesserix_adk.tools import canonical_json
 
 # The longest note a grant carries into the run's frontiers, in characters: one turn's
@@ -33,7 +39,7 @@ from tesserix_adk.tools import canonical_json
 # every frontier of the run too large to write. The approval keeps the whole note.
 GRANT_NOTE_CHARS = 4000
 
-__all__ = ["approval_request_id", "ask_approval", "take_decision"]
+__all__ = ["approval_request_id", "ask_approval", "take_decision", "told_waiting"]
 
 
 async def ask_approval(
@@ -119,6 +125,23 @@ async def take_decision(
         parts, run, request, calls, now_named=named if len(named) == len(request.calls) else None
     )
     return None
+
+
+async def told_waiting(approvals: ApprovalStore | None, work: WorkIndex, result: Run) -> None:
+    """Tell the work index that ``result``, a run waiting on a person, wants no worker,
+    then look at its request again: decided meanwhile, the operator's wake may have landed
+    before this ``done`` (or, from a holder paused in between, long before) and been
+    overwritten, so the run is woken again here. The operator decides before waking it, so
+    one of the two looks sees the decision."""
+    await work.done(result.tenant, result.run_id)
+    pending = result.pending_approval
+    if approvals is None or pending is None:
+        return
+    request = await approvals.get(result.tenant, pending.id)
+    if request is not None and request.status is not ApprovalStatus.pending:
+        await work.want(
+            result.tenant, result.run_id, agent=result.agent_name, state=WorkState.decided
+        )
 
 
 def _in_request_order(ids: Sequence[str], calls: Sequence[OutstandingCall]) -> list[ToolCall]:

@@ -21,8 +21,8 @@ from tesserix_adk.errors import (
     StoreUnavailableError,
 )
 from tesserix_adk.leases import Leaseholder, LeasePolicy
-from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.stores.protocols import IdempotencyRecord, LeaseStore
+from tesserix_adk.run.attempt import Attempt, RunClaim
+from tesserix_adk.stores.protocols import IdempotencyRecord, IdempotencyStore, LeaseStore
 from tesserix_adk.timestamps import iso_time
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "carried_elsewhere",
     "carried_now",
     "come_back_later",
+    "held_to_decide",
     "holding",
     "lease_lapses",
 ]
@@ -77,6 +78,33 @@ async def holding(
             await store.seal(tenant, run_id, lease.fence)
         with _told_while_held(attempt):
             yield
+
+
+@contextlib.asynccontextmanager
+async def held_to_decide(
+    idempotency: IdempotencyStore,
+    leases: LeaseStore | None,
+    policy: LeasePolicy,
+    *,
+    tenant: str,
+    run_id: str,
+    holder: str,
+    claim_ttl: float,
+) -> AsyncIterator[None]:
+    """Hold the run as a take does (its resume claim, then its lease) for the block, to
+    decide what only a run nobody carries may be told (parked, say):
+    ``ResumeConflictError`` or ``LeaseHeldError`` while another attempt carries it, or has
+    begun to (a take claims the run before it leases it)."""
+    claim = RunClaim(idempotency, tenant=tenant, run_id=run_id, holder=holder, ttl=claim_ttl)
+    await claim.take()
+    try:
+        if leases is None:
+            yield
+        else:
+            async with await Leaseholder.acquire(leases, tenant, run_id, holder, policy):
+                yield
+    finally:
+        await claim.release()
 
 
 # What an attempt decides from what it read of the run (records, the cancel request): a

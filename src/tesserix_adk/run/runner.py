@@ -34,6 +34,7 @@ from tesserix_adk.errors import (
 from tesserix_adk.leases import NEVER_RAN_MARGIN, LeasePolicy
 from tesserix_adk.messages import Message
 from tesserix_adk.providers.base import Provider
+from tesserix_adk.run.approvals import told_waiting
 from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_holder
 from tesserix_adk.run.cancelling import cancel_requested, cancelled_frontier, request_cancel
 from tesserix_adk.run.events import EventSink, RunEvent
@@ -55,6 +56,7 @@ from tesserix_adk.run.resume import (
     restore,
     resumable,
 )
+from tesserix_adk.run.screening import without_secret_ids
 from tesserix_adk.run.state import RunState, as_messages
 from tesserix_adk.run.streaming import stream_run
 from tesserix_adk.stores.protocols import (
@@ -208,7 +210,9 @@ class AgentRunner:
         check_ids(tenant=tenant, run_id=run_id)
         if self.checkpoints is not None and await self.checkpoints.store.latest(tenant, run_id):
             return run_id
-        data = encode_submission(as_messages(input), state, self.redactor)
+        data = encode_submission(
+            without_secret_ids(as_messages(input), self.redactor), state, self.redactor
+        )
         await work.submit(tenant, run_id, agent=agent.name, input=data)
         return run_id
 
@@ -271,7 +275,8 @@ class AgentRunner:
         self._check_agent(agent)
         run_id = f"run_{secrets.token_hex(8)}" if run_id is None else run_id
         check_ids(tenant=tenant, run_id=run_id)
-        run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=as_messages(input))
+        messages = without_secret_ids(as_messages(input), self.redactor)
+        run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=messages)
         run.state = state
         async with self._holding(attempt, tenant, run_id):
             if self.checkpoints is not None:
@@ -508,9 +513,12 @@ class AgentRunner:
         told only while the attempt holds the run: an attempt whose read of the decision
         came back late may have read "pending" while the live holder sends the approved
         call, and must not take the run out of the workers' hands."""
+        if self.work is None:
+            return result
         if result.status is RunStatus.waiting_approval:
             attempt.guard()
-        if self.work is not None:
+            await told_waiting(self.approvals, self.work, result)
+        else:
             await self.work.done(result.tenant, result.run_id)
         return result
 

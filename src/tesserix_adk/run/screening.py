@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from urllib.parse import quote
 
 from tesserix_adk.checkpoint.payload import MAX_NESTING, within_nesting
@@ -19,7 +19,7 @@ from tesserix_adk.messages import REFUSED_ARGUMENTS, Message, ToolCall, refusal_
 from tesserix_adk.run.state import RunState
 from tesserix_adk.tools import Tool, canonical_json, default_key
 
-__all__ = ["SECRET_KEY", "refused", "screened"]
+__all__ = ["SECRET_KEY", "refused", "screened", "without_secret_ids"]
 
 
 def screened(
@@ -38,18 +38,45 @@ def _ids_without_secrets(message: Message, redactor: Redactor) -> Message:
     ids (a local server, a prompt injection); the kit keeps, shows and fences by them. Not
     masked: two masked ids would be one, and the id pairs a call with its result. The same
     id always gets the same replacement, so a turn asked again is named as before."""
-    if all(redactor.text(c.id) == c.id for c in message.tool_calls):
+    if not any(_unkept(c.id, redactor) for c in message.tool_calls):
         return message
     calls = tuple(
-        c if redactor.text(c.id) == c.id else dataclasses.replace(c, id=_id_without_secret(c.id))
+        dataclasses.replace(c, id=_id_without_secret(c.id)) if _unkept(c.id, redactor) else c
         for c in message.tool_calls
     )
     return dataclasses.replace(message, tool_calls=calls)
 
 
+def without_secret_ids(messages: Sequence[Message], redactor: Redactor) -> list[Message]:
+    """A run's input with the call ids ``_ids_without_secrets`` replaces replaced, in the
+    calls and in the results that answer them alike (they still pair)."""
+    if not any(
+        _unkept(i, redactor)
+        for m in messages
+        for i in (*(c.id for c in m.tool_calls), m.tool_call_id or "")
+    ):
+        return list(messages)
+    out = []
+    for m in messages:
+        m = _ids_without_secrets(m, redactor)
+        if m.tool_call_id is not None and _unkept(m.tool_call_id, redactor):
+            m = dataclasses.replace(m, tool_call_id=_id_without_secret(m.tool_call_id))
+        out.append(m)
+    return out
+
+
+_REPLACED = "call_masked_"
+
+
+def _unkept(call_id: str, redactor: Redactor) -> bool:
+    """Whether ``call_id`` is replaced: it holds a secret, or it looks like a replacement
+    already (the model's own ``call_masked_...`` must not become another call's id)."""
+    return call_id.startswith(_REPLACED) or redactor.text(call_id) != call_id
+
+
 def _id_without_secret(call_id: str) -> str:
     digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"call_masked_{digest[:24]}"
+    return f"{_REPLACED}{digest[:24]}"
 
 
 def refused(call: ToolCall) -> bool:
