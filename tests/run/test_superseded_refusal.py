@@ -13,69 +13,20 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from run.helpers import Asks, fresh_stores
 from run.shared_key import EVERY, ORDER, T
+from run.stale import TTL, Late, runner_over
 from tesserix_adk import (
     Agent,
-    AgentRunner,
     LeaseLostError,
-    LeasePolicy,
     ToolCall,
     ToolContext,
     tool,
 )
-from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.testing.faults import SimulatedCrash
-
-TTL = 0.5
-POLICY = LeasePolicy(ttl=TTL, renew_within=TTL / 2)
-
-
-class Stalled:
-    """One attempt's view of a store: the first tool claim dies (a process death right
-    before the call's claim), renewals hang once ``stall`` is set until ``healed`` (a network
-    that holds replies back), and each ``lookup`` waits on ``gate`` first."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.die_at_claim = False
-        self.stall = False
-        self.healed = asyncio.Event()
-        self.gate: asyncio.Event | None = None
-        self.reading = asyncio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def claim(self, key: str, **kw: Any) -> Any:
-        if kw.get("tool") is not None and self.die_at_claim:
-            self.die_at_claim = False
-            raise SimulatedCrash
-        if kw.get("tool") is None and self.stall:
-            await self.healed.wait()  # the run claim's renewal comes back late
-        return await self.inner.claim(key, **kw)
-
-    async def renew(self, lease: Any, ttl: float) -> Any:
-        if self.stall:
-            await self.healed.wait()
-        return await self.inner.renew(lease, ttl)
-
-    async def lookup(self, keys: Any, *, tenant: str) -> Any:
-        if self.gate is not None:
-            self.reading.set()
-            await self.gate.wait()
-        return await self.inner.lookup(keys, tenant=tenant)
-
-
-def runner_over(stores: Stores, model: Any, idempotency: Any, leases: Any) -> AgentRunner:
-    runner = AgentRunner.from_stores(model, stores, lease_policy=POLICY, resume_claim_ttl=TTL)
-    runner.idempotency = idempotency
-    runner.leases = leases
-    return runner
 
 
 @pytest.mark.parametrize("where", EVERY)
@@ -96,7 +47,7 @@ async def test_a_resume_superseded_while_reading_says_so_instead_of_refusing(
     agent = Agent("shop", "Book it.", [book])
     async with fresh_stores(where, tmp_path) as stores:
         model = Asks([ToolCall(id="c1", name="book", arguments=ORDER)], "done")
-        first = Stalled(stores.idempotency)
+        first = Late(stores.idempotency)
         first.die_at_claim = True
         with pytest.raises(SimulatedCrash):  # the frontier names c1; its claim never landed
             await runner_over(stores, model, first, stores.leases).run(
@@ -104,13 +55,13 @@ async def test_a_resume_superseded_while_reading_says_so_instead_of_refusing(
             )
         await asyncio.sleep(TTL * 2)  # the dead attempt's lease and claims lapse
 
-        old_ids, old_leases = Stalled(stores.idempotency), Stalled(stores.leases)
-        old_ids.gate = asyncio.Event()
+        old_ids, old_leases = Late(stores.idempotency), Late(stores.leases)
+        old_ids.partner = old_leases
+        old_ids.gate_lookup = True  # the plan's read is made, its reply held back
         old = asyncio.create_task(
             runner_over(stores, model, old_ids, old_leases).resume(agent, "r", tenant=T)
         )
         await asyncio.wait_for(old_ids.reading.wait(), 10)
-        old_ids.stall = old_leases.stall = True  # its replies no longer come back
         await asyncio.sleep(TTL * 2)  # its lease and resume claim lapse meanwhile
 
         new = asyncio.create_task(
@@ -119,9 +70,7 @@ async def test_a_resume_superseded_while_reading_says_so_instead_of_refusing(
             )
         )
         await asyncio.wait_for(in_tool.wait(), 10)  # the live holder is sending c1
-        old_ids.gate.set()  # the old attempt's read comes back, late
-        old_ids.healed.set()
-        old_leases.healed.set()
+        old_ids.heal()  # the old attempt's read comes back, late
         with pytest.raises(LeaseLostError):
             await asyncio.wait_for(old, 10)
         go_on.set()
