@@ -91,10 +91,10 @@ def grouped_writes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --- the order files are handed to the test processes ------------------------------------
-# `make test` hands whole files to its two processes in collection order
+# `make test` hands whole files to its three processes in collection order
 # (--no-loadscope-reorder). These files take a minute or more each, mostly waiting on
 # processes and leases; started last, one of them kept one process busy long after the
-# other had run out of work. Started first, the two finish together. Order inside a file is
+# others had run out of work. Started first, the processes finish together. Order inside a file is
 # kept (the README's blocks build on each other).
 _SLOW_FIRST = (
     "tests/test_worker_chaos.py",
@@ -123,7 +123,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # --- the reliability figures, gathered from every test process ---------------------------
-# `make test` runs the suite in two processes (pytest-xdist): each worker hands its tally
+# `make test` runs the suite in three processes (pytest-xdist): each worker hands its tally
 # to the controller, which prints them all at the end.
 
 
