@@ -52,6 +52,7 @@ from run.shared_key import T, booking, crashes
 from tesserix_adk import Agent, AgentRunner, LeasePolicy, RunStatus, ToolCall, open_stores, tool
 from tesserix_adk.cli.jsonout import key_digest
 from tesserix_adk.cli.main import main as cli_main
+from test_attacks_secrets import sqlite_everything as sqlite_bytes
 
 CALL_A = "sk-proj-QZCALLAQZaaaaaaaaaaaaaaaaaaaa1"
 CALL_B = "sk-proj-QZCALLBQZbbbbbbbbbbbbbbbbbbbb2"
@@ -67,23 +68,6 @@ def cli(*argv: str) -> str:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli_main(list(argv))
     return f"exit {code}\n{out.getvalue()}\n{err.getvalue()}"
-
-
-def sqlite_bytes(path: Path) -> bytes:
-    """The database, WAL and journal files, and every cell of every table."""
-    out = bytearray()
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        f = Path(str(path) + suffix)
-        if f.exists():
-            out += f.read_bytes()
-    with contextlib.closing(sqlite3.connect(path)) as db:
-        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        for table in tables:
-            for row in db.execute(f'SELECT * FROM "{table}"'):
-                for cell in row:
-                    out += cell if isinstance(cell, bytes) else str(cell).encode()
-                    out += b"\n"
-    return bytes(out)
 
 
 def books(call_id: str) -> Asks:
