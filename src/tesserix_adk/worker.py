@@ -20,8 +20,6 @@ import functools
 import logging
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from tesserix_adk.agent import Agent
@@ -37,7 +35,6 @@ from tesserix_adk.errors import (
     HistoryUnavailableError,
     IndeterminateToolCallError,
     LeaseError,
-    LeaseHeldError,
     NoCheckpointError,
     ReplayNotResumableError,
     ResumeConflictError,
@@ -49,11 +46,10 @@ from tesserix_adk.errors import (
     StaleFenceError,
     StorePermissionError,
 )
-from tesserix_adk.run.attempt import new_holder
-from tesserix_adk.run.holding import held_to_decide
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.runner import AgentRunner
-from tesserix_adk.stores.protocols import RecordStatus, WorkIndex, WorkItem, WorkState
+from tesserix_adk.stores.protocols import WorkIndex, WorkItem, WorkState
+from tesserix_adk.worker_parking import NOT_TAKEN, Backoff, Carried, Parking
 from tesserix_adk.worker_progress import TakeProgress
 
 if TYPE_CHECKING:
@@ -92,44 +88,9 @@ class _Whose(enum.Enum):
 
 # Someone else carries the run now, or will: nothing to record.
 _ELSEWHERE = (ResumeConflictError, LeaseError, StaleFenceError)
-# Found held as the take began (not lost while carried): the take did not happen.
-_NOT_TAKEN = (ResumeConflictError, LeaseHeldError)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Backoff:
-    """Delays between tries of a run that failed for a passing reason: doubling from
-    ``base`` up to ``cap`` seconds, half of it random, so workers do not retry in step."""
-
-    base: float = 1.0
-    cap: float = 60.0
-
-    def __post_init__(self) -> None:
-        # A zero delay retries in a tight loop; the attempts would never be counted either.
-        if not (0 < self.base <= self.cap < float("inf")):
-            raise ConfigurationError(
-                f"Backoff needs 0 < base <= cap (finite seconds), got base={self.base!r}, "
-                f"cap={self.cap!r}"
-            )
-
-    def delay(self, attempts: int, rng: random.Random) -> float:
-        """Seconds before try number ``attempts + 1``."""
-        full = min(self.cap, self.base * 2.0 ** max(0, attempts))
-        return full / 2 + rng.uniform(0.0, full / 2)
-
-
-class Carried(StrEnum):
-    """How one take of a run ended, for the worker's log and its tests."""
-
-    finished = "finished"
-    waiting = "waiting"  # on a person's decision
-    parked = "parked"
-    retry = "retry"
-    elsewhere = "elsewhere"  # another worker has it, or another run a call it needs
-    stopped = "stopped"  # drained at a boundary
-
-
-class Worker:
+class Worker(Parking):
     """Carries the runs a work index says want a worker, ``concurrency`` at a time."""
 
     def __init__(
@@ -325,38 +286,6 @@ class Worker:
         self.carried.append((item, how))
         return how
 
-    async def _park_too_many(self, item: WorkItem) -> Carried:
-        """Park a run taken ``max_attempts`` times: each take counted itself as it began, so
-        takes that never came back (the process carrying it died in it, again and again)
-        are counted too. Decided holding the run as a take would, so a take carrying it now
-        (the count here may be a late poll's) is left alone, and a run that finished since
-        is not parked."""
-        runner = self.runner
-        assert runner.checkpoints is not None
-        try:
-            async with held_to_decide(
-                runner.idempotency,
-                runner.leases,
-                runner.lease_policy,
-                tenant=item.tenant,
-                run_id=item.run_id,
-                holder=new_holder(runner.worker),
-                claim_ttl=runner.resume_claim_ttl,
-            ):
-                with contextlib.suppress(AdkError):  # unreadable: parked, as it would be
-                    cp = await runner.checkpoints.latest(item.tenant, item.run_id)
-                    if cp is not None and cp.status.finished:
-                        await self.work.done(item.tenant, item.run_id)
-                        return Carried.finished
-                return await self._park_as(
-                    item,
-                    f"taken {item.attempts} times without finishing: the process carrying it "
-                    "died, or lost it, each time",
-                    "too_many_attempts",
-                )
-        except _NOT_TAKEN as exc:
-            return self._held_elsewhere(item, exc)
-
     async def _take(self, item: WorkItem, progress: TakeProgress) -> Carried:
         agent = self.agents[item.agent]
         assert self.runner.checkpoints is not None
@@ -423,19 +352,6 @@ class Worker:
             return _Whose.unknown
         return _Whose.run
 
-    def _held_elsewhere(self, item: WorkItem, exc: Exception) -> Carried:
-        """Look at the run again after a while, not at the next poll."""
-        hold = self._rng.uniform(0.5, 1.0) * self.runner.lease_policy.ttl
-        self._later[(item.tenant, item.run_id)] = asyncio.get_running_loop().time() + hold
-        _log.info(
-            "run %s/%s: held elsewhere (%s); looking again in %.1f s",
-            item.tenant,
-            item.run_id,
-            exc,
-            hold,
-        )
-        return Carried.elsewhere
-
     async def _give_back(self, item: WorkItem) -> None:
         """Take back the attempt this take counted: the run was not carried (another worker
         has it) or this worker stopped it (a drain), through no fault of the run's."""
@@ -460,7 +376,7 @@ class Worker:
                 await self.work.done(item.tenant, item.run_id)
             return Carried.elsewhere
         if isinstance(exc, _ELSEWHERE):
-            if counted and isinstance(exc, _NOT_TAKEN):
+            if counted and isinstance(exc, NOT_TAKEN):
                 await self._give_back(item)
             # Whatever holds it lapses within about a ttl if its holder died; a live holder
             # keeps it. Either way, look again after a while, not at the next poll.
@@ -514,59 +430,6 @@ class Worker:
             # the run would be due again at the next poll.
             self._later[(item.tenant, item.run_id)] = asyncio.get_running_loop().time() + delay
         return Carried.retry
-
-    async def _unless_settled_meanwhile(
-        self, item: WorkItem, exc: IndeterminateToolCallError
-    ) -> None:
-        """Wake the run again if an operator settled every call it was parked for between
-        the runner letting it go and the park: the operator's wake-up came first and the
-        park overwrote it. (One that comes after the park unparks it itself.)"""
-        keys = {c.key for c in exc.calls}
-        if not keys or None in keys:
-            return  # a call with no record is settled by no record: nothing to look at
-        if item.attempts + 1 >= self.max_attempts:
-            return  # woken often enough: should a resume still refuse, it stays parked
-        try:
-            found = await self.runner.idempotency.lookup(
-                sorted(k for k in keys if k is not None), tenant=item.tenant
-            )
-            if len(found) < len(keys) or any(
-                r.status is RecordStatus.in_flight for r in found.values()
-            ):
-                return
-            _log.info(
-                "run %s/%s: its calls were settled while it was being parked; waking it",
-                item.tenant,
-                item.run_id,
-            )
-            # After a delay, and counted (as every take is): should planning still refuse a
-            # run whose records all look settled, this wakes it a bounded number of times.
-            # (Without a count, as an operator's wake is: one with a count never unparks.)
-            await self.work.want(
-                item.tenant,
-                item.run_id,
-                agent=item.agent,
-                delay=self.backoff.delay(item.attempts, self._rng),
-                reason="its calls were settled while it was being parked",
-            )
-        except Exception as exc2:  # it stays parked: an operator's next action wakes it
-            _log.warning("run %s/%s: could not look again: %r", item.tenant, item.run_id, exc2)
-
-    async def _park(self, item: WorkItem, reason: str) -> Carried:
-        return await self._park_as(item, reason, "parked")
-
-    async def _park_as(self, item: WorkItem, reason: str, why: str) -> Carried:
-        """Park the run; ``why`` (an error's type name) is what the metric tells apart."""
-        reason = self.runner.redactor.text(reason)
-        _log.warning("run %s/%s: parked: %s", item.tenant, item.run_id, reason)
-        try:
-            await self.work.park(item.tenant, item.run_id, agent=item.agent, reason=reason)
-        except Exception as exc:  # it is still due: parked next time round
-            _log.warning("run %s/%s: could not be parked: %r", item.tenant, item.run_id, exc)
-            return Carried.parked
-        if self.telemetry is not None:
-            self.telemetry.parked(item.agent, why)
-        return Carried.parked
 
 
 class _LeakedCancel(Exception):

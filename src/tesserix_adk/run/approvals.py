@@ -137,8 +137,13 @@ async def told_waiting(approvals: ApprovalStore | None, work: WorkIndex, result:
     pending = result.pending_approval
     if approvals is None or pending is None:
         return
-    request = await approvals.get(result.tenant, pending.id)
-    if request is not None and request.status is not ApprovalStatus.pending:
+    try:
+        request = await approvals.get(result.tenant, pending.id)
+        decided = request is not None and request.status is not ApprovalStatus.pending
+    except Exception:
+        # Cannot tell: a needless wake costs a worker one look; a lost one, the run.
+        decided = True
+    if decided:
         await work.want(
             result.tenant, result.run_id, agent=result.agent_name, state=WorkState.decided
         )
