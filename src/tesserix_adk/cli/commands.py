@@ -41,6 +41,7 @@ from tesserix_adk.cli.resuming import run_resume_command
 from tesserix_adk.cli.work import WORK_COMMANDS, add_work_commands, run_work_command
 from tesserix_adk.leases import NEVER_RAN_MARGIN
 from tesserix_adk.run.runner import id_problem
+from tesserix_adk.run.screening import id_as_kept
 from tesserix_adk.stores.bundle import Stores
 
 __all__ = [
@@ -110,6 +111,12 @@ def _operator(value: str) -> str:
     """Who acts (``--by``): a name as ``_named`` reads it, with any secret in it masked, as
     in every text bound for a store (a token pasted into the wrong flag)."""
     return _named(Redactor().text(_named(value)))
+
+
+def _call(value: str) -> str:
+    """A call named on the command line: a provider's id that holds a secret is found by
+    the id the kit keeps in its place (never echoed as given)."""
+    return id_as_kept(_named(value), Redactor())
 
 
 # A decision's note is read by people, and carried into the run (``GRANT_NOTE_CHARS``).
@@ -211,7 +218,7 @@ def add_frontier_commands(sub: Any, parents: Parents = ()) -> None:
     )
     p.add_argument("run", metavar="RUN", type=_named)
     p.add_argument("--tenant", required=True, type=_named)
-    p.add_argument("--call", required=True, type=_named, help="provider call id or idempotency key")
+    p.add_argument("--call", required=True, type=_call, help="provider call id or idempotency key")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(
         "--outcome", type=_text, help="the call's outcome as JSON (secrets are masked)"

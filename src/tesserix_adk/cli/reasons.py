@@ -29,10 +29,17 @@ async def no_frontier(stores: Stores, tenant: str, run_id: str) -> NoCheckpointE
     run was submitted, when it was, so the operator does not doubt the id."""
     said = f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
     if stores.work is not None and await stores.work.input(tenant, run_id) is not None:
-        said += (
-            "; it was submitted and has not reached its first checkpoint (`tesserix runs` "
-            "lists it; a running `tesserix worker` starts it)"
-        )
+        parked = await parked_item(stores, tenant, run_id)
+        if parked is not None:
+            said += (
+                "; it was submitted and parked before its first checkpoint "
+                f"({parked.reason}); `tesserix run --resume` starts it"
+            )
+        else:
+            said += (
+                "; it was submitted and has not reached its first checkpoint (`tesserix "
+                "runs` lists it; a running `tesserix worker` starts it)"
+            )
     return NoCheckpointError(said)
 
 

@@ -10,6 +10,7 @@ from typing import Any, TextIO
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
+from tesserix_adk.checkpoint.payload.submission import decode_submission
 from tesserix_adk.checkpoint.planning import ResumePlan
 from tesserix_adk.cli.describe import describe
 from tesserix_adk.cli.failures import ExitCode, UsageError, output_closed
@@ -18,7 +19,7 @@ from tesserix_adk.cli.jsonout import emit, when
 from tesserix_adk.cli.loading import ProviderSource, built_provider, import_ref, load_agent
 from tesserix_adk.cli.reasons import no_frontier
 from tesserix_adk.cli.text import escaped
-from tesserix_adk.errors import RunFailedError
+from tesserix_adk.errors import RunFailedError, RunStartedError
 from tesserix_adk.run.result import Run
 from tesserix_adk.run.upgrade import RevisionAcceptance, accept_revision
 from tesserix_adk.runner import AgentRunner, RunStatus
@@ -48,7 +49,10 @@ async def run_resume_command(
     as_json = getattr(args, "json", False)
     agent = load_agent(args.agent, agents)
     seen = await Checkpointer.from_stores(stores).latest(args.tenant, args.resume)
-    if seen is None:
+    submitted = None
+    if seen is None and not accepting and stores.work is not None:
+        submitted = await stores.work.input(args.tenant, args.resume)
+    if seen is None and submitted is None:
         raise await no_frontier(stores, args.tenant, args.resume)
     if seen is not None and not accepting and await _already_ended(seen, args, stores, out):
         return ExitCode.CARRIED_ON
@@ -75,7 +79,10 @@ async def run_resume_command(
             _told(out, f"holding the run as {escaped(holder)} ({holding})\n")
             out.flush()
 
-        run = await runner.resume(agent, args.resume, tenant=args.tenant, on_frontier=found)
+        if submitted is not None:
+            run = await _start(runner, agent, args, submitted, found)
+        else:
+            run = await runner.resume(agent, args.resume, tenant=args.tenant, on_frontier=found)
         output = _shown_output(run, runner)
     if as_json:
         emit(out, _run_json(run, output, held, accepted))
@@ -89,6 +96,29 @@ async def run_resume_command(
     if run.status is RunStatus.failed:
         return ExitCode.MUST_NOT_CARRY_ON
     return ExitCode.CARRIED_ON
+
+
+async def _start(
+    runner: AgentRunner,
+    agent: Agent,
+    args: argparse.Namespace,
+    submitted: bytes,
+    found: Callable[[Checkpoint, ResumePlan | None, int | None, str], None],
+) -> Run:
+    """Start a run that was submitted and has no frontier yet, as a worker would (one
+    parked before its first checkpoint is started again: the operator carries it on); one
+    a worker started meanwhile is resumed instead."""
+    submission = decode_submission(submitted)
+    try:
+        return await runner.run(
+            agent,
+            list(submission.messages),
+            tenant=args.tenant,
+            run_id=args.resume,
+            state=submission.state,
+        )
+    except RunStartedError:
+        return await runner.resume(agent, args.resume, tenant=args.tenant, on_frontier=found)
 
 
 def _shown_output(run: Run, runner: AgentRunner) -> str | None:

@@ -19,7 +19,7 @@ from tesserix_adk.messages import REFUSED_ARGUMENTS, Message, ToolCall, refusal_
 from tesserix_adk.run.state import RunState
 from tesserix_adk.tools import Tool, canonical_json, default_key
 
-__all__ = ["SECRET_KEY", "refused", "screened", "without_secret_ids"]
+__all__ = ["SECRET_KEY", "id_as_kept", "refused", "screened", "without_secret_ids"]
 
 
 def screened(
@@ -72,6 +72,12 @@ def _unkept(call_id: str, redactor: Redactor) -> bool:
     """Whether ``call_id`` is replaced: it holds a secret, or it looks like a replacement
     already (the model's own ``call_masked_...`` must not become another call's id)."""
     return call_id.startswith(_REPLACED) or redactor.text(call_id) != call_id
+
+
+def id_as_kept(call_id: str, redactor: Redactor) -> str:
+    """The id the kit keeps for a call the model gave ``call_id``, for an operator who has
+    the raw one (from a tool's own logs): its replacement when it holds a secret."""
+    return call_id if redactor.text(call_id) == call_id else _id_without_secret(call_id)
 
 
 def _id_without_secret(call_id: str) -> str:
