@@ -17,7 +17,7 @@ from tesserix_adk.cli.failures import ExitCode, UsageError, output_closed
 from tesserix_adk.cli.inspecting import asked_approval
 from tesserix_adk.cli.jsonout import emit, when
 from tesserix_adk.cli.loading import ProviderSource, built_provider, import_ref, load_agent
-from tesserix_adk.cli.reasons import no_frontier
+from tesserix_adk.cli.reasons import no_frontier, parked_item
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import RunFailedError, RunStartedError
 from tesserix_adk.run.result import Run
@@ -50,8 +50,10 @@ async def run_resume_command(
     agent = load_agent(args.agent, agents)
     seen = await Checkpointer.from_stores(stores).latest(args.tenant, args.resume)
     submitted = None
-    if seen is None and not accepting and stores.work is not None:
-        submitted = await stores.work.input(args.tenant, args.resume)
+    if seen is None and not accepting and await parked_item(stores, args.tenant, args.resume):
+        # Parked before its first checkpoint: no worker takes it, so the operator starts it
+        # (one only queued is a worker's to start, and is told so).
+        submitted = await stores.work.input(args.tenant, args.resume) if stores.work else None
     if seen is None and submitted is None:
         raise await no_frontier(stores, args.tenant, args.resume)
     if seen is not None and not accepting and await _already_ended(seen, args, stores, out):
@@ -105,9 +107,8 @@ async def _start(
     submitted: bytes,
     found: Callable[[Checkpoint, ResumePlan | None, int | None, str], None],
 ) -> Run:
-    """Start a run that was submitted and has no frontier yet, as a worker would (one
-    parked before its first checkpoint is started again: the operator carries it on); one
-    a worker started meanwhile is resumed instead."""
+    """Start a run submitted and parked before its first checkpoint, as a worker would
+    (the operator carries it on); one started meanwhile is resumed instead."""
     submission = decode_submission(submitted)
     try:
         return await runner.run(

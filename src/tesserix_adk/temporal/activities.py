@@ -22,6 +22,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
     AdkError,
     ConfigurationError,
@@ -65,7 +66,9 @@ class AgentActivities:
     async def model_turn(self, step: ModelStep) -> StepResult:
         """One model turn of the run (see ``steps.model_turn``)."""
         agent = self._agent(step.agent_name)
-        return await _translated(steps.model_turn(self.runner, agent, step, _holder()))
+        return await _translated(
+            steps.model_turn(self.runner, agent, step, _holder()), self.runner.redactor
+        )
 
     @activity.defn(name=TOOL_ACTIVITY)
     async def tool_call(self, call: ToolInput) -> ToolResult:
@@ -75,7 +78,8 @@ class AgentActivities:
         beating = asyncio.create_task(self._heartbeat())
         try:
             return await _translated(
-                steps.tool_call(self.runner, agent, call, _holder(), retried=retried)
+                steps.tool_call(self.runner, agent, call, _holder(), retried=retried),
+                self.runner.redactor,
             )
         finally:
             beating.cancel()
@@ -105,7 +109,10 @@ def _holder() -> str:
     return new_holder(f"temporal-{info.activity_type.rsplit('.', 1)[-1]}-{info.attempt}")
 
 
-async def _translated(work: Awaitable[T]) -> T:
+async def _translated(work: Awaitable[T], redactor: Redactor) -> T:
+    """``work``'s kit errors as Temporal's, their text redacted and their chain dropped:
+    both are written to the workflow's history (a provider's 5xx text may echo a
+    credential it was sent)."""
     try:
         return await work
     except AdkError as exc:
@@ -116,4 +123,6 @@ async def _translated(work: Awaitable[T]) -> T:
         retry = exc.retryable or isinstance(
             exc, LeaseError | StaleFenceError | SchemaMismatchError | StorePermissionError
         )
-        raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=not retry) from exc
+        raise ApplicationError(
+            redactor.text(str(exc)), type=type(exc).__name__, non_retryable=not retry
+        ) from None

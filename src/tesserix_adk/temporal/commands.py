@@ -29,8 +29,9 @@ from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.continuation import (
     ContinuationPolicy,
 )
-from tesserix_adk.checkpoint.planning import plan_resume, refuse_if_undecidable
-from tesserix_adk.errors import AdkError, ConfigurationError
+from tesserix_adk.checkpoint.planning import ResumePlan, plan_resume, refuse_if_undecidable
+from tesserix_adk.errors import AdkError, ConfigurationError, ResumeConflictError
+from tesserix_adk.run.holding import carried_now, lease_lapses
 from tesserix_adk.run.resume import nothing_ran_since_approval_asked, refuse_unresumable
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.bundle import Stores
@@ -166,6 +167,7 @@ async def submit(
             refuse_unresumable(cp, agent)
             plan = await plan_resume(cp, stores.idempotency)
             if not nothing_ran_since_approval_asked(cp, plan):
+                await _unless_held(stores, plan, tenant, run_id)
                 refuse_if_undecidable(plan)
             await carry_on_run(
                 client,
@@ -291,3 +293,15 @@ def _stopping(stop: asyncio.Event, out: TextIO, name: str, signum: int) -> None:
         )
         out.flush()
     stop.set()
+
+
+async def _unless_held(stores: Stores, plan: ResumePlan, tenant: str, run_id: str) -> None:
+    """``ResumeConflictError`` when a call in doubt may be the live holder's: the run's
+    lease is still held (a closed execution's activity, still inside its tool), so the
+    call may be being sent now, and is not an operator's to decide yet."""
+    if plan.indeterminate and await carried_now(stores.leases, tenant, run_id):
+        calls = ", ".join(p.describe() for p in plan.indeterminate)
+        raise ResumeConflictError(
+            f"run {run_id!r} is still held, and its holder may be sending {calls}; submit it "
+            "again once it lets go" + await lease_lapses(stores.leases, tenant, run_id)
+        )
