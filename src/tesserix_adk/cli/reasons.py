@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.errors import NoCheckpointError
+from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import WorkItem, WorkState
 
@@ -30,7 +31,13 @@ async def no_frontier(stores: Stores, tenant: str, run_id: str) -> NoCheckpointE
     said = f"nothing is checkpointed under run {run_id!r} for tenant {tenant!r}"
     if stores.work is not None and await stores.work.input(tenant, run_id) is not None:
         parked = await parked_item(stores, tenant, run_id)
-        if parked is not None:
+        cancelled = await cancel_requested(stores.idempotency, tenant, run_id)
+        if cancelled is not None:
+            said += (
+                f"; it was submitted and cancelled ({cancelled.describe()}) before its first "
+                "checkpoint: nothing will start it"
+            )
+        elif parked is not None:
             said += (
                 "; it was submitted and parked before its first checkpoint "
                 f"({parked.reason}); `tesserix run --resume` starts it"

@@ -19,7 +19,8 @@ from tesserix_adk.cli.jsonout import emit, when
 from tesserix_adk.cli.loading import ProviderSource, built_provider, import_ref, load_agent
 from tesserix_adk.cli.reasons import no_frontier, parked_item
 from tesserix_adk.cli.text import escaped
-from tesserix_adk.errors import RunFailedError, RunStartedError
+from tesserix_adk.errors import ResumeConflictError, RunFailedError, RunStartedError
+from tesserix_adk.run.holding import carried_now, lease_lapses
 from tesserix_adk.run.result import Run
 from tesserix_adk.run.upgrade import RevisionAcceptance, accept_revision
 from tesserix_adk.runner import AgentRunner, RunStatus
@@ -50,11 +51,22 @@ async def run_resume_command(
     agent = load_agent(args.agent, agents)
     seen = await Checkpointer.from_stores(stores).latest(args.tenant, args.resume)
     submitted = None
-    if seen is None and not accepting and await parked_item(stores, args.tenant, args.resume):
+    parked = None if seen is not None or accepting else await parked_item(stores, *_run(args))
+    if parked is not None:
         # Parked before its first checkpoint: no worker takes it, so the operator starts it
-        # (one only queued is a worker's to start, and is told so).
-        submitted = await stores.work.input(args.tenant, args.resume) if stores.work else None
+        # (one only queued is a worker's to start, and is told so), with its own agent.
+        if parked.agent != agent.name:
+            raise UsageError(
+                f"run {args.resume!r} was submitted for agent {parked.agent!r}, and --agent "
+                f"names {agent.name!r}: nothing was started"
+            )
+        submitted = await stores.work.input(*_run(args)) if stores.work else None
     if seen is None and submitted is None:
+        if await carried_now(stores.leases, *_run(args)):
+            raise ResumeConflictError(
+                f"run {args.resume!r} is being started by another attempt, before its first "
+                "checkpoint" + await lease_lapses(stores.leases, *_run(args))
+            )
         raise await no_frontier(stores, args.tenant, args.resume)
     if seen is not None and not accepting and await _already_ended(seen, args, stores, out):
         return ExitCode.CARRIED_ON
@@ -83,6 +95,7 @@ async def run_resume_command(
 
         if submitted is not None:
             run = await _start(runner, agent, args, submitted, found)
+            held.update(fence=run.fence)  # a start names no holder (``runner.run``)
         else:
             run = await runner.resume(agent, args.resume, tenant=args.tenant, on_frontier=found)
         output = _shown_output(run, runner)
@@ -120,6 +133,10 @@ async def _start(
         )
     except RunStartedError:
         return await runner.resume(agent, args.resume, tenant=args.tenant, on_frontier=found)
+
+
+def _run(args: argparse.Namespace) -> tuple[str, str]:
+    return args.tenant, args.resume
 
 
 def _shown_output(run: Run, runner: AgentRunner) -> str | None:
