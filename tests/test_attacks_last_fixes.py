@@ -13,17 +13,14 @@ What held passes."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
-import sys
-import threading
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from cli.test_attacks_operator_night import _one_sentence, acli, proc
 from processes import store_url as backend_url
 from tesserix_adk import (
     Agent,
@@ -37,7 +34,6 @@ from tesserix_adk import (
     Worker,
     tool,
 )
-from tesserix_adk.cli.main import main
 from tesserix_adk.messages import Message, Role
 from tesserix_adk.stores.protocols import WorkState
 from tesserix_adk.stores.urls import open_stores
@@ -133,47 +129,6 @@ async def _site(tmp: Path, backend: str = "sqlite") -> AsyncIterator[tuple[str, 
     async with backend_url(backend, tmp) as url, open_stores(url) as stores:
         await stores.create_schema()
         yield url, stores
-
-
-def cli(url: str, *argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    got: list[int] = []
-
-    def go() -> None:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            got.append(main([*argv, "--store", url]))
-
-    thread = threading.Thread(target=go)
-    thread.start()
-    thread.join(60)
-    return got[0], out.getvalue(), err.getvalue()
-
-
-async def acli(url: str, *argv: str) -> tuple[int, str, str]:
-    return await asyncio.to_thread(cli, url, *argv)
-
-
-_TESSERIX = Path(sys.executable).with_name("tesserix")
-
-
-async def proc(url: str, *argv: str) -> tuple[int, str, str]:
-    """The ``tesserix`` entry point as a subprocess (two of them may run at once)."""
-    child = await asyncio.create_subprocess_exec(
-        str(_TESSERIX),
-        *argv,
-        "--store",
-        url,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(child.communicate(), 60)
-    assert child.returncode is not None
-    return child.returncode, out.decode(), err.decode()
-
-
-def _one_sentence(err: str) -> None:
-    assert err.endswith("\n") and err.count("\n") == 1, repr(err)
-    assert "Traceback" not in err
 
 
 async def _parked_before_start(stores: Any, name: str = "booker") -> Agent:

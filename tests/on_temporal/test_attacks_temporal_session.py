@@ -57,6 +57,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from on_temporal.conftest import DevServer
 from on_temporal.helpers import FAST, fast_runner, queue, run_id, worker_running, world_stores
+from run.helpers import Asks as HelpersAsks
 from tesserix_adk import Agent, AgentRunner, ToolCall, ToolContext, tool
 from tesserix_adk.errors import IndeterminateToolCallError, ProviderError
 from tesserix_adk.messages import Message, Role
@@ -74,20 +75,8 @@ def replaced(call_id: str) -> str:
     return "call_masked_" + hashlib.sha256(call_id.encode()).hexdigest()[:24]
 
 
-class Asks:
-    """A model asking for each turn's calls as given (ids included), then ``done``."""
-
-    def __init__(self, *turns: list[ToolCall] | str) -> None:
-        self.turns = turns
-        self.requests: list[ModelRequest] = []
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.requests.append(request)
-        asked = sum(1 for m in request.messages if m.role is Role.assistant)
-        turn = self.turns[asked] if asked < len(self.turns) else "done"
-        if isinstance(turn, str):
-            return ModelResponse(message=Message(role="assistant", content=turn))
-        return ModelResponse(message=Message(role="assistant", content="", tool_calls=turn))
+class Asks(HelpersAsks):
+    """``run.helpers.Asks``, telling what the model was told last."""
 
     def last_told(self) -> list[tuple[str | None, str]]:
         """(tool_call_id, text) of each tool result in the last request."""
