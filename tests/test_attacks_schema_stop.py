@@ -480,6 +480,7 @@ async def test_on_temporal_a_schema_mismatch_is_retried_not_the_end_of_the_workf
     pytest.importorskip("temporalio")
     from temporalio.exceptions import ApplicationError
 
+    from tesserix_adk.checkpoint.redaction import Redactor
     from tesserix_adk.temporal.activities import _translated
 
     async def meets_old_schema() -> None:
@@ -489,7 +490,7 @@ async def test_on_temporal_a_schema_mismatch_is_retried_not_the_end_of_the_workf
         )
 
     with pytest.raises(ApplicationError) as raised:
-        await _translated(meets_old_schema())
+        await _translated(meets_old_schema(), Redactor())
     assert raised.value.type == "SchemaMismatchError"
     assert re.search("schema apply", raised.value.message)
     assert not raised.value.non_retryable

@@ -456,12 +456,13 @@ async def test_on_temporal_a_permission_refusal_is_retried() -> None:
     pytest.importorskip("temporalio")
     from temporalio.exceptions import ApplicationError
 
+    from tesserix_adk.checkpoint.redaction import Redactor
     from tesserix_adk.temporal.activities import _translated
 
     async def refused() -> None:
         raise StorePermissionError("PostgreSQL refused claiming 'k': permission denied")
 
     with pytest.raises(ApplicationError) as raised:
-        await _translated(refused())
+        await _translated(refused(), Redactor())
     assert raised.value.type == "StorePermissionError"
     assert not raised.value.non_retryable
