@@ -50,6 +50,7 @@ from tesserix_adk import (
     ModelRequest,
     ModelResponse,
     ProviderError,
+    StoreUnavailableError,
     ToolCall,
     Worker,
     WorkState,
@@ -471,3 +472,69 @@ async def test_a_late_due_reply_does_not_park_a_run_that_finished(
         assert entry.state is WorkState.done and "r" not in listed.text.split(), (
             f"finished, yet {entry.state} ({entry.reason!r}); runs --stuck: {listed.text!r}"
         )
+
+
+async def _finished_then_late(
+    stores: Stores, tmp_path: Path, *, done_fails: bool
+) -> tuple[Worker, Work]:
+    """B carries the run to its end and lets go; only then does A's late ``due`` reply (read
+    before B's take, at two takes, A's ``max_attempts``) reach A, which decides on it. With
+    ``done_fails``, the store fails the one ``done`` A writes."""
+    agent = _step_agent()
+    model = Steps(steps=2, fail_at={2})  # the take finishes the run
+    await _run_taken_twice(stores, model, agent)
+    runner_a, work_a = _runner(stores, model)
+    runner_b, _ = _runner(stores, model)
+    a = Worker(runner_a, [agent], max_attempts=2, poll_interval=0.01, backoff=FAST)
+    b = Worker(runner_b, [agent], max_attempts=3, poll_interval=0.01, backoff=FAST)
+    read, let_go = asyncio.Event(), asyncio.Event()
+
+    async def late_reply(inner: Callable[[], Awaitable[Any]]) -> Any:
+        items = await inner()
+        read.set()
+        await let_go.wait()
+        return items
+
+    async def store_away() -> None:
+        raise StoreUnavailableError("the store is away for this one write")
+
+    work_a.due_hook = late_reply
+    if done_fails:
+        work_a.before_done = store_away
+    polling = asyncio.create_task(a.poll())
+    await asyncio.wait_for(read.wait(), 10)
+    assert await b.poll() == 1
+    await asyncio.gather(*b._running.values())
+    assert [h for _, h in b.carried] == [Carried.finished]
+    let_go.set()  # B has let go of everything: nobody holds the run
+    await asyncio.wait_for(polling, 10)
+    await asyncio.gather(*a._running.values())
+    return a, work_a
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+async def test_a_late_due_reply_for_a_run_finished_and_let_go_marks_it_done(
+    backend: str, tmp_path: Path
+) -> None:
+    """Held by the run's frontier, not by a holder: A holds the run, finds it finished, and
+    marks it done instead of parking it."""
+    async with fresh_stores(backend, tmp_path) as stores:
+        a, _ = await _finished_then_late(stores, tmp_path, done_fails=False)
+        assert [h for _, h in a.carried] == [Carried.finished]
+        entry = await _entry(stores)
+        assert entry.state is WorkState.done, (entry.state, entry.reason)
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+async def test_a_finished_run_whose_done_fails_at_the_park_is_not_parked(
+    backend: str, tmp_path: Path
+) -> None:
+    """The same, with the store failing that ``done``: the failure is swallowed with the
+    frontier's read, and the entry check (done, not what the poll read) leaves the run to be
+    looked at again later; it is never parked."""
+    async with fresh_stores(backend, tmp_path) as stores:
+        a, work_a = await _finished_then_late(stores, tmp_path, done_fails=True)
+        assert work_a.before_done is None  # the failing done was met
+        assert [h for _, h in a.carried] == [Carried.elsewhere]
+        entry = await _entry(stores)
+        assert entry.state is WorkState.done, (entry.state, entry.reason)
