@@ -38,11 +38,12 @@ def _ids_without_secrets(message: Message, redactor: Redactor) -> Message:
     ids (a local server, a prompt injection); the kit keeps, shows and fences by them. Not
     masked: two masked ids would be one, and the id pairs a call with its result. The same
     id always gets the same replacement, so a turn asked again is named as before."""
-    if not any(_unkept(c.id, redactor) for c in message.tool_calls):
+    kept = [_kept_id(c.id, redactor) for c in message.tool_calls]
+    if all(k == c.id for k, c in zip(kept, message.tool_calls, strict=True)):
         return message
     calls = tuple(
-        dataclasses.replace(c, id=_id_without_secret(c.id)) if _unkept(c.id, redactor) else c
-        for c in message.tool_calls
+        c if k == c.id else dataclasses.replace(c, id=k)
+        for k, c in zip(kept, message.tool_calls, strict=True)
     )
     return dataclasses.replace(message, tool_calls=calls)
 
@@ -50,17 +51,13 @@ def _ids_without_secrets(message: Message, redactor: Redactor) -> Message:
 def without_secret_ids(messages: Sequence[Message], redactor: Redactor) -> list[Message]:
     """A run's input with the call ids ``_ids_without_secrets`` replaces replaced, in the
     calls and in the results that answer them alike (they still pair)."""
-    if not any(
-        _unkept(i, redactor)
-        for m in messages
-        for i in (*(c.id for c in m.tool_calls), m.tool_call_id or "")
-    ):
-        return list(messages)
     out = []
     for m in messages:
         m = _ids_without_secrets(m, redactor)
-        if m.tool_call_id is not None and _unkept(m.tool_call_id, redactor):
-            m = dataclasses.replace(m, tool_call_id=_id_without_secret(m.tool_call_id))
+        if m.tool_call_id is not None:
+            kept = _kept_id(m.tool_call_id, redactor)
+            if kept != m.tool_call_id:
+                m = dataclasses.replace(m, tool_call_id=kept)
         out.append(m)
     return out
 
@@ -68,10 +65,13 @@ def without_secret_ids(messages: Sequence[Message], redactor: Redactor) -> list[
 _REPLACED = "call_masked_"
 
 
-def _unkept(call_id: str, redactor: Redactor) -> bool:
-    """Whether ``call_id`` is replaced: it holds a secret, or it looks like a replacement
-    already (the model's own ``call_masked_...`` must not become another call's id)."""
-    return call_id.startswith(_REPLACED) or redactor.text(call_id) != call_id
+def _kept_id(call_id: str, redactor: Redactor) -> str:
+    """The id the kit keeps for ``call_id``: its replacement when it holds a secret, or
+    looks like a replacement already (the model's own ``call_masked_...`` must not become
+    another call's id); else itself. One redaction per id."""
+    if call_id.startswith(_REPLACED) or redactor.text(call_id) != call_id:
+        return _id_without_secret(call_id)
+    return call_id
 
 
 def id_as_kept(call_id: str, redactor: Redactor) -> str:
