@@ -116,7 +116,7 @@ class Parking:
                     if cp is not None and cp.status.finished:
                         await self.work.done(item.tenant, item.run_id)
                         return Carried.finished
-                if not _as_polled(item, await self._entry(item)):
+                if not _as_polled(item, await self.work.entry(item.tenant, item.run_id)):
                     return self._held_elsewhere(item, "its entry changed since the poll")
                 return await self._park_as(
                     item,
@@ -129,13 +129,6 @@ class Parking:
         except Exception as exc:  # the store's trouble: the run is looked at again later
             _log.warning("run %s/%s: could not be held to park it: %r", *_where(item), exc)
             return self._held_elsewhere(item, exc)
-
-    async def _entry(self, item: WorkItem) -> WorkItem | None:
-        """The run's entry as it stands (``None``: done). Read through the tenant's entries:
-        the index has no read of one run, and only a run at ``max_attempts`` is looked up."""
-        return next(
-            (i for i in await self.work.items(item.tenant) if i.run_id == item.run_id), None
-        )
 
     def _held_elsewhere(self, item: WorkItem, exc: Exception | str) -> Carried:
         """Look at the run again after a while, not at the next poll."""

@@ -54,10 +54,8 @@ async def parked_item(stores: Stores, tenant: str, run_id: str) -> WorkItem | No
     """The run's parked work item, if the store has a work index and the run is parked."""
     if stores.work is None:
         return None
-    return next(
-        (i for i in await stores.work.items(tenant, state=WorkState.parked) if i.run_id == run_id),
-        None,
-    )
+    item = await stores.work.entry(tenant, run_id)
+    return item if item is not None and item.state is WorkState.parked else None
 
 
 def blocked(cp: Checkpoint, parked: WorkItem | None, revision: str | None) -> str | None:

@@ -34,8 +34,8 @@ async def wake(
         return False  # it ended (a cancel, say): nothing is carried on
     agent = None if cp is None else cp.agent_name
     if agent is None:
-        known = [i for i in await stores.work.items(tenant) if i.run_id == run_id]
-        agent = known[0].agent if known else None
+        known = await stores.work.entry(tenant, run_id)
+        agent = None if known is None else known.agent
     if agent is None:
         return False
     await stores.work.want(tenant, run_id, agent=agent, state=state)

@@ -65,24 +65,30 @@ async def unstarted_runs(
     makes its run ``unreadable``, never the whole list."""
     if stores.work is None:
         return []
-
-    def wanted(item: WorkItem) -> bool:
-        return item.run_id not in with_frontier and (only is None or item.run_id == only)
-
-    found = [
-        Unstarted(item, lease=await stores.leases.current(tenant, item.run_id))
-        for item in await stores.work.items(tenant)
-        if wanted(item)
-    ]
-    if cancelled:
-        for item in await stores.work.items(tenant, state=WorkState.done):
-            if not wanted(item):
-                continue
-            try:
-                request = await cancel_requested(stores.idempotency, tenant, item.run_id)
-            except (CheckpointCorruptError, CheckpointFormatError) as exc:
-                found.append(Unstarted(item, unreadable=str(exc)))
-                continue
-            if request is not None:
-                found.append(Unstarted(item, request))
+    if only is not None:
+        # One run: its entry alone, not every entry of the tenant.
+        one = await stores.work.entry(tenant, only)
+        entries = [] if one is None or only in with_frontier else [one]
+        waiting = [i for i in entries if i.state is not WorkState.done]
+        ended = [i for i in entries if i.state is WorkState.done and cancelled]
+    else:
+        waiting = [i for i in await stores.work.items(tenant) if i.run_id not in with_frontier]
+        ended = (
+            [
+                i
+                for i in await stores.work.items(tenant, state=WorkState.done)
+                if i.run_id not in with_frontier
+            ]
+            if cancelled
+            else []
+        )
+    found = [Unstarted(i, lease=await stores.leases.current(tenant, i.run_id)) for i in waiting]
+    for item in ended:
+        try:
+            request = await cancel_requested(stores.idempotency, tenant, item.run_id)
+        except (CheckpointCorruptError, CheckpointFormatError) as exc:
+            found.append(Unstarted(item, unreadable=str(exc)))
+            continue
+        if request is not None:
+            found.append(Unstarted(item, request))
     return found

@@ -53,6 +53,65 @@ class WorkIndexConformance(ClockedConformance):
         (done,) = await work_index.items(T, state=WorkState.done)
         assert done.run_id == "r1"
 
+    async def test_one_runs_entry_is_read_in_every_state_as_items_lists_it(
+        self, work_index: WorkIndex
+    ) -> None:
+        """``entry`` reads one run whatever its state, done included, and nothing else."""
+        assert await work_index.entry(T, "r1") is None
+        await work_index.submit(T, "r1", agent=A, input=b"in")
+        await work_index.want(T, "other", agent="refunds", delay=LONG, reason="store down")
+        assert await work_index.entry("globex", "r1") is None
+        assert await work_index.entry(T, "r") is None
+        (listed,) = await work_index.items(T, state=WorkState.submitted)
+        assert await work_index.entry(T, "r1") == listed
+        await work_index.want(T, "r1", agent=A, count=1)
+        await work_index.want(T, "r1", agent=A, delay=LONG, count=0, reason="boom")
+        (listed,) = [i for i in await work_index.items(T) if i.run_id == "r1"]
+        got = await work_index.entry(T, "r1")
+        assert got == listed
+        assert got is not None and (got.state, got.attempts, got.reason) == (
+            WorkState.wanted,
+            1,
+            "boom",
+        )
+        await work_index.park(T, "r1", agent=A, reason="in doubt")
+        (listed,) = await work_index.items(T, state=WorkState.parked)
+        assert await work_index.entry(T, "r1") == listed
+        await work_index.done(T, "r1")
+        (listed,) = await work_index.items(T, state=WorkState.done)
+        got = await work_index.entry(T, "r1")
+        assert got == listed and got is not None and got.state is WorkState.done
+        other = await work_index.entry(T, "other")
+        assert other is not None and (other.agent, other.reason) == ("refunds", "store down")
+
+    async def test_entry_keeps_odd_ids_and_tenants_apart(self, work_index: WorkIndex) -> None:
+        for tenant in ODD_IDS:
+            for run_id in ODD_IDS:
+                await work_index.submit(tenant, run_id, agent=f"{tenant}|{run_id}", input=b"")
+        for tenant, run_id in JOIN_ALIKE_IDS:
+            await work_index.want(tenant, run_id, agent=f"{tenant}|{run_id}")
+        for tenant, run_id in [(t, r) for t in ODD_IDS for r in ODD_IDS] + list(JOIN_ALIKE_IDS):
+            got = await work_index.entry(tenant, run_id)
+            assert got is not None
+            assert (got.tenant, got.run_id, got.agent) == (tenant, run_id, f"{tenant}|{run_id}")
+
+    async def test_reading_one_entry_sends_as_many_requests_however_many_runs_there_are(
+        self, work_index: WorkIndex, request: pytest.FixtureRequest
+    ) -> None:
+        trips = await round_trips_of(request)
+        await work_index.want(T, "r0", agent=A)
+        await work_index.entry(T, "r0")  # a first use may check the server once
+        before = trips.count
+        await work_index.entry(T, "r0")
+        few = trips.count - before
+        for n in range(1, 60):
+            await work_index.want(T, f"r{n}", agent=A)
+        before = trips.count
+        assert await work_index.entry(T, "r0") is not None
+        many = trips.count - before
+        assert few >= 1, "round_trips saw nothing sent: it is not wired to the driver"
+        assert many == few, f"with 60 runs entry sent {many} requests, with one {few}"
+
     async def test_due_hands_out_decided_then_wanted_then_submitted_oldest_first(
         self, work_index: WorkIndex, clock: FakeClock | None
     ) -> None:

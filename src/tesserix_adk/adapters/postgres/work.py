@@ -34,6 +34,7 @@ _WANTING = (WorkState.decided, WorkState.wanted, WorkState.submitted)
 class _SQL(Statements):
     submit: str
     input: str
+    entry: str
     want: str
     park: str
     done: str
@@ -97,6 +98,15 @@ class PostgresWorkIndex:
             f"reading the input of run {run_id!r}", self._sql.input, run_params(tenant, run_id)
         )
         return None if row is None else _input(row)
+
+    async def entry(self, tenant: str, run_id: str) -> WorkItem | None:
+        """The run's entry in any state, or ``None``."""
+        row = await self.database.row(
+            f"reading the work index entry of run {run_id!r}",
+            self._sql.entry,
+            run_params(tenant, run_id),
+        )
+        return None if row is None else _item(row)
 
     async def want(
         self,

@@ -41,6 +41,9 @@ def _optional(value: Any) -> str | None:
     return None if value is None else bytes(value).decode()
 
 
+_FIELDS = ("tenant", "run_id", "agent", "state", "since", "not_before", "attempts", "reason")
+
+
 @decoded("work index entry")
 def _item(row: Sequence[Any]) -> WorkItem:
     tenant, run_id, agent, state, since, not_before, attempts, reason = row
@@ -136,6 +139,14 @@ class RedisWorkIndex:
         with _driver_errors(f"reading the submission of run {run_id!r}"):
             raw = await self._client.hget(self._entry(tenant, run_id), "input")
         return None if raw is None else _bytes(raw)
+
+    async def entry(self, tenant: str, run_id: str) -> WorkItem | None:
+        """The run's entry in any state, or ``None``: one ``HMGET`` of its hash."""
+        await self._durability.ensure()
+        with _driver_errors(f"reading the work index entry of run {run_id!r}"):
+            row = await self._client.hmget(self._entry(tenant, run_id), _FIELDS)
+        # A hash with some fields and not others is damage, which ``_item`` names.
+        return None if all(f is None for f in row) else _item(row)
 
     async def want(
         self,

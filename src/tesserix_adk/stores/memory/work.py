@@ -51,6 +51,11 @@ class MemoryWorkIndex:
         entry = self._entries.get((tenant, run_id))
         return None if entry is None else entry.input
 
+    async def entry(self, tenant: str, run_id: str) -> WorkItem | None:
+        """The run's entry in any state, or ``None``."""
+        entry = self._entries.get((tenant, run_id))
+        return None if entry is None else entry.item
+
     async def want(
         self,
         tenant: str,

@@ -53,6 +53,12 @@ class WorkIndex(Protocol):
         """The encoded input the run was submitted with, or ``None``."""
         ...
 
+    async def entry(self, tenant: str, run_id: str) -> WorkItem | None:
+        """The run's entry in whatever state (``done`` included), or ``None`` when the
+        index does not hold it: one run's read, for a worker or an operator looking at
+        one run, where ``items`` reads the tenant's every entry."""
+        ...
+
     async def want(
         self,
         tenant: str,

@@ -44,6 +44,8 @@ _SUBMIT = (
 
 _INPUT = "SELECT input FROM adk_work WHERE tenant = :tenant AND run_id = :run_id"
 
+_ENTRY = f"SELECT {_ITEM_COLUMNS} FROM adk_work WHERE tenant = :tenant AND run_id = :run_id"
+
 # A run keeps its place (since) when it was in that state already. A given count moves
 # the count of attempts by that much (never below 0); without one a delayed want counts one
 # more attempt, and a prompt one keeps the count in the same state and starts it again in
@@ -183,6 +185,12 @@ class SqliteWorkIndex:
         params = {"tenant": tenant, "run_id": run_id}
         row = await self.database.read(lambda conn: conn.execute(_INPUT, params).fetchone())
         return None if row is None else _input(row[0])
+
+    async def entry(self, tenant: str, run_id: str) -> WorkItem | None:
+        """The run's entry in any state, or ``None``."""
+        params = {"tenant": tenant, "run_id": run_id}
+        row = await self.database.read(lambda conn: conn.execute(_ENTRY, params).fetchone())
+        return None if row is None else _item(row)
 
     async def want(
         self,
