@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from tesserix_adk.checkpoint.payload import Boundary, Checkpoint
-from tesserix_adk.errors import IndeterminateToolCallError
+from tesserix_adk.errors import CheckpointCorruptError, IndeterminateToolCallError
 from tesserix_adk.messages import refusal_of
 from tesserix_adk.stores.protocols import (
     IdempotencyRecord,
@@ -184,6 +184,24 @@ def as_seen_now(plan: ResumePlan, lease: RunLease | None) -> ResumePlan:
     )
 
 
+def _said_never_ran(rec: IdempotencyRecord) -> None:
+    """``CheckpointCorruptError`` unless ``rec`` reads as a ``never_ran`` record is made:
+    only a person (or a reconciler) says a claimed call never ran, and says it of a call in
+    flight, so such a record names who said it and holds no outcome and no completion. A
+    completed record whose status alone was changed would otherwise send its call again."""
+    if rec.by is None or rec.completed_at is not None or rec.outcome is not None:
+        raise CheckpointCorruptError(
+            f"the record of call {rec.call_id or '?'} ({rec.tool or 'a tool'}) says it never "
+            "ran, but "
+            + (
+                "it holds the call's completion"
+                if rec.completed_at is not None or rec.outcome is not None
+                else "nobody is named as having said so"
+            )
+            + ": it was changed after it was written; it is not sent again"
+        )
+
+
 async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> ResumePlan:
     """Decide, with one batched look-up and one read of the run's records, what ran (from
     the frontier's iteration on, outcomes left out, where the store offers ``RecordsFrom``)."""
@@ -242,6 +260,7 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
                 **base, disposition=ToolDisposition.never_ran, reason="no record under its key"
             )
         elif rec.status is RecordStatus.never_ran:
+            _said_never_ran(rec)
             planned = PlannedCall(
                 **base,
                 disposition=ToolDisposition.never_ran,
@@ -349,7 +368,10 @@ def _plan_ahead(
         if rec.tool is None or rec.iteration is None or rec.key in listed:
             continue
         ahead = rec.iteration > iteration or (rec.iteration == iteration and at_model_call)
-        if not ahead or rec.status is RecordStatus.never_ran:
+        if not ahead:
+            continue
+        if rec.status is RecordStatus.never_ran:
+            _said_never_ran(rec)
             continue
         flags = rec.flags
         side_effects = True if flags is None else flags.side_effects
