@@ -90,6 +90,10 @@ HOSTILE: dict[str, Build] = {
     "escaped password keys": lambda n: _fill("\\x0bpassword=", n),
     "escaped unicode before keys": lambda n: _fill("\\u201csk-aaaa\\n", n),
     "backslash runs": lambda n: _fill("\\\\\\\\n", n),
+    # Keys glued to a word, and lists or objects under a credential key.
+    "glued key prefixes": lambda n: _fill("xsk-" + "proj-aA1 ", n),
+    "lists under keys": lambda n: _fill('{"token": ["a", {"b": "]"}]} ', n),
+    "lists under keys, never closed": lambda n: _fill("password: [a['", n),
 }
 
 

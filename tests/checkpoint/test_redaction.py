@@ -499,6 +499,8 @@ def test_a_pem_block_inside_json_text_is_masked() -> None:
         ("SecretAccessKey", "secret"),
         ("credentials", "secret"),
         ("passphrase", "password"),
+        ("MYSQL_PWD", "password"),
+        ("db_pwd", "password"),
     ],
 )
 def test_key_names_users_expect_are_sensitive_in_data_json_text_and_free_text(
@@ -526,6 +528,9 @@ def test_key_names_users_expect_are_sensitive_in_data_json_text_and_free_text(
         "pageToken",
         "monkey",
         "keyboard",
+        "PWD",
+        "OLDPWD",
+        "boarding_pass",
     ],
 )
 def test_names_that_only_look_sensitive_stay_in_data_and_free_text(key: str) -> None:
@@ -788,3 +793,67 @@ def test_text_parts_of_a_message_are_masked_as_the_one_text_they_make() -> None:
     )
     parts = _redacted_message(plain, Redactor())["content"]
     assert [p.get("text") for p in parts] == ["hello ", "world", None, key[:12]]
+
+
+_GLUED_OPENAI = "sk-" + "proj-" + _pick(_ALNUM, 30) + "a1B"
+_GLUED_ANTHROPIC = "sk-" + "ant-api03-" + _pick(_ALNUM, 30) + "a1B"
+
+
+@pytest.mark.parametrize("before", ["call_", "x", "id-", "7"])
+def test_a_key_glued_to_the_word_before_it_is_masked(before: str) -> None:
+    """A model's call id (``call_sk-proj-…``) or a key pasted onto a word."""
+    r = default_redactor()
+    text = f"ids {before}{_GLUED_OPENAI} and {before}{_GLUED_ANTHROPIC} end"
+    assert r.text(text) == (
+        f"ids {before}[redacted:openai_key] and {before}[redacted:anthropic_key] end"
+    )
+
+
+def test_slugs_and_words_that_hold_a_key_prefix_stay() -> None:
+    r = default_redactor()
+    for text in [
+        "flask-ant-design-components-for-react-2024",
+        "desk-proj-management-tool-for-small-teams-2024-abcdefgh",
+        "task-ask-ant-colony-simulation-with-many-agents-2024",
+        "kiosk-proj-" + "Alpha" * 8,  # no digit: not a key's random part
+    ]:
+        assert r.text(text) == text
+
+
+@pytest.mark.parametrize("prefix", ["b", "B", "rb", "u", "f"])
+def test_a_python_string_prefix_opens_the_value_under_a_credential_key(prefix: str) -> None:
+    """A bytes (or other prefixed) literal in a repr: the quoted value goes, not the prefix."""
+    r = default_redactor()
+    text = f"login refused for {{'user': 'bob', 'password': {prefix}'hunter2'}}"
+    assert r.text(text) == (
+        f"login refused for {{'user': 'bob', 'password': {prefix}'[redacted:password]'}}"
+    )
+    assert r.text(f'token={prefix}"abc" rest') == f'token={prefix}"[redacted:token]" rest'
+
+
+def test_a_list_or_object_under_a_credential_key_in_free_text_goes_whole() -> None:
+    r = default_redactor()
+    text = (
+        'HTTP 422: {"token": ["abc", "d]e"], "credentials": {"user": "bob", "pass": "pw"}, '
+        '"n": 1} tail'
+    )
+    assert r.text(text) == (
+        'HTTP 422: {"token": [redacted:token], "credentials": [redacted:secret], "n": 1} tail'
+    )
+    # Pretty-printed across lines, and nested.
+    text = 'error:\n{"api_key": [\n  "k1",\n  {"k": ["k2"]}\n],\n"page": 2}'
+    assert r.text(text) == 'error:\n{"api_key": [redacted:api_key],\n"page": 2}'
+
+
+def test_an_ordinary_url_path_is_not_taken_for_an_aws_secret() -> None:
+    r = default_redactor()
+    for text in [
+        "https://example.com/Users/JohnSmith/Documents/Reports/AB.txt",
+        "https://h.example:8080/api/v2/Users/JohnSmith/Documents/Rep.txt",
+        "see docs.example.org/Guides/GettingStarted/Install/Linux/Debian",
+    ]:
+        assert r.text(text) == text
+    # A key itself still goes, standalone, quoted, or at the end of a sentence.
+    key = "wJalrXUtnFEMI/K7MDENG/bPxRfiCY" + "EXAMPLEKEY"
+    for text in [key, f'x="{key}"', f"the key {key}."]:
+        assert key not in r.text(text)

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tesserix_adk.checkpoint.redaction import default_redactor
+from tesserix_adk.checkpoint.redaction.free_text import _STRUCTURE_MAX
 
 KIB = 1024
 SIZES = (64 * KIB, 256 * KIB)
@@ -106,6 +107,25 @@ def _wrapped_key(size: int) -> tuple[str, str]:
     return f"key:\n{key}\nend", "key:\n[redacted:openai_key]\nend"
 
 
+def _closed_lists_under_a_key(size: int) -> tuple[str, str]:
+    unit = '{"token": ["a", {"b": "]"}]} '
+    count = size // len(unit)
+    return unit * count + _SECRET_URL, '{"token": [redacted:token]} ' * count + _MASKED_URL
+
+
+def _unclosed_lists_under_a_key(size: int) -> tuple[str, str]:
+    # Never closed: the look stops after _STRUCTURE_MAX characters and masks what it read;
+    # the key after that starts a look of its own.
+    text = _fill("password: [a['", size)
+    out, at = [], 0
+    while (found := text.find("password: ", at)) != -1:
+        value = found + len("password: ")
+        out.append(text[at:value] + "[redacted:password]")
+        at = min(len(text), value + _STRUCTURE_MAX)
+    out.append(text[at:])
+    return text, "".join(out)
+
+
 CASES: dict[str, Case] = {
     "reported_url_then_dots": _reported,
     "scheme_run_glued_to_a_url": _scheme_run_glued_to_a_url,
@@ -143,6 +163,11 @@ CASES: dict[str, Case] = {
     "json_with_a_huge_token": _json_with_a_huge_token,
     "unclosed_quoted_password": _unclosed_quoted_password,
     "wrapped_key": _wrapped_key,
+    "glued_key_prefixes": _unchanged_then_url("xsk-" + "proj-aA1 "),
+    "glued_anthropic_prefixes": _unchanged_then_url("xsk-" + "ant-api03-aA1 "),
+    "glued_key_prefixes_without_a_digit": _unchanged_then_url("_sk-" + "proj-" + "aB" * 30 + " "),
+    "closed_lists_under_a_key": _closed_lists_under_a_key,
+    "unclosed_lists_under_a_key": _unclosed_lists_under_a_key,
 }
 
 

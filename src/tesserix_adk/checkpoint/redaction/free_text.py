@@ -22,12 +22,12 @@ from tesserix_adk.checkpoint.redaction.patterns import _PLACEHOLDER, _PLACEHOLDE
 # It runs on the ASCII-lowered text (same length, same positions): a case-insensitive
 # alternation is several times slower to search.
 _KEY_WORD = re.compile(
-    r"(?P<word>pass(?:word|wd|phrase)|secret|token|api[_-]?key"
+    r"(?P<word>pass(?:word|wd|phrase)|pwd|secret|token|api[_-]?key"
     r"|(?:secret|private|access)[_-]?key|authorization|cookie|credentials?)"
     r"(?P<close>\\?[\"'])?[ \t]{0,16}+(?P<sep>[:=])(?![:=])[ \t]{0,16}+"
 )
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
-_KEY_HINTS = ("pass", "secret", "token", "key", "auth", "cookie", "credential")
+_KEY_HINTS = ("pass", "pwd", "secret", "token", "key", "auth", "cookie", "credential")
 _HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 _KEY_CHAR_SET = frozenset(string.ascii_letters + string.digits + "_.-")
 _KEY_CHARS = re.compile(rf"[A-Za-z0-9_.\-]{{0,{_MAX_KEY}}}")
@@ -35,9 +35,46 @@ _DOUBLE_QUOTED = re.compile(r'[^"\\\n]*+(?:\\.[^"\\\n]*+)*+')
 _SINGLE_QUOTED = re.compile(r"[^'\\\n]*+(?:\\.[^'\\\n]*+)*+")
 _ESCAPED_QUOTED = re.compile(r'[^"\\\n]*+(?:\\[^"\n][^"\\\n]*+)*+')
 _UNQUOTED = re.compile(r"[^\s,;&\"'()\[\]{}<>]*+")
+# A Python string literal's prefix (``b'…'``, ``rb"…"``, ``u'…'``): the quote after it opens
+# the value, as a repr of bytes under a credential key writes it.
+_STRING_PREFIX = re.compile(r"[bBrRuUfF][bBrRfF]?(?=[\"'])")
 _TO_LINE_END = re.compile(r"[^\r\n]*+")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,20}+ ++(?=\S)")
 _JSON_LITERAL = re.compile(r"(?:-?[0-9][0-9.eE+-]*+|true|false|null)(?![A-Za-z0-9_])")
+
+# What a list or object under a credential key is read through, and how far at most.
+_STRUCTURE = re.compile(r"[\[\]{}\"'\\]")
+_STRUCTURE_MAX = 16_384
+_CLOSES = {"[": "]", "{": "}"}
+
+
+def _structure_end(text: str, pos: int) -> int:
+    """Where the list or object opening at ``pos`` closes (quoted strings skipped), or,
+    when it does not close within ``_STRUCTURE_MAX`` characters, where the look stopped:
+    the whole of what was read is masked, so each character is read once however many
+    keys the text holds."""
+    stop = min(len(text), pos + _STRUCTURE_MAX)
+    open_: list[str] = []
+    quote: str | None = None
+    skip = -1
+    for m in _STRUCTURE.finditer(text, pos, stop):
+        at, char = m.start(), m.group()
+        if at <= skip:
+            continue
+        if char == "\\":
+            skip = at + 1  # the escaped character is not structure
+        elif quote is not None:
+            if char == quote:
+                quote = None
+        elif char in "\"'":
+            quote = char
+        elif char in _CLOSES:
+            open_.append(_CLOSES[char])
+        elif open_ and char == open_[-1]:
+            open_.pop()
+            if not open_:
+                return at + 1
+    return stop
 
 
 def _mask_key_values(text: str) -> str:
@@ -97,6 +134,9 @@ def _value_span(
     if text.startswith('\\"', pos):
         end = _ESCAPED_QUOTED.match(text, pos + 2).end()  # type: ignore[union-attr]
         return (pos + 2, end) if end > pos + 2 else None
+    prefix = _STRING_PREFIX.match(text, pos)
+    if prefix is not None:
+        pos = prefix.end()
     quote = text[pos : pos + 1]
     if quote in ('"', "'"):
         body = _DOUBLE_QUOTED if quote == '"' else _SINGLE_QUOTED
@@ -104,6 +144,10 @@ def _value_span(
         if end == pos + 1 or text.startswith(_PLACEHOLDER_TEXT, pos + 1):
             return None
         return pos + 1, end
+    if quote in _CLOSES:
+        # A list or object (``"token": ["…"]`` in an error's JSON): all of it, as a
+        # mapping's value under such a key is masked whole.
+        return pos, _structure_end(text, pos)
     if json_like and _JSON_LITERAL.match(text, pos):
         # A number, boolean or null under a quoted key stays, as it does in data.
         return None

@@ -5,7 +5,8 @@ A key named like a credential (``password``, ``secret``, ``token``, ``api_key``,
 casing: ``accessToken``, ``clientSecret``, ``openai_api_key``, ``X-Api-Key``, ``db.password``)
 masks its value, in a mapping, in JSON text and in free text. Keys that only contain such a
 word stay (``input_tokens``, ``password_hint``, ``secretary``), and so do pagination tokens
-(``next_page_token``, ``nextToken``).
+(``next_page_token``, ``nextToken``). ``pwd`` masks only as a name's last word after
+another (``MYSQL_PWD``): ``PWD`` alone is the working directory.
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ def _named_kind(key: str) -> str | None:
     # A password word needs no separator before it (``PGPASSWORD``, ``DBPASSWORD``): no
     # ordinary key ends in one. (``token`` does: ``NEXTTOKEN`` pages.)
     if name.endswith(_PASSWORD_WORDS):
+        return "password"
+    # ``MYSQL_PWD``, ``DB_PWD``: ``pwd`` only as the last word after another, since ``PWD``
+    # alone (and ``OLDPWD``) names the working directory.
+    if name.endswith("_pwd"):
         return "password"
     return None
 

@@ -88,6 +88,15 @@ def _prefixed_token(prefix: str, body: str, body_without_digits: str, least: int
     return rf"{prefix}(?:{body}{{{least},}}+{cont}*|{body}{{0,{least - 1}}}+{cont}+)"
 
 
+def _mixed(body: str, least: int) -> str:
+    """At least ``least`` ``body`` characters with a digit and both cases among them (a
+    key's random part; a slug of words has no upper case)."""
+    return (
+        rf"(?=[A-Za-z_-]{{0,{least * 4}}}[0-9])(?=[A-Z0-9_-]{{0,{least * 4}}}[a-z])"
+        rf"(?=[a-z0-9_-]{{0,{least * 4}}}[A-Z]){body}{{{least},}}+"
+    )
+
+
 def _is_basic_credential(match: re.Match[str]) -> bool:
     # ``Basic`` + base64 of ``user:password``; "Basic authentication" is prose.
     token = match.group("token")
@@ -139,6 +148,29 @@ def _builtin_rules() -> tuple[_Rule, ...]:
                 _prefixed_token(
                     r"sk-(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9_-]sk-)", key_body, key_letters, 20
                 )
+            ),
+            ("sk-",),
+        ),
+        # A key glued to the word before it (``call_sk-proj-…``, a model's id): only the
+        # shapes keys are issued in, long and mixed, so a slug such as
+        # ``flask-ant-design-…`` or ``desk-proj-…`` stays.
+        _Rule(
+            "anthropic_key",
+            re.compile(
+                r"(?<=[A-Za-z0-9_-])sk-ant-(?:api|admin)[0-9]{2}-"
+                + _mixed(key_body, 20)
+                + _wrapped(key_body, key_letters)
+                + "*"
+            ),
+            ("sk-ant-",),
+        ),
+        _Rule(
+            "openai_key",
+            re.compile(
+                r"(?<=[A-Za-z0-9_-])sk-(?:proj|svcacct|admin)-"
+                + _mixed(key_body, 20)
+                + _wrapped(key_body, key_letters)
+                + "*"
             ),
             ("sk-",),
         ),
@@ -230,11 +262,15 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         ),
         _Rule(
             "aws_secret_key",
-            # Standalone: exactly 40 base64 characters with a ``/`` or ``+`` and both cases,
-            # so a hex digest (sha1, a git sha) never matches.
+            # Standalone: exactly 40 base64 characters with a ``/`` or ``+``, both cases and
+            # a digit, so a hex digest (sha1, a git sha) never matches, nor a run of a URL's
+            # path after its host or port (``example.com/Users/JohnSmith/…``): a path
+            # of words has no digit as often as not, and a key is not glued to a ``.``
+            # or ``:`` before it.
             re.compile(
-                r"(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9/+=])"
+                r"(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9/+=.:])"
                 r"(?=[A-Za-z0-9]{0,39}[/+])(?=[A-Z0-9/+]{0,39}[a-z])(?=[a-z0-9/+]{0,39}[A-Z])"
+                r"(?=[A-Za-z/+]{0,39}[0-9])"
                 + b64
                 + r"{40}(?![A-Za-z0-9/+=])"
             ),

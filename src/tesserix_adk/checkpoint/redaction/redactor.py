@@ -72,12 +72,7 @@ _HINTS = (
     "secret",
     "/",
     "+",
-    "pass",
-    "token",
-    "key",
-    "auth",
-    "cookie",
-    "credential",
+    *_KEY_HINTS,
     "input_value=",
 )
 
