@@ -13,7 +13,9 @@ call answered with its own outcome) or stops with a typed error from
 Defects found are kept as strict xfails naming what goes wrong. Fixed (markers removed): a
 completed record whose status alone was changed to ``never_ran`` sent its call again (a
 ``never_ran`` record now must name who said so and hold no completion,
-``planning._said_never_ran``).
+``planning._said_never_ran``); an outcome read back under another record (two records'
+outcomes swapped, or one copied from another run's record) was that other call's answer (an
+outcome now names its record, ``outcomes.record_tag``, format 3).
 """
 
 from __future__ import annotations
@@ -557,13 +559,6 @@ def test_a_completed_record_whose_status_says_never_ran_is_not_sent_again(
     _oracle(result, world)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="recorded outcomes are sealed without naming their key, run or call "
-    "(checkpoint/payload/outcomes.py encode_outcome seals only content/is_error), so two "
-    "completed records' outcome blobs swapped verify and are replayed as the other call's "
-    "answer: a different state, no typed error",
-)
 def test_outcomes_swapped_between_two_records_of_a_turn_are_refused(
     fresh: Callable[[], Path],
 ) -> None:
@@ -582,12 +577,6 @@ def test_outcomes_swapped_between_two_records_of_a_turn_are_refused(
     _oracle(result, world)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an outcome blob copied from another run's record (same tool, other arguments) "
-    "verifies and is replayed as this call's answer: nothing binds a recorded outcome to "
-    "its record",
-)
 def test_an_outcome_copied_from_another_runs_record_is_refused(
     fresh: Callable[[], Path],
 ) -> None:

@@ -1055,10 +1055,10 @@ async def test_a_run_cancelled_while_its_outcome_is_redacted_still_records_it(
     redacting = threading.Event()
     real = recording.recorded_outcome
 
-    def slow(*args: Any) -> Any:
+    def slow(*args: Any, **kw: Any) -> Any:
         redacting.set()
         time.sleep(0.1)  # a large outcome takes a while to redact
-        return real(*args)
+        return real(*args, **kw)
 
     monkeypatch.setattr(recording, "recorded_outcome", slow)
     path = str(tmp_path / "adk.sqlite3")

@@ -12,7 +12,12 @@ import time
 from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
-from tesserix_adk.checkpoint.payload import MAX_NESTING, encode_outcome, within_nesting
+from tesserix_adk.checkpoint.payload import (
+    MAX_NESTING,
+    encode_outcome,
+    record_tag,
+    within_nesting,
+)
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.cli.failures import ExitCode, Refused, UsageError
 from tesserix_adk.cli.jsonout import emit, key_digest
@@ -239,7 +244,7 @@ async def _record_resolution(
     encoded = None
     if not args.never_ran:
         outcome = ToolOutcome(call_id=record.call_id or "", content=content)
-        encoded = encode_outcome(outcome, Redactor())
+        encoded = encode_outcome(outcome, Redactor(), record=record_tag(args.tenant, record.key))
     try:
         # On the claim the operator looked at: another run sharing the key may have
         # settled it and claimed it again meanwhile, and be sending it now.

@@ -18,7 +18,7 @@ import json
 from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
-from tesserix_adk.checkpoint.payload import Checkpoint, decode_outcome
+from tesserix_adk.checkpoint.payload import Checkpoint, decode_outcome, record_tag
 from tesserix_adk.checkpoint.planning import as_seen_now, plan_resume
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import claim_json, emit, key_digest, lease_json, when
@@ -111,7 +111,7 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
         "steps": [_step_json(s) for s in snapshots],
         "turns": _turns(transcript[:shown_until]),
         "calls": [
-            _call_json(r, planned, fences, first_result, decided)
+            _call_json(tenant, r, planned, fences, first_result, decided)
             for r in calls
             if step is None or _in_view(r, transcript[:shown_until], snapshots[-1])
         ],
@@ -246,6 +246,7 @@ def _disposition(
 
 
 def _call_json(
+    tenant: str,
     rec: IdempotencyRecord,
     planned: dict[str, str],
     fences: dict[int, int | None],
@@ -256,7 +257,9 @@ def _call_json(
     error = False
     if rec.outcome is not None:
         try:
-            decoded = decode_outcome(bytes(rec.outcome), rec.call_id or "")
+            decoded = decode_outcome(
+                bytes(rec.outcome), rec.call_id or "", record=record_tag(tenant, rec.key)
+            )
             outcome, error = decoded.content, decoded.is_error
         except CheckpointCorruptError as exc:
             outcome = f"(unreadable: {exc})"

@@ -33,6 +33,7 @@ from tesserix_adk.checkpoint.payload import (
     OutstandingCall,
     decode_outcome,
     encode_outcome,
+    record_tag,
 )
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import CheckpointCorruptError, StoreUnavailableError
@@ -92,7 +93,9 @@ async def request_cancel(
     content = {"by": request.by, "at": request.at, "reason": request.reason}
     # Encoded before the claim: a request that cannot be written must not leave a claim in
     # flight that nobody completes (it never expires, and would stop every later cancel).
-    encoded = encode_outcome(ToolOutcome(call_id="cancel", content=content), redactor)
+    encoded = encode_outcome(
+        ToolOutcome(call_id="cancel", content=content), redactor, record=record_tag(tenant, key)
+    )
     rec = await idempotency.claim(
         key,
         holder=holder,
@@ -129,7 +132,9 @@ async def cancel_requested(
     if rec is None or rec.status is not RecordStatus.completed or rec.outcome is None:
         return None
     try:
-        content = decode_outcome(bytes(rec.outcome), "cancel").content
+        content = decode_outcome(
+            bytes(rec.outcome), "cancel", record=record_tag(tenant, rec.key)
+        ).content
     except CheckpointCorruptError as exc:
         raise CheckpointCorruptError(
             f"the cancel request of run {run_id!r} cannot be read: {exc}"

@@ -26,6 +26,7 @@ from tesserix_adk.checkpoint.payload import (
     OutstandingCall,
     RecordedOutcome,
     decode_outcome,
+    record_tag,
 )
 from tesserix_adk.errors import (
     AdkError,
@@ -393,7 +394,9 @@ async def _call_tool(
         # it recorded is the answer, or ours while it has recorded nothing yet.
         taken = await read_back(parts, run, oc.key)
         if taken is not None and taken.status is RecordStatus.completed and taken.outcome:
-            known = decode_outcome(taken.outcome, oc.call.id)
+            known = decode_outcome(
+                taken.outcome, oc.call.id, record=record_tag(run.tenant, taken.key)
+            )
             return _finished(run, attempt, oc, known, CallDisposition.dispatched)
     [recorded] = kept
     answer = recorded.outcome if recorded.replaced else outcome
@@ -412,7 +415,8 @@ async def _redacted_and_completed(
     """The outcome redacted as the record keeps it (into ``kept``), then recorded: in a
     group where the attempt folds, committed with the next call's claim or, the turn's
     last, with its ``after_tool_result`` frontier."""
-    recorded = await redacted_record(parts, outcome)
+    assert oc.key is not None
+    recorded = await redacted_record(parts, outcome, record=record_tag(run.tenant, oc.key))
     kept.append(recorded)
     await grouping.begin(parts.groups, attempt)
     await complete(parts, run, attempt, tool, oc, recorded.payload)
@@ -453,7 +457,7 @@ def _replayed(
     """The recorded outcome, replayed. Read before it is reported started: one that cannot
     be read is no replay, and an attempt ending with a call started reports it as sent."""
     assert rec.outcome is not None
-    known = decode_outcome(rec.outcome, oc.call.id)
+    known = decode_outcome(rec.outcome, oc.call.id, record=record_tag(run.tenant, rec.key))
     _started(run, attempt, oc)
     # Recorded with a ``by``: a reconciler or an operator said what happened.
     how = CallDisposition.settled if rec.by else CallDisposition.replayed

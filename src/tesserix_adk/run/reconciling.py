@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.payload import record_tag
 from tesserix_adk.checkpoint.planning import PlannedCall, ResumePlan
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import AdkError
@@ -91,7 +92,9 @@ async def reconcile_in_doubt(
             outcome = ToolOutcome(call_id=pc.call_id or "", content=answer.content)
             try:
                 # Off the event loop when large, as a tool's own result is.
-                encoded = (await redacted_record(parts, outcome)).payload
+                encoded = (
+                    await redacted_record(parts, outcome, record=record_tag(tenant, pc.key))
+                ).payload
             except Exception as exc:
                 _log.warning(
                     "run %s: the reconciler of %s answered what cannot be recorded (%s: %s); "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable
 from typing import TypeVar
@@ -18,7 +19,12 @@ from typing import TypeVar
 from pydantic_core import to_jsonable_python
 
 from tesserix_adk.checkpoint.checkpointer import OFF_LOOP_BYTES, text_weight
-from tesserix_adk.checkpoint.payload import OutstandingCall, RecordedOutcome, recorded_outcome
+from tesserix_adk.checkpoint.payload import (
+    OutstandingCall,
+    RecordedOutcome,
+    record_tag,
+    recorded_outcome,
+)
 from tesserix_adk.errors import (
     AdkError,
     StoreReplyLostError,
@@ -196,12 +202,17 @@ async def read_back(parts: RunParts, run: RunState, key: str) -> IdempotencyReco
     return None
 
 
-async def redacted_record(parts: RunParts, outcome: ToolOutcome) -> RecordedOutcome:
-    """The outcome as the record keeps it; a large one is redacted in a worker thread so
-    the event loop keeps renewing leases meanwhile."""
+async def redacted_record(
+    parts: RunParts, outcome: ToolOutcome, *, record: str | None = None
+) -> RecordedOutcome:
+    """The outcome as the record keeps it, naming ``record`` (its ``record_tag``) when
+    given; a large one is redacted in a worker thread so the event loop keeps renewing
+    leases meanwhile."""
     if text_weight(outcome.content) > OFF_LOOP_BYTES:
-        return await asyncio.to_thread(recorded_outcome, outcome, parts.redactor)
-    return recorded_outcome(outcome, parts.redactor)
+        return await asyncio.to_thread(
+            functools.partial(recorded_outcome, outcome, parts.redactor, record=record)
+        )
+    return recorded_outcome(outcome, parts.redactor, record=record)
 
 
 async def told(parts: RunParts, outcome: ToolOutcome) -> ToolOutcome:
@@ -219,7 +230,8 @@ async def record(
     oc: OutstandingCall,
     outcome: ToolOutcome,
 ) -> RecordedOutcome:
-    recorded = await redacted_record(parts, outcome)
+    assert oc.key is not None
+    recorded = await redacted_record(parts, outcome, record=record_tag(run.tenant, oc.key))
     await complete(parts, run, attempt, tool, oc, recorded.payload)
     return recorded
 

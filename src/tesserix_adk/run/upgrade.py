@@ -26,6 +26,7 @@ from tesserix_adk.checkpoint.payload import (
     CheckpointStatus,
     decode_outcome,
     encode_outcome,
+    record_tag,
 )
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
@@ -275,7 +276,11 @@ async def _record(
         "step": acceptance.step,
         "note": acceptance.note,
     }
-    encoded = encode_outcome(ToolOutcome(call_id="accept-revision", content=content), redactor)
+    encoded = encode_outcome(
+        ToolOutcome(call_id="accept-revision", content=content),
+        redactor,
+        record=record_tag(tenant, key),
+    )
     await idempotency.complete(key, encoded, tenant=tenant, holder=holder)
 
 
@@ -289,7 +294,9 @@ async def accepted_revisions(
             continue
         if rec.outcome is None:
             continue
-        content = decode_outcome(bytes(rec.outcome), "accept-revision").content
+        content = decode_outcome(
+            bytes(rec.outcome), "accept-revision", record=record_tag(tenant, rec.key)
+        ).content
         if not isinstance(content, dict) or not isinstance(content.get("by"), str):
             raise CheckpointCorruptError(f"a revision acceptance of run {run_id!r} cannot be read")
         found.append(

@@ -31,6 +31,7 @@ from tesserix_adk.checkpoint.payload import (
     Grant,
     OutstandingCall,
     decode_outcome,
+    record_tag,
 )
 from tesserix_adk.checkpoint.planning import (
     ResumePlan,
@@ -291,7 +292,7 @@ def _told(
             f"run {step.run_id!r}: call {oc.call.id} was recorded, but its record is gone; "
             "the turn is not closed"
         )
-    return decode_outcome(rec.outcome, oc.call.id)
+    return decode_outcome(rec.outcome, oc.call.id, record=record_tag(step.tenant, rec.key))
 
 
 async def _must_write(

@@ -53,6 +53,7 @@ from tesserix_adk.checkpoint.payload.outcomes import (
     RecordedOutcome,
     decode_outcome,
     encode_outcome,
+    record_tag,
     recorded_outcome,
 )
 from tesserix_adk.checkpoint.payload.redacting import redact_outcome_content
@@ -84,6 +85,7 @@ __all__ = [
     "encode_message",
     "encode_outcome",
     "observation_refers",
+    "record_tag",
     "recorded_outcome",
     "redact_outcome_content",
     "resolve_observation",

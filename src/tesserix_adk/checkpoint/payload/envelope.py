@@ -231,20 +231,29 @@ def _versioned(payload: bytes, what: str) -> tuple[dict[str, Any], bool]:
     their bytes leaves a well-formed payload without either. One with neither is read as
     the kit wrote it before checksums; one with only one of them is corrupt.
     """
+    raw, sealed, _ = _versioned_up_to(payload, what, CHECKPOINT_FORMAT)
+    return raw, sealed
+
+
+def _versioned_up_to(
+    payload: bytes, what: str, newest: int
+) -> tuple[dict[str, Any], bool, int | None]:
+    """``_versioned`` for a payload this kit reads up to format ``newest``, with its format
+    (``None``: written before checksums)."""
     raw, sealed = unseal(payload, what=what)
     fmt = raw.pop("format", None)
     if fmt is not None and (not isinstance(fmt, int) or isinstance(fmt, bool)):
         raise CheckpointCorruptError(f"{what} has no valid format")
-    if fmt is not None and fmt > CHECKPOINT_FORMAT:
+    if fmt is not None and fmt > newest:
         raise CheckpointFormatError(
-            f"{what} has format {fmt}, newer than the {CHECKPOINT_FORMAT} this kit reads; "
+            f"{what} has format {fmt}, newer than the {newest} this kit reads; "
             "read it with a newer tesserix-adk"
         )
     if sealed and (fmt is None or fmt < 2):
         raise CheckpointCorruptError(f"{what} has a checksum but no format that has one")
     if not sealed and (fmt is not None or "checksum" in raw):
         raise CheckpointCorruptError(f"{what} has no checksum that verifies")
-    return raw, sealed
+    return raw, sealed, fmt
 
 
 def within_nesting(value: Any, limit: int = MAX_NESTING) -> bool:

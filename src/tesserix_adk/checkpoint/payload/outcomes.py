@@ -6,10 +6,16 @@ over ``max_bytes`` (``DEFAULT_MAX_BYTES``, 1 MiB) or nested too deep is never tr
 is replaced by a small error outcome saying the call completed and its result was too large,
 so the record still says the call completed (it never runs again). Its content goes through
 ``redact_outcome_content``, the one redaction path for a tool's result.
+
+An outcome written for a record names it (``record_tag``: a digest of its tenant and key,
+format ``BOUND_FORMAT``), so one read back under another record (outcomes swapped between
+two records, or copied from another run's) is corrupt, never another call's answer. An
+outcome from before (format 2) names none and is read as it is.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +24,7 @@ from tesserix_adk.checkpoint.payload.envelope import (
     DEFAULT_MAX_BYTES,
     MAX_NESTING,
     _sealed_within,
-    _versioned,
+    _versioned_up_to,
     seal,
 )
 from tesserix_adk.checkpoint.payload.fields import _bool, _fields, _obj, _str
@@ -27,7 +33,33 @@ from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointTooLargeError
 from tesserix_adk.messages import ToolOutcome
 
-__all__ = ["RecordedOutcome", "decode_outcome", "encode_outcome", "recorded_outcome"]
+__all__ = [
+    "BOUND_FORMAT",
+    "RecordedOutcome",
+    "decode_outcome",
+    "encode_outcome",
+    "record_tag",
+    "recorded_outcome",
+]
+
+BOUND_FORMAT = 3
+"""The format of an outcome that names its record; a release before it refuses one with
+``CheckpointFormatError`` and leaves it untouched."""
+
+
+def record_tag(tenant: str, key: str) -> str:
+    """What an outcome names its record by: a digest of the record's tenant and key (the
+    key itself may hold a business's words, and is kept in the record already)."""
+    h = hashlib.sha256(tenant.encode("utf-8", "surrogatepass"))
+    h.update(b"\x00")
+    h.update(key.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:32]
+
+
+def _head(record: str | None) -> dict[str, Any]:
+    if record is None:
+        return {"format": CHECKPOINT_FORMAT}
+    return {"format": BOUND_FORMAT, "record": record}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,9 +77,14 @@ class RecordedOutcome:
 
 
 def recorded_outcome(
-    outcome: ToolOutcome, redactor: Redactor, *, max_bytes: int = DEFAULT_MAX_BYTES
+    outcome: ToolOutcome,
+    redactor: Redactor,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    record: str | None = None,
 ) -> RecordedOutcome:
-    """Encode ``outcome`` (redacted) for the idempotency store, within ``max_bytes``.
+    """Encode ``outcome`` (redacted) for the idempotency store, within ``max_bytes``, naming
+    ``record`` (its ``record_tag``) when given.
 
     Over the cap, or nested deeper than ``MAX_NESTING``, the result is not truncated: it
     is replaced by an ``is_error`` outcome telling the model the call completed and its
@@ -58,12 +95,13 @@ def recorded_outcome(
     try:
         content = redact_outcome_content(outcome.content, redactor)
         payload = _sealed_within(
-            {"format": CHECKPOINT_FORMAT, "content": content, "is_error": outcome.is_error},
+            {**_head(record), "content": content, "is_error": outcome.is_error},
             "a recorded outcome",
         )
     except CheckpointTooLargeError:
         return _replaced(
             outcome.call_id,
+            record,
             f"the result of this call was too large to keep: it nests deeper than the limit "
             f"of {MAX_NESTING} levels. The call completed; its result is not available.",
             {"reason": "too_deep", "max_nesting": MAX_NESTING},
@@ -72,6 +110,7 @@ def recorded_outcome(
         over = len(payload) - max_bytes
         return _replaced(
             outcome.call_id,
+            record,
             f"the result of this call was too large to keep: {len(payload)} bytes, {over} "
             f"bytes over the cap of {max_bytes}. The call completed; its result is not "
             "available.",
@@ -83,10 +122,8 @@ def recorded_outcome(
     )
 
 
-def _replaced(call_id: str, text: str, why: dict[str, Any]) -> RecordedOutcome:
-    payload = seal(
-        {"format": CHECKPOINT_FORMAT, "content": text, "is_error": True, "replaced": why}
-    )
+def _replaced(call_id: str, record: str | None, text: str, why: dict[str, Any]) -> RecordedOutcome:
+    payload = seal({**_head(record), "content": text, "is_error": True, "replaced": why})
     return RecordedOutcome(
         payload=payload,
         outcome=ToolOutcome(call_id=call_id, content=text, is_error=True),
@@ -95,17 +132,35 @@ def _replaced(call_id: str, text: str, why: dict[str, Any]) -> RecordedOutcome:
 
 
 def encode_outcome(
-    outcome: ToolOutcome, redactor: Redactor, *, max_bytes: int = DEFAULT_MAX_BYTES
+    outcome: ToolOutcome,
+    redactor: Redactor,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    record: str | None = None,
 ) -> bytes:
     """A tool call's outcome as the idempotency store keeps it (redacted, checksummed,
-    within ``max_bytes``): ``recorded_outcome(...).payload``."""
-    return recorded_outcome(outcome, redactor, max_bytes=max_bytes).payload
+    within ``max_bytes``, naming ``record`` when given): ``recorded_outcome(...).payload``."""
+    return recorded_outcome(outcome, redactor, max_bytes=max_bytes, record=record).payload
 
 
-def decode_outcome(data: bytes, call_id: str) -> ToolOutcome:
+def decode_outcome(data: bytes, call_id: str, *, record: str | None = None) -> ToolOutcome:
     """Read a recorded outcome back as the answer to ``call_id``; ``CheckpointCorruptError``
-    if it cannot be read or does not verify."""
-    raw, sealed = _versioned(data, "a recorded outcome")
+    if it cannot be read or does not verify, or names another record than ``record`` (the
+    ``record_tag`` of the record it was read from; ``None``: not checked)."""
+    raw, sealed, fmt = _versioned_up_to(data, "a recorded outcome", BOUND_FORMAT)
+    named = raw.pop("record", None)
+    if named is not None and type(named) is not str:
+        raise CheckpointCorruptError("a recorded outcome names its record wrongly")
+    if (fmt == BOUND_FORMAT) != (named is not None):
+        raise CheckpointCorruptError(
+            f"a recorded outcome of format {fmt} {'names no' if named is None else 'names a'} "
+            "record"
+        )
+    if named is not None and record is not None and named != record:
+        raise CheckpointCorruptError(
+            "a recorded outcome names another record than the one it was read from: it was "
+            "moved or copied after it was written"
+        )
     try:
         allowed = {"content", "is_error", "replaced"} if sealed else {"content", "is_error"}
         body = _fields(raw, {"content", "is_error"}, allowed, "a recorded outcome")

@@ -1,0 +1,80 @@
+"""A recorded outcome names the record it was written for (``record_tag``), so one read
+back under another record is corrupt, never another call's answer (README guarantee 8).
+
+End to end, on a SQLite file: ``test_attacks_integrity_rows.py`` swaps two records'
+outcomes and copies one from another run's record.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tesserix_adk.checkpoint.payload import decode_outcome, encode_outcome, record_tag
+from tesserix_adk.checkpoint.payload.envelope import seal
+from tesserix_adk.checkpoint.payload.outcomes import BOUND_FORMAT
+from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
+from tesserix_adk.messages import ToolOutcome
+
+ids = st.text(min_size=1, max_size=40)
+
+
+def _encoded(record: str | None, content: object = "held 12A") -> bytes:
+    return encode_outcome(ToolOutcome(call_id="c1", content=content), Redactor(), record=record)
+
+
+@given(first=st.tuples(ids, ids), second=st.tuples(ids, ids), content=st.text(max_size=50))
+def test_an_outcome_reads_under_its_own_record_only(
+    first: tuple[str, str], second: tuple[str, str], content: str
+) -> None:
+    mine = record_tag(*first)
+    data = _encoded(mine, content)
+    assert decode_outcome(data, "c9", record=mine) == ToolOutcome(call_id="c9", content=content)
+    if record_tag(*second) != mine:
+        with pytest.raises(CheckpointCorruptError, match="another record"):
+            decode_outcome(data, "c9", record=record_tag(*second))
+
+
+def test_tenant_and_key_never_join_into_one_tag() -> None:
+    assert record_tag("a", "bc") != record_tag("ab", "c")
+    assert record_tag("acme", "k") != record_tag("globex", "k")
+
+
+def test_an_outcome_written_before_records_were_named_still_reads() -> None:
+    """Format 2, as records written by an earlier release hold them."""
+    old = _encoded(None)
+    assert b'"format":2' in old
+    got = decode_outcome(old, "c1", record=record_tag("acme", "k"))
+    assert got.content == "held 12A"
+
+
+def test_a_result_too_large_is_replaced_and_still_names_its_record() -> None:
+    mine = record_tag("acme", "k")
+    data = encode_outcome(
+        ToolOutcome(call_id="c1", content="x" * 5000), Redactor(), max_bytes=1000, record=mine
+    )
+    assert decode_outcome(data, "c1", record=mine).is_error
+    with pytest.raises(CheckpointCorruptError):
+        decode_outcome(data, "c1", record=record_tag("acme", "other"))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"format": BOUND_FORMAT, "content": "x", "is_error": False},  # names nothing
+        {"format": 2, "content": "x", "is_error": False, "record": "ab"},  # names too early
+        {"format": BOUND_FORMAT, "content": "x", "is_error": False, "record": 7},
+    ],
+    ids=["bound-without-record", "old-with-record", "record-not-text"],
+)
+def test_a_record_name_out_of_place_is_corrupt(body: dict[str, object]) -> None:
+    with pytest.raises(CheckpointCorruptError):
+        decode_outcome(seal(body), "c1")
+
+
+def test_a_newer_format_is_refused_as_newer() -> None:
+    data = seal({"format": BOUND_FORMAT + 1, "content": "x", "is_error": False, "record": "a"})
+    with pytest.raises(CheckpointFormatError):
+        decode_outcome(data, "c1")
