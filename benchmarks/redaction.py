@@ -93,7 +93,8 @@ HOSTILE: dict[str, Build] = {
     # Keys glued to a word, and lists or objects under a credential key.
     "glued key prefixes": lambda n: _fill("xsk-" + "proj-aA1 ", n),
     "lists under keys": lambda n: _fill('{"token": ["a", {"b": "]"}]} ', n),
-    "lists under keys, never closed": lambda n: _fill("password: [a['", n),
+    "lists under keys, never closed": lambda n: _fill('password: ["a[', n),
+    "prose brackets under keys": lambda n: _fill("password: [Don't {{ x }} ", n),
 }
 
 

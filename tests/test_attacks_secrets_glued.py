@@ -149,7 +149,9 @@ def returns(value: Any) -> Callable[[], Any]:
 def test_a_key_glued_to_a_word_is_masked(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     needles = {"glued_openai": "QZGLUEAQZ", "glued_anthropic": "QZGLUEBQZ"}
     result = (
-        f"ids: call_sk-proj-{needles['glued_openai']}aaaaaaaaaaaaaaaaaaaa1 "
+        # As long as issued keys are: a glued one needs 40 characters and a run of 16
+        # letters and digits (a slug of words has none).
+        f"ids: call_sk-proj-{needles['glued_openai']}aaaaaaaaaaaaaaaaaaaa1{'Xy7' * 8} "
         f"and xsk-ant-api03-{needles['glued_anthropic']}bbbbbbbbbbbbbbbbbbbb2"
     )
     seen, _ = run_tool(tmp_path, caplog, returns(result))

@@ -855,12 +855,20 @@ def test_any_text_is_masked_as_the_old_redactor_masked_it(
     # wider rule needs (the example: the old rule took "Authorization:" as a password,
     # so the header's value is no longer one), the new one shows only characters the old
     # one showed, in order.
+    # One rule was narrowed on purpose: a standalone AWS secret wants a digit and is never
+    # glued to what comes before a URL path's run (an ordinary URL was masked, and an
+    # approved call with it never sent), so what only that rule masked may show now.
     new = Redactor(extra_patterns=extra)
     was = old.redactor.Redactor(extra_patterns=extra).text(text)
     now = new.text(text)
     if now == new.text(was):
         return
+    if "[redacted:aws_secret_key]" in was:
+        now = _AWS_SHAPED.sub("[redacted]", now)
     assert _shown_within(_visible(now), _visible(was)), (now, was)
+
+
+_AWS_SHAPED = re.compile(r"[A-Za-z0-9/+]{40}")
 
 
 def _visible(masked: str) -> str:

@@ -39,6 +39,7 @@ def test_an_outcome_reads_under_its_own_record_only(
 
 def test_tenant_and_key_never_join_into_one_tag() -> None:
     assert record_tag("a", "bc") != record_tag("ab", "c")
+    assert record_tag("a\x00", "b") != record_tag("a", "\x00b")
     assert record_tag("acme", "k") != record_tag("globex", "k")
 
 

@@ -795,8 +795,9 @@ def test_text_parts_of_a_message_are_masked_as_the_one_text_they_make() -> None:
     assert [p.get("text") for p in parts] == ["hello ", "world", None, key[:12]]
 
 
-_GLUED_OPENAI = "sk-" + "proj-" + _pick(_ALNUM, 30) + "a1B"
-_GLUED_ANTHROPIC = "sk-" + "ant-api03-" + _pick(_ALNUM, 30) + "a1B"
+# As long as issued keys are (well past the 40 characters a glued one needs).
+_GLUED_OPENAI = "sk-" + "proj-" + _pick(_ALNUM, 60) + "a1B"
+_GLUED_ANTHROPIC = "sk-" + "ant-api03-" + _pick(_ALNUM, 60) + "a1B"
 
 
 @pytest.mark.parametrize("before", ["call_", "x", "id-", "7"])

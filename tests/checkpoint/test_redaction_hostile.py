@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tesserix_adk.checkpoint.redaction import default_redactor
-from tesserix_adk.checkpoint.redaction.free_text import _STRUCTURE_MAX
 
 KIB = 1024
 SIZES = (64 * KIB, 256 * KIB)
@@ -114,16 +113,14 @@ def _closed_lists_under_a_key(size: int) -> tuple[str, str]:
 
 
 def _unclosed_lists_under_a_key(size: int) -> tuple[str, str]:
-    # Never closed: the look stops after _STRUCTURE_MAX characters and masks what it read;
-    # the key after that starts a look of its own.
-    text = _fill("password: [a['", size)
-    out, at = [], 0
-    while (found := text.find("password: ", at)) != -1:
-        value = found + len("password: ")
-        out.append(text[at:value] + "[redacted:password]")
-        at = min(len(text), value + _STRUCTURE_MAX)
-    out.append(text[at:])
-    return text, "".join(out)
+    # Never closed: masked to the end, each character read once.
+    return _fill('password: ["a[', size), "password: [redacted:password]"
+
+
+def _prose_brackets_under_a_key(size: int) -> tuple[str, str]:
+    # Not data (a link, a template): the look at each one is a few characters.
+    filler = _fill("password: [Don't {{ x }} ", size)
+    return f"{filler} {_SECRET_URL}", f"{filler} {_MASKED_URL}"
 
 
 CASES: dict[str, Case] = {
@@ -168,6 +165,7 @@ CASES: dict[str, Case] = {
     "glued_key_prefixes_without_a_digit": _unchanged_then_url("_sk-" + "proj-" + "aB" * 30 + " "),
     "closed_lists_under_a_key": _closed_lists_under_a_key,
     "unclosed_lists_under_a_key": _unclosed_lists_under_a_key,
+    "prose_brackets_under_a_key": _prose_brackets_under_a_key,
 }
 
 

@@ -50,8 +50,11 @@ BOUND_FORMAT = 3
 def record_tag(tenant: str, key: str) -> str:
     """What an outcome names its record by: a digest of the record's tenant and key (the
     key itself may hold a business's words, and is kept in the record already)."""
-    h = hashlib.sha256(tenant.encode("utf-8", "surrogatepass"))
-    h.update(b"\x00")
+    named = tenant.encode("utf-8", "surrogatepass")
+    # The tenant's length first: a tenant may hold any character, NUL included, so no
+    # separator alone keeps two (tenant, key) pairs from joining into the same bytes.
+    h = hashlib.sha256(b"%d:" % len(named))
+    h.update(named)
     h.update(key.encode("utf-8", "surrogatepass"))
     return h.hexdigest()[:32]
 

@@ -35,34 +35,54 @@ _DOUBLE_QUOTED = re.compile(r'[^"\\\n]*+(?:\\.[^"\\\n]*+)*+')
 _SINGLE_QUOTED = re.compile(r"[^'\\\n]*+(?:\\.[^'\\\n]*+)*+")
 _ESCAPED_QUOTED = re.compile(r'[^"\\\n]*+(?:\\[^"\n][^"\\\n]*+)*+')
 _UNQUOTED = re.compile(r"[^\s,;&\"'()\[\]{}<>]*+")
-# A Python string literal's prefix (``b'…'``, ``rb"…"``, ``u'…'``): the quote after it opens
-# the value, as a repr of bytes under a credential key writes it.
-_STRING_PREFIX = re.compile(r"[bBrRuUfF][bBrRfF]?(?=[\"'])")
+# A Python string literal's prefix (``b'…'``, ``rb"…"``, ``u'…'``, ``bytearray(b'…'``): the
+# quote after it opens the value, as a repr of bytes under a credential key writes it.
+_STRING_PREFIX = re.compile(r"(?:bytearray\(|bytes\()?[bBrRuUfF][bBrRfF]?(?=[\"'])")
 _TO_LINE_END = re.compile(r"[^\r\n]*+")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,20}+ ++(?=\S)")
 _JSON_LITERAL = re.compile(r"(?:-?[0-9][0-9.eE+-]*+|true|false|null)(?![A-Za-z0-9_])")
 
-# What a list or object under a credential key is read through, and how far at most.
+# A list or object as data writes one (JSON, a Python repr): a list of strings, numbers,
+# lists or objects, an object of quoted keys. A template (``{{ .Values.x }}``), a schema
+# (``{ type: String }``) or a link in prose (``[Don't share it](…)``) is none.
+_STRUCTURE_START = re.compile(r"""\[[ \t\r\n]*+(?:["'\[{\]0-9-]|\\")|\{[ \t\r\n]*+(?:["'}]|\\")""")
+_ESCAPED_START = re.compile(r'[\[{][ \t\r\n]*+\\"')
+# What a list or object under a credential key is read through.
 _STRUCTURE = re.compile(r"[\[\]{}\"'\\]")
-_STRUCTURE_MAX = 16_384
 _CLOSES = {"[": "]", "{": "}"}
 
 
 def _structure_end(text: str, pos: int) -> int:
-    """Where the list or object opening at ``pos`` closes (quoted strings skipped), or,
-    when it does not close within ``_STRUCTURE_MAX`` characters, where the look stopped:
-    the whole of what was read is masked, so each character is read once however many
-    keys the text holds."""
-    stop = min(len(text), pos + _STRUCTURE_MAX)
+    """Where the list or object opening at ``pos`` closes (quoted strings skipped), or the
+    end of the text when it never closes: all of it is masked, so each character is read
+    once however many keys the text holds.
+
+    Inside a JSON string (``[\\"a\\"]``), its quotes are escaped: each escape is read as
+    the character it stands for, so a bracket inside a quoted string closes nothing."""
+    escaped = _ESCAPED_START.match(text, pos) is not None
     open_: list[str] = []
     quote: str | None = None
-    skip = -1
-    for m in _STRUCTURE.finditer(text, pos, stop):
+    skip = -1  # the last position an escape took
+    inner_escape = -1  # where an escaped structure's own backslash escapes the next char
+    for m in _STRUCTURE.finditer(text, pos):
         at, char = m.start(), m.group()
         if at <= skip:
             continue
         if char == "\\":
-            skip = at + 1  # the escaped character is not structure
+            skip = at + 1
+            if not escaped:
+                continue  # the escaped character is not structure
+            following = text[at + 1 : at + 2]
+            if following == "\\":
+                char = "\\"  # an escaped structure's own backslash
+            elif following == '"':
+                char = '"'
+            else:
+                continue
+        if inner_escape == at:
+            continue  # escaped within the escaped structure: a plain character
+        if escaped and char == "\\":
+            inner_escape = at + 2
         elif quote is not None:
             if char == quote:
                 quote = None
@@ -74,7 +94,7 @@ def _structure_end(text: str, pos: int) -> int:
             open_.pop()
             if not open_:
                 return at + 1
-    return stop
+    return len(text)
 
 
 def _mask_key_values(text: str) -> str:
@@ -144,7 +164,7 @@ def _value_span(
         if end == pos + 1 or text.startswith(_PLACEHOLDER_TEXT, pos + 1):
             return None
         return pos + 1, end
-    if quote in _CLOSES:
+    if quote in _CLOSES and _STRUCTURE_START.match(text, pos):
         # A list or object (``"token": ["…"]`` in an error's JSON): all of it, as a
         # mapping's value under such a key is masked whole.
         return pos, _structure_end(text, pos)

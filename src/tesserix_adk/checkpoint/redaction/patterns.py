@@ -88,6 +88,12 @@ def _prefixed_token(prefix: str, body: str, body_without_digits: str, least: int
     return rf"{prefix}(?:{body}{{{least},}}+{cont}*|{body}{{0,{least - 1}}}+{cont}+)"
 
 
+def _random(body: str, least: int) -> str:
+    """``_mixed``, and a run of 16 letters and digits among the first characters: a key's
+    random part has one, a slug of hyphened words does not."""
+    return rf"(?=[A-Za-z0-9_-]{{0,{least * 4}}}?[A-Za-z0-9]{{16}})" + _mixed(body, least)
+
+
 def _mixed(body: str, least: int) -> str:
     """At least ``least`` ``body`` characters with a digit and both cases among them (a
     key's random part; a slug of words has no upper case)."""
@@ -151,13 +157,13 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             ),
             ("sk-",),
         ),
-        # A key glued to the word before it (``call_sk-proj-…``, a model's id): only the
-        # shapes keys are issued in, long and mixed, so a slug such as
-        # ``flask-ant-design-…`` or ``desk-proj-…`` stays.
+        # A key glued to the word before it (``call_sk-proj-…``, a model's id), or after
+        # a URL's escape (``Bearer%20sk-…``): only the shapes keys are issued in, so a
+        # slug such as ``flask-admin-SQLAlchemy2-Examples`` or ``desk-proj-tool`` stays.
         _Rule(
             "anthropic_key",
             re.compile(
-                r"(?<=[A-Za-z0-9_-])sk-ant-(?:api|admin)[0-9]{2}-"
+                r"(?<=[A-Za-z0-9_-])sk-ant-[a-z]{2,6}[0-9]{2}-"
                 + _mixed(key_body, 20)
                 + _wrapped(key_body, key_letters)
                 + "*"
@@ -167,10 +173,13 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         _Rule(
             "openai_key",
             re.compile(
-                r"(?<=[A-Za-z0-9_-])sk-(?:proj|svcacct|admin)-"
-                + _mixed(key_body, 20)
+                r"(?<=[A-Za-z0-9_-])sk-(?:proj|svcacct|admin|None)-"
+                + _random(key_body, 40)
                 + _wrapped(key_body, key_letters)
                 + "*"
+                # Legacy keys: 20 characters, ``T3BlbkFJ`` (base64 of "OpenAI"), 20 more.
+                r"|(?<=[A-Za-z0-9_-])sk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}(?![A-Za-z0-9])"
+                r"|(?<=%[0-9A-Fa-f]{2})sk-" + key_body + "{20,}+"
             ),
             ("sk-",),
         ),
@@ -264,11 +273,12 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             "aws_secret_key",
             # Standalone: exactly 40 base64 characters with a ``/`` or ``+``, both cases and
             # a digit, so a hex digest (sha1, a git sha) never matches, nor a run of a URL's
-            # path after its host or port (``example.com/Users/JohnSmith/…``): a path
-            # of words has no digit as often as not, and a key is not glued to a ``.``
-            # or ``:`` before it.
+            # path (``example.com/Users/JohnSmith/…``, ``user-guide/Chapter2/…``): a key is
+            # never glued to what comes before a path's run (``. : _ ~ % # @ & -``), except
+            # the ``:`` after its key id, masked by then (``AKIA…:<secret>``, as s3fs keeps
+            # a pair).
             re.compile(
-                r"(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9/+=.:])"
+                r"(?:(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9/+=.:_~%#@&-])|(?<=\]:))"
                 r"(?=[A-Za-z0-9]{0,39}[/+])(?=[A-Z0-9/+]{0,39}[a-z])(?=[a-z0-9/+]{0,39}[A-Z])"
                 r"(?=[A-Za-z/+]{0,39}[0-9])" + b64 + r"{40}(?![A-Za-z0-9/+=])"
             ),
