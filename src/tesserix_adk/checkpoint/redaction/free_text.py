@@ -43,10 +43,18 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,20}+ ++(?=\S)")
 _JSON_LITERAL = re.compile(r"(?:-?[0-9][0-9.eE+-]*+|true|false|null)(?![A-Za-z0-9_])")
 
 # A list or object as data writes one (JSON, a Python repr): a list of strings, numbers,
-# lists or objects, an object of quoted keys. A template (``{{ .Values.x }}``), a schema
-# (``{ type: String }``) or a link in prose (``[Don't share it](…)``) is none.
-_STRUCTURE_START = re.compile(r"""\[[ \t\r\n]*+(?:["'\[{\]0-9-]|\\")|\{[ \t\r\n]*+(?:["'}]|\\")""")
-_ESCAPED_START = re.compile(r'[\[{][ \t\r\n]*+\\"')
+# literals, lists or objects, an object of quoted keys. A template (``{{ .Values.x }}``), a
+# schema (``{ type: String }``), a link in prose (``[Don't share it](…)``) or an empty one
+# (``password: []``, a config's blank) is none.
+# Space, also as an escape writes it (pretty JSON inside a repr or a JSON string).
+_SPACE = r"(?:[ \t\r\n]|\\[ntr])*+"
+_STRUCTURE_START = re.compile(
+    rf"""\[{_SPACE}(?:["'\[{{0-9-]|\\"|(?:null|true|false|None|True|False)(?![A-Za-z0-9_]))"""
+    rf"""|\{{{_SPACE}(?:["']|\\")"""
+)
+# A structure whose quotes are escaped, as inside a JSON string: it opens on ``\"``, maybe
+# after more openings (``[{\"user\": …}]``).
+_ESCAPED_START = re.compile(rf'[\[{{]{_SPACE}(?:[\[{{]{_SPACE})*+\\"')
 # What a list or object under a credential key is read through.
 _STRUCTURE = re.compile(r"[\[\]{}\"'\\]")
 _CLOSES = {"[": "]", "{": "}"}

@@ -88,10 +88,16 @@ def _prefixed_token(prefix: str, body: str, body_without_digits: str, least: int
     return rf"{prefix}(?:{body}{{{least},}}+{cont}*|{body}{{0,{least - 1}}}+{cont}+)"
 
 
-def _random(body: str, least: int) -> str:
-    """``_mixed``, and a run of 16 letters and digits among the first characters: a key's
-    random part has one, a slug of hyphened words does not."""
-    return rf"(?=[A-Za-z0-9_-]{{0,{least * 4}}}?[A-Za-z0-9]{{16}})" + _mixed(body, least)
+def _random_body(match: re.Match[str]) -> bool:
+    """Whether a glued key's body reads as a key's random part: as many upper-case letters
+    as chance gives (a fifth to four fifths of its letters), where a slug of CamelCase
+    words (``flask-admin-MultiTenantDashboard2024-…``) has one a word."""
+    body = match.group("body")
+    if body is None:
+        return True  # an alternative without one (a legacy key, one after ``%XX``)
+    upper = sum(1 for c in body if "A" <= c <= "Z")
+    letters = upper + sum(1 for c in body if "a" <= c <= "z")
+    return letters > 0 and 0.2 <= upper / letters <= 0.8
 
 
 def _mixed(body: str, least: int) -> str:
@@ -158,23 +164,27 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             ("sk-",),
         ),
         # A key glued to the word before it (``call_sk-proj-…``, a model's id), or after
-        # a URL's escape (``Bearer%20sk-…``): only the shapes keys are issued in, so a
-        # slug such as ``flask-admin-SQLAlchemy2-Examples`` or ``desk-proj-tool`` stays.
+        # a URL's escape (``Bearer%20sk-…``): only the shapes keys are issued in, long and
+        # random (``_random_body``), so a slug such as ``flask-admin-SQLAlchemy2-Examples``
+        # or ``desk-proj-tool`` stays.
         _Rule(
             "anthropic_key",
             re.compile(
-                r"(?<=[A-Za-z0-9_-])sk-ant-[a-z]{2,6}[0-9]{2}-"
+                r"(?<=[A-Za-z0-9_-])sk-ant-[a-z]{2,6}[0-9]{2}-(?P<body>"
                 + _mixed(key_body, 20)
+                + ")"
                 + _wrapped(key_body, key_letters)
                 + "*"
             ),
             ("sk-ant-",),
+            accept=_random_body,
         ),
         _Rule(
             "openai_key",
             re.compile(
-                r"(?<=[A-Za-z0-9_-])sk-(?:proj|svcacct|admin|None)-"
-                + _random(key_body, 40)
+                r"(?<=[A-Za-z0-9_-])sk-(?:proj|svcacct|admin|None)-(?P<body>"
+                + _mixed(key_body, 40)
+                + ")"
                 + _wrapped(key_body, key_letters)
                 + "*"
                 # Legacy keys: 20 characters, ``T3BlbkFJ`` (base64 of "OpenAI"), 20 more.
@@ -182,6 +192,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
                 r"|(?<=%[0-9A-Fa-f]{2})sk-" + key_body + "{20,}+"
             ),
             ("sk-",),
+            accept=_random_body,
         ),
         _Rule(
             "github_token",
@@ -278,7 +289,8 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             # the ``:`` after its key id, masked by then (``AKIA…:<secret>``, as s3fs keeps
             # a pair).
             re.compile(
-                r"(?:(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9/+=.:_~%#@&-])|(?<=\]:))"
+                r"(?:(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9/+=.:_~%#@&-])"
+                r"|(?<=\[redacted:aws_access_key_id\]:))"
                 r"(?=[A-Za-z0-9]{0,39}[/+])(?=[A-Z0-9/+]{0,39}[a-z])(?=[a-z0-9/+]{0,39}[A-Z])"
                 r"(?=[A-Za-z/+]{0,39}[0-9])" + b64 + r"{40}(?![A-Za-z0-9/+=])"
             ),
