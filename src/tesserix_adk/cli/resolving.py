@@ -22,7 +22,7 @@ from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.cli.failures import ExitCode, Refused, UsageError
 from tesserix_adk.cli.jsonout import emit, key_digest
 from tesserix_adk.cli.text import escaped
-from tesserix_adk.cli.waking import readable_frontier, wake
+from tesserix_adk.cli.waking import readable_frontier, wake, wake_waiting_on
 from tesserix_adk.errors import AdkError, LeaseHeldError, NoCheckpointError, ResumeConflictError
 from tesserix_adk.leases import never_ran_wait, previous_end_ago
 from tesserix_adk.messages import ToolOutcome
@@ -269,6 +269,8 @@ async def _record_resolution(
         out.write(said)
     cp = await readable_frontier(stores, args.tenant, args.run)
     woken = await wake(stores, args.tenant, args.run, WorkState.wanted, cp)
+    # Runs sharing the call's business key may be parked on this very claim.
+    others = await wake_waiting_on(stores, args.tenant, record.key, but=args.run)
     if as_json:
         emit(
             out,
@@ -281,10 +283,14 @@ async def _record_resolution(
                 "resolved_as": "never_ran" if args.never_ran else "completed",
                 "by": args.by,
                 "woken": woken,
+                "also_woken": others,
             },
         )
     elif woken:
         out.write("a worker carries the run on (a running `tesserix worker`; else resume it)\n")
+    if others and not as_json:
+        names = ", ".join(escaped(r) for r in others)
+        out.write(f"woken too, parked on this call under the same key: {names}\n")
     elif cp is not None and cp.carried_by is not None and not cp.status.finished:
         out.write(
             f"its {cp.carried_by} workflow carries the run on; once that workflow closed, "

@@ -11,7 +11,7 @@ from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import WorkState
 
-__all__ = ["readable_frontier", "wake"]
+__all__ = ["readable_frontier", "wake", "wake_waiting_on"]
 
 
 async def readable_frontier(stores: Stores, tenant: str, run_id: str) -> Checkpoint | None:
@@ -40,3 +40,23 @@ async def wake(
         return False
     await stores.work.want(tenant, run_id, agent=agent, state=state)
     return True
+
+
+async def wake_waiting_on(stores: Stores, tenant: str, key: str, *, but: str) -> list[str]:
+    """Wake the tenant's parked runs (other than ``but``) whose frontier waits on the call
+    under ``key``: a business key they share with ``but``, whose claim an operator just
+    settled there. Parked "in doubt on run ``but``'s claim", they would otherwise stay
+    parked once nothing is in doubt. The runs woken, in the index's order; a worker that
+    finds one still in doubt parks it again (the index is not the truth)."""
+    if stores.work is None:
+        return []
+    woken: list[str] = []
+    for item in await stores.work.items(tenant, state=WorkState.parked):
+        if item.run_id == but:
+            continue
+        cp = await readable_frontier(stores, tenant, item.run_id)
+        if cp is None or all(oc.key != key for oc in cp.outstanding):
+            continue
+        if await wake(stores, tenant, item.run_id, WorkState.wanted, cp):
+            woken.append(item.run_id)
+    return woken
