@@ -227,7 +227,8 @@ async def test_a_replay_of_a_carried_step_is_a_kit_run_of_its_own() -> None:
     assert cp is not None and cp.carried_by is None  # the kit carries a replay
 
 
-async def test_resolve_of_a_carried_run_wakes_no_worker_and_names_submit() -> None:
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+async def test_resolve_of_a_carried_run_wakes_no_worker_and_names_submit(as_json: bool) -> None:
     stores, airline = _stores(), Airline()
     agent = _agent(airline)
     runner = _runner(stores, [[("book_seat", {"flight": "LH123"})], "done"])
@@ -246,10 +247,14 @@ async def test_resolve_of_a_carried_run_wakes_no_worker_and_names_submit() -> No
     key = cp.outstanding[0].key
     assert key is not None
     argv = ["resolve", "r1", "--tenant", T, "--call", key, "--by", "ops"]
-    argv += ["--outcome", '{"booking": "B1"}']
+    argv += ["--outcome", '{"booking": "B1"}'] + (["--json"] if as_json else [])
     code, out, err = await asyncio.to_thread(_cli, frontier_main, argv, stores)
     assert code == 0, err
-    assert "submit --temporal" in out and "tesserix run --resume" not in out, out
+    if as_json:  # one JSON document, nothing after it
+        told = json.loads(out)
+        assert (told["woken"], told["also_woken"]) == (False, []), told
+    else:
+        assert "submit --temporal" in out and "tesserix run --resume" not in out, out
     assert stores.work is not None
     assert await stores.work.due(limit=10) == []
 

@@ -286,15 +286,16 @@ async def _record_resolution(
                 "also_woken": others,
             },
         )
-    elif woken:
+        return ExitCode.CARRIED_ON
+    if woken:
         out.write("a worker carries the run on (a running `tesserix worker`; else resume it)\n")
-    if others and not as_json:
-        names = ", ".join(escaped(r) for r in others)
-        out.write(f"woken too, parked on this call under the same key: {names}\n")
     elif cp is not None and cp.carried_by is not None and not cp.status.finished:
         out.write(
             f"its {cp.carried_by} workflow carries the run on; once that workflow closed, "
             f"`tesserix submit --temporal ... --run-id {escaped(args.run)}` starts a new "
             "one from its frontier\n"
         )
+    if others:
+        names = ", ".join(escaped(r) for r in others)
+        out.write(f"woken too, parked on this call under the same key: {names}\n")
     return ExitCode.CARRIED_ON
