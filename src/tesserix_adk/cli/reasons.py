@@ -4,7 +4,7 @@ run cannot be carried on (and what it would need), for ``inspect``, ``show`` and
 from __future__ import annotations
 
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
-from tesserix_adk.errors import NoCheckpointError
+from tesserix_adk.errors import CheckpointCorruptError, NoCheckpointError
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import WorkItem, WorkState
@@ -51,10 +51,15 @@ async def no_frontier(stores: Stores, tenant: str, run_id: str) -> NoCheckpointE
 
 
 async def parked_item(stores: Stores, tenant: str, run_id: str) -> WorkItem | None:
-    """The run's parked work item, if the store has a work index and the run is parked."""
+    """The run's parked work item, if the store has a work index and the run is parked
+    (``None`` too when its entry cannot be read: the run's frontier still tells its story,
+    and ``tesserix runs`` names the damaged entry)."""
     if stores.work is None:
         return None
-    item = await stores.work.entry(tenant, run_id)
+    try:
+        item = await stores.work.entry(tenant, run_id)
+    except CheckpointCorruptError:
+        return None
     return item if item is not None and item.state is WorkState.parked else None
 
 

@@ -270,7 +270,7 @@ async def _record_resolution(
     cp = await readable_frontier(stores, args.tenant, args.run)
     woken = await wake(stores, args.tenant, args.run, WorkState.wanted, cp)
     # Runs sharing the call's business key may be parked on this very claim.
-    others = await wake_waiting_on(stores, args.tenant, record.key, but=args.run)
+    others, trouble = await wake_waiting_on(stores, args.tenant, record.key, but=args.run)
     if as_json:
         emit(
             out,
@@ -284,6 +284,7 @@ async def _record_resolution(
                 "by": args.by,
                 "woken": woken,
                 "also_woken": others,
+                "also_woken_trouble": trouble,
             },
         )
         return ExitCode.CARRIED_ON
@@ -298,4 +299,6 @@ async def _record_resolution(
     if others:
         names = ", ".join(escaped(r) for r in others)
         out.write(f"woken too, parked on this call under the same key: {names}\n")
+    if trouble is not None:
+        out.write(f"{escaped(trouble)}; `tesserix runs --stuck` lists the runs still parked\n")
     return ExitCode.CARRIED_ON

@@ -7,7 +7,12 @@ import contextlib
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
-from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
+from tesserix_adk.errors import (
+    AdkError,
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    IndeterminateToolCallError,
+)
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import WorkState
 
@@ -42,21 +47,37 @@ async def wake(
     return True
 
 
-async def wake_waiting_on(stores: Stores, tenant: str, key: str, *, but: str) -> list[str]:
-    """Wake the tenant's parked runs (other than ``but``) whose frontier waits on the call
-    under ``key``: a business key they share with ``but``, whose claim an operator just
-    settled there. Parked "in doubt on run ``but``'s claim", they would otherwise stay
-    parked once nothing is in doubt. The runs woken, in the index's order; a worker that
-    finds one still in doubt parks it again (the index is not the truth)."""
+async def wake_waiting_on(
+    stores: Stores, tenant: str, key: str, *, but: str
+) -> tuple[list[str], str | None]:
+    """Wake the tenant's runs (other than ``but``) parked in doubt whose frontier waits on
+    the call under ``key``: a business key they share with ``but``, whose claim an operator
+    just settled there, so nothing is in doubt for them any more. A run parked for another
+    reason (too many attempts) stays parked. Returns the runs woken, in the index's order,
+    and what kept it from looking at every parked run (``None``: nothing); a worker that
+    finds a woken run still in doubt parks it again (the index is not the truth)."""
     if stores.work is None:
-        return []
+        return [], None
+    try:
+        parked = await stores.work.items(tenant, state=WorkState.parked)
+    except AdkError as exc:
+        return [], f"could not look for other runs parked on this call: {exc}"
     woken: list[str] = []
-    for item in await stores.work.items(tenant, state=WorkState.parked):
-        if item.run_id == but:
+    missed: list[str] = []
+    for item in parked:
+        if item.run_id == but or not (item.reason or "").startswith(_IN_DOUBT):
             continue
-        cp = await readable_frontier(stores, tenant, item.run_id)
-        if cp is None or all(oc.key != key for oc in cp.outstanding):
-            continue
-        if await wake(stores, tenant, item.run_id, WorkState.wanted, cp):
-            woken.append(item.run_id)
-    return woken
+        try:
+            cp = await readable_frontier(stores, tenant, item.run_id)
+            if cp is None or all(oc.key != key for oc in cp.outstanding):
+                continue
+            if await wake(stores, tenant, item.run_id, WorkState.wanted, cp):
+                woken.append(item.run_id)
+        except AdkError as exc:
+            missed.append(f"{item.run_id} ({exc})")
+    trouble = None if not missed else "could not look at or wake " + "; ".join(missed)
+    return woken, trouble
+
+
+# How a worker names a run it parked in doubt (``worker.py``: the error's type, then it).
+_IN_DOUBT = f"{IndeterminateToolCallError.__name__}:"
