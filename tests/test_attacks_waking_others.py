@@ -12,8 +12,8 @@ claim.
 Defects, found as strict xfails and fixed (markers removed):
 - a damaged work index entry of an unrelated parked run of the tenant made a resolve exit 4
   after it recorded the call (no ``--json`` document). The resolve now succeeds and says
-  what kept it from looking (``also_woken_trouble``); no run is woken past the damage,
-  which ``tesserix runs --stuck`` names.
+  what kept it from looking (``also_woken_trouble``); no run is woken past the damage (a
+  run parked on the claim is carried on by hand: ``tesserix run --resume``).
 - a run parked for too many attempts whose frontier lists the key was woken by another
   run's resolve, its count started again at 0: only runs parked in doubt are woken now.
 - ``inspect``/``show`` of a run whose own entry is damaged exited 4 though its frontier
@@ -438,7 +438,7 @@ async def test_a_damaged_entry_of_an_unrelated_parked_run_does_not_fail_a_record
         assert code == 0, (code, err)
         assert said["woken"] is True, said
         # The parked runs cannot be listed past the damage: none is woken, and the
-        # resolve says why (``runs --stuck`` names the damaged entry and lists b).
+        # resolve says why; b is carried on by hand (``tesserix run --resume``).
         assert said["also_woken"] == [], said
         assert "cannot be read" in said["also_woken_trouble"], said
         assert await r.state("b") is WorkState.parked

@@ -300,5 +300,8 @@ async def _record_resolution(
         names = ", ".join(escaped(r) for r in others)
         out.write(f"woken too, parked on this call under the same key: {names}\n")
     if trouble is not None:
-        out.write(f"{escaped(trouble)}; `tesserix runs --stuck` lists the runs still parked\n")
+        out.write(
+            f"{escaped(trouble)}; a run parked on this call under the same key stays parked "
+            "until it is carried on (`tesserix run --resume`)\n"
+        )
     return ExitCode.CARRIED_ON
