@@ -34,6 +34,7 @@ from tesserix_adk.checkpoint.payload import (
     encode_checkpoint,
     encode_message,
     encode_outcome,
+    record_tag,
     seal,
     unseal,
 )
@@ -45,11 +46,13 @@ from tesserix_adk.stores.protocols import CheckpointStore, HistoryHandle, Histor
 
 __all__ = [
     "DELTAS",
+    "OUTCOME_RECORD",
     "CorruptionConformance",
     "assert_every_read_fails",
     "byte_flips",
     "nested",
     "nested_json",
+    "real_bound_outcome",
     "real_frontier",
     "real_outcome",
     "real_transcript_entry",
@@ -172,9 +175,24 @@ def real_frontier(*, tenant: str = T, run_id: str = R, history: bool = True) -> 
 
 
 def real_outcome() -> bytes:
-    """A recorded outcome of a booking, as the kit encodes it."""
+    """A recorded outcome of a booking, as the kit encoded it before outcomes named their
+    record (format 2; still read)."""
     return encode_outcome(
         ToolOutcome(call_id="call_1_0", content={"booking": "B1", "flight": "LH123"}), Redactor()
+    )
+
+
+OUTCOME_RECORD = record_tag(T, "book_seat:LH123")
+"""The record ``real_bound_outcome`` names."""
+
+
+def real_bound_outcome() -> bytes:
+    """A recorded outcome of a booking as the kit encodes it now: naming its record
+    (``OUTCOME_RECORD``, format 3)."""
+    return encode_outcome(
+        ToolOutcome(call_id="call_1_0", content={"booking": "B1", "flight": "LH123"}),
+        Redactor(),
+        record=OUTCOME_RECORD,
     )
 
 
@@ -280,3 +298,10 @@ class CorruptionConformance:
 
     async def test_damaged_recorded_outcomes_are_refused(self) -> None:
         assert_every_read_fails(_damaged(real_outcome()), lambda p: decode_outcome(p, "c"))
+        assert_every_read_fails(
+            _damaged(real_bound_outcome()),
+            lambda p: decode_outcome(p, "c", record=OUTCOME_RECORD),
+        )
+        # Whole and sound, read under another record than its own: refused too.
+        with pytest.raises(CheckpointCorruptError, match="another record"):
+            decode_outcome(real_bound_outcome(), "c", record=record_tag(T, "book_seat:LH999"))
