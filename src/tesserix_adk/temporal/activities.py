@@ -110,9 +110,9 @@ def _holder() -> str:
 
 
 async def _translated(work: Awaitable[T], redactor: Redactor) -> T:
-    """``work``'s kit errors as Temporal's, their text redacted and their chain dropped:
-    both are written to the workflow's history (a provider's 5xx text may echo a
-    credential it was sent)."""
+    """``work``'s errors as Temporal's, their text redacted and their chain dropped: both
+    are written to the workflow's history (a provider's 5xx text may echo a credential it
+    was sent). A kit error keeps whether it is retried; any other error is retried."""
     try:
         return await work
     except AdkError as exc:
@@ -126,3 +126,10 @@ async def _translated(work: Awaitable[T], redactor: Redactor) -> T:
         raise ApplicationError(
             redactor.text(str(exc)), type=type(exc).__name__, non_retryable=not retry
         ) from None
+    except ApplicationError:
+        raise  # the kit's own, already worded for the history
+    except Exception as exc:
+        # Anything else (a hand-written provider's HTTP client raising its own error, whose
+        # text may echo the credential it sent): retried, as Temporal retries any error,
+        # with the same redacted text and no chain.
+        raise ApplicationError(redactor.text(str(exc)), type=type(exc).__name__) from None
