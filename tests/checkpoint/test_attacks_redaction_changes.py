@@ -80,14 +80,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import pytest
+from test_redaction_hostile import KIB, _fill, hang_guard
 
 from tesserix_adk import Agent, RunStatus, ScriptedTurn, tool
 from tesserix_adk.checkpoint.redaction import default_redactor
@@ -464,27 +462,6 @@ def test_lower_case_slugs_stay() -> None:
 
 
 # --- linear time ----------------------------------------------------------------------------
-
-KIB = 1024
-DEADLINE_SECONDS = 20.0
-
-
-@contextmanager
-def hang_guard(seconds: float = DEADLINE_SECONDS) -> Iterator[None]:
-    def expire(signum: int, frame: FrameType | None) -> None:
-        raise TimeoutError(f"redaction did not finish within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def _fill(unit: str, size: int) -> str:
-    return unit * (size // len(unit))
 
 
 def _cap_chunks(text: str, key: str, kind: str) -> str:
