@@ -617,3 +617,27 @@ async def test_a_finished_temporal_run_reads_back_through_resume() -> None:
     await _as_if_temporal_carried(stores, "r1")
     again = await _runner(stores).resume(agent, "r1", tenant=T)
     assert again.status is RunStatus.completed and len(airline.bookings) == 1
+
+
+async def test_a_starting_worker_wakes_runs_parked_for_a_format_and_no_others() -> None:
+    """An earlier release parks a run whose payload is of a newer format and never takes it
+    back (``tests/test_attacks_mixed_fleet.py`` runs one); a worker of this release wakes
+    such runs of its agents as it starts. A run parked for anything else, or of an agent it
+    does not carry, stays parked."""
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)
+    runner = _runner(stores)
+    for run_id in ("format", "in-doubt", "other-agent"):
+        await runner.submit(agent, "book", tenant=T, run_id=run_id)
+    assert stores.work is not None
+    newer = (
+        "CheckpointFormatError: a recorded outcome has format 3, newer than the 2 this kit reads"
+    )
+    await stores.work.park(T, "format", agent="booking", reason=newer)
+    await stores.work.park(T, "in-doubt", agent="booking", reason="IndeterminateToolCallError: x")
+    await stores.work.park(T, "other-agent", agent="refunds", reason=newer)
+    worker = await _work_until_idle(stores, agent)
+    assert [(i.run_id, how) for i, how in worker.carried] == [("format", Carried.finished)]
+    assert len(airline.bookings) == 1
+    left = {i.run_id: i.reason for i in await stores.work.items(T, state=WorkState.parked)}
+    assert left == {"in-doubt": "IndeterminateToolCallError: x", "other-agent": newer}

@@ -158,6 +158,7 @@ class Worker(Parking):
         and nothing runs); then stop every run at its next boundary and return."""
         blips = 0
         try:
+            await self._wake_parked_for_a_format()
             while not self._draining.is_set():
                 try:
                     started = await self.poll()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from tesserix_adk.errors import (
     AdkError,
+    CheckpointFormatError,
     ConfigurationError,
     IndeterminateToolCallError,
     LeaseHeldError,
@@ -21,9 +22,10 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.run.attempt import new_holder
 from tesserix_adk.run.holding import held_to_decide
-from tesserix_adk.stores.protocols import RecordStatus, WorkIndex, WorkItem
+from tesserix_adk.stores.protocols import RecordStatus, WorkIndex, WorkItem, WorkState
 
 if TYPE_CHECKING:
+    from tesserix_adk.agent import Agent
     from tesserix_adk.run.runner import AgentRunner
     from tesserix_adk.telemetry import Telemetry
 
@@ -76,6 +78,11 @@ def _as_polled(polled: WorkItem, now: WorkItem | None) -> bool:
     return (now.state, now.attempts, now.not_before, now.since) == seen
 
 
+# How a worker names a run it parked for a payload's format (``worker.py``: the error's type,
+# then the error), this release and the ones before it alike.
+_NEWER = f"{CheckpointFormatError.__name__}:"
+
+
 def _where(item: WorkItem) -> tuple[str, str]:
     return item.tenant, item.run_id
 
@@ -90,6 +97,25 @@ class Parking:
     max_attempts: int
     _rng: random.Random
     _later: dict[tuple[str, str], float]
+    agents: dict[str, Agent]
+
+    async def _wake_parked_for_a_format(self) -> None:
+        """Wake the runs of this worker's agents that a worker parked because a payload was
+        of a format it could not read (``CheckpointFormatError``): an earlier release, met
+        beside this one or gone back to, parks a run it cannot read and never takes it
+        back, while this one may read it. Once as the worker starts: one this kit cannot
+        read either is parked again, and stays parked until the next worker starts. A
+        store that cannot be read here is met again by the first poll, which says why."""
+        try:
+            parked = await self.work.items(None, state=WorkState.parked)
+            for item in parked:
+                if item.agent in self.agents and (item.reason or "").startswith(_NEWER):
+                    _log.info("run %s/%s: parked for a format; looking again", *_where(item))
+                    await self.work.want(
+                        item.tenant, item.run_id, agent=item.agent, state=WorkState.wanted
+                    )
+        except Exception as exc:
+            _log.warning("could not look at the runs parked for a format: %r", exc)
 
     async def _park_too_many(self, item: WorkItem) -> Carried:
         """Park a run taken ``max_attempts`` times: each take counted itself as it began, so
