@@ -50,7 +50,10 @@ def _hold(tool: str) -> None:
     if not where or os.environ.get("MCP_HOLD_TOOL", "book_seat") != tool:
         return
     hold = Path(where)
-    (hold / "inside").write_text(str(os.getpid()))
+    # Written whole, then named: a test that sees the file reads the pid, never an empty
+    # file caught between its creation and its write (a clean-clone CI run met that).
+    (hold / "inside.tmp").write_text(str(os.getpid()))
+    (hold / "inside.tmp").replace(hold / "inside")
     deadline = time.monotonic() + 60
     while not (hold / "release").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
