@@ -67,7 +67,8 @@ def _structure_end(text: str, pos: int) -> int:
 
     Inside a JSON string (``[\\"a\\"]``), its quotes are escaped: each escape is read as
     the character it stands for, so a bracket inside a quoted string closes nothing."""
-    escaped = _ESCAPED_START.match(text, pos) is not None
+    # Escaped or not is known at the first quote: ``[null, \"a\"]`` opens on a literal.
+    escaped: bool | None = True if _ESCAPED_START.match(text, pos) else None
     open_: list[str] = []
     quote: str | None = None
     skip = -1  # the last position an escape took
@@ -78,9 +79,11 @@ def _structure_end(text: str, pos: int) -> int:
             continue
         if char == "\\":
             skip = at + 1
+            following = text[at + 1 : at + 2]
+            if escaped is None and quote is None and following == '"':
+                escaped = True
             if not escaped:
                 continue  # the escaped character is not structure
-            following = text[at + 1 : at + 2]
             if following == "\\":
                 char = "\\"  # an escaped structure's own backslash
             elif following == '"':
@@ -96,6 +99,7 @@ def _structure_end(text: str, pos: int) -> int:
                 quote = None
         elif char in "\"'":
             quote = char
+            escaped = bool(escaped)
         elif char in _CLOSES:
             open_.append(_CLOSES[char])
         elif open_ and char == open_[-1]:
@@ -129,7 +133,8 @@ def _mask_key_values(text: str) -> str:
             m.end(),
             kind,
             json_like=m.group("close") == '"',
-            header=m.group("sep") == ":",
+            # A header is a line's own ``Name: value``; a quoted key is data's.
+            header=m.group("sep") == ":" and m.group("close") is None,
         )
         if span is None:
             continue

@@ -62,6 +62,9 @@ _NOT_SECRET = frozenset(
         "sync_token",
         "cancel_token",
         "cancellation_token",
+        "starting_token",
+        "client_token",
+        "idempotency_token",
     }
 )
 _PASSWORD_WORDS = ("password", "passwd", "passphrase")
@@ -72,7 +75,8 @@ _KEY_SEPARATORS = re.compile(r"[-.\s_]+")
 @lru_cache(maxsize=4096)
 def _named_kind(key: str) -> str | None:
     name = _KEY_SEPARATORS.sub("_", _CAMEL.sub("_", key)).strip("_").lower()
-    if name in _NOT_SECRET:
+    # Also as a name's last words (``meta.next_page_token``, S3's ``NextContinuationToken``).
+    if name in _NOT_SECRET or any(name.endswith("_" + n) for n in _NOT_SECRET):
         return None
     if name in _WHOLE_KEYS:
         return _WHOLE_KEYS[name]

@@ -287,12 +287,15 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             # path (``example.com/Users/JohnSmith/…``, ``user-guide/Chapter2/…``): a key is
             # never glued to what comes before a path's run (``. : _ ~ % # @ & -``), except
             # the ``:`` after its key id, masked by then (``AKIA…:<secret>``, as s3fs keeps
-            # a pair).
+            # a pair); nor does it start with ``/`` (``/Users/JohnSmith/…``) or run into a
+            # file's extension or a host's next label (``…/Av2xy.tsx``), nor opens a data
+            # URL's payload (``data:image/png;base64,…``).
             re.compile(
-                r"(?:(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9/+=.:_~%#@&-])"
+                r"(?<!base64,)(?:(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9/+=.:_~%#@&-])"
                 r"|(?<=\[redacted:aws_access_key_id\]:))"
                 r"(?=[A-Za-z0-9]{0,39}[/+])(?=[A-Z0-9/+]{0,39}[a-z])(?=[a-z0-9/+]{0,39}[A-Z])"
-                r"(?=[A-Za-z/+]{0,39}[0-9])" + b64 + r"{40}(?![A-Za-z0-9/+=])"
+                r"(?=[A-Za-z/+]{0,39}[0-9])(?=[A-Za-z0-9])" + b64 + r"{40}"
+                r"(?![A-Za-z0-9/+=]|\.[A-Za-z0-9])"
             ),
             ("/", "+"),
             min_length=40,
