@@ -49,7 +49,7 @@ from tesserix_adk.errors import (
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.protocols import WorkIndex, WorkItem, WorkState
-from tesserix_adk.worker_parking import NOT_TAKEN, Backoff, Carried, Parking
+from tesserix_adk.worker_parking import NOT_TAKEN, Backoff, Carried, Parking, parked_reason
 from tesserix_adk.worker_progress import TakeProgress
 
 if TYPE_CHECKING:
@@ -403,7 +403,7 @@ class Worker(Parking):
             return Carried.stopped
         retryable = (isinstance(exc, AdkError) and exc.retryable) or whose is _Whose.unknown
         if isinstance(exc, (*_PARK, NoCheckpointError)) and not retryable:
-            parked = await self._park_as(item, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+            parked = await self._park_as(item, parked_reason(exc), type(exc).__name__)
             if isinstance(exc, IndeterminateToolCallError):
                 await self._unless_settled_meanwhile(item, exc)
             return parked

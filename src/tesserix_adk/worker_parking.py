@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from tesserix_adk.run.runner import AgentRunner
     from tesserix_adk.telemetry import Telemetry
 
-__all__ = ["NOT_TAKEN", "Backoff", "Carried", "Parking"]
+__all__ = ["NOT_TAKEN", "Backoff", "Carried", "Parking", "parked_for", "parked_reason"]
 
 _log = logging.getLogger("tesserix_adk.worker")
 
@@ -78,9 +78,16 @@ def _as_polled(polled: WorkItem, now: WorkItem | None) -> bool:
     return (now.state, now.attempts, now.not_before, now.since) == seen
 
 
-# How a worker names a run it parked for a payload's format (``worker.py``: the error's type,
-# then the error), this release and the ones before it alike.
-_NEWER = f"{CheckpointFormatError.__name__}:"
+def parked_reason(exc: BaseException) -> str:
+    """How a worker names a run it parks for an error: the error's type, then the error.
+    Releases before this one wrote it so too, which ``parked_for`` relies on."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def parked_for(item: WorkItem, error: type[BaseException]) -> bool:
+    """Whether a worker parked ``item`` for an ``error`` of that type (``parked_reason``)."""
+    reason = item.reason or ""
+    return item.state is WorkState.parked and reason.startswith(f"{error.__name__}:")
 
 
 def _where(item: WorkItem) -> tuple[str, str]:
@@ -109,7 +116,7 @@ class Parking:
         try:
             parked = await self.work.items(None, state=WorkState.parked)
             for item in parked:
-                if item.agent in self.agents and (item.reason or "").startswith(_NEWER):
+                if item.agent in self.agents and parked_for(item, CheckpointFormatError):
                     _log.info("run %s/%s: parked for a format; looking again", *_where(item))
                     await self.work.want(
                         item.tenant, item.run_id, agent=item.agent, state=WorkState.wanted

@@ -141,16 +141,21 @@ class Proc:
         self.site.hang(self.run, self.label, self.output())
         return -signal.SIGKILL
 
-    def _recorded_code(self, default: int) -> int:
-        # multiprocessing reports 255 when it could not read a child's exit status from the
-        # fork server (seen under load); the worker's own verdict is on the record.
+    def result(self) -> dict[str, Any] | None:
+        """The verdict the worker put on the record as it ended (``None`` if it put none)."""
         results = [
             e
             for e in read_history(self.site.history, live=True)
             if e.ev == "result" and e.proc == self.label
         ]
-        if results:
-            return int(results[-1]["code"])
+        return results[-1].fields if results else None
+
+    def _recorded_code(self, default: int) -> int:
+        # multiprocessing reports 255 when it could not read a child's exit status from the
+        # fork server (seen under load); the worker's own verdict is on the record.
+        result = self.result()
+        if result is not None:
+            return int(result["code"])
         if "Traceback" in self.output():
             return default  # it crashed: an error on the record, which ends the trial
         # No verdict and no crash: it was killed before it finished (by its own fault, or

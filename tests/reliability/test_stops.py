@@ -24,11 +24,21 @@ POINTS = (
 )
 
 
-def _trial(site: Site, run: str, point: str) -> int:
+def _trial(site: Site, run: str, point: str) -> int | None:
+    """The woken worker's exit code; ``None`` if it gave the run up before its stop."""
     first = site.start(run, f"--fault=stop:{point}")
     deadline = time.monotonic() + 30
     while not stopped(first.pid):
-        assert first.exitcode is None, first.output()
+        if first.exitcode is not None:
+            # Under load (a CI run on two cores) a worker whose lease is 0.6 s may lose it
+            # before its stop point, or find the store busy: it gives the run up, typed, as
+            # the kit promises. Its run is still carried to its end and checked below.
+            result = first.result()
+            assert result is not None, first.output()
+            assert result["code"] == EXIT_NOT_NOW, (result, first.output())
+            site.note(f"gave up before its stop ({result['verdict']})")
+            site.carry(run, random.Random(run))
+            return None
         assert time.monotonic() < deadline, f"{run} never stopped at {point}"
         time.sleep(0.01)
     time.sleep(site.lease_ttl * 1.5)  # past the ttl by the store's clock and the worker's
@@ -39,7 +49,7 @@ def _trial(site: Site, run: str, point: str) -> int:
 
 def test_worker_stopped_past_its_ttl_and_woken_makes_no_second_effect(site: Site) -> None:
     trials = [(f"stop-{n}", POINTS[n % len(POINTS)]) for n in range(PROFILE.stop_runs)]
-    codes: dict[str, int] = {}
+    codes: dict[str, int | None] = {}
 
     def job(run: str, point: str) -> None:
         codes[run] = _trial(site, run, point)
@@ -49,4 +59,6 @@ def test_worker_stopped_past_its_ttl_and_woken_makes_no_second_effect(site: Site
     TALLY.add(site.backend, "SIGSTOP", len(trials), verdict, workers=site.stats.workers)
     assert verdict.ok, verdict.explain()
     # Woken, each finds it no longer carries the run.
-    assert set(codes.values()) == {EXIT_NOT_NOW}, codes
+    woken = {run: code for run, code in codes.items() if code is not None}
+    assert woken, f"no worker reached its stop point: {site.stats.notes}"
+    assert set(woken.values()) == {EXIT_NOT_NOW}, codes

@@ -15,6 +15,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import WorkState
+from tesserix_adk.worker_parking import parked_for
 
 __all__ = ["readable_frontier", "wake", "wake_waiting_on"]
 
@@ -65,7 +66,7 @@ async def wake_waiting_on(
     woken: list[str] = []
     missed: list[str] = []
     for item in parked:
-        if item.run_id == but or not (item.reason or "").startswith(_IN_DOUBT):
+        if item.run_id == but or not parked_for(item, IndeterminateToolCallError):
             continue
         try:
             cp = await readable_frontier(stores, tenant, item.run_id)
@@ -77,7 +78,3 @@ async def wake_waiting_on(
             missed.append(f"{item.run_id} ({exc})")
     trouble = None if not missed else "could not look at or wake " + "; ".join(missed)
     return woken, trouble
-
-
-# How a worker names a run it parked in doubt (``worker.py``: the error's type, then it).
-_IN_DOUBT = f"{IndeterminateToolCallError.__name__}:"
