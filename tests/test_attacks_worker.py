@@ -317,7 +317,8 @@ async def test_a_large_input_submitted_is_started_as_given() -> None:
     assert len(airline.bookings) == 1
 
 
-@pytest.mark.parametrize("run_id", ["a/b", "a:b", "a b\n", "ü-ñ-☃", "a\x00b", "%s'\";--"])
+# No NUL: a run id holding one is refused on every store (tests/adapters/test_nul_text.py).
+@pytest.mark.parametrize("run_id", ["a/b", "a:b", "a b\n", "ü-ñ-☃", "a\x01b", "%s'\";--"])
 async def test_odd_run_ids_round_trip_through_submit_and_a_worker(run_id: str) -> None:
     stores, airline = _stores(), Airline()
     agent = _agent(airline)

@@ -535,7 +535,9 @@ async def test_a_later_kit_renaming_the_parameter_never_sends_the_call_again(
     assert charged == ["5"]
 
 
-async def test_nul_in_a_business_key_keeps_calls_apart_on_sqlite(tmp_path: Path) -> None:
+async def test_nul_in_a_business_key_is_answered_not_sent_on_sqlite_too(tmp_path: Path) -> None:
+    """PostgreSQL's text keeps no NUL, so a key made with one is refused on every store:
+    a run moves between stores, and a call must not be sent on one that another refuses."""
     charged: list[str] = []
 
     @tool(key=_by_order)
@@ -551,8 +553,7 @@ async def test_nul_in_a_business_key_keeps_calls_apart_on_sqlite(tmp_path: Path)
         )
         keys = sorted(r.key for r in await stores.idempotency.records(T, "r"))
     assert run.status is RunStatus.completed
-    assert charged == ["5\x00a", "5\x00b"]
-    assert keys == ["acme/order-5\x00a", "acme/order-5\x00b"]
+    assert charged == [] and keys == []
 
 
 @pytest.mark.parametrize("where", WHERE)

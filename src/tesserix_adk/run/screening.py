@@ -1,9 +1,10 @@
 """What of a model's tool calls the kit refuses to carry, before any is keyed: a call it
 cannot encode as asked (arguments nested too deep, text that is not Unicode), whose key its
 tool's key function cannot make from arguments the tool refuses anyway (one the model left
-out), or whose key that function would build from a secret. Such a call keeps the model's
-id and name, its arguments replaced by the kit's refusal (``messages.REFUSED_ARGUMENTS``):
-it is answered "not sent", saying why, and never keyed, claimed or dispatched."""
+out), whose key not every store can keep (a NUL in it, or too long), or whose key that
+function would build from a secret. Such a call keeps the model's id and name, its
+arguments replaced by the kit's refusal (``messages.REFUSED_ARGUMENTS``): it is answered
+"not sent", saying why, and never keyed, claimed or dispatched."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tesserix_adk.messages import REFUSED_ARGUMENTS, Message, ToolCall, refusal_
 from tesserix_adk.run.state import RunState
 from tesserix_adk.tools import Tool, canonical_json, default_key
 
-__all__ = ["SECRET_KEY", "id_as_kept", "refused", "screened", "without_secret_ids"]
+__all__ = ["MAX_KEY_BYTES", "SECRET_KEY", "id_as_kept", "refused", "screened", "without_secret_ids"]
 
 
 def screened(
@@ -66,10 +67,11 @@ _REPLACED = "call_masked_"
 
 
 def _kept_id(call_id: str, redactor: Redactor) -> str:
-    """The id the kit keeps for ``call_id``: its replacement when it holds a secret, or
-    looks like a replacement already (the model's own ``call_masked_...`` must not become
-    another call's id); else itself. One redaction per id."""
-    if call_id.startswith(_REPLACED) or redactor.text(call_id) != call_id:
+    """The id the kit keeps for ``call_id``: its replacement when it holds a secret or a
+    NUL (PostgreSQL's text keeps none), or looks like a replacement already (the model's
+    own ``call_masked_...`` must not become another call's id); else itself. One
+    redaction per id."""
+    if call_id.startswith(_REPLACED) or _replaced(call_id, redactor):
         return _id_without_secret(call_id)
     return call_id
 
@@ -77,7 +79,11 @@ def _kept_id(call_id: str, redactor: Redactor) -> str:
 def id_as_kept(call_id: str, redactor: Redactor) -> str:
     """The id the kit keeps for a call the model gave ``call_id``, for an operator who has
     the raw one (from a tool's own logs): its replacement when it holds a secret."""
-    return call_id if redactor.text(call_id) == call_id else _id_without_secret(call_id)
+    return _id_without_secret(call_id) if _replaced(call_id, redactor) else call_id
+
+
+def _replaced(call_id: str, redactor: Redactor) -> bool:
+    return "\x00" in call_id or redactor.text(call_id) != call_id
 
 
 def _id_without_secret(call_id: str) -> str:
@@ -123,6 +129,11 @@ def _carriable(call: ToolCall) -> str | None:
     return None
 
 
+# A tenant's and its key's bytes together at most this many (the key as a store keeps it,
+# with the tenant escaped in front, and the tenant again beside it): within PostgreSQL's
+# b-tree row limit (2704 bytes) even when they do not compress.
+MAX_KEY_BYTES = 2400
+
 SECRET_KEY = (
     "its idempotency key (made by the tool's key function) would hold a secret, and the "
     "kit never stores one; it needs a key built from values that are not secret"
@@ -152,6 +163,10 @@ def without_secret_keys(
         key, unkeyable = _key_of(run, tool, call, occurrence)
         if unkeyable is not None:
             calls.append(dataclasses.replace(call, arguments={REFUSED_ARGUMENTS: unkeyable}))
+            continue
+        unkept = None if key is None or key in recorded else _unkept_key(run, call, key)
+        if unkept is not None:
+            calls.append(dataclasses.replace(call, arguments={REFUSED_ARGUMENTS: unkept}))
             continue
         if _key_holds_a_secret(run, tool, call, occurrence, key, redactor, recorded):
             calls.append(dataclasses.replace(call, arguments={REFUSED_ARGUMENTS: SECRET_KEY}))
@@ -190,6 +205,34 @@ def _key_of(
             "tool takes"
         ) from exc
     return key, None
+
+
+def _unkept_key(run: RunState, call: ToolCall, key: str) -> str | None:
+    """Why not every store can keep ``key``, the key a tool's key function made for
+    ``call`` (a NUL in it, or longer than ``MAX_KEY_BYTES`` with its tenant), as a
+    refusal's words; ``None`` when each can. Made from the model's
+    arguments, such a key is the model's to mend, not a store outage every retry would
+    meet again; a NUL none of them holds is the key function's own (``ConfigurationError``)."""
+    own = key.removeprefix(quote(run.tenant, safe="") + "/")
+    if "\x00" in own:
+        if "\\u0000" not in canonical_json(dict(call.arguments)):
+            raise ConfigurationError(
+                f"the key function of tool {call.name!r} made a key holding a NUL "
+                "character, which not every store keeps; an idempotency key must not hold one"
+            )
+        return (
+            "its idempotency key (made by the tool's key function) holds a NUL character, "
+            "which not every store keeps; ask for the call again without it"
+        )
+    room = MAX_KEY_BYTES - len(run.tenant.encode("utf-8")) - (len(key) - len(own))
+    size = len(own.encode("utf-8"))
+    if size > room:
+        return (
+            f"its idempotency key (made by the tool's key function) is {size} bytes long; "
+            f"under this tenant a key may be at most {room} bytes, since not every store "
+            "can index a longer one"
+        )
+    return None
 
 
 def _key_holds_a_secret(

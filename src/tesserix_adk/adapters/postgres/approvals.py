@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tesserix_adk.adapters.postgres.connection import PostgresDatabase, Row
 from tesserix_adk.adapters.postgres.fenced import ATTEMPTS, FencedStore, refusal, run_params, stale
-from tesserix_adk.adapters.postgres.statements import Statements
+from tesserix_adk.adapters.postgres.statements import Statements, words
 from tesserix_adk.errors import StoreUnavailableError
 from tesserix_adk.messages import ToolCall
 from tesserix_adk.stores._common import calls_to_json
@@ -97,7 +97,13 @@ class PostgresApprovalStore(FencedStore):
         """Decide a request: the same decision again is a no-op, the other way raises
         ``ValueError``; an id unknown for the tenant raises ``KeyError``."""
         status = ApprovalStatus.approved if approved else ApprovalStatus.denied
-        params = {"id": id, "tenant": tenant, "status": status.value, "by": by, "note": note}
+        params = {
+            "id": id,
+            "tenant": tenant,
+            "status": status.value,
+            "by": words(by),
+            "note": words(note),
+        }
         for _ in range(ATTEMPTS):
             row = await self.database.row(
                 f"deciding approval request {id!r}", self._sql.decide, params

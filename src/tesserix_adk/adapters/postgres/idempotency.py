@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tesserix_adk.adapters.postgres.connection import PostgresDatabase, Row
 from tesserix_adk.adapters.postgres.fenced import ATTEMPTS, FencedStore, run_params, stale
-from tesserix_adk.adapters.postgres.statements import Statements
+from tesserix_adk.adapters.postgres.statements import Statements, words
 from tesserix_adk.errors import StaleFenceError, StoreUnavailableError
 from tesserix_adk.stores._common import no_claim, positive_ttl
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
@@ -195,7 +195,7 @@ class PostgresIdempotencyStore(FencedStore):
             "key": key,
             "never_ran": never_ran,
             "outcome": None if outcome is None else bytes(outcome),
-            "by": by,
+            "by": words(by),
             "holder": holder,
         }
         for _ in range(ATTEMPTS):

@@ -29,7 +29,15 @@ from typing import Self
 
 from tesserix_adk.errors import ConfigurationError
 
-__all__ = ["PACKAGE", "TABLES", "Statements", "qualify", "qualified_tables", "schema_identifier"]
+__all__ = [
+    "PACKAGE",
+    "TABLES",
+    "Statements",
+    "qualified_tables",
+    "qualify",
+    "schema_identifier",
+    "words",
+]
 
 PACKAGE = "tesserix_adk.adapters.postgres"
 
@@ -96,3 +104,10 @@ class Statements:
                 for field in fields(cls)
             }
         )
+
+
+def words(text: str | None) -> str | None:
+    """Free text (a reason, a note, who decided) as PostgreSQL's ``text`` keeps it: each
+    NUL, which it cannot keep, written ``\\x00``. A tool's error or an operator's note may
+    hold one; refused, the worker could neither park the run nor say why it waits."""
+    return None if text is None else text.replace("\x00", "\\x00")

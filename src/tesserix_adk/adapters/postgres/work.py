@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tesserix_adk.adapters.postgres.connection import PostgresDatabase, Row
 from tesserix_adk.adapters.postgres.fenced import run_params
-from tesserix_adk.adapters.postgres.statements import Statements
+from tesserix_adk.adapters.postgres.statements import Statements, words
 from tesserix_adk.stores.protocols import WorkItem, WorkState
 from tesserix_adk.stores.rows import decoded, due_items, typed, with_damaged
 
@@ -133,7 +133,7 @@ class PostgresWorkIndex:
                 agent=agent,
                 state=state.value,
                 delay=max(0.0, float(delay)),
-                reason=reason,
+                reason=words(reason),
                 count=None if count is None else int(count),
             ),
         )
@@ -143,7 +143,7 @@ class PostgresWorkIndex:
         await self.database.rows(
             f"parking run {run_id!r}",
             self._sql.park,
-            run_params(tenant, run_id, agent=agent, reason=reason),
+            run_params(tenant, run_id, agent=agent, reason=words(reason)),
         )
 
     async def done(self, tenant: str, run_id: str) -> None:
