@@ -193,11 +193,12 @@ def test_a_tenant_spelt_another_way_sees_and_decides_nothing_of_acme(
 ) -> None:
     request_id = asyncio.run(_approval_of_wait(store_url))
     with _client(create_app(store_url)) as client:
+        # 400: an address holding NUL, which no tenant does, is refused as bad input.
         listing = client.get(tenant_path(variant, "runs"))
-        assert listing.status_code in (200, 404)
+        assert listing.status_code in (200, 404, 400)
         assert "r-wait" not in listing.text and "r-park" not in listing.text
         page = client.get(tenant_path(variant, "runs", "r-wait"))
-        assert page.status_code == 404
+        assert page.status_code in (404, 400) and (page.status_code == 400) == ("\x00" in variant)
         csrf = _csrf(client)
         answer = client.post(
             tenant_path(variant, "approvals", request_id),
@@ -573,7 +574,9 @@ def test_two_resolutions_racing_record_exactly_one(tmp_path: Path) -> None:
     with served(create_app(url)) as base, ThreadPoolExecutor(2) as pool:
         answers = list(pool.map(lambda who: resolve(base, who), ["carol", "dave"]))
     codes = sorted(a.status_code for a in answers)
-    assert codes == [200, 409], [a.text for a in answers]
+    # The loser meets the decision made (409), or the winner still holding the run while
+    # it records it: the CLI's exit 3, "retry later" (503).
+    assert codes in ([200, 409], [200, 503]), [a.text[-600:] for a in answers]
     winner = ["carol", "dave"][[a.status_code for a in answers].index(200)]
     rec = asyncio.run(_record(url, "r-ghost"))
     assert rec.status is RecordStatus.completed and rec.by == winner

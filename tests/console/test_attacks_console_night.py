@@ -125,11 +125,6 @@ async def _status(url: str, run_id: str) -> str:
 # --- a resolution the operator contradicted -----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="resolve form: what=never_ran with an outcome typed is taken as never ran "
-    "(the call goes out again); the CLI refuses --never-ran with --outcome",
-)
 def test_a_resolution_saying_never_ran_beside_a_typed_outcome_is_refused(tmp_path: Path) -> None:
     """The resolve form checks "it never ran" by default: an operator who types what the
     call returned but leaves the radio alone sends ``what=never_ran&outcome={...}``. The CLI
@@ -246,11 +241,6 @@ def test_a_damaged_rows_error_text_on_a_page_masks_the_secret_it_holds(
 # --- a store that cannot take the decision now ----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a decision the store cannot take now (locked: the CLI's exit 3, retry later) is "
-    "answered 409 Conflict, not 503 as the console's reads answer it",
-)
 def test_a_decision_while_the_store_is_locked_says_retry_later(
     store_url: str, tmp_path: Path
 ) -> None:
@@ -410,11 +400,6 @@ def _postgres_url() -> Iterator[str]:
         loop.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="on PostgreSQL an address naming a tenant or run with a NUL is a 500 "
-    "(the store's error), where SQLite answers it; bad input should be a 4xx",
-)
 def test_a_nul_in_an_address_on_postgres_is_not_a_server_error() -> None:
     with _postgres_url() as url:
 

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tesserix_adk.cli.failures import explain
+from tesserix_adk.cli.failures import ExitCode, explain
 from tesserix_adk.console import actions, pages
 from tesserix_adk.console.guard import CSRF_COOKIE, TOKEN_COOKIE, Guard, Refusal, csrf_of
 from tesserix_adk.console.reads import RunFilter, run_detail, runs, unstarted_run
@@ -159,6 +159,15 @@ def create_app(
         if what not in ("never_ran", "outcome"):
             raise Refusal(400, "say whether the call never ran or what its outcome was")
         never_ran = what == "never_ran"
+        if never_ran and (form.get("outcome") or "").strip():
+            # As the CLI refuses --never-ran beside --outcome: an operator who typed what
+            # the call returned and left the choice as it was must not record "never ran",
+            # which sends the call again.
+            raise Refusal(
+                400,
+                "say either that the call never ran or what its outcome was, not both: "
+                "nothing was recorded",
+            )
         argv = actions.resolve_argv(
             tenant,
             run_id,
@@ -238,15 +247,19 @@ def _param(request: Request, name: str) -> str:
 
 def _check_path(request: Request) -> None:
     """An address whose ids are not UTF-8 names no tenant or run: refused, never read as
-    the replacement character (two such addresses would be one tenant nobody typed)."""
+    the replacement character (two such addresses would be one tenant nobody typed); nor
+    does one holding a NUL."""
     raw = request.scope.get("raw_path") or request.url.path.encode()
     if not raw.isascii():
         # Sent unencoded, its bytes would be routed as Latin-1 (``_RoutedRaw``).
         raise Refusal(400, "that address is not percent-encoded")
     try:
-        unquote_to_bytes(raw).decode("utf-8")
+        path = unquote_to_bytes(raw).decode("utf-8")
     except UnicodeDecodeError:
         raise Refusal(400, "that address is not UTF-8") from None
+    if "\x00" in path:
+        # No id the kit keeps holds one (``run.ids``); PostgreSQL could not even be asked.
+        raise Refusal(400, "that address holds a NUL character, which no tenant or run id does")
 
 
 def _tls(request: Request) -> bool:
@@ -271,7 +284,12 @@ def _result(tenant: str, run_id: str, heading: str, done: actions.Done) -> Respo
         else pages.tenant_path(tenant, "runs"),
         run=run_id,
     )
-    return _html(pages.page(heading, body, tenant=tenant), 200 if done.ok else 409)
+    return _html(pages.page(heading, body, tenant=tenant), _STATUS.get(done.code, 409))
+
+
+# What a decision's exit code is over HTTP: the store busy or down (the CLI's "retry
+# later") is not a conflict with a decision already made.
+_STATUS = {ExitCode.CARRIED_ON: 200, ExitCode.HELD: 503}
 
 
 def _html(text: str, status: int = 200) -> HTMLResponse:
