@@ -7,6 +7,8 @@ checkpoint format: fields may grow, never silently change.
 from __future__ import annotations
 
 import base64
+import json
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -23,6 +25,7 @@ __all__ = [
     "ToolCall",
     "ToolOutcome",
     "Usage",
+    "content_json",
     "message_from_json",
     "message_to_json",
     "refusal_of",
@@ -133,9 +136,29 @@ class Message:
 
 
 def _json_text(outcome: ToolOutcome) -> str:
-    import json
+    return content_json(outcome.content, sort_keys=True, default=str)
 
-    return json.dumps(outcome.content, sort_keys=True, default=str)
+
+def content_json(content: Any, **options: Any) -> str:
+    """A tool result's ``content`` as JSON text (``json.dumps`` with ``options``). An int
+    past Python's limit for writing one as text (4,300 digits) is written as its hex text
+    (``"0x…"``, exact): the call it answers completed, and must be recorded so."""
+    try:
+        return json.dumps(content, **options)
+    except ValueError:
+        return json.dumps(_big_ints_as_hex(content, sys.get_int_max_str_digits()), **options)
+
+
+def _big_ints_as_hex(value: Any, digits: int) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        # At most this many decimal digits (bit_length * log10 2, plus one): near the
+        # limit, a few that would still fit are written as hex too.
+        return hex(value) if digits and value.bit_length() * 0.30103 + 1 > digits else value
+    if isinstance(value, Mapping):
+        return {k: _big_ints_as_hex(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_big_ints_as_hex(v, digits) for v in value]
+    return value
 
 
 def message_to_json(message: Message) -> dict[str, Any]:

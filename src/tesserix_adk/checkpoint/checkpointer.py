@@ -416,10 +416,11 @@ OFF_LOOP_BYTES = 16 * 1024
 
 def text_weight(value: Any) -> int:
     """A cheap estimate of how much text redacting ``value`` goes through (a value too
-    deep to print counts as heavy: the encoder refuses it, in a thread)."""
+    deep to print, or holding an int too long to, counts as heavy: it is handled in a
+    thread)."""
     try:
         return len(str(value))
-    except RecursionError:
+    except (RecursionError, ValueError):
         return OFF_LOOP_BYTES + 1
 
 

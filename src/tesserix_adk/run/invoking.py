@@ -17,7 +17,7 @@ from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.tools import Tool, ToolContext, accepts_ctx, call_maybe_async
 
-__all__ = ["NotSent", "invoke"]
+__all__ = ["NotSent", "invoke", "result_content"]
 
 _log = logging.getLogger("tesserix_adk.runner")
 
@@ -58,7 +58,7 @@ async def invoke(
         else:
             with outside_scope():
                 result = await tool.invoke(call.arguments, ctx, guard=guard)
-        return ToolOutcome(call_id=call.id, content=to_jsonable_python(result, fallback=str))
+        return ToolOutcome(call_id=call.id, content=result_content(result))
     except ToolOutcomeUnknownError as exc:
         # Sent, and whether it took effect is unknown: told to the model as an error it
         # would be asked for again under a new key. Its claim stays in flight, for the
@@ -75,6 +75,16 @@ async def invoke(
         if refused and exc is refused[0]:
             raise NotSent(refused[0]) from None
         return ToolOutcome(call_id=call.id, content=f"{type(exc).__name__}: {exc}", is_error=True)
+
+
+def result_content(result: Any) -> Any:
+    """What a tool returned, as JSON data (``to_jsonable_python``; what it cannot write,
+    as its ``str``). Bytes are their UTF-8 text, or base64 text when they are not UTF-8
+    (an image): the call completed, and the model must not be told it failed."""
+    try:
+        return to_jsonable_python(result, fallback=str)
+    except UnicodeDecodeError:
+        return to_jsonable_python(result, fallback=str, bytes_mode="base64")
 
 
 def _stub_result(value: Any) -> Any:

@@ -16,8 +16,6 @@ import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from pydantic_core import to_jsonable_python
-
 from tesserix_adk.checkpoint.checkpointer import OFF_LOOP_BYTES, text_weight
 from tesserix_adk.checkpoint.payload import (
     OutstandingCall,
@@ -33,6 +31,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.messages import ToolCall, ToolOutcome
 from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.run.invoking import result_content
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
@@ -263,8 +262,7 @@ def returned_outcome(call: ToolCall, cancelled: ThreadReturned) -> ToolOutcome |
     when it is unknown (a lost reply) or the thread died another way."""
     error = cancelled.done.exception()
     if error is None:
-        content = to_jsonable_python(cancelled.done.result(), fallback=str)
-        return ToolOutcome(call_id=call.id, content=content)
+        return ToolOutcome(call_id=call.id, content=result_content(cancelled.done.result()))
     if isinstance(error, ToolOutcomeUnknownError) or not isinstance(error, Exception):
         return None
     return ToolOutcome(call_id=call.id, content=f"{type(error).__name__}: {error}", is_error=True)

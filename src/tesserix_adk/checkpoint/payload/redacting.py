@@ -13,7 +13,7 @@ from typing import Any
 
 from tesserix_adk.checkpoint.payload.envelope import _bounded
 from tesserix_adk.checkpoint.redaction import Redactor
-from tesserix_adk.messages import Message
+from tesserix_adk.messages import Message, content_json
 from tesserix_adk.messages import message_to_json as _message_to_json
 
 __all__ = ["redact_outcome_content"]
@@ -31,7 +31,7 @@ def redact_outcome_content(content: Any, redactor: Redactor) -> Any:
         return _redacted_text(content, redactor)
     # As JSON data first, the way the transcript entry writes it (``default=str``): a
     # result the codec cannot write would leave a completed call's claim in flight.
-    data = json.loads(json.dumps(_bounded(content, "a tool result"), default=str))
+    data = json.loads(content_json(_bounded(content, "a tool result"), default=str))
     return redactor.value(data)
 
 
