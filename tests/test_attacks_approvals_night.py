@@ -149,12 +149,6 @@ def _db(url: str) -> sqlite3.Connection:
 
 
 @pytest.mark.redis
-@pytest.mark.xfail(
-    strict=True,
-    reason="Redis: a request whose id pointer was set but whose hash was never written "
-    "(death or lost connection between the two commands) makes every later ask raise a "
-    "raw ValueError 'is taken': the run can never ask again",
-)
 async def test_a_redis_request_cut_between_its_two_commands_is_asked_again(
     tmp_path: Path,
 ) -> None:
@@ -355,12 +349,6 @@ async def test_arguments_swapped_between_two_requests_are_refused_typed(tmp_path
     assert airline.sent == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a request row that names another run (rows swapped) is acted on: the run "
-    "checks only the calls, never the request's run_id or iteration, so a denied run "
-    "sends on the other run's approval",
-)
 async def test_a_request_row_of_another_run_is_never_acted_on(tmp_path: Path) -> None:
     """Runs a and b wait on the same call (book LH1). The operator denies a and approves b.
     The two rows are then swapped in the store (each id now holds the other's row): run a
@@ -765,12 +753,6 @@ async def test_approving_a_stale_request_never_sends_what_the_model_asks_now(
 # --- 9. a request row gone from under a waiting run ----------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a waiting run whose request row is gone or was moved to another tenant is "
-    "refused as NoCheckpointError, exit 1 'nothing checkpointed', though its frontier "
-    "stands: a damaged store must be exit 4",
-)
 @pytest.mark.parametrize("damage", ["moved to another tenant", "deleted"])
 async def test_a_waiting_run_whose_request_row_is_gone_is_refused_as_damage(
     tmp_path: Path, damage: str

@@ -702,13 +702,14 @@ def test_resolve_with_a_bad_outcome_takes_no_lease(
     assert _dump(path) == before
 
 
-def test_a_nul_in_an_id_is_printed_escaped_and_finds_nothing(
+def test_a_nul_in_an_id_is_refused_as_usage_and_changes_nothing(
     finished: tuple[Path, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """No id the kit keeps holds a NUL (``run.ids``: PostgreSQL's text cannot)."""
     path, url = finished
     before = _dump(path)
     code, _, err = _main(capsys, "--store", url, "inspect", "r\x00", "--tenant", "t")
-    assert code == ExitCode.NOTHING_CHECKPOINTED and _plain(err) and "\\x00" in err, err
+    assert code == ExitCode.USAGE and _plain(err) and "NUL" in err, err
     assert _dump(path) == before
 
 

@@ -18,7 +18,7 @@ from tesserix_adk.checkpoint.payload import (
     PendingApproval,
 )
 from tesserix_adk.checkpoint.redaction import Redactor
-from tesserix_adk.errors import CheckpointCorruptError, ConfigurationError, NoCheckpointError
+from tesserix_adk.errors import CheckpointCorruptError, ConfigurationError
 from tesserix_adk.messages import ToolCall, refusal_of
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.frontier import write_frontier
@@ -106,7 +106,20 @@ async def take_decision(
         raise ConfigurationError("this run waits on an approval; the runner has no store")
     request = await parts.approvals.get(run.tenant, pending.id)
     if request is None:
-        raise NoCheckpointError(f"approval request {pending.id!r} is gone")
+        # The frontier stands and names it: a store that lost it was damaged, or restored
+        # apart from the checkpoints; not a run that never was (exit 4, not 1).
+        raise CheckpointCorruptError(
+            f"approval request {pending.id!r}, which run {run.run_id!r} waits on, is gone "
+            "from the approval store"
+        )
+    if request.run_id != run.run_id or request.iteration != run.iteration:
+        # Another run's row under this id (rows swapped or copied): its decision is that
+        # run's, never this one's.
+        raise CheckpointCorruptError(
+            f"approval request {pending.id!r} names run {request.run_id!r} at turn "
+            f"{request.iteration}, not run {run.run_id!r} at turn {run.iteration}; the "
+            "approval store holds a damaged row"
+        )
     if request.status is ApprovalStatus.pending:
         return run.result(RunStatus.waiting_approval, fence=attempt.fence, pending_approval=request)
     # The frontier names the calls as this run's transcript does; a request found again

@@ -103,9 +103,13 @@ class RedisApprovalStore(_FencedRedisStore):
                     break
                 if chosen is not None:
                     existing = await self.get(tenant, chosen)
-                    if existing is None:
+                    if existing is not None:
+                        return existing
+                    if await self._locate(tenant, chosen) != tag:
                         raise ValueError(f"approval request id {chosen!r} is taken")
-                    return existing
+                    # This run's own pointer with no request behind it: an attempt died
+                    # (or lost its connection) between the two. Written now, under it.
+                    break
             result = await self._request(
                 keys=[
                     self._request_key(tag, id),
