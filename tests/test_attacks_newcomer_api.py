@@ -254,12 +254,6 @@ async def test_a_key_function_returning_a_number_refuses_the_turn_before_anythin
     assert sent == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two tools keyed by the same business object (charge and refund by order): the "
-    "refund finds charge's completed record and the model is told charge's outcome as the "
-    "refund's; the refund is never sent and nothing says so",
-)
 async def test_a_key_two_tools_share_never_answers_one_with_the_others_outcome(
     tmp_path: Path,
 ) -> None:

@@ -455,8 +455,19 @@ def _replayed(
     run: RunState, attempt: Attempt, oc: OutstandingCall, rec: IdempotencyRecord
 ) -> ToolOutcome:
     """The recorded outcome, replayed. Read before it is reported started: one that cannot
-    be read is no replay, and an attempt ending with a call started reports it as sent."""
+    be read is no replay, and an attempt ending with a call started reports it as sent.
+    A record of another tool's call (a key two tools share: ``order-5`` for a charge and
+    its refund) answers nothing of this one, which is not sent either: its key is taken."""
     assert rec.outcome is not None
+    if rec.tool is not None and rec.tool != oc.call.name:
+        refusal = ToolOutcome(
+            call_id=oc.call.id,
+            content=f"not sent: its idempotency key names a call of {rec.tool} that was "
+            f"made already; {oc.call.name} and {rec.tool} make the same keys, and each "
+            "tool needs keys of its own",
+            is_error=True,
+        )
+        return _finished(run, attempt, oc, refusal, CallDisposition.refused)
     known = decode_outcome(rec.outcome, oc.call.id, record=record_tag(run.tenant, rec.key))
     _started(run, attempt, oc)
     # Recorded with a ``by``: a reconciler or an operator said what happened.
