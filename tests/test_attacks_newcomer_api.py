@@ -91,12 +91,6 @@ class _Callable:
         return str(a * 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Tool() of a functools.partial, a callable object, a non-callable or a parameter "
-    "type pydantic cannot build raises AttributeError/PydanticSchemaGenerationError, not a "
-    "ConfigurationError",
-)
 @pytest.mark.parametrize(
     "make",
     [
@@ -116,12 +110,6 @@ def _takes_a_socket(s: socket.socket) -> str:
     return "ok"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool made of a functools.partial or a callable object loses its parameters' "
-    "types (annotations read from the object, not its signature): the schema says nothing "
-    "and arguments of the wrong type pass validation into a side-effecting call",
-)
 @pytest.mark.parametrize(
     "fn",
     [
@@ -150,12 +138,6 @@ def _model_config(model_config: str) -> str:
     return model_config
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool whose parameter can never be passed (positional-only, a leading "
-    "underscore, named model_config) is accepted: every call of it is claimed and fails, "
-    "or is answered 'invalid arguments', instead of a ConfigurationError at definition",
-)
 @pytest.mark.parametrize("fn", [_positional_only, _private, _model_config])
 def test_a_parameter_no_call_can_pass_is_refused_at_definition(fn: Any) -> None:
     with pytest.raises(ConfigurationError):
@@ -487,11 +469,6 @@ async def test_a_nul_in_an_id_is_a_configuration_error_on_postgres(
 # --- store URLs ----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open_stores' SQLite and memory errors (a host given, no file, a bad "
-    "synchronous) quote the URL unredacted: its password reaches the error and stderr",
-)
 @pytest.mark.parametrize(
     "url",
     [
@@ -506,12 +483,6 @@ def test_a_store_url_error_never_shows_its_password(url: str) -> None:
     assert SECRET not in str(raised.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="'sqlite:/abs/path' (one slash, a typo of sqlite:////abs/path) is read as the "
-    "relative path 'abs/path' under the current directory: a different, empty store, "
-    "neither refused nor the absolute file",
-)
 async def test_a_one_slash_sqlite_url_is_refused_or_absolute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -570,11 +541,6 @@ async def test_an_unusable_server_store_is_typed_and_keeps_the_password_out(
     assert sent == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the CLI masks a SQLite URL's password where it is quoted whole but prints the "
-    "host part ('admin:<password>@db') of the same sentence as it is, on stderr",
-)
 def test_the_cli_never_prints_a_sqlite_urls_password(tmp_path: Path) -> None:
     url = f"sqlite://admin:{SECRET}@db.internal/adk.sqlite3"
     done = subprocess.run(

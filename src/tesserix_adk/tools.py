@@ -145,8 +145,19 @@ class Tool:
         inline: bool = False,
         reconcile: Reconciler | None = None,
     ) -> None:
+        if not callable(fn):
+            raise ConfigurationError(
+                f"a tool is made of a function, a method or a callable object, not "
+                f"{type(fn).__name__}"
+            )
         self.fn = fn
-        self.name = name or fn.__name__
+        named = name or getattr(fn, "__name__", None)
+        if not isinstance(named, str) or not named:
+            raise ConfigurationError(
+                f"a tool made of {type(fn).__name__} {fn!r} has no name of its own; give "
+                "it one: Tool(fn, name=...)"
+            )
+        self.name = named
         self.description = (description or inspect.getdoc(fn) or "").strip()
         self.side_effects = side_effects
         self.idempotent = idempotent
@@ -344,8 +355,9 @@ def accepts_ctx(fn: Callable[..., Any]) -> bool:
 
 def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel], bool]:
     try:
-        sig = inspect.signature(fn)
-        hints = inspect.get_annotations(fn, eval_str=True)
+        # From the signature, which sees through a partial or a callable object's
+        # ``__call__`` (the object's own annotations would be none: every type ``Any``).
+        sig = inspect.signature(fn, eval_str=True)
     except (TypeError, ValueError, NameError) as exc:
         raise ConfigurationError(f"cannot read the signature of tool {name!r}: {exc}") from exc
     fields: dict[str, Any] = {}
@@ -356,11 +368,35 @@ def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel]
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigurationError(f"tool {name!r} cannot take *args or **kwargs")
-        annotation = hints.get(param.name, Any)
+        unpassable = _unpassable(param)
+        if unpassable is not None:
+            raise ConfigurationError(
+                f"tool {name!r} has a parameter {param.name!r} {unpassable}, so no call "
+                "could pass it; rename it, or make it keyword"
+            )
+        annotation = Any if param.annotation is param.empty else param.annotation
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, default)
-    model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    try:
+        model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+        model.model_json_schema()
+    except Exception as exc:  # pydantic's schema errors: a type it cannot describe
+        raise ConfigurationError(
+            f"tool {name!r} has parameters the kit cannot describe to a model: {exc}"
+        ) from exc
     return cast(type[BaseModel], model), has_ctx
+
+
+def _unpassable(param: inspect.Parameter) -> str | None:
+    """Why a call could never pass ``param`` by name (the model sends arguments by name,
+    validated by a pydantic model), or ``None``."""
+    if param.kind is param.POSITIONAL_ONLY:
+        return "that is positional-only"
+    if param.name.startswith("_"):
+        return "whose name starts with '_' (pydantic keeps such names private)"
+    if param.name == "model_config":
+        return "named model_config (pydantic's own name)"
+    return None
 
 
 @overload

@@ -186,7 +186,7 @@ def _open_memory(url: str, netloc: str, path: str, query: str) -> Stores:
 
     if netloc or path:
         raise ConfigurationError(
-            f"a memory store URL takes no host or path: use 'memory://', not {url!r}"
+            f"a memory store URL takes no host or path: use 'memory://', not {redact_url(url)!r}"
         )
     options, _ = store_options(url, query, "memory", driver=False)
     leases = MemoryLeaseStore()
@@ -206,9 +206,20 @@ def _open_memory(url: str, netloc: str, path: str, query: str) -> Stores:
 def _open_sqlite(url: str, netloc: str, path: str, query: str) -> Stores:
     from tesserix_adk.stores.sqlite import open_sqlite_stores
 
+    # Every sentence names the URL with its password masked: one typed with a host has a
+    # user and password in it as often as not.
+    shown = redact_url(url)
     if netloc:
         raise ConfigurationError(
-            f"a SQLite store URL has no host ({netloc!r} in {url!r}); use "
+            f"a SQLite store URL has no host ({shown!r} names one); use "
+            f"sqlite:///relative/path or sqlite:////absolute/path"
+        )
+    if not url.strip().partition(":")[2].startswith("//"):
+        # sqlite:/srv/adk.sqlite3 (a slash short of sqlite:////srv/...) would be read as
+        # the relative srv/adk.sqlite3: processes started in other directories would each
+        # open a store of their own.
+        raise ConfigurationError(
+            f"the SQLite store URL {shown!r} lacks the // after 'sqlite:'; use "
             f"sqlite:///relative/path or sqlite:////absolute/path"
         )
     # SQLAlchemy style: the first slash ends the (empty) authority; what follows is the
@@ -216,14 +227,14 @@ def _open_sqlite(url: str, netloc: str, path: str, query: str) -> Stores:
     file = unquote(path[1:] if path.startswith("/") else path)
     if not file:
         raise ConfigurationError(
-            f"the SQLite store URL {url!r} names no file; use sqlite:///relative/path or "
+            f"the SQLite store URL {shown!r} names no file; use sqlite:///relative/path or "
             f"sqlite:////absolute/path"
         )
     options, _ = store_options(url, query, "SQLite", driver=False)
     synchronous = options.get("synchronous", "full").lower()
     if synchronous not in ("full", "normal"):
         raise ConfigurationError(
-            f"synchronous in {url!r} must be 'full' or 'normal', got {options['synchronous']!r}"
+            f"synchronous in {shown!r} must be 'full' or 'normal', got {options['synchronous']!r}"
         )
     return open_sqlite_stores(
         file, keep_last=keep_last_option(url, options), synchronous=synchronous, url=url
