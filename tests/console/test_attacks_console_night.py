@@ -4,14 +4,19 @@ Every decision the console offers must keep the CLI's promises (one effect per b
 key, typed refusals, nothing lost), on stale pages, with two operators (the console and the
 CLI) on one run, and with one run's row damaged: a listing must not die for it.
 
-Tests marked ``xfail(strict=True)`` show a defect found by these attacks: they fail now and
-pass once it is fixed. The others are promises that held."""
+The attack found six defects, each a strict xfail until it was fixed; all are fixed and
+their tests pass: a resolve form saying "never ran" beside a typed outcome recorded never
+ran (and a resume sent the call again); one run's damaged work index entry or lease row
+made the runs list, and every other run's page, a 500 (and ``tesserix runs`` exit 4); a
+decision the store could not take now was 409, not 503; an address holding NUL was a 500
+on PostgreSQL. The other tests are promises that held."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import io
+import json
 import re
 import shutil
 import sqlite3
@@ -173,10 +178,6 @@ def test_the_cli_refuses_never_ran_beside_an_outcome(tmp_path: Path) -> None:
 # --- one run's damaged row ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one run's damaged work-index row (adk_work) makes the tenant's runs list a 500",
-)
 def test_one_runs_damaged_work_entry_leaves_the_runs_list_up(
     store_url: str, tmp_path: Path
 ) -> None:
@@ -188,10 +189,6 @@ def test_one_runs_damaged_work_entry_leaves_the_runs_list_up(
         assert ">r-wait</a>" in listing.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one run's damaged work-index row makes every other run's page of the tenant a 500",
-)
 def test_one_runs_damaged_work_entry_leaves_another_runs_page_up(
     store_url: str, tmp_path: Path
 ) -> None:
@@ -203,10 +200,6 @@ def test_one_runs_damaged_work_entry_leaves_another_runs_page_up(
         assert 'id="approval"' in page.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one run's damaged lease row (adk_run_leases) makes the tenant's runs list a 500",
-)
 def test_one_runs_damaged_lease_row_leaves_the_runs_list_up(store_url: str, tmp_path: Path) -> None:
     url, path = _copy(store_url, tmp_path)
     _damage(
@@ -418,3 +411,41 @@ def test_a_nul_in_an_address_on_postgres_is_not_a_server_error() -> None:
     assert [a.status_code < 500 for a in answers] == [True, True], [
         (a.status_code, _said(a)) for a in answers
     ]
+
+
+def _runs_json(url: str, *extra: str) -> tuple[int, list[dict[str, Any]], str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["--store", url, "runs", "--tenant", TENANT, "--json", *extra])
+    runs = json.loads(out.getvalue())["runs"] if out.getvalue() else []
+    return code, runs, err.getvalue()
+
+
+@pytest.mark.parametrize("damage", ["work", "lease"])
+def test_tesserix_runs_lists_every_other_run_past_one_damaged_row(
+    store_url: str, tmp_path: Path, damage: str
+) -> None:
+    """The CLI as the console: one run's damaged work index entry or lease row is that
+    run's row, unreadable and named, and every other run is listed (it exited 4)."""
+    url, path = _copy(store_url, tmp_path)
+    if damage == "work":
+        _damage(
+            path,
+            f"UPDATE adk_work SET attempts = 'password=hunter2hunter2 {SECRET}' "
+            "WHERE tenant = 'acme' AND run_id = 'r-park'",
+        )
+    else:
+        _damage(
+            path,
+            "UPDATE adk_run_leases SET fence = 'x', holder = 'w-1', expires_at = 1e12 "
+            "WHERE tenant = 'acme' AND run_id = 'r-park'",
+        )
+    code, rows, err = _runs_json(url)
+    assert code == 0, err
+    by_run = {r["run_id"]: r for r in rows}
+    assert by_run["r-wait"]["status"] == "waiting_approval"
+    assert by_run["r-park"]["status"] == "unreadable", by_run["r-park"]
+    assert SECRET not in json.dumps(rows) and "hunter2" not in json.dumps(rows)
+    # Asked for the stuck, the damaged run is there too: it waits for a person.
+    code, stuck, err = _runs_json(url, "--stuck")
+    assert code == 0 and "r-park" in {r["run_id"] for r in stuck}, (err, stuck)

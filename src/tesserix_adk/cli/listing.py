@@ -26,10 +26,11 @@ from tesserix_adk.cli.jsonout import emit, lease_json, when
 from tesserix_adk.cli.reasons import blocked, failure_reason
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
+from tesserix_adk.run.entries import damage, parked_entries
 from tesserix_adk.run.unstarted import unstarted_runs
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import run_listing
-from tesserix_adk.stores.protocols import RecordStatus, WorkState
+from tesserix_adk.stores.protocols import RecordStatus
 
 __all__ = ["HEADER", "add_runs_arguments", "run_runs", "since_time"]
 
@@ -157,11 +158,9 @@ async def _rows(
     args: argparse.Namespace, stores: Stores, agent: str | None, revision: str | None
 ) -> list[dict[str, Any]]:
     checkpointer = Checkpointer.from_stores(stores)
-    parked = {}
-    if stores.work is not None:
-        parked = {i.run_id: i for i in await stores.work.items(args.tenant, state=WorkState.parked)}
     rows: list[dict[str, Any]] = []
     listed = await run_listing(stores.checkpoints).runs(args.tenant)
+    parked, damaged = await parked_entries(stores, args.tenant, listed)
     for run_id in listed:
         try:
             cp = await checkpointer.latest(args.tenant, run_id)
@@ -176,12 +175,14 @@ async def _rows(
             continue
         if args.since is not None and (cp.written_at or 0) < args.since:
             continue
-        lease = await stores.leases.current(args.tenant, run_id)
         try:
+            lease = await stores.leases.current(args.tenant, run_id)
             records = await stores.idempotency.records(args.tenant, run_id)
+            if run_id in damaged:
+                raise CheckpointCorruptError(damaged[run_id])
         except CheckpointCorruptError as exc:
             # One run's damaged row hides no other run: it is listed as a damaged frontier is.
-            rows.append({**_UNREADABLE, "run_id": run_id, "reason": str(exc)})
+            rows.append({**_UNREADABLE, "run_id": run_id, "reason": damage(exc)})
             continue
         in_flight = sum(
             1 for r in records if r.tool is not None and r.status is RecordStatus.in_flight
@@ -230,8 +231,17 @@ async def _submitted(
     ``--status`` (a frontier's) keeps only those cancelled, for ``cancelled``; ``--stuck``
     keeps the parked."""
     cancelled = not args.stuck and (not args.status or "cancelled" in args.status)
-    rows = []
-    for run in await unstarted_runs(stores, args.tenant, with_frontier=listed, cancelled=cancelled):
+    rows: list[dict[str, Any]] = []
+    try:
+        unstarted = await unstarted_runs(
+            stores, args.tenant, with_frontier=listed, cancelled=cancelled
+        )
+    except CheckpointCorruptError as exc:
+        # Known only by listing the index, which one damaged entry stops: said in a row
+        # of its own, every run with a frontier still listed.
+        reason = f"runs not started yet cannot be listed: {damage(exc)}"
+        return [{**_UNREADABLE, "run_id": "-", "reason": reason}]
+    for run in unstarted:
         item = run.item
         if agent is not None and item.agent != agent:
             continue

@@ -168,6 +168,8 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
     parked: Markup | str = ""
     if d.parked is not None:
         parked = render("parked.html", reason=d.parked.reason or "")
+    elif d.entry_problem is not None:
+        parked = render("entry_problem.html", problem=d.entry_problem)
     cancel: Markup | str = ""
     if not cp.status.finished:
         cancel = render("cancel.html", action=run_path + "/cancel", csrf=csrf)

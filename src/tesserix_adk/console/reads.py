@@ -17,6 +17,7 @@ from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, left_open, plan_as_told
 from tesserix_adk.errors import AdkError, CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.messages import Message
+from tesserix_adk.run.entries import damage, parked_entries
 from tesserix_adk.run.unstarted import Unstarted, unstarted_runs
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import run_listing, step_history
@@ -109,6 +110,8 @@ class RunDetail:
     messages: tuple[Message, ...] = ()
     # Why the transcript could not be read (gone, damaged), or ``None``.
     transcript_problem: str | None = None
+    # Why the run's work index entry could not be read, or ``None``.
+    entry_problem: str | None = None
 
 
 def key_digest(key: str | None) -> str:
@@ -118,33 +121,33 @@ def key_digest(key: str | None) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
-async def _parked(stores: Stores, tenant: str) -> dict[str, WorkItem]:
-    if stores.work is None:
-        return {}
-    return {i.run_id: i for i in await stores.work.items(tenant, state=WorkState.parked)}
-
-
 async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary]:
     """The tenant's runs that pass ``where``, in the store's order."""
     checkpointer = Checkpointer.from_stores(stores)
-    parked = await _parked(stores, tenant)
     shown: list[RunSummary] = []
+    # A run that cannot be read is shown unless the filter asks for what it cannot tell;
+    # asked for the stuck, it is shown too: it waits for a person as a parked one does.
+    damage_shown = where.stuck or not (where.status or where.agent)
     listed = await run_listing(stores.checkpoints).runs(tenant)
+    parked, damaged = await parked_entries(stores, tenant, listed)
     for run_id in listed:
         try:
             cp = await checkpointer.latest(tenant, run_id)
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
-            if not (where.status or where.agent or where.stuck):
-                shown.append(RunSummary(run_id, unreadable=str(exc)))
+            if damage_shown:
+                shown.append(RunSummary(run_id, unreadable=damage(exc)))
             continue
         if cp is None:
             continue
         try:
             records = await stores.idempotency.records(tenant, run_id)
+            lease = await stores.leases.current(tenant, run_id)
+            if run_id in damaged:
+                raise CheckpointCorruptError(damaged[run_id])
         except CheckpointCorruptError as exc:
             # One run's damaged row hides no other run, as a damaged frontier does not.
-            if not (where.status or where.agent or where.stuck):
-                shown.append(RunSummary(run_id, unreadable=str(exc)))
+            if damage_shown:
+                shown.append(RunSummary(run_id, unreadable=damage(exc)))
             continue
         park = parked.get(run_id)
         summary = RunSummary(
@@ -157,7 +160,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
                 1 for r in records if r.tool is not None and r.status is RecordStatus.in_flight
             ),
             in_doubt=sum(map(left_open, records)),
-            lease=await stores.leases.current(tenant, run_id),
+            lease=lease,
             parked=None if park is None else (park.reason or ""),
             pending_approval=None if cp.pending_approval is None else cp.pending_approval.id,
             finished=cp.status.finished,
@@ -169,9 +172,17 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
         if where.stuck and not summary.stuck:
             continue
         shown.append(summary)
-    for run in await unstarted_runs(stores, tenant, with_frontier=set(listed)):
+    try:
+        unstarted = await unstarted_runs(stores, tenant, with_frontier=set(listed))
+    except CheckpointCorruptError as exc:
+        # The runs with no frontier are known only by listing the index, which one
+        # damaged entry stops: said in a row of its own, the rest still shown.
+        if damage_shown:
+            shown.append(RunSummary("-", unreadable=f"runs not started yet: {damage(exc)}"))
+        unstarted = []
+    for run in unstarted:
         if run.unreadable is not None:
-            if not (where.status or where.agent or where.stuck):
+            if damage_shown:
                 shown.append(RunSummary(run.item.run_id, unreadable=run.unreadable))
             continue
         summary = RunSummary(
@@ -213,18 +224,25 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
     try:
         messages = tuple(await checkpointer.messages(cp))
     except AdkError as exc:  # the rest of the page still helps the operator
-        problem = str(exc)
+        problem = damage(exc)
     approval = None
     if cp.pending_approval is not None:
         approval = await stores.approvals.get(tenant, cp.pending_approval.id)
     lease = await stores.leases.current(tenant, run_id)
+    parked, entry_problem = None, None
+    if stores.work is not None:
+        try:
+            parked = await stores.work.entry(tenant, run_id)
+        except CheckpointCorruptError as exc:  # its own entry: the page still helps
+            entry_problem = damage(exc)
     return RunDetail(
         checkpoint=cp,
         # As `tesserix inspect` tells it.
         plan=await plan_as_told(cp, stores.idempotency, lease),
         spent=await stores.ledger.spent(tenant, run_id),
         lease=lease,
-        parked=(await _parked(stores, tenant)).get(run_id),
+        parked=parked if parked is not None and parked.state is WorkState.parked else None,
+        entry_problem=entry_problem,
         approval=approval,
         records=tuple(
             r for r in await stores.idempotency.records(tenant, run_id) if r.tool is not None
@@ -246,7 +264,7 @@ async def _steps(stores: Stores, tenant: str, run_id: str) -> list[StepRow]:
         try:
             cp = await checkpointer.at(tenant, run_id, step)
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
-            rows.append(StepRow(step, "-", 0, "-", None, len(stored.payload), str(exc)))
+            rows.append(StepRow(step, "-", 0, "-", None, len(stored.payload), damage(exc)))
             continue
         if cp is None:
             continue

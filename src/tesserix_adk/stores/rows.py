@@ -11,7 +11,15 @@ from typing import Any, ParamSpec, TypeVar
 from tesserix_adk.errors import CheckpointCorruptError
 from tesserix_adk.messages import ToolCall
 
-__all__ = ["decoded", "due_items", "leading", "stored_calls", "typed", "with_damaged"]
+__all__ = [
+    "decoded",
+    "due_items",
+    "leading",
+    "listed_items",
+    "stored_calls",
+    "typed",
+    "with_damaged",
+]
 
 _log = logging.getLogger("tesserix_adk.stores")
 
@@ -89,6 +97,23 @@ def due_items(
             if run not in named:
                 named.add(run)
                 _log.warning("the work index entry of run %r is left out: %s", run, exc)
+    return items
+
+
+def listed_items(rows: Iterable[R], read: Callable[[R], T], where: Callable[[R], str]) -> list[T]:
+    """The work index rows of an operator's listing, read; a damaged one is
+    ``CheckpointCorruptError`` naming its run (``where``: its tenant and run, as far as
+    they read), so the operator knows which entry to mend."""
+    items: list[T] = []
+    for row in rows:
+        try:
+            items.append(read(row))
+        except CheckpointCorruptError as exc:
+            try:
+                run = where(row)
+            except Exception:
+                run = "(unreadable)"
+            raise CheckpointCorruptError(f"the work index entry of run {run!r}: {exc}") from exc
     return items
 
 

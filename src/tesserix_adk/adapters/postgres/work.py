@@ -19,7 +19,7 @@ from tesserix_adk.adapters.postgres.connection import PostgresDatabase, Row
 from tesserix_adk.adapters.postgres.fenced import run_params
 from tesserix_adk.adapters.postgres.statements import Statements, words
 from tesserix_adk.stores.protocols import WorkItem, WorkState
-from tesserix_adk.stores.rows import decoded, due_items, typed, with_damaged
+from tesserix_adk.stores.rows import decoded, due_items, listed_items, typed, with_damaged
 
 __all__ = ["DEFAULT_SCAN", "PostgresWorkIndex"]
 
@@ -177,4 +177,4 @@ class PostgresWorkIndex:
             self._sql.items,
             {"tenant": tenant, "state": None if state is None else WorkState(state).value},
         )
-        return [_item(row) for row in rows]
+        return listed_items(rows, _item, _where)

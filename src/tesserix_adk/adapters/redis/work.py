@@ -20,7 +20,7 @@ from tesserix_adk.adapters.redis.durability import _Durability
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX, _enc, _Keys
 from tesserix_adk.adapters.redis.lua import register
 from tesserix_adk.stores.protocols import WorkItem, WorkState
-from tesserix_adk.stores.rows import decoded, due_items, leading, with_damaged
+from tesserix_adk.stores.rows import decoded, due_items, leading, listed_items, with_damaged
 
 __all__ = ["DEFAULT_SCAN", "RedisWorkIndex"]
 
@@ -227,4 +227,4 @@ class RedisWorkIndex:
                     "" if state is None else state.value,
                 ],
             )
-        return [_item(row) for row in rows]
+        return listed_items(rows, _item, leading)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tesserix_adk.stores.protocols import WorkItem, WorkState
-from tesserix_adk.stores.rows import decoded, due_items, leading, typed, with_damaged
+from tesserix_adk.stores.rows import decoded, due_items, leading, listed_items, typed, with_damaged
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
 from tesserix_adk.stores.sqlite.fencing import NOW_SQL
 
@@ -261,4 +261,4 @@ class SqliteWorkIndex:
         def items(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(sql, params).fetchall()
 
-        return [_item(row) for row in await self.database.read(items)]
+        return listed_items(await self.database.read(items), _item, leading)

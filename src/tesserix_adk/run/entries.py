@@ -1,0 +1,47 @@
+"""A tenant's work index entries as the operators' listings read them (the CLI's runs and
+the console's): one damaged entry (a hand edit, a bad restore) names its run and hides no
+other run, since an operator at night needs the rest of the list most."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from tesserix_adk.checkpoint.redaction import default_redactor
+from tesserix_adk.errors import CheckpointCorruptError
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.protocols import WorkItem, WorkState
+
+__all__ = ["damage", "parked_entries"]
+
+
+def damage(exc: BaseException) -> str:
+    """What a damaged row's error says, redacted: it quotes the row's values, which may be
+    anything a hand edit or a bad restore put there."""
+    return default_redactor().text(str(exc))
+
+
+async def parked_entries(
+    stores: Stores, tenant: str, run_ids: Collection[str]
+) -> tuple[dict[str, WorkItem], dict[str, str]]:
+    """The tenant's parked entries by run, and why the entries of any of ``run_ids`` that
+    cannot be read cannot be. One listing of the parked when every entry reads; else each
+    of ``run_ids`` read alone (``WorkIndex.entry``), so the damage is named where it is."""
+    if stores.work is None:
+        return {}, {}
+    try:
+        parked = await stores.work.items(tenant, state=WorkState.parked)
+    except CheckpointCorruptError:
+        pass
+    else:
+        return {i.run_id: i for i in parked}, {}
+    found: dict[str, WorkItem] = {}
+    damaged: dict[str, str] = {}
+    for run_id in run_ids:
+        try:
+            item = await stores.work.entry(tenant, run_id)
+        except CheckpointCorruptError as exc:
+            damaged[run_id] = f"its work index entry cannot be read: {damage(exc)}"
+            continue
+        if item is not None and item.state is WorkState.parked:
+            found[run_id] = item
+    return found, damaged
