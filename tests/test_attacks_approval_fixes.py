@@ -119,11 +119,6 @@ def _one_sentence(err: str) -> bool:
 
 
 @pytest.mark.redis
-@pytest.mark.xfail(
-    strict=True,
-    reason="a stale attempt refused by the request script deletes the id pointer the fresh "
-    "attempt's (decided) request hangs on: the decision is lost, the run's request 'gone'",
-)
 @pytest.mark.parametrize("pointer", ["set by the stale attempt", "left by a dead attempt"])
 async def test_a_stale_attempt_refused_never_unhooks_the_fresh_attempts_decided_request(
     tmp_path: Path, pointer: str
@@ -191,11 +186,6 @@ async def _waiting(url: str, airline: Airline, run_id: str) -> str:
     return run.pending_approval.id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ask_approval acts on a request row naming another run (the check 9994f88 added "
-    "is in take_decision only): a run re-asking after a death sends on run b's approval",
-)
 async def test_a_run_asking_again_never_acts_on_another_runs_row_under_its_id(
     tmp_path: Path,
 ) -> None:
@@ -288,11 +278,6 @@ async def test_a_worker_parks_a_run_whose_request_is_gone_naming_it_and_never_sp
 
 
 @pytest.mark.redis
-@pytest.mark.xfail(
-    strict=True,
-    reason="inspect of a run whose approval request is gone prints 'waiting on approval "
-    "<id>' and exits 0, as if a person could still decide it; a resume refuses it (exit 4)",
-)
 async def test_inspect_of_a_run_whose_request_is_gone_says_it_is_gone(tmp_path: Path) -> None:
     """``tesserix inspect`` is what an operator reads first: a run whose request is gone
     must not read as one merely waiting on a person (a resume refuses it, exit 4)."""
@@ -334,11 +319,6 @@ async def test_a_pointer_of_another_tenant_or_run_is_refused_typed_and_sends_not
 
 
 @pytest.mark.redis
-@pytest.mark.xfail(
-    strict=True,
-    reason="Redis hands a stale attempt (fence 1 after fence 2 was seen) the decided request "
-    "under its id instead of refusing it stale, as the memory and SQLite stores do",
-)
 async def test_a_stale_attempt_asking_under_a_decided_id_is_refused_stale(tmp_path: Path) -> None:
     """The run's new holder (fence 2) asked and the operator approved; the old holder
     (fence 1), paused until now, asks under the same id. Memory and SQLite refuse it as
@@ -356,11 +336,6 @@ async def test_a_stale_attempt_asking_under_a_decided_id_is_refused_stale(tmp_pa
 # --- 6. the console's page of a run whose request is gone ---------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the console's run page of a run waiting on a gone approval request shows no "
-    "approval section and no word of the request: the operator cannot tell what is wrong",
-)
 async def test_the_console_run_page_names_a_gone_request(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 

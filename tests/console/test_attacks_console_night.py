@@ -449,3 +449,17 @@ def test_tesserix_runs_lists_every_other_run_past_one_damaged_row(
     # Asked for the stuck, the damaged run is there too: it waits for a person.
     code, stuck, err = _runs_json(url, "--stuck")
     assert code == 0 and "r-park" in {r["run_id"] for r in stuck}, (err, stuck)
+
+
+def test_a_request_row_naming_another_run_offers_no_decision(
+    store_url: str, tmp_path: Path
+) -> None:
+    """Deciding it here would decide that other run's request: the page says why it cannot
+    be decided, with no form, as a resume refuses the run (exit 4)."""
+    url, path = _copy(store_url, tmp_path)
+    _damage(path, "UPDATE adk_approvals SET run_id = 'r-other' WHERE run_id = 'r-wait'")
+    with _client(url) as client:
+        page = client.get(tenant_path(TENANT, "runs", "r-wait"))
+    assert page.status_code == 200
+    assert 'id="approval-unusable"' in page.text and "r-other" in page.text
+    assert 'name="decision"' not in page.text

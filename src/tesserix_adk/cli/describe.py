@@ -18,12 +18,14 @@ def describe(
     plan: ResumePlan | None = None,
     spent: int | None = None,
     approval: ApprovalRequest | None = None,
+    approval_asked: bool = False,
 ) -> str:
     """Three lines about the run (who, how far, where it stands), then one per planned call.
 
     ``spent`` is the ledger's figure; without it the frontier's (reporting-only) one is shown.
     ``approval`` is the request the frontier waits on, as the approval store has it now:
     once a person decided it, the third line says so instead of "waiting on approval".
+    ``approval_asked``: the store was asked, so no ``approval`` means it is gone.
     """
     cp = checkpoint
     micros = cp.micros if spent is None else spent
@@ -31,7 +33,7 @@ def describe(
         f"run {escaped(cp.run_id)}  tenant {escaped(cp.tenant)}  agent {escaped(cp.agent_name)}",
         f"iteration {cp.iteration}  {cp.usage.input_tokens} in, {cp.usage.output_tokens} out  "
         f"{micros} micros",
-        _where(cp, approval),
+        _where(cp, approval, approval_asked),
     ]
     if cp.replay_of:
         lines.append(f"replay of {escaped(cp.replay_of)}")
@@ -45,11 +47,26 @@ def describe(
     return "\n".join(lines)
 
 
-def _where(cp: Checkpoint, approval: ApprovalRequest | None) -> str:
+def _where(cp: Checkpoint, approval: ApprovalRequest | None, approval_asked: bool) -> str:
     if cp.status is CheckpointStatus.tombstone:
         return f"tombstone at step {cp.step}: {escaped(str(cp.reason))}"
     if cp.status is CheckpointStatus.waiting_approval and cp.pending_approval is not None:
         asked = cp.pending_approval.id
+        # What a resume refuses (``run.approvals``), said here first: no person can decide
+        # a request that is gone, or act through one that is another run's.
+        if approval_asked and approval is None:
+            return (
+                f"waiting on approval {escaped(asked)}, which is gone from the approval "
+                "store: a resume refuses the run (exit 4)"
+            )
+        if approval is not None and (
+            approval.run_id != cp.run_id or approval.iteration != cp.iteration
+        ):
+            return (
+                f"approval {escaped(asked)} in the store names run "
+                f"{escaped(approval.run_id)} at turn {approval.iteration}: a resume refuses "
+                "the run (exit 4)"
+            )
         if (
             approval is not None
             and approval.id == asked

@@ -85,7 +85,16 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
         )
         emit(out, found)
         return ExitCode.CARRIED_ON
-    out.write(describe(cp, plan=plan, spent=spent, approval=approval) + "\n")
+    out.write(
+        describe(
+            cp,
+            plan=plan,
+            spent=spent,
+            approval=approval,
+            approval_asked=cp.pending_approval is not None,
+        )
+        + "\n"
+    )
     if cancel is not None:
         out.write(
             f"{escaped(cancel.describe())} at {when(cancel.at)}: a resume ends it cancelled, "

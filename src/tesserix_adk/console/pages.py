@@ -150,7 +150,22 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
             render("message.html", role="unreadable", content=d.transcript_problem, calls="")
         )
     approval: Markup | str = ""
-    if d.approval is not None:
+    asked = cp.pending_approval
+    unusable = None
+    if asked is not None and d.approval is None:
+        unusable = "The run waits on it, but it is gone from the approval store."
+    elif d.approval is not None and (d.approval.run_id, d.approval.iteration) != (
+        cp.run_id,
+        cp.iteration,
+    ):
+        # Never a form for it: deciding here would decide that other run's request.
+        unusable = (
+            f"The approval store's request under this id names run {d.approval.run_id} at "
+            f"turn {d.approval.iteration}."
+        )
+    if asked is not None and unusable is not None:
+        approval = render("approval_unusable.html", id=asked.id, why=unusable)
+    elif d.approval is not None:
         a = d.approval
         approval = render(
             "approval.html",

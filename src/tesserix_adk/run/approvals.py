@@ -74,6 +74,7 @@ async def ask_approval(
         fence=attempt.fence,
         id=approval_request_id(run.tenant, run.run_id, run.iteration, asking, redactor),
     )
+    _own_request(request, run)
     _same_calls(request, needing, redactor)
     if request.status is not ApprovalStatus.pending:
         # Asked before by an attempt that died before its frontier named the request, and
@@ -112,14 +113,7 @@ async def take_decision(
             f"approval request {pending.id!r}, which run {run.run_id!r} waits on, is gone "
             "from the approval store"
         )
-    if request.run_id != run.run_id or request.iteration != run.iteration:
-        # Another run's row under this id (rows swapped or copied): its decision is that
-        # run's, never this one's.
-        raise CheckpointCorruptError(
-            f"approval request {pending.id!r} names run {request.run_id!r} at turn "
-            f"{request.iteration}, not run {run.run_id!r} at turn {run.iteration}; the "
-            "approval store holds a damaged row"
-        )
+    _own_request(request, run)
     if request.status is ApprovalStatus.pending:
         return run.result(RunStatus.waiting_approval, fence=attempt.fence, pending_approval=request)
     # The frontier names the calls as this run's transcript does; a request found again
@@ -138,6 +132,17 @@ async def take_decision(
         parts, run, request, calls, now_named=named if len(named) == len(request.calls) else None
     )
     return None
+
+
+def _own_request(request: ApprovalRequest, run: RunState) -> None:
+    """A request found under this run's id must be this run's, of this turn: another run's
+    row there (rows swapped or copied) carries that run's decision, never this one's."""
+    if request.run_id != run.run_id or request.iteration != run.iteration:
+        raise CheckpointCorruptError(
+            f"approval request {request.id!r} names run {request.run_id!r} at turn "
+            f"{request.iteration}, not run {run.run_id!r} at turn {run.iteration}; the "
+            "approval store holds a damaged row"
+        )
 
 
 async def told_waiting(approvals: ApprovalStore | None, work: WorkIndex, result: Run) -> None:

@@ -102,13 +102,15 @@ class RedisApprovalStore(_FencedRedisStore):
                 if await self._client.set(self._keys.approval_index(id), tag, nx=True):
                     break
                 if chosen is not None:
-                    existing = await self.get(tenant, chosen)
-                    if existing is not None:
-                        return existing
                     if await self._locate(tenant, chosen) != tag:
-                        raise ValueError(f"approval request id {chosen!r} is taken")
-                    # This run's own pointer with no request behind it: an attempt died
-                    # (or lost its connection) between the two. Written now, under it.
+                        existing = await self.get(tenant, chosen)
+                        if existing is None:
+                            raise ValueError(f"approval request id {chosen!r} is taken")
+                        return existing
+                    # This run's own id, asked before: the script checks the fence, then
+                    # returns the request there (decided, perhaps) or, when an attempt
+                    # died (or lost its connection) between the pointer and the request,
+                    # writes it now.
                     break
             result = await self._request(
                 keys=[
@@ -118,8 +120,10 @@ class RedisApprovalStore(_FencedRedisStore):
                 ],
                 args=[_fence_arg(fence), "id", id, *fields],
             )
-            if result[0] == b"stale":
-                # The id names nothing now; let it go rather than keep a dangling pointer.
+            if result[0] == b"stale" and chosen is None:
+                # A drawn id names nothing now; let it go rather than keep a dangling
+                # pointer. A chosen one is the run's own, which a fresher attempt may have
+                # set, or written its request under, meanwhile: it stays.
                 await self._client.delete(self._keys.approval_index(id))
         if result[0] == b"stale":
             raise _stale("approval request", run_id, fence, result[1])
