@@ -99,11 +99,6 @@ def _shop(sent: list[str], *, crash: bool = False, parallel: int = 1) -> Agent:
 # ==========================================================================================
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="divergence is checked by key only: a refund asked in the place of a charge that "
-    "ran passes for it, and the charge is never told to the model",
-)
 async def test_a_resume_asking_another_tool_under_the_key_of_a_call_that_ran_is_diverged(
     tmp_path: Path,
 ) -> None:
@@ -142,11 +137,6 @@ async def test_a_resume_asking_another_tool_under_the_key_of_a_call_that_ran_is_
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the resume plan (inspect) tells a refund holding the charge's record as "
-    "'completed - outcome recorded'; the resume answers it 'not sent'",
-)
 async def test_the_plan_never_tells_a_refund_completed_by_the_charges_record(
     tmp_path: Path,
 ) -> None:
@@ -172,11 +162,6 @@ async def test_the_plan_never_tells_a_refund_completed_by_the_charges_record(
         assert refund.disposition is not ToolDisposition.completed, refund.describe()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a refund whose key another run's charge holds in flight is refused in doubt "
-    "('nobody can say whether it ran'), though it never went out",
-)
 async def test_a_refund_under_another_runs_charge_in_flight_is_not_sent_rather_than_in_doubt(
     tmp_path: Path,
 ) -> None:
@@ -221,22 +206,12 @@ async def test_charge_and_refund_side_by_side_in_one_turn_send_the_charge_once_o
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(
-    strict=True,
-    reason="cancel(by=...) holding NUL on PostgreSQL is a StoreUnavailableError: the name "
-    "becomes the claim's holder, which is not written \\x00",
-)
 async def test_a_cancel_by_a_name_holding_nul_is_kept_on_postgres(tmp_path: Path) -> None:
     async with fresh_stores("postgres", tmp_path) as stores:
         runner = AgentRunner.from_stores(ScriptedProvider(["done"]), stores)
         await runner.cancel("r", tenant=T, by="on\x00call", reason="it broke\x00here")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a NUL the key function adds is taken for the model's when an argument holds the "
-    "literal text \\u0000: answered 'not sent', not ConfigurationError",
-)
 async def test_a_nul_the_key_function_adds_is_its_own_beside_a_literal_escape(
     tmp_path: Path,
 ) -> None:
@@ -319,11 +294,6 @@ async def test_a_key_at_the_byte_limit_is_kept_on_postgres_and_one_byte_more_not
 # ==========================================================================================
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an int past 4,300 digits as a dict key makes result_content raise ValueError: "
-    "a completed call is told to the model as its failure",
-)
 async def test_a_huge_int_as_a_dict_key_is_not_told_as_the_calls_failure(tmp_path: Path) -> None:
     sent: list[str] = []
 
@@ -343,21 +313,11 @@ async def test_a_huge_int_as_a_dict_key_is_not_told_as_the_calls_failure(tmp_pat
         assert not is_error, text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one non-UTF-8 bytes value turns every bytes value of the result to base64, "
-    "the UTF-8 text ones too",
-)
 def test_utf8_bytes_beside_binary_bytes_stay_their_text() -> None:
     content = result_content({"name": b"hello", "image": b"\xff\xd8\xff"})
     assert content["name"] == "hello"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a huge int returned at the top is told '\"0x...\"' to the first model and "
-    "'0x...' to a resumed model replaying its record",
-)
 async def test_a_huge_int_at_the_top_is_told_alike_first_and_on_replay(tmp_path: Path) -> None:
     sent: list[str] = []
 

@@ -26,6 +26,7 @@ __all__ = [
     "ToolOutcome",
     "Usage",
     "content_json",
+    "int_as_text",
     "message_from_json",
     "message_to_json",
     "refusal_of",
@@ -149,11 +150,21 @@ def content_json(content: Any, **options: Any) -> str:
         return json.dumps(_big_ints_as_hex(content, sys.get_int_max_str_digits()), **options)
 
 
+def int_as_text(value: int) -> int | str:
+    """``value``, or its hex text (``"0x…"``, exact) when it is past Python's limit for
+    writing an int as decimal text (``sys.get_int_max_str_digits``)."""
+    return _int_as_text(value, sys.get_int_max_str_digits())
+
+
+def _int_as_text(value: int, digits: int) -> int | str:
+    # At most this many decimal digits (bit_length * log10 2, plus one): near the limit, a
+    # few that would still fit are written as hex too.
+    return hex(value) if digits and value.bit_length() * 0.30103 + 1 > digits else value
+
+
 def _big_ints_as_hex(value: Any, digits: int) -> Any:
     if isinstance(value, int) and not isinstance(value, bool):
-        # At most this many decimal digits (bit_length * log10 2, plus one): near the
-        # limit, a few that would still fit are written as hex too.
-        return hex(value) if digits and value.bit_length() * 0.30103 + 1 > digits else value
+        return _int_as_text(value, digits)
     if isinstance(value, Mapping):
         return {k: _big_ints_as_hex(v, digits) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -259,6 +259,22 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
             planned = PlannedCall(
                 **base, disposition=ToolDisposition.never_ran, reason="no record under its key"
             )
+        elif rec.tool is not None and rec.tool != oc.call.name:
+            if (rec.run_id, rec.iteration, rec.call_id) == (
+                checkpoint.run_id,
+                checkpoint.iteration,
+                oc.call.id,
+            ):
+                raise CheckpointCorruptError(
+                    f"the record of {oc.call.name} ({oc.call.id}) names tool {rec.tool!r}; "
+                    "the store holds a damaged row"
+                )
+            # Two tools keyed alike: the record is the other tool's call (run.dispatch).
+            planned = PlannedCall(
+                **base,
+                disposition=ToolDisposition.never_ran,
+                reason=f"its key names a call of {rec.tool}; answered 'not sent', never sent",
+            )
         elif rec.status is RecordStatus.never_ran:
             _said_never_ran(rec)
             planned = PlannedCall(

@@ -85,7 +85,9 @@ async def request_cancel(
 ) -> CancelRequest:
     """Record the request (the first one stands: asking again returns it)."""
     key = cancel_key(tenant, run_id)
-    by = redactor.text(by)  # who asked is kept as the request's holder too
+    # Who asked is kept as the request's holder too: a NUL in it, which PostgreSQL's text
+    # cannot keep, is written ``\x00`` on every store alike.
+    by = redactor.text(by).replace("\x00", "\\x00")
     holder = f"cancel:{by}"
     request = CancelRequest(
         by=by, at=time.time(), reason=None if reason is None else redactor.text(reason)

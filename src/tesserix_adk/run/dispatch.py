@@ -310,6 +310,8 @@ async def _call_tool(
     if refusal is not None:
         return await _not_claimed(parts, run, attempt, tool, oc, refusal)
     rec = await claim(parts, run, attempt, tool, oc)
+    if (other := _keyed_by_another_tool(run, attempt, oc, rec)) is not None:
+        return other
     if held_elsewhere(rec, attempt) and rec.holding_run != run.run_id:
         # Another run's claim (a business key two runs share): while that run is carried it
         # comes back later, never taken over under it (its outcome would then be fenced
@@ -439,6 +441,8 @@ async def _not_claimed(
     its run is carried."""
     assert oc.key is not None
     rec = (await parts.idempotency.lookup([oc.key], tenant=run.tenant)).get(oc.key)
+    if rec is not None and (other := _keyed_by_another_tool(run, attempt, oc, rec)) is not None:
+        return other
     if rec is not None and held_elsewhere(rec, attempt) and rec.holding_run != run.run_id:
         await unless_carried(attempt, run, tool, oc, rec)
         rec = (await parts.idempotency.lookup([oc.key], tenant=run.tenant)).get(oc.key)
@@ -455,24 +459,45 @@ def _replayed(
     run: RunState, attempt: Attempt, oc: OutstandingCall, rec: IdempotencyRecord
 ) -> ToolOutcome:
     """The recorded outcome, replayed. Read before it is reported started: one that cannot
-    be read is no replay, and an attempt ending with a call started reports it as sent.
-    A record of another tool's call (a key two tools share: ``order-5`` for a charge and
-    its refund) answers nothing of this one, which is not sent either: its key is taken."""
+    be read is no replay, and an attempt ending with a call started reports it as sent."""
     assert rec.outcome is not None
-    if rec.tool is not None and rec.tool != oc.call.name:
-        refusal = ToolOutcome(
-            call_id=oc.call.id,
-            content=f"not sent: its idempotency key names a call of {rec.tool} that was "
-            f"made already; {oc.call.name} and {rec.tool} make the same keys, and each "
-            "tool needs keys of its own",
-            is_error=True,
-        )
-        return _finished(run, attempt, oc, refusal, CallDisposition.refused)
+    if (other := _keyed_by_another_tool(run, attempt, oc, rec)) is not None:
+        return other
     known = decode_outcome(rec.outcome, oc.call.id, record=record_tag(run.tenant, rec.key))
     _started(run, attempt, oc)
     # Recorded with a ``by``: a reconciler or an operator said what happened.
     how = CallDisposition.settled if rec.by else CallDisposition.replayed
     return _finished_by(run, attempt, oc, known, how, rec.by)
+
+
+def _keyed_by_another_tool(
+    run: RunState, attempt: Attempt, oc: OutstandingCall, rec: IdempotencyRecord
+) -> ToolOutcome | None:
+    """``oc`` answered "not sent" when ``rec``, the record under its key, is another tool's
+    call (two tools keyed alike: ``order-5`` for a charge and for its refund); else
+    ``None``. In flight or done, that call's outcome is no answer to this one, and this
+    one cannot be sent under a key that is taken."""
+    if rec.tool is None or rec.tool == oc.call.name:
+        return None
+    if _this_calls(rec, run, oc):
+        # This very call's record (its run, turn and call id) naming another tool: not
+        # two tools keyed alike but a damaged row, and never a different answer.
+        raise CheckpointCorruptError(
+            f"the record of {oc.call.name} ({oc.call.id}) names tool {rec.tool!r}; the "
+            "store holds a damaged row"
+        )
+    refusal = ToolOutcome(
+        call_id=oc.call.id,
+        content=f"not sent: its idempotency key names a call of {rec.tool} made already; "
+        f"{oc.call.name} and {rec.tool} make the same keys, and each tool needs keys of its "
+        "own",
+        is_error=True,
+    )
+    return _finished(run, attempt, oc, refusal, CallDisposition.refused)
+
+
+def _this_calls(rec: IdempotencyRecord, run: RunState, oc: OutstandingCall) -> bool:
+    return (rec.run_id, rec.iteration, rec.call_id) == (run.run_id, run.iteration, oc.call.id)
 
 
 def _approved(grant: Grant | None) -> bool:

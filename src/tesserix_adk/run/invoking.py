@@ -4,6 +4,7 @@ or error as the call's outcome."""
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -12,7 +13,7 @@ from pydantic_core import to_jsonable_python
 
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import AdkError, ToolOutcomeUnknownError
-from tesserix_adk.messages import ToolCall, ToolOutcome
+from tesserix_adk.messages import ToolCall, ToolOutcome, int_as_text
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.tools import Tool, ToolContext, accepts_ctx, call_maybe_async
@@ -79,12 +80,45 @@ async def invoke(
 
 def result_content(result: Any) -> Any:
     """What a tool returned, as JSON data (``to_jsonable_python``; what it cannot write,
-    as its ``str``). Bytes are their UTF-8 text, or base64 text when they are not UTF-8
-    (an image): the call completed, and the model must not be told it failed."""
+    as its ``str``): the call completed, and the model must not be told it failed because
+    its result is odd. Bytes are their UTF-8 text, or base64 text when they are not UTF-8
+    (an image), and an int past Python's limit for text is its hex text, value by value in
+    the dicts, lists, tuples and sets that hold them; inside other objects (a dataclass),
+    one value that is not UTF-8 makes all their bytes base64 (URL-safe)."""
     try:
-        return to_jsonable_python(result, fallback=str)
-    except UnicodeDecodeError:
-        return to_jsonable_python(result, fallback=str, bytes_mode="base64")
+        content = to_jsonable_python(result, fallback=str)
+    except (UnicodeDecodeError, ValueError):
+        prepared = _as_text(result, set())
+        try:
+            content = to_jsonable_python(prepared, fallback=str)
+        except UnicodeDecodeError:
+            content = to_jsonable_python(prepared, fallback=str, bytes_mode="base64")
+    if isinstance(content, int) and not isinstance(content, bool):
+        # Alone, as text: the model is told it alike first and from its record.
+        return int_as_text(content)
+    return content
+
+
+def _as_text(value: Any, path: set[int]) -> Any:
+    """``value`` with the bytes and ints pydantic cannot write made text, in the plain
+    containers that hold them (``path``: the containers above, so a cycle is left to
+    pydantic, which refuses it)."""
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode("ascii")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int_as_text(value)
+    if not isinstance(value, (Mapping, list, tuple, set, frozenset)) or id(value) in path:
+        return value
+    path.add(id(value))
+    try:
+        if isinstance(value, Mapping):
+            return {_as_text(k, path): _as_text(v, path) for k, v in value.items()}
+        return [_as_text(v, path) for v in value]
+    finally:
+        path.discard(id(value))
 
 
 def _stub_result(value: Any) -> Any:

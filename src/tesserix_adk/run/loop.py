@@ -259,8 +259,10 @@ def _refuse_divergence(run: RunState, attempt: Attempt, calls: Sequence[Outstand
     done = attempt.ahead.get(run.iteration)
     if not done:
         return
-    asked = {oc.key for oc in calls if oc.side_effects and oc.key is not None}
-    missing = [a.describe() for key, a in done.items() if key not in asked]
+    # Asked again is the same tool under the same key: another tool keyed alike (a refund
+    # under its charge's ``order-5``) is answered "not sent" and hides the charge.
+    asked = {(oc.key, oc.call.name) for oc in calls if oc.side_effects and oc.key is not None}
+    missing = [a.describe() for key, a in done.items() if (key, a.tool) not in asked]
     if missing:
         raise DivergedRunError(
             f"run {run.run_id!r} diverged at iteration {run.iteration}: {len(missing)} "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from urllib.parse import quote
 
 from tesserix_adk.checkpoint.payload import MAX_NESTING, within_nesting
@@ -215,7 +215,7 @@ def _unkept_key(run: RunState, call: ToolCall, key: str) -> str | None:
     meet again; a NUL none of them holds is the key function's own (``ConfigurationError``)."""
     own = key.removeprefix(quote(run.tenant, safe="") + "/")
     if "\x00" in own:
-        if "\\u0000" not in canonical_json(dict(call.arguments)):
+        if not _holds_nul(call.arguments):
             raise ConfigurationError(
                 f"the key function of tool {call.name!r} made a key holding a NUL "
                 "character, which not every store keeps; an idempotency key must not hold one"
@@ -233,6 +233,18 @@ def _unkept_key(run: RunState, call: ToolCall, key: str) -> str | None:
             "can index a longer one"
         )
     return None
+
+
+def _holds_nul(value: object) -> bool:
+    """Whether a NUL character is in any text of ``value`` (keys too): the character, not
+    the six characters of its JSON escape, which an argument may hold as text."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 def _key_holds_a_secret(
