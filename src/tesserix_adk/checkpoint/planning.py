@@ -31,6 +31,7 @@ from tesserix_adk.tools import key_digest
 
 __all__ = [
     "as_seen_now",
+    "damaged_owner",
     "plan_as_told",
     "left_in_doubt",
     "left_open",
@@ -184,6 +185,14 @@ def as_seen_now(plan: ResumePlan, lease: RunLease | None) -> ResumePlan:
     )
 
 
+def damaged_owner(rec: IdempotencyRecord, run_id: str, iteration: int, turn: set[str]) -> bool:
+    """Whether ``rec``, found under the key of a call of another tool, is damage rather
+    than two tools keyed alike: it is this run's record of this turn, yet names a tool the
+    turn (``turn``: the tools it asked for) never asked for. Not by call id: a model may
+    give two calls one id, and a turn asked again numbers its calls anew."""
+    return (rec.run_id, rec.iteration) == (run_id, iteration) and rec.tool not in turn
+
+
 def _said_never_ran(rec: IdempotencyRecord) -> None:
     """``CheckpointCorruptError`` unless ``rec`` reads as a ``never_ran`` record is made:
     only a person (or a reconciler) says a claimed call never ran, and says it of a call in
@@ -260,14 +269,12 @@ async def plan_resume(checkpoint: Checkpoint, idempotency: IdempotencyStore) -> 
                 **base, disposition=ToolDisposition.never_ran, reason="no record under its key"
             )
         elif rec.tool is not None and rec.tool != oc.call.name:
-            if (rec.run_id, rec.iteration, rec.call_id) == (
-                checkpoint.run_id,
-                checkpoint.iteration,
-                oc.call.id,
-            ):
+            turn = {o.call.name for o in checkpoint.outstanding}
+            if damaged_owner(rec, checkpoint.run_id, checkpoint.iteration, turn):
                 raise CheckpointCorruptError(
-                    f"the record of {oc.call.name} ({oc.call.id}) names tool {rec.tool!r}; "
-                    "the store holds a damaged row"
+                    f"the record under the key of {oc.call.name} ({oc.call.id}) names tool "
+                    f"{rec.tool!r}, which this turn never asked for; the store holds a "
+                    "damaged row"
                 )
             # Two tools keyed alike: the record is the other tool's call (run.dispatch).
             planned = PlannedCall(

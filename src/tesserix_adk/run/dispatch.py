@@ -28,13 +28,14 @@ from tesserix_adk.checkpoint.payload import (
     decode_outcome,
     record_tag,
 )
+from tesserix_adk.checkpoint.planning import damaged_owner
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
     IndeterminateToolCallError,
     StaleFenceError,
 )
-from tesserix_adk.messages import REFUSED_ARGUMENTS, Message, ToolOutcome, refusal_of
+from tesserix_adk.messages import REFUSED_ARGUMENTS, Message, Role, ToolOutcome, refusal_of
 from tesserix_adk.run import grouping
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.cancelling import not_sent_if_cancelled
@@ -479,12 +480,12 @@ def _keyed_by_another_tool(
     one cannot be sent under a key that is taken."""
     if rec.tool is None or rec.tool == oc.call.name:
         return None
-    if _this_calls(rec, run, oc):
-        # This very call's record (its run, turn and call id) naming another tool: not
-        # two tools keyed alike but a damaged row, and never a different answer.
+    if damaged_owner(rec, run.run_id, run.iteration, _turn_tools(run)):
+        # This run's record of this turn naming a tool the turn never asked for: not two
+        # tools keyed alike but a damaged row, and never a different answer.
         raise CheckpointCorruptError(
-            f"the record of {oc.call.name} ({oc.call.id}) names tool {rec.tool!r}; the "
-            "store holds a damaged row"
+            f"the record under the key of {oc.call.name} ({oc.call.id}) names tool "
+            f"{rec.tool!r}, which this turn never asked for; the store holds a damaged row"
         )
     refusal = ToolOutcome(
         call_id=oc.call.id,
@@ -496,8 +497,13 @@ def _keyed_by_another_tool(
     return _finished(run, attempt, oc, refusal, CallDisposition.refused)
 
 
-def _this_calls(rec: IdempotencyRecord, run: RunState, oc: OutstandingCall) -> bool:
-    return (rec.run_id, rec.iteration, rec.call_id) == (run.run_id, run.iteration, oc.call.id)
+def _turn_tools(run: RunState) -> set[str]:
+    """The tools the turn being dispatched asked for: its assistant message is the run's
+    last (its results are appended once the turn closes)."""
+    for message in reversed(run.messages):
+        if message.role is Role.assistant:
+            return {c.name for c in message.tool_calls}
+    return set()
 
 
 def _approved(grant: Grant | None) -> bool:

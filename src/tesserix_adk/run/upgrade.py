@@ -83,7 +83,8 @@ def revision_differences(
     cp: Checkpoint, agent: Agent, records: list[IdempotencyRecord]
 ) -> list[str]:
     """What stops ``agent`` from carrying ``cp`` on: each outstanding or in-flight call whose
-    tool is gone or whose flags differ, in words; empty when nothing does."""
+    tool is gone or whose flags differ, and each call that ran past the frontier whose tool
+    is gone, in words; empty when nothing does."""
     found: list[str] = []
     if cp.agent_name != agent.name:
         found.append(f"the run belongs to agent {cp.agent_name!r}, not {agent.name!r}")
@@ -104,9 +105,21 @@ def revision_differences(
         if out.call.id in pending and not tool.requires_approval:
             found.append(f"{call}: requires_approval was True, now False")
     for rec in records:
-        if rec.tool is None or rec.status is not RecordStatus.in_flight:
+        if rec.tool is None:
             continue
         call = f"{rec.tool} ({rec.call_id})"
+        if (
+            rec.status is RecordStatus.completed
+            and rec.iteration is not None
+            and rec.iteration > cp.iteration
+            and rec.tool not in agent.tools
+        ):
+            # It ran past the frontier: the model must ask for it again (run.loop refuses
+            # a turn that does not), which a revision without the tool never can.
+            found.append(f"{call} (ran past the frontier): the tool no longer exists")
+            continue
+        if rec.status is not RecordStatus.in_flight:
+            continue
         tool = agent.tools.get(rec.tool)
         if tool is None:
             found.append(f"{call} (in flight): the tool no longer exists")
