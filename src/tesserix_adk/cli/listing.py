@@ -243,10 +243,11 @@ async def _submitted(
         return [{**_UNREADABLE, "run_id": "-", "reason": reason}]
     for run in unstarted:
         item = run.item
-        if agent is not None and item.agent != agent:
-            continue
         if run.unreadable is not None:  # shown whatever the filters, as a frontier's is
-            rows.append({**_UNREADABLE, "run_id": item.run_id, "reason": run.unreadable})
+            reason = damage(run.unreadable)
+            rows.append({**_UNREADABLE, "run_id": item.run_id, "reason": reason})
+            continue
+        if agent is not None and item.agent != agent:
             continue
         if args.status and run.cancel is None:
             continue

@@ -6,6 +6,7 @@ from __future__ import annotations
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.errors import CheckpointCorruptError, NoCheckpointError
 from tesserix_adk.run.cancelling import cancel_requested
+from tesserix_adk.run.entries import damage
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import WorkItem, WorkState
 
@@ -32,6 +33,14 @@ async def no_frontier(stores: Stores, tenant: str, run_id: str) -> NoCheckpointE
     if stores.work is not None and await stores.work.input(tenant, run_id) is not None:
         parked = await parked_item(stores, tenant, run_id)
         cancelled = await cancel_requested(stores.idempotency, tenant, run_id)
+        try:
+            await stores.work.entry(tenant, run_id)
+        except CheckpointCorruptError as exc:
+            # No worker takes a run whose entry it cannot read: said, not promised away.
+            return NoCheckpointError(
+                f"{said}; it was submitted, and its work index entry cannot be read "
+                f"({damage(exc)}): no worker starts it, `tesserix run --resume` does"
+            )
         if cancelled is not None:
             said += (
                 f"; it was submitted and cancelled ({cancelled.describe()}) before its first "

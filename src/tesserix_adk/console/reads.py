@@ -125,17 +125,15 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
     """The tenant's runs that pass ``where``, in the store's order."""
     checkpointer = Checkpointer.from_stores(stores)
     shown: list[RunSummary] = []
-    # A run that cannot be read is shown unless the filter asks for what it cannot tell;
-    # asked for the stuck, it is shown too: it waits for a person as a parked one does.
-    damage_shown = where.stuck or not (where.status or where.agent)
+    # A run that cannot be read is shown whatever the filter (its status or agent cannot
+    # be told), as `tesserix runs` shows it: it waits for a person, as a parked one does.
     listed = await run_listing(stores.checkpoints).runs(tenant)
     parked, damaged = await parked_entries(stores, tenant, listed)
     for run_id in listed:
         try:
             cp = await checkpointer.latest(tenant, run_id)
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
-            if damage_shown:
-                shown.append(RunSummary(run_id, unreadable=damage(exc)))
+            shown.append(RunSummary(run_id, unreadable=damage(exc)))
             continue
         if cp is None:
             continue
@@ -146,8 +144,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
                 raise CheckpointCorruptError(damaged[run_id])
         except CheckpointCorruptError as exc:
             # One run's damaged row hides no other run, as a damaged frontier does not.
-            if damage_shown:
-                shown.append(RunSummary(run_id, unreadable=damage(exc)))
+            shown.append(RunSummary(run_id, unreadable=damage(exc)))
             continue
         park = parked.get(run_id)
         summary = RunSummary(
@@ -177,13 +174,11 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
     except CheckpointCorruptError as exc:
         # The runs with no frontier are known only by listing the index, which one
         # damaged entry stops: said in a row of its own, the rest still shown.
-        if damage_shown:
-            shown.append(RunSummary("-", unreadable=f"runs not started yet: {damage(exc)}"))
+        shown.append(RunSummary("-", unreadable=f"runs not started yet: {damage(exc)}"))
         unstarted = []
     for run in unstarted:
         if run.unreadable is not None:
-            if damage_shown:
-                shown.append(RunSummary(run.item.run_id, unreadable=run.unreadable))
+            shown.append(RunSummary(run.item.run_id, unreadable=damage(run.unreadable)))
             continue
         summary = RunSummary(
             run.item.run_id,

@@ -13,9 +13,27 @@ from dataclasses import dataclass
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.run.cancelling import CancelRequest, cancel_requested
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.protocols import RunLease, WorkItem, WorkState
+from tesserix_adk.stores.protocols import (
+    DamagedEntry,
+    RunLease,
+    WorkIndex,
+    WorkItem,
+    WorksAroundDamage,
+    WorkState,
+)
 
 __all__ = ["Unstarted", "unstarted_runs"]
+
+
+async def _listed(
+    work: WorkIndex, tenant: str, state: WorkState | None
+) -> tuple[list[WorkItem], list[DamagedEntry]]:
+    """The tenant's entries in ``state``, past any damaged one when the index can say which
+    (``WorksAroundDamage``); else as ``items`` has them, which stops at the first."""
+    if isinstance(work, WorksAroundDamage):
+        listing = await work.listing(tenant, state=state)
+        return list(listing.items), list(listing.damaged)
+    return await work.items(tenant, state=state), []
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +90,30 @@ async def unstarted_runs(
         waiting = [i for i in entries if i.state is not WorkState.done]
         ended = [i for i in entries if i.state is WorkState.done and cancelled]
     else:
-        waiting = [i for i in await stores.work.items(tenant) if i.run_id not in with_frontier]
-        ended = (
-            [
-                i
-                for i in await stores.work.items(tenant, state=WorkState.done)
-                if i.run_id not in with_frontier
-            ]
-            if cancelled
-            else []
-        )
+        listed, damaged = await _listed(stores.work, tenant, None)
+        waiting = [i for i in listed if i.run_id not in with_frontier]
+        ended = []
+        if cancelled:
+            done, more = await _listed(stores.work, tenant, WorkState.done)
+            ended = [i for i in done if i.run_id not in with_frontier]
+            damaged += more
     found = [Unstarted(i, lease=await stores.leases.current(tenant, i.run_id)) for i in waiting]
+    if only is None:
+        # One damaged entry hides no other run; itself, it is named (a run with a frontier
+        # is named where its frontier is listed).
+        seen: set[tuple[str | None, str | None]] = set()
+        for d in damaged:
+            if d.run_id in with_frontier or (d.tenant, d.run_id) in seen:
+                continue
+            seen.add((d.tenant, d.run_id))
+            placeholder = WorkItem(
+                tenant=d.tenant or tenant,
+                run_id=d.run_id or "?",
+                agent="",
+                state=WorkState.parked,
+                since=0.0,
+            )
+            found.append(Unstarted(placeholder, unreadable=f"its work index entry: {d.why}"))
     for item in ended:
         try:
             request = await cancel_requested(stores.idempotency, tenant, item.run_id)

@@ -10,12 +10,14 @@ from typing import Any, ParamSpec, TypeVar
 
 from tesserix_adk.errors import CheckpointCorruptError
 from tesserix_adk.messages import ToolCall
+from tesserix_adk.stores.protocols.work import DamagedEntry, WorkItem, WorkListing
 
 __all__ = [
     "decoded",
     "due_items",
     "leading",
     "listed_items",
+    "listing_around_damage",
     "stored_calls",
     "typed",
     "with_damaged",
@@ -89,15 +91,42 @@ def due_items(
     for row in rows:
         try:
             items.append(read(row))
-        except CheckpointCorruptError as exc:
+        except CheckpointCorruptError:
             try:
                 run = where(row)
             except Exception:
                 run = "(unreadable)"
             if run not in named:
                 named.add(run)
-                _log.warning("the work index entry of run %r is left out: %s", run, exc)
+                # Not the error's words: they quote the stored values, which may hold
+                # anything (a secret); `tesserix runs` shows them, redacted.
+                _log.warning(
+                    "the work index entry of run %r is left out: it cannot be read (a "
+                    "damaged row; `tesserix runs` says what is wrong)",
+                    run,
+                )
     return items
+
+
+def listing_around_damage(
+    rows: Iterable[R],
+    read: Callable[[R], WorkItem],
+    names: Callable[[R], tuple[str | None, str | None]],
+) -> WorkListing:
+    """The rows of an operator's listing, read; each damaged one named (``names``: its
+    tenant and run, as far as they read) and passed by."""
+    items: list[WorkItem] = []
+    damaged: list[DamagedEntry] = []
+    for row in rows:
+        try:
+            items.append(read(row))
+        except CheckpointCorruptError as exc:
+            try:
+                tenant, run_id = names(row)
+            except Exception:
+                tenant, run_id = None, None
+            damaged.append(DamagedEntry(tenant, run_id, str(exc)))
+    return WorkListing(tuple(items), tuple(damaged))
 
 
 def listed_items(rows: Iterable[R], read: Callable[[R], T], where: Callable[[R], str]) -> list[T]:

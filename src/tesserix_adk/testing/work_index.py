@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tesserix_adk.stores.protocols import LeaseStore, WorkIndex, WorkState
+from tesserix_adk.stores.protocols import LeaseStore, WorkIndex, WorksAroundDamage, WorkState
 from tesserix_adk.testing._support import JOIN_ALIKE_IDS, ODD_IDS, ClockedConformance
 from tesserix_adk.testing.clock import FakeClock
 from tesserix_adk.testing.counting import round_trips_of
@@ -259,6 +259,23 @@ class WorkIndexConformance(ClockedConformance):
         assert _ids(await work_index.items("acme", state=WorkState.parked)) == ["r1"]
         assert await work_index.items("globex", state=WorkState.parked) == []
         assert len(await work_index.items()) == 2
+
+    async def test_a_listing_past_damage_lists_what_items_lists(
+        self, work_index: WorkIndex
+    ) -> None:
+        """``WorksAroundDamage`` (optional): on an undamaged index, ``listing`` is ``items``
+        in every state asked, and names nothing damaged."""
+        if not isinstance(work_index, WorksAroundDamage):
+            pytest.skip("the index does not offer WorksAroundDamage")
+        for run_id in ("a", "b", "c", "d"):
+            await work_index.submit(T, run_id, agent=A, input=b"{}")
+        await work_index.park(T, "b", agent=A, reason="why")
+        await work_index.done(T, "c")
+        await work_index.want(T, "d", agent=A, state=WorkState.wanted)
+        for state in (None, *WorkState):
+            listing = await work_index.listing(T, state=state)
+            assert list(listing.items) == await work_index.items(T, state=state), state
+            assert listing.damaged == ()
 
     async def test_ids_with_odd_characters_are_kept_verbatim(self, work_index: WorkIndex) -> None:
         for tenant in ODD_IDS:

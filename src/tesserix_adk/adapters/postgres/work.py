@@ -18,8 +18,15 @@ from dataclasses import dataclass
 from tesserix_adk.adapters.postgres.connection import PostgresDatabase, Row
 from tesserix_adk.adapters.postgres.fenced import run_params
 from tesserix_adk.adapters.postgres.statements import Statements, words
-from tesserix_adk.stores.protocols import WorkItem, WorkState
-from tesserix_adk.stores.rows import decoded, due_items, listed_items, typed, with_damaged
+from tesserix_adk.stores.protocols import WorkItem, WorkListing, WorkState
+from tesserix_adk.stores.rows import (
+    decoded,
+    due_items,
+    listed_items,
+    listing_around_damage,
+    typed,
+    with_damaged,
+)
 
 __all__ = ["DEFAULT_SCAN", "PostgresWorkIndex"]
 
@@ -44,6 +51,14 @@ class _SQL(Statements):
 
 def _where(row: Row) -> str:
     return f"{row.get('tenant')}/{row.get('run_id')}"
+
+
+def _names(row: Row) -> tuple[str | None, str | None]:
+    tenant, run_id = row.get("tenant"), row.get("run_id")
+    return (
+        tenant if isinstance(tenant, str) else None,
+        run_id if isinstance(run_id, str) else None,
+    )
 
 
 @decoded("work index entry")
@@ -178,3 +193,14 @@ class PostgresWorkIndex:
             {"tenant": tenant, "state": None if state is None else WorkState(state).value},
         )
         return listed_items(rows, _item, _where)
+
+    async def listing(
+        self, tenant: str | None = None, *, state: WorkState | None = None
+    ) -> WorkListing:
+        """``items``, going on past a damaged entry and naming it."""
+        rows = await self.database.rows(
+            "listing the work index",
+            self._sql.items,
+            {"tenant": tenant, "state": None if state is None else WorkState(state).value},
+        )
+        return listing_around_damage(rows, _item, _names)

@@ -13,14 +13,22 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import unquote
 
 from tesserix_adk.adapters.redis.base import _bytes, _seconds
 from tesserix_adk.adapters.redis.connection import Client, _driver_errors, _require_bytes
 from tesserix_adk.adapters.redis.durability import _Durability
 from tesserix_adk.adapters.redis.keys import DEFAULT_PREFIX, _enc, _Keys
 from tesserix_adk.adapters.redis.lua import register
-from tesserix_adk.stores.protocols import WorkItem, WorkState
-from tesserix_adk.stores.rows import decoded, due_items, leading, listed_items, with_damaged
+from tesserix_adk.errors import CheckpointCorruptError
+from tesserix_adk.stores.protocols import WorkItem, WorkListing, WorkState
+from tesserix_adk.stores.rows import (
+    decoded,
+    due_items,
+    leading,
+    listing_around_damage,
+    with_damaged,
+)
 
 __all__ = ["DEFAULT_SCAN", "RedisWorkIndex"]
 
@@ -57,6 +65,22 @@ def _item(row: Sequence[Any]) -> WorkItem:
         attempts=int(_required(attempts)),
         reason=_optional(reason),
     )
+
+
+def _listed_item(row: Sequence[Any]) -> WorkItem:
+    if len(row) == 2:  # {tag, error}: the entry's key holds another type
+        raise CheckpointCorruptError(
+            f"a stored work index entry cannot be read ({_optional(row[1])}); the store "
+            "holds a damaged key"
+        )
+    return _item(row)
+
+
+def _names(row: Sequence[Any]) -> tuple[str | None, str | None]:
+    if len(row) == 2:
+        tenant, _, run_id = bytes(row[0]).decode().partition(":")
+        return unquote(tenant), unquote(run_id)
+    return _optional(row[0]), _optional(row[1])
 
 
 class RedisWorkIndex:
@@ -217,6 +241,18 @@ class RedisWorkIndex:
     ) -> list[WorkItem]:
         """The entries of ``tenant`` in ``state`` (any but ``done``), oldest first; reads
         every entry of the index (an operator's listing, not a worker's poll)."""
+        listing = await self.listing(tenant, state=state)
+        if listing.damaged:
+            first = listing.damaged[0]
+            raise CheckpointCorruptError(
+                f"the work index entry of run '{first.tenant}/{first.run_id}': {first.why}"
+            )
+        return list(listing.items)
+
+    async def listing(
+        self, tenant: str | None = None, *, state: WorkState | None = None
+    ) -> WorkListing:
+        """``items``, going on past a damaged entry and naming it."""
         await self._durability.ensure()
         with _driver_errors("listing the work index"):
             rows = await self._items(
@@ -227,4 +263,4 @@ class RedisWorkIndex:
                     "" if state is None else state.value,
                 ],
             )
-        return listed_items(rows, _item, leading)
+        return listing_around_damage(rows, _listed_item, _names)

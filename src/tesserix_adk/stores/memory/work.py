@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tesserix_adk.stores.memory.fencing import RunKey
-from tesserix_adk.stores.protocols import LeaseStore, WorkItem, WorkState
+from tesserix_adk.stores.protocols import LeaseStore, WorkItem, WorkListing, WorkState
 
 __all__ = ["MemoryWorkIndex", "TAKE_ORDER"]
 
@@ -152,6 +152,12 @@ class MemoryWorkIndex:
                 if len(taken) == limit:
                     break
         return taken
+
+    async def listing(
+        self, tenant: str | None = None, *, state: WorkState | None = None
+    ) -> WorkListing:
+        """``items``: memory holds no damaged entry."""
+        return WorkListing(tuple(await self.items(tenant, state=state)))
 
     async def items(
         self, tenant: str | None = None, *, state: WorkState | None = None

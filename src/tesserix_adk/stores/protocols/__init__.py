@@ -43,7 +43,14 @@ from tesserix_adk.stores.protocols.transcripts import (
     chain_digest,
     chained,
 )
-from tesserix_adk.stores.protocols.work import WorkIndex, WorkItem, WorkState
+from tesserix_adk.stores.protocols.work import (
+    DamagedEntry,
+    WorkIndex,
+    WorkItem,
+    WorkListing,
+    WorksAroundDamage,
+    WorkState,
+)
 
 __all__ = [
     "EMPTY_HISTORY_DIGEST",
@@ -70,6 +77,9 @@ __all__ = [
     "ToolFlags",
     "WorkIndex",
     "WorkItem",
+    "WorkListing",
+    "WorksAroundDamage",
+    "DamagedEntry",
     "WorkState",
     "WriteGroup",
     "chain_digest",

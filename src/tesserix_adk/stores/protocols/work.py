@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-__all__ = ["WorkIndex", "WorkItem", "WorkState"]
+__all__ = ["DamagedEntry", "WorkIndex", "WorkItem", "WorkListing", "WorkState", "WorksAroundDamage"]
 
 
 class WorkState(StrEnum):
@@ -104,4 +104,37 @@ class WorkIndex(Protocol):
     ) -> list[WorkItem]:
         """The entries of ``tenant`` (every tenant: ``None``) in ``state`` (any but
         ``done``: ``None``), oldest first: for operators."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DamagedEntry:
+    """A work index entry that cannot be read: its tenant and run as far as they read
+    (``None``: not at all), and why (which quotes the stored values: redact it)."""
+
+    tenant: str | None
+    run_id: str | None
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkListing:
+    """An operator's listing of the work index: the entries that read, oldest first, and
+    the damaged ones, named."""
+
+    items: tuple[WorkItem, ...]
+    damaged: tuple[DamagedEntry, ...] = ()
+
+
+@runtime_checkable
+class WorksAroundDamage(Protocol):
+    """A capability of a work index: an operator's listing that goes on past a damaged
+    entry and names it (``WorkIndex.items`` stops at the first), so one hand-edited row
+    hides no other run from the people looking for it."""
+
+    async def listing(
+        self, tenant: str | None = None, *, state: WorkState | None = None
+    ) -> WorkListing:
+        """``items``' entries, and the damaged entries among them (in any state, when
+        their state cannot be read)."""
         ...

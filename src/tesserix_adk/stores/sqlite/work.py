@@ -17,8 +17,16 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from tesserix_adk.stores.protocols import WorkItem, WorkState
-from tesserix_adk.stores.rows import decoded, due_items, leading, listed_items, typed, with_damaged
+from tesserix_adk.stores.protocols import WorkItem, WorkListing, WorkState
+from tesserix_adk.stores.rows import (
+    decoded,
+    due_items,
+    leading,
+    listed_items,
+    listing_around_damage,
+    typed,
+    with_damaged,
+)
 from tesserix_adk.stores.sqlite.database import SqliteDatabase
 from tesserix_adk.stores.sqlite.fencing import NOW_SQL
 
@@ -153,6 +161,14 @@ def _item(row: Sequence[Any]) -> WorkItem:
     )
 
 
+def _names(row: Sequence[Any]) -> tuple[str | None, str | None]:
+    tenant, run_id = row[0], row[1]
+    return (
+        tenant if isinstance(tenant, str) else None,
+        run_id if isinstance(run_id, str) else None,
+    )
+
+
 @decoded("work index input")
 def _input(raw: Any) -> bytes | None:
     return None if raw is None else bytes(typed(raw, bytes, what="input"))
@@ -262,3 +278,16 @@ class SqliteWorkIndex:
             return conn.execute(sql, params).fetchall()
 
         return listed_items(await self.database.read(items), _item, leading)
+
+    async def listing(
+        self, tenant: str | None = None, *, state: WorkState | None = None
+    ) -> WorkListing:
+        """``items``, going on past a damaged entry and naming it."""
+        chosen = None if state is None else WorkState(state)
+        sql = _items_statement(tenant, chosen)
+        params = {"tenant": tenant, "state": None if chosen is None else chosen.value}
+
+        def items(conn: sqlite3.Connection) -> list[Any]:
+            return conn.execute(sql, params).fetchall()
+
+        return listing_around_damage(await self.database.read(items), _item, _names)
