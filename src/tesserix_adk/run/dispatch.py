@@ -480,7 +480,8 @@ def _keyed_by_another_tool(
     one cannot be sent under a key that is taken."""
     if rec.tool is None or rec.tool == oc.call.name:
         return None
-    if damaged_owner(rec, run.run_id, run.iteration, _turn_tools(run)):
+    turn = _turn_tools(run)
+    if turn is not None and damaged_owner(rec, run.run_id, run.iteration, turn):
         # This run's record of this turn naming a tool the turn never asked for: not two
         # tools keyed alike but a damaged row, and never a different answer.
         raise CheckpointCorruptError(
@@ -497,13 +498,15 @@ def _keyed_by_another_tool(
     return _finished(run, attempt, oc, refusal, CallDisposition.refused)
 
 
-def _turn_tools(run: RunState) -> set[str]:
+def _turn_tools(run: RunState) -> set[str] | None:
     """The tools the turn being dispatched asked for: its assistant message is the run's
-    last (its results are appended once the turn closes)."""
+    last (its results are appended once the turn closes). ``None`` when the run holds no
+    messages (a Temporal call activity's): not known, so no record is judged damaged by it
+    (the turn's plan, from its frontier, still is)."""
     for message in reversed(run.messages):
         if message.role is Role.assistant:
             return {c.name for c in message.tool_calls}
-    return set()
+    return None
 
 
 def _approved(grant: Grant | None) -> bool:
