@@ -129,21 +129,15 @@ def listing_around_damage(
     return WorkListing(tuple(items), tuple(damaged))
 
 
-def listed_items(rows: Iterable[R], read: Callable[[R], T], where: Callable[[R], str]) -> list[T]:
-    """The work index rows of an operator's listing, read; a damaged one is
-    ``CheckpointCorruptError`` naming its run (``where``: its tenant and run, as far as
-    they read), so the operator knows which entry to mend."""
-    items: list[T] = []
-    for row in rows:
-        try:
-            items.append(read(row))
-        except CheckpointCorruptError as exc:
-            try:
-                run = where(row)
-            except Exception:
-                run = "(unreadable)"
-            raise CheckpointCorruptError(f"the work index entry of run {run!r}: {exc}") from exc
-    return items
+def listed_items(listing: WorkListing) -> list[WorkItem]:
+    """``WorkIndex.items`` from a ``listing``: its entries, or ``CheckpointCorruptError``
+    naming the first damaged one, so the operator knows which entry to mend."""
+    if listing.damaged:
+        first = listing.damaged[0]
+        raise CheckpointCorruptError(
+            f"the work index entry of run '{first.tenant}/{first.run_id}': {first.why}"
+        )
+    return list(listing.items)
 
 
 # At most this many damaged entries are asked past a poll's limit: beyond it, more damage

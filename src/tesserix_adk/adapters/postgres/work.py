@@ -187,12 +187,7 @@ class PostgresWorkIndex:
         self, tenant: str | None = None, *, state: WorkState | None = None
     ) -> list[WorkItem]:
         """The entries of ``tenant`` in ``state`` (any but ``done``), oldest first."""
-        rows = await self.database.rows(
-            "listing the work index",
-            self._sql.items,
-            {"tenant": tenant, "state": None if state is None else WorkState(state).value},
-        )
-        return listed_items(rows, _item, _where)
+        return listed_items(await self.listing(tenant, state=state))
 
     async def listing(
         self, tenant: str | None = None, *, state: WorkState | None = None

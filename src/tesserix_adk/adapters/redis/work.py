@@ -26,6 +26,7 @@ from tesserix_adk.stores.rows import (
     decoded,
     due_items,
     leading,
+    listed_items,
     listing_around_damage,
     with_damaged,
 )
@@ -241,13 +242,7 @@ class RedisWorkIndex:
     ) -> list[WorkItem]:
         """The entries of ``tenant`` in ``state`` (any but ``done``), oldest first; reads
         every entry of the index (an operator's listing, not a worker's poll)."""
-        listing = await self.listing(tenant, state=state)
-        if listing.damaged:
-            first = listing.damaged[0]
-            raise CheckpointCorruptError(
-                f"the work index entry of run '{first.tenant}/{first.run_id}': {first.why}"
-            )
-        return list(listing.items)
+        return listed_items(await self.listing(tenant, state=state))
 
     async def listing(
         self, tenant: str | None = None, *, state: WorkState | None = None

@@ -270,14 +270,7 @@ class SqliteWorkIndex:
         self, tenant: str | None = None, *, state: WorkState | None = None
     ) -> list[WorkItem]:
         """The entries of ``tenant`` in ``state`` (any but ``done``), oldest first."""
-        chosen = None if state is None else WorkState(state)
-        sql = _items_statement(tenant, chosen)
-        params = {"tenant": tenant, "state": None if chosen is None else chosen.value}
-
-        def items(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(sql, params).fetchall()
-
-        return listed_items(await self.database.read(items), _item, leading)
+        return listed_items(await self.listing(tenant, state=state))
 
     async def listing(
         self, tenant: str | None = None, *, state: WorkState | None = None
