@@ -9,6 +9,7 @@ from urllib.parse import quote
 from tesserix_adk.checkpoint.payload import CheckpointStatus
 from tesserix_adk.console.reads import RunDetail, RunFilter, RunSummary, key_digest, shown_value
 from tesserix_adk.console.templates import Markup, join, render
+from tesserix_adk.run.approvals import of_the_turn
 from tesserix_adk.run.unstarted import Unstarted
 from tesserix_adk.stores.protocols import RecordStatus, RunLease
 from tesserix_adk.timestamps import shown_time
@@ -154,10 +155,7 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
     unusable = None
     if asked is not None and d.approval is None:
         unusable = "The run waits on it, but it is gone from the approval store."
-    elif d.approval is not None and (d.approval.run_id, d.approval.iteration) != (
-        cp.run_id,
-        cp.iteration,
-    ):
+    elif d.approval is not None and not of_the_turn(d.approval, cp.run_id, cp.iteration):
         # Never a form for it: deciding here would decide that other run's request.
         unusable = (
             f"The approval store's request under this id names run {d.approval.run_id} at "

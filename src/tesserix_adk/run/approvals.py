@@ -39,7 +39,7 @@ from tesserix_adk.tools import canonical_json
 # every frontier of the run too large to write. The approval keeps the whole note.
 GRANT_NOTE_CHARS = 4000
 
-__all__ = ["approval_request_id", "ask_approval", "take_decision", "told_waiting"]
+__all__ = ["approval_request_id", "ask_approval", "of_the_turn", "take_decision", "told_waiting"]
 
 
 async def ask_approval(
@@ -134,10 +134,16 @@ async def take_decision(
     return None
 
 
+def of_the_turn(request: ApprovalRequest, run_id: str, iteration: int) -> bool:
+    """Whether ``request`` is run ``run_id``'s, of turn ``iteration``: another run's row
+    under its id (rows swapped or copied) carries that run's decision, never this one's.
+    A resume refuses such a request, and ``inspect`` and the console say so."""
+    return (request.run_id, request.iteration) == (run_id, iteration)
+
+
 def _own_request(request: ApprovalRequest, run: RunState) -> None:
-    """A request found under this run's id must be this run's, of this turn: another run's
-    row there (rows swapped or copied) carries that run's decision, never this one's."""
-    if request.run_id != run.run_id or request.iteration != run.iteration:
+    """A request found under this run's id must be this run's, of this turn."""
+    if not of_the_turn(request, run.run_id, run.iteration):
         raise CheckpointCorruptError(
             f"approval request {request.id!r} names run {request.run_id!r} at turn "
             f"{request.iteration}, not run {run.run_id!r} at turn {run.iteration}; the "
