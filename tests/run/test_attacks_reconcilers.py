@@ -77,10 +77,13 @@ from tesserix_adk import (
     Carried,
     IndeterminateToolCallError,
     LeasePolicy,
+    Message,
     Reconciled,
     Run,
+    RunStatus,
     ScriptedProvider,
     ToolContext,
+    ToolOutcome,
     Worker,
     WorkState,
     open_stores,
@@ -90,6 +93,7 @@ from tesserix_adk.checkpoint.payload import outcomes
 from tesserix_adk.cli import ExitCode, frontier_main
 from tesserix_adk.errors import LeaseLostError, ResumeConflictError
 from tesserix_adk.run import reconciling
+from tesserix_adk.run.invoking import result_content
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import RecordStatus
 from tesserix_adk.testing.faults import SimulatedCrash
@@ -295,6 +299,31 @@ async def test_a_reconciled_content_that_cannot_be_encoded_leaves_the_call_in_do
         await _runner(stores).resume(agent, "r1", tenant=T)
     assert world.took == [(await _record(stores)).key]
     assert (await _record(stores)).status is RecordStatus.in_flight
+
+
+@pytest.mark.parametrize(
+    "found",
+    [b"\x89PNG\r\n\x1a\n\xff", 7**6000, {"receipt": b"\xff\xfe", "n": -(10**5000)}],
+    ids=["binary-bytes", "huge-int", "both-nested"],
+)
+async def test_a_reconciled_content_a_tool_could_return_settles_the_call_as_it_would(
+    found: Any,
+) -> None:
+    """A reconciler's ``completed`` content is what the tool would have returned: what a
+    tool may return (a screenshot's bytes, an int past 4,300 digits) settles the call,
+    told to the model as the tool's own result would be, not left in doubt."""
+    stores, world = open_stores("memory://"), World()
+    agent = _agent(world, reconcile=lambda call, ctx: Reconciled.completed(found))
+    await _in_doubt(stores, world, agent, "after")
+    provider = Recording(ScriptedProvider(list(TURNS)))
+    run = await _runner(stores, provider=provider).resume(agent, "r1", tenant=T)
+    assert run.status is RunStatus.completed
+    assert (await _record(stores)).status is RecordStatus.completed
+    assert len(world.took) == 1
+    told = _told(provider, "book_seat")
+    assert told == [
+        Message.tool_result(ToolOutcome(call_id="x", content=result_content(found))).content
+    ]
 
 
 async def test_a_large_reconciled_outcome_is_redacted_off_the_event_loop(

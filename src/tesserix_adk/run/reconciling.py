@@ -24,6 +24,7 @@ from tesserix_adk.leases import NEVER_RAN_MARGIN, never_ran_wait
 from tesserix_adk.messages import ToolCall, ToolOutcome
 from tesserix_adk.reconcile import Reconciled, ReconciledAs
 from tesserix_adk.run.attempt import Attempt
+from tesserix_adk.run.invoking import result_content
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.recording import redacted_record
 from tesserix_adk.stores.grouping import outside_scope
@@ -89,8 +90,10 @@ async def reconcile_in_doubt(
                 recorded = True  # the record changed: the plan is made again
                 continue
         elif answer.found is ReconciledAs.completed:
-            outcome = ToolOutcome(call_id=pc.call_id or "", content=answer.content)
             try:
+                # What the tool would have returned, made JSON data as its own result is.
+                content = result_content(answer.content)
+                outcome = ToolOutcome(call_id=pc.call_id or "", content=content)
                 # Off the event loop when large, as a tool's own result is.
                 encoded = (
                     await redacted_record(parts, outcome, record=record_tag(tenant, pc.key))
