@@ -8,7 +8,7 @@ from tesserix_adk.errors import CheckpointCorruptError, NoCheckpointError
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.entries import damage
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.protocols import WorkItem, WorkState
+from tesserix_adk.stores.protocols import RunLease, WorkItem, WorkState
 
 __all__ = ["blocked", "failure_reason", "no_frontier", "parked_item"]
 
@@ -70,6 +70,12 @@ async def parked_item(stores: Stores, tenant: str, run_id: str) -> WorkItem | No
     except CheckpointCorruptError:
         return None
     return item if item is not None and item.state is WorkState.parked else None
+
+
+def waits(*, parked: bool, open_calls: int, lease: RunLease | None, blocked: str | None) -> bool:
+    """Whether a run waits for a person (``runs --stuck``, the console's "stuck"): parked,
+    calls left open with nobody holding the run, or ``blocked`` (no worker carries it on)."""
+    return parked or (open_calls > 0 and lease is None) or blocked is not None
 
 
 def blocked(cp: Checkpoint, parked: WorkItem | None, revision: str | None) -> str | None:

@@ -74,7 +74,7 @@ def _run_row(tenant: str, r: RunSummary) -> Markup:
         in_flight=r.in_flight,
         held=_held(r.lease) if r.lease else "",
         waiting=r.pending_approval or "",
-        parked=r.parked if r.parked is not None else "",
+        parked=r.parked if r.parked is not None else (r.blocked or ""),
     )
 
 

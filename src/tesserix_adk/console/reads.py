@@ -15,6 +15,7 @@ from typing import Any
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, left_open, plan_as_told
+from tesserix_adk.cli.reasons import blocked, waits
 from tesserix_adk.errors import AdkError, CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.messages import Message
 from tesserix_adk.run.entries import damage, parked_entries
@@ -68,6 +69,8 @@ class RunSummary:
     parked: str | None = None
     pending_approval: str | None = None
     unreadable: str | None = None
+    # Why no worker carries it on (failed, refused, pinned elsewhere: ``cli.reasons.blocked``).
+    blocked: str | None = None
     finished: bool = False
     # No frontier yet (``run.unstarted``): submitted, or cancelled before it started.
     unstarted: bool = False
@@ -75,11 +78,14 @@ class RunSummary:
 
     @property
     def stuck(self) -> bool:
-        """Parked, or with calls in flight and nobody holding the run (a run that ended, a
-        cancelled one, may have left a call in doubt: it waits for ``tesserix resolve``)."""
+        """Whether it waits for a person, as ``tesserix runs --stuck`` tells (``waits``)."""
         open_calls = self.in_doubt if self.finished else self.in_flight
-        lapsed = open_calls > 0 and self.lease is None
-        return self.parked is not None or lapsed
+        return waits(
+            parked=self.parked is not None,
+            open_calls=open_calls,
+            lease=self.lease,
+            blocked=self.blocked,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +166,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             lease=lease,
             parked=None if park is None else (park.reason or ""),
             pending_approval=None if cp.pending_approval is None else cp.pending_approval.id,
+            blocked=blocked(cp, park, None),
             finished=cp.status.finished,
         )
         if where.status and summary.status != where.status:
