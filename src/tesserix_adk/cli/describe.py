@@ -7,7 +7,7 @@ from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.checkpoint.planning import ResumePlan
 from tesserix_adk.cli.reasons import failure_reason
 from tesserix_adk.cli.text import escaped
-from tesserix_adk.run.approvals import of_the_turn
+from tesserix_adk.run.approvals import of_the_turn, whose
 from tesserix_adk.stores.protocols import ApprovalRequest, ApprovalStatus
 
 __all__ = ["describe"]
@@ -60,11 +60,10 @@ def _where(cp: Checkpoint, approval: ApprovalRequest | None, approval_asked: boo
                 f"waiting on approval {escaped(asked)}, which is gone from the approval "
                 "store: a resume refuses the run (exit 4)"
             )
-        if approval is not None and not of_the_turn(approval, cp.run_id, cp.iteration):
+        if approval is not None and not of_the_turn(approval, cp.tenant, cp.run_id, cp.iteration):
             return (
-                f"approval {escaped(asked)} in the store names run "
-                f"{escaped(approval.run_id)} at turn {approval.iteration}: a resume refuses "
-                "the run (exit 4)"
+                f"approval {escaped(asked)} in the store names {escaped(whose(approval))}: "
+                "a resume refuses the run (exit 4)"
             )
         if (
             approval is not None

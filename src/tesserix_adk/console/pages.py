@@ -9,7 +9,7 @@ from urllib.parse import quote
 from tesserix_adk.checkpoint.payload import CheckpointStatus
 from tesserix_adk.console.reads import RunDetail, RunFilter, RunSummary, key_digest, shown_value
 from tesserix_adk.console.templates import Markup, join, render
-from tesserix_adk.run.approvals import of_the_turn
+from tesserix_adk.run.approvals import of_the_turn, whose
 from tesserix_adk.run.unstarted import Unstarted
 from tesserix_adk.stores.protocols import RecordStatus, RunLease
 from tesserix_adk.timestamps import shown_time
@@ -155,12 +155,9 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
     unusable = None
     if asked is not None and d.approval is None:
         unusable = "The run waits on it, but it is gone from the approval store."
-    elif d.approval is not None and not of_the_turn(d.approval, cp.run_id, cp.iteration):
+    elif d.approval is not None and not of_the_turn(d.approval, cp.tenant, cp.run_id, cp.iteration):
         # Never a form for it: deciding here would decide that other run's request.
-        unusable = (
-            f"The approval store's request under this id names run {d.approval.run_id} at "
-            f"turn {d.approval.iteration}."
-        )
+        unusable = f"The approval store's request under this id names {whose(d.approval)}."
     if asked is not None and unusable is not None:
         approval = render("approval_unusable.html", id=asked.id, why=unusable)
     elif d.approval is not None:

@@ -39,7 +39,14 @@ from tesserix_adk.tools import canonical_json
 # every frontier of the run too large to write. The approval keeps the whole note.
 GRANT_NOTE_CHARS = 4000
 
-__all__ = ["approval_request_id", "ask_approval", "of_the_turn", "take_decision", "told_waiting"]
+__all__ = [
+    "approval_request_id",
+    "ask_approval",
+    "of_the_turn",
+    "take_decision",
+    "told_waiting",
+    "whose",
+]
 
 
 async def ask_approval(
@@ -134,20 +141,25 @@ async def take_decision(
     return None
 
 
-def of_the_turn(request: ApprovalRequest, run_id: str, iteration: int) -> bool:
-    """Whether ``request`` is run ``run_id``'s, of turn ``iteration``: another run's row
-    under its id (rows swapped or copied) carries that run's decision, never this one's.
-    A resume refuses such a request, and ``inspect`` and the console say so."""
-    return (request.run_id, request.iteration) == (run_id, iteration)
+def of_the_turn(request: ApprovalRequest, tenant: str, run_id: str, iteration: int) -> bool:
+    """Whether ``request`` is run ``run_id``'s of ``tenant``, of turn ``iteration``: another
+    run's row under its id (rows swapped or copied, another tenant's run of the same id
+    too) carries that run's decision, never this one's. A resume refuses such a request,
+    and ``inspect`` and the console say so (``whose``)."""
+    return (request.tenant, request.run_id, request.iteration) == (tenant, run_id, iteration)
+
+
+def whose(request: ApprovalRequest) -> str:
+    """Whose request it is, in words: ``run 'r' of tenant 't' at turn 2``."""
+    return f"run {request.run_id!r} of tenant {request.tenant!r} at turn {request.iteration}"
 
 
 def _own_request(request: ApprovalRequest, run: RunState) -> None:
     """A request found under this run's id must be this run's, of this turn."""
-    if not of_the_turn(request, run.run_id, run.iteration):
+    if not of_the_turn(request, run.tenant, run.run_id, run.iteration):
         raise CheckpointCorruptError(
-            f"approval request {request.id!r} names run {request.run_id!r} at turn "
-            f"{request.iteration}, not run {run.run_id!r} at turn {run.iteration}; the "
-            "approval store holds a damaged row"
+            f"approval request {request.id!r} names {whose(request)}, not run "
+            f"{run.run_id!r} at turn {run.iteration}; the approval store holds a damaged row"
         )
 
 
