@@ -22,9 +22,10 @@ from tesserix_adk.checkpoint.redaction.patterns import _PLACEHOLDER, _PLACEHOLDE
 # It runs on the ASCII-lowered text (same length, same positions): a case-insensitive
 # alternation is several times slower to search.
 _KEY_WORD = re.compile(
-    r"(?P<word>pass(?:word|wd|phrase)|pwd|secret|token|api[_-]?key"
-    r"|(?:secret|private|access)[_-]?key|authorization|cookie|credentials?)"
-    r"(?P<close>\\?[\"'])?[ \t]{0,16}+(?P<sep>[:=])(?![:=])[ \t]{0,16}+"
+    r"(?P<word>(?:pass(?:word|wd|phrase)|pwd|secret|token|api[_-]?key"
+    r"|(?:secret|private|access)[_-]?key|authorization|cookie|credential)s?)"
+    # A separator may end the name (``DB_PASSWORD_=``), as it may a key in data.
+    r"[_.-]{0,8}+(?P<close>\\?[\"'])?[ \t]{0,16}+(?P<sep>[:=])(?![:=])[ \t]{0,16}+"
 )
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 _KEY_HINTS = ("pass", "pwd", "secret", "token", "key", "auth", "cookie", "credential")

@@ -2,11 +2,12 @@
 
 A key named like a credential (``password``, ``secret``, ``token``, ``api_key``,
 ``authorization``, ``cookie``, ``credentials`` …, whole or as the last words of the key in any
-casing: ``accessToken``, ``clientSecret``, ``openai_api_key``, ``X-Api-Key``, ``db.password``)
-masks its value, in a mapping, in JSON text and in free text. Keys that only contain such a
-word stay (``input_tokens``, ``password_hint``, ``secretary``), and so do pagination tokens
-(``next_page_token``, ``nextToken``). ``pwd`` masks only as a name's last word after
-another (``MYSQL_PWD``): ``PWD`` alone is the working directory.
+casing: ``accessToken``, ``clientSecret``, ``openai_api_key``, ``X-Api-Key``, ``db.password``;
+plural too: ``api_keys``, ``passwords``, ``tokens``, ``accessTokens``) masks its value, in a
+mapping, in JSON text and in free text. Keys that only contain such a word stay
+(``password_hint``, ``secretary``), and so do counts (``input_tokens``, ``max_tokens``)
+and pagination tokens (``next_page_token``, ``nextToken``). ``pwd`` masks only as a name's
+last word after another (``MYSQL_PWD``): ``PWD`` alone is the working directory.
 """
 
 from __future__ import annotations
@@ -67,6 +68,36 @@ _NOT_SECRET = frozenset(
         "idempotency_token",
     }
 )
+# The words before ``_tokens`` that make it a count (a model's usage, a limit), not
+# credentials: ``input_tokens``, ``max_new_tokens``, ``cache_read_input_tokens``.
+_COUNTED_TOKENS = frozenset(
+    {
+        "input",
+        "output",
+        "max",
+        "min",
+        "total",
+        "prompt",
+        "completion",
+        "cached",
+        "reasoning",
+        "num",
+        "n",
+        "used",
+        "remaining",
+        "context",
+        "new",
+        "audio",
+        "text",
+        "image",
+        "accepted",
+        "rejected",
+        "generated",
+        "response",
+        "request",
+        "thinking",
+    }
+)
 _PASSWORD_WORDS = ("password", "passwd", "passphrase")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _KEY_SEPARATORS = re.compile(r"[-.\s_]+")
@@ -75,6 +106,18 @@ _KEY_SEPARATORS = re.compile(r"[-.\s_]+")
 @lru_cache(maxsize=4096)
 def _named_kind(key: str) -> str | None:
     name = _KEY_SEPARATORS.sub("_", _CAMEL.sub("_", key)).strip("_").lower()
+    kind = _kind_of(name)
+    if kind is None and name.endswith("s") and not name.endswith("ss"):
+        # A plural names credentials too (``api_keys``, ``tokens``, ``client_secrets``),
+        # except counts named so: ``input_tokens``, ``max_tokens`` are usage figures.
+        singular = name[:-1]
+        head, _, last = singular.rpartition("_")
+        if last != "token" or head.rpartition("_")[2] not in _COUNTED_TOKENS:
+            kind = _kind_of(singular)
+    return kind
+
+
+def _kind_of(name: str) -> str | None:
     # Also as a name's last words (``meta.next_page_token``, S3's ``NextContinuationToken``).
     if name in _NOT_SECRET or any(name.endswith("_" + n) for n in _NOT_SECRET):
         return None
