@@ -138,11 +138,6 @@ def test_bytes_under_a_credential_key_are_masked_binary_or_not(
         assert needle not in decoded, needle
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT HIGH: a non-UTF-8 bytes result (Latin-1 text) holding a key is stored as "
-    "base64 of the raw bytes; the key is one decode away in the store and the CLI",
-)
 def test_a_latin1_bytes_result_holding_a_key_is_not_stored_recoverable(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -163,11 +158,6 @@ class Download:
     headers: bytes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT HIGH: a UTF-8 bytes field holding 'Bearer <key>' beside a binary field "
-    "in one object is turned to base64 with it and stored unmasked (it is masked alone)",
-)
 def test_a_utf8_secret_beside_binary_bytes_in_one_object_is_masked(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

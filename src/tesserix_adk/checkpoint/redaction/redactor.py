@@ -13,6 +13,7 @@ Python's backtracking engine as written, on the text between placeholders.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import re
@@ -38,6 +39,10 @@ __all__ = ["Redactor", "default_redactor"]
 
 
 _CUSTOM = "[redacted:custom]"
+_ENCODED = "[redacted:encoded]"
+
+# Base64 text (standard or URL-safe, padded) long enough to encode the shortest secret.
+_BASE64 = re.compile(r"(?:[A-Za-z0-9+/\-_]{4}){3,}+(?:[A-Za-z0-9+/\-_]{2}==|[A-Za-z0-9+/\-_]{3}=)?")
 
 # A pass over a string is repeated until nothing changes (a mask can move a boundary that
 # a pattern's look-around depends on); this bounds the repeats.
@@ -165,6 +170,10 @@ class Redactor:
         return self._scan(value, depth)
 
     def _scan(self, value: str, depth: int = 0) -> str:
+        if depth < _MAX_JSON_DEPTH and _BASE64.fullmatch(value):
+            encoded = self._encoded(value, depth)
+            if encoded is not None:
+                return encoded
         if depth < _MAX_JSON_DEPTH and _JSON_START.match(value):
             masked = self._json_text(value, depth)
             if masked is not None:
@@ -177,6 +186,17 @@ class Redactor:
                 break
             value = masked
         return value
+
+    def _encoded(self, value: str, depth: int) -> str | None:
+        """``value``, base64 text, masked whole when the bytes it encodes hold a secret (a
+        tool's binary result is kept as base64, where no rule would see one); else ``None``.
+        The bytes are read as Latin-1, one character a byte, so every ASCII secret shows."""
+        try:
+            raw = base64.b64decode(value, altchars=b"-_", validate=True)
+        except ValueError:  # binascii.Error: not base64 after all
+            return None
+        text = raw.decode("latin-1")
+        return _ENCODED if self._scan(text, depth + 1) != text else None
 
     def _builtin(self, value: str) -> str:
         if len(value) < _SHORTEST_SECRET:
