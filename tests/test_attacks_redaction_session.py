@@ -577,22 +577,12 @@ def test_a_store_urls_password_is_masked_in_its_errors(url: str) -> None:
     assert PW not in said, said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT HIGH: a PostgreSQL URL whose password holds an unescaped '@' prints the "
-    "password's tail in psycopg's 'failed to resolve host' error (open_stores and stderr)",
-)
 def test_a_postgres_password_holding_an_at_sign_is_masked_in_its_error() -> None:
     said = _url_errors(f"postgres://bob:se@{PW}@127.0.0.1:1/test")
     assert "exit 0" not in said, said
     assert PW not in said, said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: a store URL missing its scheme ('bob:<pw>@host:port') is quoted "
-    "whole, password and all, in the 'unknown scheme' error and on stderr",
-)
 def test_a_store_url_without_its_scheme_is_masked_in_its_error() -> None:
     said = _url_errors(f"bob:{PW}@127.0.0.1:5432")
     assert "exit 0" not in said, said

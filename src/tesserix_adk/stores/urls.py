@@ -62,6 +62,10 @@ def redact_url(url: str) -> str:
     except ValueError:
         return "<unreadable URL>"
     netloc = parts.netloc
+    if "//" not in url and "@" in url:
+        # No '//': ``user:password@host`` without its scheme reads as scheme ``user``.
+        head, _, host = url.rpartition("@")
+        return f"{head.partition(':')[0]}:***@{host}"
     userinfo, at, host = netloc.rpartition("@")
     if at and ":" in userinfo:
         user = userinfo.split(":", 1)[0]

@@ -28,7 +28,7 @@ from tesserix_adk.adapters.postgres.ledger import PostgresLedger
 from tesserix_adk.adapters.postgres.work import PostgresWorkIndex
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.urls import keep_last_option, store_options
+from tesserix_adk.stores.urls import keep_last_option, redact_url, store_options
 
 __all__ = ["open_postgres_stores"]
 
@@ -79,6 +79,14 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
     ``+`` literally) and no rebuilding (``postgresql:///db?host=/socket`` has no host part).
     """
     base, _, rest = url.partition("?")
+    authority = base.partition("://")[2].partition("/")[0]
+    if authority.count("@") > 1:
+        # libpq ends the user and password at the first '@', so the rest of the password
+        # would be taken for the host, and quoted as one in its error.
+        raise ConfigurationError(
+            f"the PostgreSQL store URL {redact_url(url)!r} holds an '@' in its user or "
+            "password; write it as %40"
+        )
     query, hash_, fragment = rest.partition("#")
     options, kept = store_options(url, query, "PostgreSQL", driver=True)
     out = base + ("?" + kept if kept else "") + (hash_ + fragment if fragment else "")
