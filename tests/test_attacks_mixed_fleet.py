@@ -13,7 +13,7 @@ format-3 payload (an outcome a new worker recorded, a resolution or a cancel the
 recorded) parks the run ``CheckpointFormatError``, and no worker of this kit took a parked
 run, so it waited for a person (``run --resume`` by hand) though this kit reads it, and a
 cancel the new CLI asked was not carried out. A worker of this kit now wakes, as it starts,
-the runs of its agents parked for a format (``Parking._wake_parked_for_a_format``).
+the runs of its agents parked for a format (``Parking._wake_parked``).
 
 Held: both releases open the file and share the agent revision; the old kit refuses with
 its typed error, writes nothing over the records, sends nothing twice, and the run is listed

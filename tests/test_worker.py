@@ -641,3 +641,64 @@ async def test_a_starting_worker_wakes_runs_parked_for_a_format_and_no_others() 
     assert len(airline.bookings) == 1
     left = {i.run_id: i.reason for i in await stores.work.items(T, state=WorkState.parked)}
     assert left == {"in-doubt": "IndeterminateToolCallError: x", "other-agent": newer}
+
+
+class _Dies:
+    """Answers the first turn; the process "dies" while the model thinks of the second:
+    the run is left at a frontier pinned to its agent's revision."""
+
+    def __init__(self) -> None:
+        self.inner = ScriptedProvider(list(BOOK_TURNS))
+        self.calls = 0
+
+    async def complete(self, request: Any) -> Any:
+        self.calls += 1
+        if self.calls > 1:
+            raise SimulatedCrash("died while the model thought")
+        return await self.inner.complete(request)
+
+
+async def test_a_running_worker_wakes_runs_of_its_revision_another_revision_parked() -> None:
+    """A rolling deploy: a worker of the old revision parks a run of the new one
+    (``RevisionMismatchError``) while a worker of the new revision is already running. The
+    new worker, idle, looks again every ``parked_sweep`` seconds and carries the run on;
+    a run pinned to the old revision stays parked for the old workers or a person."""
+    stores, airline = _stores(), Airline()
+    new = _agent(airline)
+    old = Agent("booking", "Book, the old way.", list(new.tools.values()))
+    assert old.revision != new.revision
+    runner = _runner(stores)
+    assert stores.work is not None
+    for run_id, agent in (("of-new", new), ("of-old", old)):
+        await runner.submit(agent, "book", tenant=T, run_id=run_id)
+        # Started (a frontier pinned to its revision), then its holder died.
+        dies = AgentRunner.from_stores(
+            _Dies(), stores, lease_policy=LeasePolicy(ttl=0.1, renew_within=0.05)
+        )
+        with pytest.raises(SimulatedCrash):
+            await dies.run(agent, "book", tenant=T, run_id=run_id)
+    worker = Worker(_runner(stores), [new], poll_interval=0.02, parked_sweep=0.05)
+    parked = asyncio.Event()
+
+    async def old_worker_parks() -> None:
+        # As an old worker does, once the new one runs (it took neither run: not due yet).
+        for run_id in ("of-new", "of-old"):
+            reason = f"RevisionMismatchError: run {run_id} is pinned to another revision"
+            await stores.work.park(T, run_id, agent="booking", reason=reason)
+        parked.set()
+
+    for run_id in ("of-new", "of-old"):
+        await stores.work.done(T, run_id)  # not due: the new worker leaves them alone
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(0.1)
+    await old_worker_parks()
+    for _ in range(200):
+        if any(i.run_id == "of-new" and how is Carried.finished for i, how in worker.carried):
+            break
+        await asyncio.sleep(0.02)
+    worker.drain()
+    await task
+    assert [(i.run_id, how) for i, how in worker.carried] == [("of-new", Carried.finished)]
+    assert len(airline.bookings) == 1
+    left = {i.run_id for i in await stores.work.items(T, state=WorkState.parked)}
+    assert left == {"of-old"}

@@ -91,7 +91,11 @@ _ELSEWHERE = (ResumeConflictError, LeaseError, StaleFenceError)
 
 
 class Worker(Parking):
-    """Carries the runs a work index says want a worker, ``concurrency`` at a time."""
+    """Carries the runs a work index says want a worker, ``concurrency`` at a time.
+
+    A run pinned to another revision of its agent is parked; a worker of that revision
+    wakes it again as it starts and, idle, every ``parked_sweep`` seconds (a rolling
+    deploy: old and new workers side by side)."""
 
     def __init__(
         self,
@@ -104,6 +108,7 @@ class Worker(Parking):
         max_attempts: int = 20,
         exit_when_idle: bool = False,
         drain_timeout: float = 30.0,
+        parked_sweep: float = 30.0,
         rng: random.Random | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:
@@ -137,6 +142,9 @@ class Worker(Parking):
         self.max_attempts = max_attempts
         self.exit_when_idle = exit_when_idle
         self.drain_timeout = drain_timeout
+        # How often an idle worker looks for runs parked by a worker of another revision
+        # that are pinned to its own (``Parking._wake_parked``).
+        self.parked_sweep = parked_sweep
         self._rng = rng or random.Random()
         self._draining = asyncio.Event()
         # The store's own trouble (a schema not this kit's, a grant missing) met while
@@ -157,10 +165,15 @@ class Worker(Parking):
         """Carry runs until ``drain()`` (or, with ``exit_when_idle``, until nothing is due
         and nothing runs); then stop every run at its next boundary and return."""
         blips = 0
+        loop = asyncio.get_running_loop()
         try:
-            await self._wake_parked_for_a_format()
+            await self._wake_parked(formats=True)
+            swept = loop.time()
             while not self._draining.is_set():
                 try:
+                    if loop.time() - swept >= self.parked_sweep:
+                        await self._wake_parked(formats=False)
+                        swept = loop.time()
                     started = await self.poll()
                     blips = 0
                 except Exception as exc:

@@ -19,6 +19,7 @@ from tesserix_adk.errors import (
     IndeterminateToolCallError,
     LeaseHeldError,
     ResumeConflictError,
+    RevisionMismatchError,
 )
 from tesserix_adk.run.attempt import new_holder
 from tesserix_adk.run.holding import held_to_decide
@@ -106,23 +107,43 @@ class Parking:
     _later: dict[tuple[str, str], float]
     agents: dict[str, Agent]
 
-    async def _wake_parked_for_a_format(self) -> None:
-        """Wake the runs of this worker's agents that a worker parked because a payload was
-        of a format it could not read (``CheckpointFormatError``): an earlier release, met
-        beside this one or gone back to, parks a run it cannot read and never takes it
-        back, while this one may read it. Once as the worker starts: one this kit cannot
+    async def _wake_parked(self, *, formats: bool) -> None:
+        """Wake the runs of this worker's agents that another worker parked but this one
+        may carry: pinned to the revision this worker serves, parked by a worker of another
+        revision (``RevisionMismatchError``: in a rolling deploy, old and new workers poll
+        side by side, and nothing else would look at such a run again); and, with
+        ``formats`` (once, as the worker starts), parked for a payload of a format an
+        earlier release could not read (``CheckpointFormatError``): one this kit cannot
         read either is parked again, and stays parked until the next worker starts. A
         store that cannot be read here is met again by the first poll, which says why."""
         try:
             parked = await self.work.items(None, state=WorkState.parked)
-            for item in parked:
-                if item.agent in self.agents and parked_for(item, CheckpointFormatError):
-                    _log.info("run %s/%s: parked for a format; looking again", *_where(item))
-                    await self.work.want(
-                        item.tenant, item.run_id, agent=item.agent, state=WorkState.wanted
-                    )
         except Exception as exc:
-            _log.warning("could not look at the runs parked for a format: %r", exc)
+            _log.warning("could not look at the parked runs: %r", exc)
+            return
+        for item in parked:
+            agent = self.agents.get(item.agent)
+            if agent is None:
+                continue
+            try:
+                if formats and parked_for(item, CheckpointFormatError):
+                    why = "parked for a format"
+                elif parked_for(item, RevisionMismatchError) and await self._pinned_to(item, agent):
+                    why = f"parked by a worker of another revision; it is {agent.revision}'s"
+                else:
+                    continue
+                _log.info("run %s/%s: %s; looking again", *_where(item), why)
+                await self.work.want(
+                    item.tenant, item.run_id, agent=item.agent, state=WorkState.wanted
+                )
+            except Exception as exc:
+                _log.warning("could not look at parked run %s/%s: %r", *_where(item), exc)
+
+    async def _pinned_to(self, item: WorkItem, agent: Agent) -> bool:
+        """Whether the run's frontier is pinned to ``agent``'s revision."""
+        assert self.runner.checkpoints is not None
+        cp = await self.runner.checkpoints.latest(item.tenant, item.run_id)
+        return cp is not None and cp.agent_revision == agent.revision
 
     async def _park_too_many(self, item: WorkItem) -> Carried:
         """Park a run taken ``max_attempts`` times: each take counted itself as it began, so

@@ -4,11 +4,12 @@ run cannot be carried on (and what it would need), for ``inspect``, ``show`` and
 from __future__ import annotations
 
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
-from tesserix_adk.errors import CheckpointCorruptError, NoCheckpointError
+from tesserix_adk.errors import CheckpointCorruptError, NoCheckpointError, RevisionMismatchError
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.entries import damage
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import RunLease, WorkItem, WorkState
+from tesserix_adk.worker_parking import parked_for
 
 __all__ = ["blocked", "failure_reason", "no_frontier", "parked_item"]
 
@@ -88,13 +89,24 @@ def blocked(cp: Checkpoint, parked: WorkItem | None, revision: str | None) -> st
         return f"refused frontier: {cp.reason}"
     if cp.carried_by is not None:
         return None  # its workflow carries it (or reports it stuck), never a kit worker
-    pinned_elsewhere = revision is not None and cp.agent_revision != revision
-    refused_revision = parked is not None and "RevisionMismatchError" in (parked.reason or "")
-    if not cp.status.finished and (pinned_elsewhere or refused_revision):
+    if cp.status.finished:
+        return None
+    refused_revision = parked is not None and parked_for(parked, RevisionMismatchError)
+    if revision is not None and cp.agent_revision == revision:
+        if refused_revision:
+            # A worker of another revision parked it (a rolling deploy): nothing to accept.
+            return (
+                f"parked by a worker of another agent revision; it is pinned to the current "
+                f"one ({revision}), whose workers take it again by themselves, or carry it on "
+                "with `tesserix run --resume RUN --tenant T --agent MODULE:ATTR`"
+            )
+        return None
+    if revision is not None or refused_revision:
         return (
             f"needs agent revision {cp.agent_revision}"
             + ("" if revision is None else f" (the agent is now {revision})")
-            + "; carry it on with `tesserix run --resume RUN --tenant T --agent MODULE:ATTR "
+            + ": a worker of that revision takes it again by itself; with another, carry it "
+            "on with `tesserix run --resume RUN --tenant T --agent MODULE:ATTR "
             "--accept-revision --by NAME`"
         )
     return None
