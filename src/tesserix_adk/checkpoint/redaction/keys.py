@@ -68,8 +68,9 @@ _NOT_SECRET = frozenset(
         "idempotency_token",
     }
 )
-# The words before ``_tokens`` that make it a count (a model's usage, a limit), not
-# credentials: ``input_tokens``, ``max_new_tokens``, ``cache_read_input_tokens``.
+# Words before ``_tokens`` that make it a count (a model's usage, a limit) or a model's
+# own tokens, not credentials: ``input_tokens``, ``max_new_tokens``,
+# ``accepted_prediction_tokens``, ``stop_tokens``, ``special_tokens``.
 _COUNTED_TOKENS = frozenset(
     {
         "input",
@@ -96,6 +97,17 @@ _COUNTED_TOKENS = frozenset(
         "response",
         "request",
         "thinking",
+        "prediction",
+        "stop",
+        "special",
+        "eos",
+        "bos",
+        "pad",
+        "unk",
+        "added",
+        "extra",
+        "vocab",
+        "video",
     }
 )
 _PASSWORD_WORDS = ("password", "passwd", "passphrase")
@@ -111,8 +123,8 @@ def _named_kind(key: str) -> str | None:
         # A plural names credentials too (``api_keys``, ``tokens``, ``client_secrets``),
         # except counts named so: ``input_tokens``, ``max_tokens`` are usage figures.
         singular = name[:-1]
-        head, _, last = singular.rpartition("_")
-        if last != "token" or head.rpartition("_")[2] not in _COUNTED_TOKENS:
+        *words, last = singular.split("_")
+        if last != "token" or _COUNTED_TOKENS.isdisjoint(words):
             kind = _kind_of(singular)
     return kind
 

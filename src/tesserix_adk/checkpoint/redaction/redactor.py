@@ -41,8 +41,13 @@ __all__ = ["Redactor", "default_redactor"]
 _CUSTOM = "[redacted:custom]"
 _ENCODED = "[redacted:encoded]"
 
-# Base64 text (standard or URL-safe, padded) long enough to encode the shortest secret.
-_BASE64 = re.compile(r"(?:[A-Za-z0-9+/\-_]{4}){3,}+(?:[A-Za-z0-9+/\-_]{2}==|[A-Za-z0-9+/\-_]{3}=)?")
+# A run of base64 (standard or URL-safe, padded or not), in lines of 40 or more as MIME
+# (76) and PEM (64) wrap it; one shorter than what encodes the shortest secret is left.
+_BASE64_RUN = re.compile(
+    r"(?:[A-Za-z0-9+/_-]{40,}+\r?\n)++[A-Za-z0-9+/_-]*+={0,2}|[A-Za-z0-9+/_-]{16,}+={0,2}"
+)
+_NOT_BASE64 = re.compile(r"[\r\n=]")
+_SHORTEST_ENCODED = 16
 
 # A pass over a string is repeated until nothing changes (a mask can move a boundary that
 # a pattern's look-around depends on); this bounds the repeats.
@@ -170,10 +175,8 @@ class Redactor:
         return self._scan(value, depth)
 
     def _scan(self, value: str, depth: int = 0) -> str:
-        if depth < _MAX_JSON_DEPTH and _BASE64.fullmatch(value):
-            encoded = self._encoded(value, depth)
-            if encoded is not None:
-                return encoded
+        if depth < _MAX_JSON_DEPTH:
+            value = self._encoded(value, depth)
         if depth < _MAX_JSON_DEPTH and _JSON_START.match(value):
             masked = self._json_text(value, depth)
             if masked is not None:
@@ -187,16 +190,41 @@ class Redactor:
             value = masked
         return value
 
-    def _encoded(self, value: str, depth: int) -> str | None:
-        """``value``, base64 text, masked whole when the bytes it encodes hold a secret (a
-        tool's binary result is kept as base64, where no rule would see one); else ``None``.
-        The bytes are read as Latin-1, one character a byte, so every ASCII secret shows."""
+    def _encoded(self, value: str, depth: int) -> str:
+        """``value`` with each run of base64 in it (standard or URL-safe, padded or not,
+        wrapped in lines as MIME writes it) masked whole when the bytes it encodes hold a
+        secret: a tool's binary result is kept as base64, where no rule would see one. The
+        bytes are read as Latin-1, one character a byte, and again without their NULs (text
+        in UTF-16), so every ASCII secret shows."""
+        if len(value) < _SHORTEST_ENCODED:
+            return value
+        out: list[str] = []
+        done = 0
+        for m in _BASE64_RUN.finditer(value):
+            run = m.group(0).rstrip("\r\n")  # the line break after the last line stays
+            if len(run) < _SHORTEST_ENCODED or not self._holds_secret(run, depth):
+                continue
+            out.append(value[done : m.start()])
+            out.append(_ENCODED)
+            done = m.start() + len(run)
+        if not out:
+            return value
+        out.append(value[done:])
+        return "".join(out)
+
+    def _holds_secret(self, run: str, depth: int) -> bool:
+        digits = _NOT_BASE64.sub("", run)
+        if len(digits) % 4 == 1:
+            digits = digits[:-1]  # a stray last character encodes no whole byte
         try:
-            raw = base64.b64decode(value, altchars=b"-_", validate=True)
+            raw = base64.b64decode(digits + "=" * (-len(digits) % 4), altchars=b"-_")
         except ValueError:  # binascii.Error: not base64 after all
-            return None
+            return False
         text = raw.decode("latin-1")
-        return _ENCODED if self._scan(text, depth + 1) != text else None
+        if self._scan(text, depth + 1) != text:
+            return True
+        bare = text.replace("\x00", "")
+        return bare != text and self._scan(bare, depth + 1) != bare
 
     def _builtin(self, value: str) -> str:
         if len(value) < _SHORTEST_SECRET:
