@@ -315,12 +315,6 @@ def test_store_url_passwords_are_masked_in_cli_errors(url: str, command: list[st
     assert SECRET not in out and SECRET[:4] not in out, out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT HIGH: a store URL's password is printed in the CLI's error when the URL has"
-    " odd shapes: scheme with one '/', no scheme but '//' later, an unescaped '/' in it"
-    " (stores/urls.py redact_url, libpq's and the Redis adapter's messages)",
-)
 @pytest.mark.parametrize(
     "url",
     [

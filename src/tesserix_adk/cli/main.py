@@ -32,6 +32,7 @@ from tesserix_adk.cli.failures import ExitCode, UsageError, explain, say, told_b
 from tesserix_adk.cli.jsonout import emit, error_json
 from tesserix_adk.cli.text import sentence
 from tesserix_adk.cli.ui import add_ui_command
+from tesserix_adk.stores.urls import checked_server_url
 
 __all__ = ["DEFAULT_STORE", "main"]
 
@@ -168,7 +169,10 @@ def _check_store_url(url: str) -> None:
         parts = urlsplit(url.strip())
     except ValueError:
         return  # open_stores says why
-    if parts.scheme.lower() in ("redis", "rediss") and not _REDIS_DB.fullmatch(parts.path):
+    scheme = parts.scheme.lower()
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster", "postgresql", "postgres"):
+        checked_server_url(url.strip(), scheme)  # its password's tail is no path to quote
+    if scheme in ("redis", "rediss") and not _REDIS_DB.fullmatch(parts.path):
         raise UsageError(
             f"the Redis store URL's path must be a database number, as in "
             f"redis://host:6379/0, not {parts.path!r}"

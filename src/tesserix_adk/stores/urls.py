@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.stores.bundle import Stores
 
-__all__ = ["open_stores", "redact_url"]
+__all__ = ["checked_server_url", "open_stores", "redact_url"]
 
 _SCHEMES = (
     "memory://, sqlite:///path, redis://, rediss://, redis+cluster://, rediss+cluster://, "
@@ -44,8 +44,10 @@ def open_stores(url: str) -> Stores:
     if scheme == "sqlite":
         return _open_sqlite(url, parts.netloc, parts.path, parts.query)
     if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+        checked_server_url(url.strip(), scheme)
         return _open_adapter("redis", "open_redis_stores", url)
     if scheme in ("postgresql", "postgres"):
+        checked_server_url(url.strip(), scheme)
         return _open_adapter("postgres", "open_postgres_stores", url)
     shown = redact_url(url)
     if not scheme:
@@ -56,31 +58,52 @@ def open_stores(url: str) -> Stores:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its password (and any ``password=`` query option) masked, for display."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unreadable URL>"
-    netloc = parts.netloc
-    if "//" not in url and "@" in url:
-        # No '//': ``user:password@host`` without its scheme reads as scheme ``user``.
-        head, _, host = url.rpartition("@")
-        return f"{head.partition(':')[0]}:***@{host}"
-    userinfo, at, host = netloc.rpartition("@")
+    """``url`` with its password (and any ``password=`` query option) masked, for display.
+
+    The password is what lies between the user's ``:`` and the *last* ``@`` (a password
+    holding ``@``, ``/``, ``?`` or ``#`` unescaped too), also in a URL missing its ``//``
+    or its scheme (``bob:pw@host``): more is masked than a driver would read, never less."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    userinfo, at, after = rest.rpartition("@")
     if at and ":" in userinfo:
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{host}"
+        rest = f"{userinfo.split(':', 1)[0]}:***@{after}"
+    shown = f"{scheme}{sep}{rest}"
+    try:
+        parts = urlsplit(shown)
+    except ValueError:
+        return shown
     query = parts.query
-    if query:
-        pairs = []
-        for pair in query.split("&"):
-            name, eq, _ = pair.partition("=")
-            secret = unquote(name).lower() in ("password", "pass", "pwd")
-            pairs.append(f"{name}=***" if eq and secret else pair)
-        query = "&".join(pairs)
-    if (netloc, query) == (parts.netloc, parts.query):
-        return url
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    if not query:
+        return shown
+    pairs = []
+    for pair in query.split("&"):
+        name, eq, _ = pair.partition("=")
+        secret = unquote(name).lower() in ("password", "pass", "pwd")
+        pairs.append(f"{name}=***" if eq and secret else pair)
+    if pairs == query.split("&"):
+        return shown
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(pairs), parts.fragment))
+
+
+def checked_server_url(url: str, scheme: str) -> None:
+    """Refuse a server's URL a driver would read otherwise than it is written: with no
+    ``//`` after its scheme, or with ``/``, ``?`` or ``#`` unescaped in its user or password
+    (read as the end of the host: the password's tail taken for a path or a port, and
+    quoted in the driver's error)."""
+    shown = redact_url(url)
+    head, sep, rest = url.partition("://")
+    if not sep or head.lower() != scheme:
+        raise ConfigurationError(
+            f"the store URL {shown!r} needs '//' after '{scheme}:' ({scheme}://host/...)"
+        )
+    cut = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    if "@" not in rest[:cut] and "@" in rest[cut:]:
+        raise ConfigurationError(
+            f"the store URL {shown!r} holds '/', '?' or '#' in its user or password (or '@' "
+            "in what follows the host); percent-encode it: %2F, %3F, %23, %40"
+        )
 
 
 # --- backends ----------------------------------------------------------------------------

@@ -94,7 +94,9 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
         # Parses only: a typo'd option is a usage mistake, not an outage.
         params = conninfo_to_dict(out)
     except psycopg.ProgrammingError as exc:
-        raise ConfigurationError(f"the PostgreSQL store URL is not usable: {exc}") from exc
+        # libpq quotes what it could not read, the URL whole (its password too).
+        said = str(exc).replace(out, redact_url(out)).strip()
+        raise ConfigurationError(f"the PostgreSQL store URL is not usable: {said}") from None
     _check_params(params)
     return out, options
 
