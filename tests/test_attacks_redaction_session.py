@@ -485,12 +485,6 @@ def _operator_views(url: str) -> str:
     return "\n".join(out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: a parked reason the kit did not mask (WorkIndex.park called with "
-    "one, another writer's row) is shown raw by tesserix runs/--stuck/--json and the console's "
-    "run list and run page; damaged rows' texts are masked on display, a readable reason is not",
-)
 def test_a_parked_reason_written_by_another_writer_is_masked_when_shown(
     tmp_path: Path,
 ) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.errors import CheckpointCorruptError, NoCheckpointError, RevisionMismatchError
 from tesserix_adk.run.cancelling import cancel_requested
-from tesserix_adk.run.entries import damage
+from tesserix_adk.run.entries import damage, shown_entry
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import RunLease, WorkItem, WorkState
 from tesserix_adk.worker_parking import parked_for
@@ -70,7 +70,7 @@ async def parked_item(stores: Stores, tenant: str, run_id: str) -> WorkItem | No
         item = await stores.work.entry(tenant, run_id)
     except CheckpointCorruptError:
         return None
-    return item if item is not None and item.state is WorkState.parked else None
+    return shown_entry(item) if item is not None and item.state is WorkState.parked else None
 
 
 def waits(*, parked: bool, open_calls: int, lease: RunLease | None, blocked: str | None) -> bool:

@@ -18,7 +18,7 @@ from tesserix_adk.checkpoint.planning import ResumePlan, left_open, plan_as_told
 from tesserix_adk.cli.reasons import blocked, waits
 from tesserix_adk.errors import AdkError, CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.messages import Message
-from tesserix_adk.run.entries import damage, parked_entries
+from tesserix_adk.run.entries import damage, parked_entries, shown_entry
 from tesserix_adk.run.unstarted import Unstarted, unstarted_runs
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import run_listing, step_history
@@ -234,7 +234,8 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
     parked, entry_problem = None, None
     if stores.work is not None:
         try:
-            parked = await stores.work.entry(tenant, run_id)
+            entry = await stores.work.entry(tenant, run_id)
+            parked = None if entry is None else shown_entry(entry)
         except CheckpointCorruptError as exc:  # its own entry: the page still helps
             entry_problem = damage(exc)
     return RunDetail(

@@ -4,6 +4,7 @@ other run, since an operator at night needs the rest of the list most."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 
 from tesserix_adk.checkpoint.redaction import default_redactor
@@ -11,13 +12,21 @@ from tesserix_adk.errors import CheckpointCorruptError
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import WorkItem, WorksAroundDamage, WorkState
 
-__all__ = ["damage", "parked_entries"]
+__all__ = ["damage", "parked_entries", "shown_entry"]
 
 
 def damage(exc: BaseException | str) -> str:
     """What a damaged row's error says, redacted: it quotes the row's values, which may be
     anything a hand edit or a bad restore put there."""
     return default_redactor().text(str(exc))
+
+
+def shown_entry(item: WorkItem) -> WorkItem:
+    """``item`` as operators are shown it: its reason redacted. The kit's workers write
+    reasons redacted; another writer of the index (a script, a hand edit) may not have."""
+    if not item.reason:
+        return item
+    return dataclasses.replace(item, reason=default_redactor().text(item.reason))
 
 
 async def parked_entries(
@@ -35,7 +44,7 @@ async def parked_entries(
         done = await stores.work.listing(tenant, state=WorkState.done)
         wanted = set(run_ids)
         return (
-            {i.run_id: i for i in waiting.items if i.state is WorkState.parked},
+            {i.run_id: shown_entry(i) for i in waiting.items if i.state is WorkState.parked},
             {
                 d.run_id: f"its work index entry cannot be read: {damage(d.why)}"
                 for d in (*waiting.damaged, *done.damaged)
@@ -47,7 +56,7 @@ async def parked_entries(
     except CheckpointCorruptError:
         pass
     else:
-        return {i.run_id: i for i in parked}, {}
+        return {i.run_id: shown_entry(i) for i in parked}, {}
     found: dict[str, WorkItem] = {}
     damaged: dict[str, str] = {}
     for run_id in run_ids:
@@ -57,5 +66,5 @@ async def parked_entries(
             damaged[run_id] = f"its work index entry cannot be read: {damage(exc)}"
             continue
         if item is not None and item.state is WorkState.parked:
-            found[run_id] = item
+            found[run_id] = shown_entry(item)
     return found, damaged

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.run.cancelling import CancelRequest, cancel_requested
+from tesserix_adk.run.entries import shown_entry
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import (
     DamagedEntry,
@@ -32,8 +33,8 @@ async def _listed(
     (``WorksAroundDamage``); else as ``items`` has them, which stops at the first."""
     if isinstance(work, WorksAroundDamage):
         listing = await work.listing(tenant, state=state)
-        return list(listing.items), list(listing.damaged)
-    return await work.items(tenant, state=state), []
+        return [shown_entry(i) for i in listing.items], list(listing.damaged)
+    return [shown_entry(i) for i in await work.items(tenant, state=state)], []
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,7 @@ async def unstarted_runs(
     if only is not None:
         # One run: its entry alone, not every entry of the tenant.
         one = await stores.work.entry(tenant, only)
-        entries = [] if one is None or only in with_frontier else [one]
+        entries = [] if one is None or only in with_frontier else [shown_entry(one)]
         waiting = [i for i in entries if i.state is not WorkState.done]
         ended = [i for i in entries if i.state is WorkState.done and cancelled]
     else:
