@@ -374,12 +374,6 @@ async def _page(stores: Stores, path: str) -> httpx.Response:
         return await client.get(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: the console's run page is a 500 for a store without StepHistory "
-    "(only its steps need it): a run in doubt cannot be seen or resolved in the console, "
-    "while `tesserix inspect`/`show` work",
-)
 async def test_console_run_page_of_a_store_without_step_history(clock: FakeClock) -> None:
     stores = custom_stores(clock)
     await _a_run_in_doubt(stores, clock)
@@ -387,6 +381,7 @@ async def test_console_run_page_of_a_store_without_step_history(clock: FakeClock
     assert "Traceback" not in page.text
     assert page.status_code == 200, page.text
     assert "book_seat" in page.text and "resolve" in page.text.lower()
+    assert "steps cannot be listed" in page.text and "StepHistory" in page.text
 
 
 async def test_console_runs_page_of_a_store_without_run_listing(clock: FakeClock) -> None:
@@ -500,12 +495,6 @@ async def test_the_work_index_suite_catches_a_broken_index(broken: type) -> None
     assert got, f"{broken.__name__} passed the whole WorkIndexConformance"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: WorkIndexConformance passes an index whose WorksAroundDamage "
-    "listing ignores the tenant asked for: `tesserix runs --tenant acme` and the console "
-    "then list another tenant's runs not started yet",
-)
 async def test_the_work_index_suite_catches_a_listing_that_ignores_the_tenant() -> None:
     got = await suite_failures(
         WorkIndexConformance,
@@ -514,11 +503,6 @@ async def test_the_work_index_suite_catches_a_listing_that_ignores_the_tenant() 
     assert got, "EveryTenantsListing passed the whole WorkIndexConformance"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: WorkIndexConformance never checks that items/listing are oldest "
-    "first, as the protocol says: an index listing newest first passes",
-)
 async def test_the_work_index_suite_catches_a_listing_newest_first() -> None:
     got = await suite_failures(
         WorkIndexConformance,
@@ -651,11 +635,6 @@ def test_a_listing_goes_on_past_damage_keeping_order_and_naming_each() -> None:
     assert listed_items(WorkListing(listing.items)) == list(listing.items)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: listed_items names an entry whose tenant and run do not read as "
-    "run 'None/None', a run the operator will look for and not find",
-)
 def test_listed_items_does_not_name_an_unreadable_entry_none_slash_none() -> None:
     listing = WorkListing((), (DamagedEntry(None, None, "state is int 7"),))
     with pytest.raises(CheckpointCorruptError) as caught:

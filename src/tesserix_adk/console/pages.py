@@ -135,6 +135,18 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
         )
         for s in d.steps
     ]
+    if d.steps_problem is not None:
+        step_rows.append(
+            render(
+                "step_row.html",
+                step="-",
+                boundary=f"steps cannot be listed: {d.steps_problem}",
+                iteration="-",
+                status="-",
+                written="-",
+                size="-",
+            )
+        )
     messages = [
         render(
             "message.html",

@@ -16,7 +16,12 @@ from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, left_open, plan_as_told
 from tesserix_adk.cli.reasons import blocked, waits
-from tesserix_adk.errors import AdkError, CheckpointCorruptError, CheckpointFormatError
+from tesserix_adk.errors import (
+    AdkError,
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    ConfigurationError,
+)
 from tesserix_adk.messages import Message
 from tesserix_adk.run.entries import damage, parked_entries, shown_entry
 from tesserix_adk.run.unstarted import Unstarted, unstarted_runs
@@ -118,6 +123,8 @@ class RunDetail:
     transcript_problem: str | None = None
     # Why the run's work index entry could not be read, or ``None``.
     entry_problem: str | None = None
+    # Why its step snapshots cannot be listed (a store keeping none), or ``None``.
+    steps_problem: str | None = None
 
 
 def key_digest(key: str | None) -> str:
@@ -232,6 +239,12 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
         approval = await stores.approvals.get(tenant, cp.pending_approval.id)
     lease = await stores.leases.current(tenant, run_id)
     parked, entry_problem = None, None
+    steps: tuple[StepRow, ...] = ()
+    steps_problem = None
+    try:
+        steps = tuple(await _steps(stores, tenant, run_id))
+    except ConfigurationError as exc:  # a store keeping no steps: the rest still helps
+        steps_problem = str(exc)
     if stores.work is not None:
         try:
             entry = await stores.work.entry(tenant, run_id)
@@ -250,7 +263,8 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
         records=tuple(
             r for r in await stores.idempotency.records(tenant, run_id) if r.tool is not None
         ),
-        steps=tuple(await _steps(stores, tenant, run_id)),
+        steps=steps,
+        steps_problem=steps_problem,
         messages=messages,
         transcript_problem=problem,
     )

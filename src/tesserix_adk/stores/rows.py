@@ -134,9 +134,7 @@ def listed_items(listing: WorkListing) -> list[WorkItem]:
     naming the first damaged one, so the operator knows which entry to mend."""
     if listing.damaged:
         first = listing.damaged[0]
-        raise CheckpointCorruptError(
-            f"the work index entry of run '{first.tenant}/{first.run_id}': {first.why}"
-        )
+        raise CheckpointCorruptError(f"work index: {first.named}: {first.why}")
     return list(listing.items)
 
 

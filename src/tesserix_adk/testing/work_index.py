@@ -277,6 +277,42 @@ class WorkIndexConformance(ClockedConformance):
             assert list(listing.items) == await work_index.items(T, state=state), state
             assert listing.damaged == ()
 
+    async def test_a_listing_past_damage_keeps_tenants_apart(self, work_index: WorkIndex) -> None:
+        """``WorksAroundDamage`` (optional): a tenant's listing holds its own entries only,
+        in every state, as ``items`` does: an operator's view of one tenant never shows
+        another's runs."""
+        if not isinstance(work_index, WorksAroundDamage):
+            pytest.skip("the index does not offer WorksAroundDamage")
+        await work_index.submit("acme", "r1", agent=A, input=b"{}")
+        await work_index.submit("globex", "g1", agent=A, input=b"{}")
+        await work_index.park("globex", "g2", agent=A, reason="why")
+        await work_index.submit("globex", "g3", agent=A, input=b"{}")
+        await work_index.done("globex", "g3")
+        for state in (None, *WorkState):
+            listing = await work_index.listing("acme", state=state)
+            assert {i.tenant for i in listing.items} <= {"acme"}, state
+            assert all(d.tenant in (None, "acme") for d in listing.damaged), state
+        assert _ids(list((await work_index.listing("acme")).items)) == ["r1"]
+
+    async def test_items_and_listing_are_oldest_first(
+        self, work_index: WorkIndex, clock: FakeClock | None
+    ) -> None:
+        """``items`` (and ``listing``, when offered) list entries oldest first, in one state
+        and across states, as the protocol says: operators read them in that order."""
+        for run_id in ("first", "second", "third", "fourth"):
+            await work_index.submit(T, run_id, agent=A, input=b"{}")
+            await self.let_pass(clock, 0.01)
+        await work_index.park(T, "first", agent=A, reason="why")
+        await work_index.want(T, "third", agent=A, state=WorkState.wanted)
+        listings = [await work_index.items(T)]
+        if isinstance(work_index, WorksAroundDamage):
+            listings.append(list((await work_index.listing(T)).items))
+        for listed in listings:
+            order = [i.run_id for i in listed]
+            assert order == sorted(order, key={i.run_id: i.since for i in listed}.__getitem__)
+        submitted = await work_index.items(T, state=WorkState.submitted)
+        assert _ids(submitted) == ["second", "fourth"]
+
     async def test_ids_with_odd_characters_are_kept_verbatim(self, work_index: WorkIndex) -> None:
         for tenant in ODD_IDS:
             for run_id in ODD_IDS:

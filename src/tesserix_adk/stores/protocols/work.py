@@ -116,6 +116,13 @@ class DamagedEntry:
     run_id: str | None
     why: str
 
+    @property
+    def named(self) -> str:
+        """Whose entry it is, in words, as far as that reads."""
+        if self.tenant is None and self.run_id is None:
+            return "an entry whose tenant and run cannot be read"
+        return f"the entry of run '{self.tenant or '?'}/{self.run_id or '?'}'"
+
 
 @dataclass(frozen=True, slots=True)
 class WorkListing:
