@@ -661,7 +661,7 @@ class _Dies:
 async def test_a_running_worker_wakes_runs_of_its_revision_another_revision_parked() -> None:
     """A rolling deploy: a worker of the old revision parks a run of the new one
     (``RevisionMismatchError``) while a worker of the new revision is already running. The
-    new worker, idle, looks again every ``parked_sweep`` seconds and carries the run on;
+    new worker looks again every ``parked_sweep`` seconds and carries the run on;
     a run pinned to the old revision stays parked for the old workers or a person."""
     stores, airline = _stores(), Airline()
     new = _agent(airline)

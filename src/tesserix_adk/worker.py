@@ -94,8 +94,8 @@ class Worker(Parking):
     """Carries the runs a work index says want a worker, ``concurrency`` at a time.
 
     A run pinned to another revision of its agent is parked; a worker of that revision
-    wakes it again as it starts and, idle, every ``parked_sweep`` seconds (a rolling
-    deploy: old and new workers side by side)."""
+    wakes it again as it starts and then every ``parked_sweep`` seconds as it polls (a
+    rolling deploy: old and new workers side by side)."""
 
     def __init__(
         self,
@@ -142,8 +142,8 @@ class Worker(Parking):
         self.max_attempts = max_attempts
         self.exit_when_idle = exit_when_idle
         self.drain_timeout = drain_timeout
-        # How often an idle worker looks for runs parked by a worker of another revision
-        # that are pinned to its own (``Parking._wake_parked``).
+        # How often a worker looks for runs parked by a worker of another revision that
+        # are pinned to its own (``Parking._wake_parked``).
         self.parked_sweep = parked_sweep
         self._rng = rng or random.Random()
         self._draining = asyncio.Event()

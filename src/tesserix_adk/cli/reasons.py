@@ -11,7 +11,7 @@ from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import RunLease, WorkItem, WorkState
 from tesserix_adk.worker_parking import parked_for
 
-__all__ = ["blocked", "failure_reason", "no_frontier", "parked_item"]
+__all__ = ["blocked", "failure_reason", "no_frontier", "parked_item", "waits"]
 
 
 def failure_reason(cp: Checkpoint, parked: WorkItem | None = None) -> str | None:
