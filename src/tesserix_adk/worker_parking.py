@@ -23,7 +23,13 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.run.attempt import new_holder
 from tesserix_adk.run.holding import held_to_decide
-from tesserix_adk.stores.protocols import RecordStatus, WorkIndex, WorkItem, WorkState
+from tesserix_adk.stores.protocols import (
+    RecordStatus,
+    WorkIndex,
+    WorkItem,
+    WorksAroundDamage,
+    WorkState,
+)
 
 if TYPE_CHECKING:
     from tesserix_adk.agent import Agent
@@ -117,7 +123,13 @@ class Parking:
         read either is parked again, and stays parked until the next worker starts. A
         store that cannot be read here is met again by the first poll, which says why."""
         try:
-            parked = await self.work.items(None, state=WorkState.parked)
+            # Past damaged entries where the index can (one hand-edited row of any tenant
+            # must not keep every other parked run asleep); the poll names them.
+            if isinstance(self.work, WorksAroundDamage):
+                listing = await self.work.listing(None, state=WorkState.parked)
+                parked = [i for i in listing.items if i.state is WorkState.parked]
+            else:
+                parked = await self.work.items(None, state=WorkState.parked)
         except Exception as exc:
             _log.warning("could not look at the parked runs: %r", exc)
             return
@@ -133,8 +145,12 @@ class Parking:
                 else:
                     continue
                 _log.info("run %s/%s: %s; looking again", *_where(item), why)
+                where = (item.tenant, item.run_id)
+                # Unparked (which starts the count again), then the count goes on, one
+                # more: a run old and new workers hand back and forth meets max_attempts.
+                await self.work.want(*where, agent=item.agent, state=WorkState.wanted)
                 await self.work.want(
-                    item.tenant, item.run_id, agent=item.agent, state=WorkState.wanted
+                    *where, agent=item.agent, state=WorkState.wanted, count=item.attempts + 1
                 )
             except Exception as exc:
                 _log.warning("could not look at parked run %s/%s: %r", *_where(item), exc)
