@@ -13,6 +13,7 @@ __all__ = [
     "MALFORMED_ARGUMENTS",
     "arguments_from_text",
     "arguments_to_text",
+    "credentials",
     "cut_off",
     "is_transient_status",
     "scrub",
@@ -62,12 +63,23 @@ def is_transient_status(status: int) -> bool:
     return status in (408, 409, 429) or status >= 500
 
 
+# A credential shorter than this is a placeholder (``api_key="unused"`` for a local
+# server), not a secret: replacing it everywhere would garble the vendor's words.
+_SHORTEST_CREDENTIAL = 8
+
+
+def credentials(values: Iterable[object]) -> tuple[str, ...]:
+    """The credentials among ``values`` worth masking: text of a credential's length, each
+    once, longest first (so one inside another is masked whole)."""
+    found = {v for v in values if isinstance(v, str) and len(v) >= _SHORTEST_CREDENTIAL}
+    return tuple(sorted(found, key=len, reverse=True))
+
+
 def scrub(text: str, secrets: Iterable[str | None]) -> str:
     """``text`` with every secret replaced, so an error message that echoes the API key
     (some servers do) cannot carry it into a frontier's failure reason or a log."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[redacted:api_key]")
+    for secret in credentials(secrets):
+        text = text.replace(secret, "[redacted:api_key]")
     return text
 
 

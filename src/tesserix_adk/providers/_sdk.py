@@ -15,7 +15,12 @@ from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from tesserix_adk.errors import ConfigurationError, ProviderError
 from tesserix_adk.messages import Message, Usage
-from tesserix_adk.providers._common import scrub, strip_vendor, translate_sdk_error
+from tesserix_adk.providers._common import (
+    credentials,
+    scrub,
+    strip_vendor,
+    translate_sdk_error,
+)
 from tesserix_adk.providers.base import ModelRequest, ModelResponse, TextSink
 from tesserix_adk.providers.pricing import Prices, cost_micros, price_for
 
@@ -99,10 +104,10 @@ class SDKProvider(Generic[ClientT]):
                     + self.client_hint
                 ) from exc
         self._client: ClientT = client
-        client_key = getattr(client, "api_key", None)
-        self._secrets = tuple(
-            s for s in (api_key, client_key if isinstance(client_key, str) else None) if s
-        )
+        # Every credential the client sends (an API key; Anthropic's bearer auth_token,
+        # given or read from the environment), so an error that echoes one masks it.
+        held = (api_key, getattr(client, "api_key", None), getattr(client, "auth_token", None))
+        self._secrets = credentials(held)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r})"
