@@ -27,6 +27,8 @@ _KEY_WORD = re.compile(
     # A separator may end the name (``DB_PASSWORD_=``), as it may a key in data.
     r"[_.-]{0,8}+(?P<close>\\?[\"'])?[ \t]{0,16}+(?P<sep>[:=])(?![:=])[ \t]{0,16}+"
 )
+# A whole number and nothing glued to it: a count, after a plural ``tokens``.
+_COUNT = re.compile(r"[0-9][0-9,_]*+(?![A-Za-z0-9_-])")
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 _KEY_HINTS = ("pass", "pwd", "secret", "token", "key", "auth", "cookie", "credential")
 _HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
@@ -129,6 +131,8 @@ def _mask_key_values(text: str) -> str:
         kind = _key_kind(text[key_start : m.end("word")])
         if kind is None:
             continue
+        if m.group("word").endswith("tokens") and _COUNT.match(text, m.end()):
+            continue  # "Total tokens: 1234" counts, in prose and usage reports
         span = _value_span(
             text,
             m.end(),

@@ -43,10 +43,12 @@ _ENCODED = "[redacted:encoded]"
 
 # A run of base64 (standard or URL-safe, padded or not), in lines of 40 or more as MIME
 # (76) and PEM (64) wrap it; one shorter than what encodes the shortest secret is left.
+# A line break is a real one or, in a repr or a log line, an escaped one (``\\n``).
 _BASE64_RUN = re.compile(
-    r"(?:[A-Za-z0-9+/_-]{40,}+\r?\n)++[A-Za-z0-9+/_-]*+={0,2}|[A-Za-z0-9+/_-]{16,}+={0,2}"
+    r"(?:[A-Za-z0-9+/_-]{40,}+(?:\r?\n|(?:\\r)?\\n))++[A-Za-z0-9+/_-]*+={0,2}"
+    r"|[A-Za-z0-9+/_-]{16,}+={0,2}"
 )
-_NOT_BASE64 = re.compile(r"[\r\n=]")
+_NOT_BASE64 = re.compile(r"\\[rn]|[\r\n=]")
 _SHORTEST_ENCODED = 16
 
 # A pass over a string is repeated until nothing changes (a mask can move a boundary that
@@ -175,8 +177,6 @@ class Redactor:
         return self._scan(value, depth)
 
     def _scan(self, value: str, depth: int = 0) -> str:
-        if depth < _MAX_JSON_DEPTH:
-            value = self._encoded(value, depth)
         if depth < _MAX_JSON_DEPTH and _JSON_START.match(value):
             masked = self._json_text(value, depth)
             if masked is not None:
@@ -188,6 +188,10 @@ class Redactor:
             if masked == value:
                 break
             value = masked
+        # Last, so what a rule knows (an API key is a run of base64 digits too) is masked
+        # as what it is first.
+        if depth < _MAX_JSON_DEPTH:
+            value = self._encoded(value, depth)
         return value
 
     def _encoded(self, value: str, depth: int) -> str:
@@ -214,8 +218,18 @@ class Redactor:
 
     def _holds_secret(self, run: str, depth: int) -> bool:
         digits = _NOT_BASE64.sub("", run)
+        # ``/``, ``_`` and ``-`` are base64 digits too, so a run may begin with what comes
+        # before the base64 (``v1-``, a URL's path): each of the four alignments is tried,
+        # in the text as given only. Inside what was decoded (or nested JSON text) base64
+        # is as an encoder wrote it, and trying four there at every level would multiply.
+        skips = range(4) if depth == 0 else range(1)
+        return any(self._decodes_to_secret(digits[skip:], depth) for skip in skips)
+
+    def _decodes_to_secret(self, digits: str, depth: int) -> bool:
         if len(digits) % 4 == 1:
             digits = digits[:-1]  # a stray last character encodes no whole byte
+        if len(digits) < _SHORTEST_ENCODED - 4:
+            return False
         try:
             raw = base64.b64decode(digits + "=" * (-len(digits) % 4), altchars=b"-_")
         except ValueError:  # binascii.Error: not base64 after all
