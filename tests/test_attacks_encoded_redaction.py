@@ -381,11 +381,6 @@ async def test_an_image_part_without_a_secret_is_kept_and_told_to_a_resumed_mode
         assert b64(SCREENSHOT) in await b.everything()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT HIGH: a binary message part (a document the user attaches) holding an "
-    "API key is stored as base64 unmasked; binary parts skip redaction",
-)
 @pytest.mark.parametrize("where", BACKENDS)
 async def test_a_document_part_holding_a_key_is_not_stored(where: str, tmp_path: Path) -> None:
     agent = Agent("reader", "Read the file.", [])

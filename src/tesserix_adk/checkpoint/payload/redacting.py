@@ -103,9 +103,26 @@ def _redacted_parts(parts: list[dict[str, Any]], redactor: Redactor) -> list[dic
             run.append(part)
         else:
             close_run()
-            out.append(part)
+            out.append(_redacted_binary(part, redactor))
     close_run()
     return out
+
+
+# Media whose bytes are samples, not text: nothing in them reads as a secret.
+_SAMPLED = ("image", "audio", "video")
+
+
+def _redacted_binary(part: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
+    """A binary part (base64 ``data``) as it is, or, when the document's bytes hold a
+    secret (a ``.env`` attached as text/plain), a text part saying it was masked: its
+    bytes cannot be kept masked and still be the document."""
+    media = str(part.get("media_type", ""))
+    data = part.get("data")
+    if media.partition("/")[0] in _SAMPLED or not isinstance(data, str):
+        return part
+    if redactor.text(data) == data:
+        return part
+    return {"type": "text", "text": f"[redacted:encoded] (a {media} part holding a secret)"}
 
 
 def _redacted_observation(observation: Any, redactor: Redactor) -> Any:
