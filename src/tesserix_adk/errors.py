@@ -38,7 +38,10 @@ reading the attribute, never by matching on names.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tesserix_adk.messages import Usage
 
 __all__ = [
     "AdkError",
@@ -139,10 +142,19 @@ class ProviderError(AdkError):
     """
 
     def __init__(
-        self, message: str, *, retryable: bool = False, status_code: int | None = None
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        status_code: int | None = None,
+        paid: tuple[int, Usage] | None = None,
     ) -> None:
         super().__init__(message, retryable=retryable)
         self.status_code = status_code
+        # What a call the vendor billed cost (micros, tokens) though its answer could not
+        # be taken (a stream cut after its usage, an unreadable reply): the run charges it,
+        # so a budget counts it before the model is asked again.
+        self.paid = paid
 
 
 class CheckpointError(AdkError):

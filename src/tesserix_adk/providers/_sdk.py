@@ -32,7 +32,12 @@ MALFORMED_REPLY = (AttributeError, IndexError, KeyError, TypeError, ValueError)
 
 
 class StreamCut(Exception):
-    """A stream that ended before the vendor said the message was complete."""
+    """A stream that ended before the vendor said the message was complete; ``usage``,
+    when the vendor had already said what the call used (it is billed all the same)."""
+
+    def __init__(self, message: str, *, usage: Usage | None = None) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +144,7 @@ class SDKProvider(Generic[ClientT]):
             raise ProviderError(
                 f"{self.vendor} {self.model}: malformed {self.reply_noun}: {self._scrub(str(exc))}",
                 retryable=True,
+                paid=self._billed(self._usage_of(wire)),
             ) from exc
         return self._priced(reply)
 
@@ -156,6 +162,16 @@ class SDKProvider(Generic[ClientT]):
                 raise
             raise error from exc
         return self._priced(streamed)
+
+    def _billed(self, usage: Usage | None) -> tuple[int, Usage] | None:
+        """What a call whose answer cannot be taken cost, by the usage the vendor told."""
+        if usage is None:
+            return None
+        return cost_micros(usage, price_for(self.prices, self.model, None)), usage
+
+    def _usage_of(self, wire: object) -> Usage | None:
+        """The usage a reply that cannot be read still tells, or ``None``."""
+        return None
 
     def _priced(self, reply: Reply) -> ModelResponse:
         price = price_for(self.prices, self.model, reply.model)
@@ -209,7 +225,11 @@ class SDKProvider(Generic[ClientT]):
         if error is not None:
             return error
         if isinstance(exc, StreamCut):
-            return ProviderError(f"{where}: the stream ended early: {exc}", retryable=True)
+            return ProviderError(
+                f"{where}: the stream ended early: {exc}",
+                retryable=True,
+                paid=self._billed(exc.usage),
+            )
         if _is_transport_error(exc):
             return ProviderError(
                 f"{where}: the stream broke: {type(exc).__name__}: {self._scrub(str(exc))}",

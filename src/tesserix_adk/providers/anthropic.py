@@ -42,7 +42,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
         'pip install "tesserix-adk[anthropic]"'
     ) from exc
 
-from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.errors import ConfigurationError, ProviderError
 from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall, Usage
 from tesserix_adk.providers._common import (
     MALFORMED_ARGUMENTS,
@@ -50,7 +50,7 @@ from tesserix_adk.providers._common import (
     cut_off,
     token_count,
 )
-from tesserix_adk.providers._sdk import Reply, SDKProvider, StreamCut
+from tesserix_adk.providers._sdk import MALFORMED_REPLY, Reply, SDKProvider, StreamCut
 from tesserix_adk.providers.base import ModelRequest, TextSink
 from tesserix_adk.providers.pricing import Price, Prices
 from tesserix_adk.tools import ToolSpec
@@ -127,26 +127,50 @@ class AnthropicProvider(SDKProvider[anthropic.AsyncAnthropic]):
             raise TypeError(f"the body is a {type(wire).__name__}, not a message")
         return _read_message(wire)
 
+    def _usage_of(self, wire: object) -> Usage | None:
+        try:
+            return _usage(wire.usage) if isinstance(wire, WireMessage) else None
+        except (ProviderError, *MALFORMED_REPLY):
+            return None
+
     async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Reply:
         stopped = delta_seen = False
         # The tool inputs as sent: the SDK's snapshot parses them leniently (a cut-off
         # `{"amount": 10` reads as a whole object), so they are parsed again, strictly.
         raw_inputs: dict[int, str] = {}
         async with self._client.messages.stream(**body) as stream:
-            async for event in stream:
-                if event.type == "text":
-                    on_text(event.text)
-                elif event.type == "content_block_delta" and event.delta.type == "input_json_delta":
-                    raw_inputs[event.index] = raw_inputs.get(event.index, "") + str(
-                        event.delta.partial_json
-                    )
-                elif event.type == "message_delta":
-                    delta_seen = True
-                elif event.type == "message_stop":
-                    stopped = True
+            try:
+                async for event in stream:
+                    if event.type == "text":
+                        on_text(event.text)
+                    elif (
+                        event.type == "content_block_delta"
+                        and event.delta.type == "input_json_delta"
+                    ):
+                        raw_inputs[event.index] = raw_inputs.get(event.index, "") + str(
+                            event.delta.partial_json
+                        )
+                    elif event.type == "message_delta":
+                        delta_seen = True
+                    elif event.type == "message_stop":
+                        stopped = True
+            except ProviderError:
+                raise  # the kit's own refusal, not a cut
+            except Exception as exc:
+                if not delta_seen:
+                    raise
+                # Cut after message_delta told what the call used: it is billed, so charged.
+                raise StreamCut(
+                    f"the stream broke after its usage: {type(exc).__name__}",
+                    usage=self._usage_of(stream.current_message_snapshot),
+                ) from exc
             if not stopped:
-                # The SDK hands out its snapshot however far the stream got.
-                raise StreamCut("no message_stop")
+                # The SDK hands out its snapshot however far the stream got; past
+                # message_delta it holds the usage the call is billed by.
+                raise StreamCut(
+                    "no message_stop",
+                    usage=self._usage_of(stream.current_message_snapshot) if delta_seen else None,
+                )
             if not delta_seen:
                 # message_delta carries the output tokens; without it the snapshot holds
                 # message_start's placeholder count and the call would be undercharged.
@@ -263,17 +287,21 @@ def _read_message(wire: WireMessage, raw_inputs: Mapping[int, str] | None = None
     stop = wire.stop_reason if isinstance(wire.stop_reason, str) else None
     if stop in _CUT_OFF and calls:
         calls = cut_off(calls, f"the reply was cut off ({stop}) while it was written")
-    usage = wire.usage
+    return Reply(
+        message=Message.assistant("".join(texts), calls),
+        usage=_usage(wire.usage),
+        model=str(wire.model),
+        finish_reason=stop,
+    )
+
+
+def _usage(usage: Any) -> Usage:
+    """The tokens a message used (its cache's reads and writes are input too)."""
     input_tokens = sum(
         token_count(getattr(usage, name, None), name)
         for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
-    return Reply(
-        message=Message.assistant("".join(texts), calls),
-        usage=Usage(
-            input_tokens=input_tokens,
-            output_tokens=token_count(usage.output_tokens, "output_tokens"),
-        ),
-        model=str(wire.model),
-        finish_reason=stop,
+    return Usage(
+        input_tokens=input_tokens,
+        output_tokens=token_count(usage.output_tokens, "output_tokens"),
     )

@@ -17,9 +17,11 @@ the SDK's errors into ``ProviderError`` once, at this boundary.
   chunk) before returning, so the ``after_model_call`` checkpoint is written only once the
   whole message has arrived, as without streaming. A stream that breaks, or ends before a
   ``finish_reason`` or before the usage chunk ``include_usage`` asks for, is
-  ``retryable=True``: nothing of it is kept, the model is asked again. A reply taken whole
-  without its usage would be charged nothing. For a server that never sends that chunk,
-  pass ``require_stream_usage=False``: its streamed calls are then counted at 0 tokens.
+  ``retryable=True``: nothing of it is kept, the model is asked again; one that breaks after
+  its usage chunk is charged first (the vendor bills it). A reply taken whole without its
+  usage would be charged nothing: a plain completion without one ends the run ``failed``
+  (asking again would pay again, uncounted). For a server that never sends usage, pass
+  ``require_stream_usage=False``: its calls are then counted at 0 tokens.
 - Tool-call arguments that are not a JSON object are kept as
   ``{"_malformed_arguments": "<raw text>"}``: the tool's validation refuses them, the model
   is answered with an ``is_error`` result and can ask again, and the raw text is sent back
@@ -43,15 +45,16 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
         'tesserix_adk.providers.openai needs the openai package: pip install "tesserix-adk[openai]"'
     ) from exc
 
-from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.errors import ConfigurationError, ProviderError
 from tesserix_adk.messages import BinaryPart, Message, Part, Role, TextPart, ToolCall, Usage
 from tesserix_adk.providers._common import (
     arguments_from_text,
     arguments_to_text,
     cut_off,
     token_count,
+    uncharged,
 )
-from tesserix_adk.providers._sdk import Reply, SDKProvider, StreamCut
+from tesserix_adk.providers._sdk import MALFORMED_REPLY, Reply, SDKProvider, StreamCut
 from tesserix_adk.providers.base import ModelRequest, TextSink
 from tesserix_adk.providers.pricing import Price, Prices
 from tesserix_adk.tools import ToolSpec
@@ -67,8 +70,9 @@ class OpenAIProvider(SDKProvider[openai.AsyncOpenAI]):
     configured yourself (its own retries and timeout apply), or ``base_url``/``api_key`` for
     a local server (any non-empty key for one that checks none). ``prices`` turns usage into
     micros (see ``tesserix_adk.providers.pricing``); without it every call costs 0.
-    ``require_stream_usage=False`` takes a stream whole without its usage chunk, for a
-    server that never sends one (its streamed calls then cost 0).
+    ``require_stream_usage=False`` takes a reply whole without its usage (a stream's
+    chunk, a completion's field), for a server that never sends one (its calls then cost
+    0).
     """
 
     vendor = "openai"
@@ -134,16 +138,36 @@ class OpenAIProvider(SDKProvider[openai.AsyncOpenAI]):
     def _read(self, wire: object) -> Reply:
         if not isinstance(wire, ChatCompletion):
             raise TypeError(f"the body is a {type(wire).__name__}, not a completion")
-        return _read_completion(wire)
+        reply = _read_completion(wire)
+        if wire.usage is None and self.require_stream_usage:
+            # As a stream without its usage chunk: taken whole, it would be charged nothing.
+            raise uncharged("a completion without its usage")
+        return reply
+
+    def _usage_of(self, wire: object) -> Usage | None:
+        try:
+            return _usage(wire.usage) if isinstance(wire, ChatCompletion) and wire.usage else None
+        except (ProviderError, *MALFORMED_REPLY):
+            return None
 
     async def _stream(self, body: dict[str, Any], on_text: TextSink) -> Reply:
         stream = await self._client.chat.completions.create(
             **body, stream=True, stream_options={"include_usage": True}
         )
         reply = _StreamedReply()
-        async with stream:
-            async for chunk in stream:
-                reply.add(chunk, on_text)
+        try:
+            async with stream:
+                async for chunk in stream:
+                    reply.add(chunk, on_text)
+        except ProviderError:
+            raise  # the kit's own refusal (a count it cannot charge), not a cut
+        except Exception as exc:
+            if not reply.usage_seen:
+                raise
+            # Cut after the vendor told what the call used: it is billed, so it is charged.
+            raise StreamCut(
+                f"the stream broke after its usage: {type(exc).__name__}", usage=reply.usage
+            ) from exc
         return reply.whole(with_usage=self.require_stream_usage)
 
 
@@ -295,8 +319,8 @@ class _StreamedReply:
         if chunk.usage is not None:  # the last chunk, with no choices
             # Counts of null say nothing: such a chunk is not the usage asked for.
             u = chunk.usage
-            self.usage_seen = u.prompt_tokens is not None and u.completion_tokens is not None
             self.usage = _usage(u)
+            self.usage_seen = u.prompt_tokens is not None and u.completion_tokens is not None
         for choice in chunk.choices:
             if choice.index != 0:
                 continue  # one choice is asked for

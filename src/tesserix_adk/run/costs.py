@@ -17,7 +17,7 @@ from tesserix_adk.messages import Usage
 from tesserix_adk.providers._common import uncharged
 from tesserix_adk.providers.base import ModelResponse
 
-__all__ = ["MAX_COST_MICROS", "paid"]
+__all__ = ["MAX_COST_MICROS", "paid", "paid_as_told"]
 
 MAX_COST_MICROS = 2**53 - 1
 """The most one model call may cost, in micros, and the most tokens it may count: exact as
@@ -27,13 +27,16 @@ a JSON number and in every ledger (which adds them up in 64 bits)."""
 def paid(response: ModelResponse) -> tuple[int, Usage]:
     """The whole micros and the tokens ``response`` reports; ``ProviderError`` (not
     retryable: asking again pays again) if either cannot be charged as given."""
-    cost = response.cost_micros
+    return paid_as_told(response.cost_micros, response.usage)
+
+
+def paid_as_told(cost: float, usage: Usage) -> tuple[int, Usage]:
+    """``paid`` of a ``cost`` in micros and a ``usage`` told apart from a response."""
     if isinstance(cost, bool) or not isinstance(cost, Real):
         raise _refused(f"a cost of {_short(cost)} micros, not a number")
     # Compared before anything converts it: an int past a float's range would overflow.
     if not 0 <= cost <= MAX_COST_MICROS:  # NaN compares false, so it stops here too
         raise _refused(f"a cost of {_short(cost)} micros")
-    usage = response.usage
     for name in ("input_tokens", "output_tokens"):
         tokens = getattr(usage, name)
         if isinstance(tokens, bool) or not isinstance(tokens, int):

@@ -39,7 +39,7 @@ from tesserix_adk.run import grouping
 from tesserix_adk.run.approvals import ask_approval, take_decision
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.cancelling import UNREAD, CancelRequest, Unread, cancel_requested
-from tesserix_adk.run.costs import paid
+from tesserix_adk.run.costs import paid, paid_as_told
 from tesserix_adk.run.dispatch import dispatch_turn
 from tesserix_adk.run.events import (
     AttemptResumed,
@@ -318,6 +318,8 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
     except ConfigurationError:
         raise  # a usage mistake, not a run failure: nothing durable is written
     except AdkError as exc:
+        if isinstance(exc, ProviderError) and exc.paid is not None:
+            await _charge_unanswered(parts, run, attempt, exc.paid)
         if exc.retryable:
             raise
         reason = parts.redactor.text(f"{type(exc).__name__}: {exc}")
@@ -338,6 +340,26 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
     # unless the ledger takes longer than CHARGE_GRACE to answer.
     await to_the_end(_group_and_charge(parts, run, attempt, cost, usage), grace=CHARGE_GRACE)
     return response
+
+
+async def _charge_unanswered(
+    parts: RunParts, run: RunState, attempt: Attempt, paid: tuple[int, Usage]
+) -> None:
+    """Charge a call the vendor billed though its answer could not be taken (a stream cut
+    after its usage, an unreadable reply), on its own: asking again pays again, so the
+    budget counts it first."""
+    try:
+        cost, usage = paid_as_told(*paid)
+    except ProviderError:
+        return  # what cannot be charged as given is not guessed at
+    run.usage = run.usage + usage
+    run.spent += cost
+    ledger = parts.ledger
+    if ledger is None:
+        return
+    attempt.guard()
+    charged = ledger.charge(run.tenant, run.run_id, cost, usage, fence=attempt.fence)
+    await to_the_end(charged, grace=CHARGE_GRACE)
 
 
 async def _group_and_charge(
