@@ -38,10 +38,7 @@ reading the attribute, never by matching on names.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from tesserix_adk.messages import Usage
+from typing import Any, Protocol
 
 __all__ = [
     "AdkError",
@@ -147,13 +144,14 @@ class ProviderError(AdkError):
         *,
         retryable: bool = False,
         status_code: int | None = None,
-        paid: tuple[int, Usage] | None = None,
+        paid: tuple[int, Any] | None = None,
     ) -> None:
         super().__init__(message, retryable=retryable)
         self.status_code = status_code
-        # What a call the vendor billed cost (micros, tokens) though its answer could not
-        # be taken (a stream cut after its usage, an unreadable reply): the run charges it,
-        # so a budget counts it before the model is asked again.
+        # What a call the vendor billed cost (micros, a ``messages.Usage``: the error tree
+        # imports nothing of the kit) though its answer could not be taken (a stream cut
+        # after its usage, an unreadable reply): the run charges it, so a budget counts it
+        # before the model is asked again.
         self.paid = paid
 
 
