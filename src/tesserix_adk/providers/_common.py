@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 from tesserix_adk.errors import ConfigurationError, ProviderError
 from tesserix_adk.messages import MALFORMED_ARGUMENTS, REFUSED_ARGUMENTS, ToolCall
@@ -77,10 +79,23 @@ def credentials(values: Iterable[object]) -> tuple[str, ...]:
 
 def scrub(text: str, secrets: Iterable[str | None]) -> str:
     """``text`` with every secret replaced, so an error message that echoes the API key
-    (some servers do) cannot carry it into a frontier's failure reason or a log."""
+    (some servers do) cannot carry it into a frontier's failure reason or a log: as it
+    is, percent-encoded (a URL) or base64 (a Basic header, a token's echo)."""
     for secret in credentials(secrets):
-        text = text.replace(secret, "[redacted:api_key]")
+        for form in dict.fromkeys(_echoes(secret)):
+            text = text.replace(form, "[redacted:api_key]")
     return text
+
+
+def _echoes(secret: str) -> Iterator[str]:
+    raw = secret.encode("utf-8", "surrogatepass")
+    yield secret
+    yield quote(secret, safe="")
+    yield quote_plus(secret, safe="")
+    for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
+        text = encoded.decode("ascii")
+        yield text
+        yield text.rstrip("=")
 
 
 def translate_sdk_error(

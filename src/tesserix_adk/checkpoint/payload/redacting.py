@@ -108,8 +108,14 @@ def _redacted_parts(parts: list[dict[str, Any]], redactor: Redactor) -> list[dic
     return out
 
 
-# Media whose bytes are samples, not text: nothing in them reads as a secret.
+# Media whose bytes are samples, not text: nothing in them reads as a secret (an SVG is
+# text, XML, though it is an image).
 _SAMPLED = ("image", "audio", "video")
+
+
+def _sampled(media: str) -> bool:
+    kind, _, subtype = media.lower().partition("/")
+    return kind in _SAMPLED and "svg" not in subtype and "xml" not in subtype
 
 
 def _redacted_binary(part: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
@@ -117,12 +123,13 @@ def _redacted_binary(part: dict[str, Any], redactor: Redactor) -> dict[str, Any]
     secret (a ``.env`` attached as text/plain), a text part saying it was masked: its
     bytes cannot be kept masked and still be the document."""
     media = str(part.get("media_type", ""))
+    shown = redactor.text(media)  # a media type's parameters could name anything
+    if shown != media:
+        part = {**part, "media_type": shown}
     data = part.get("data")
-    if media.partition("/")[0] in _SAMPLED or not isinstance(data, str):
+    if _sampled(media) or not isinstance(data, str) or redactor.text(data) == data:
         return part
-    if redactor.text(data) == data:
-        return part
-    return {"type": "text", "text": f"[redacted:encoded] (a {media} part holding a secret)"}
+    return {"type": "text", "text": f"[redacted:encoded] (a {shown} part holding a secret)"}
 
 
 def _redacted_observation(observation: Any, redactor: Redactor) -> Any:

@@ -27,8 +27,9 @@ _KEY_WORD = re.compile(
     # A separator may end the name (``DB_PASSWORD_=``), as it may a key in data.
     r"[_.-]{0,8}+(?P<close>\\?[\"'])?[ \t]{0,16}+(?P<sep>[:=])(?![:=])[ \t]{0,16}+"
 )
-# A whole number and nothing glued to it: a count, after a plural ``tokens``.
-_COUNT = re.compile(r"[0-9][0-9,_]*+(?![A-Za-z0-9_-])")
+# A whole number ending the value (a space, a delimiter or the end after it): a count,
+# after a plural ``tokens``. ``123456789:AAH…`` (a bot token) is no count.
+_COUNT = re.compile(r"[0-9][0-9,_]*+(?=[\s;)\]}\"']|[,.](?:\s|\Z)|\Z)")
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 _KEY_HINTS = ("pass", "pwd", "secret", "token", "key", "auth", "cookie", "credential")
 _HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})

@@ -43,12 +43,13 @@ _ENCODED = "[redacted:encoded]"
 
 # A run of base64 (standard or URL-safe, padded or not), in lines of 40 or more as MIME
 # (76) and PEM (64) wrap it; one shorter than what encodes the shortest secret is left.
-# A line break is a real one or, in a repr or a log line, an escaped one (``\\n``).
+# A line break is a real one or, in a repr or a log line, an escaped one (``\\n``); the
+# next line may be indented (YAML, a quoted mail: spaces, tabs, ``>``).
 _BASE64_RUN = re.compile(
-    r"(?:[A-Za-z0-9+/_-]{40,}+(?:\r?\n|(?:\\r)?\\n))++[A-Za-z0-9+/_-]*+={0,2}"
+    r"(?:[A-Za-z0-9+/_-]{40,}+(?:\r?\n|(?:\\r)?\\n)[ \t>]*+)++[A-Za-z0-9+/_-]*+={0,2}"
     r"|[A-Za-z0-9+/_-]{16,}+={0,2}"
 )
-_NOT_BASE64 = re.compile(r"\\[rn]|[\r\n=]")
+_NOT_BASE64 = re.compile(r"\\[rn]|[\r\n= \t>]")
 _SHORTEST_ENCODED = 16
 
 # A pass over a string is repeated until nothing changes (a mask can move a boundary that
@@ -169,16 +170,17 @@ class Redactor:
             return False
         return self._walk(data, None)[1]
 
-    def _text(self, value: str, depth: int) -> str:
+    def _text(self, value: str, depth: int, inside: bool = False) -> str:
         if len(value) < _SHORTEST_SECRET:
             return value
         if depth == 0 and len(value) <= _MEMO_MAX_CHARS:
             return self._memo(value)
-        return self._scan(value, depth)
+        return self._scan(value, depth, inside)
 
-    def _scan(self, value: str, depth: int = 0) -> str:
+    def _scan(self, value: str, depth: int = 0, inside: bool = False) -> str:
+        # ``inside``: ``value`` came out of decoded base64 (``_holds_secret``).
         if depth < _MAX_JSON_DEPTH and _JSON_START.match(value):
-            masked = self._json_text(value, depth)
+            masked = self._json_text(value, depth, inside)
             if masked is not None:
                 return masked
         for _ in range(_MAX_PASSES):
@@ -191,10 +193,10 @@ class Redactor:
         # Last, so what a rule knows (an API key is a run of base64 digits too) is masked
         # as what it is first.
         if depth < _MAX_JSON_DEPTH:
-            value = self._encoded(value, depth)
+            value = self._encoded(value, depth, inside)
         return value
 
-    def _encoded(self, value: str, depth: int) -> str:
+    def _encoded(self, value: str, depth: int, inside: bool) -> str:
         """``value`` with each run of base64 in it (standard or URL-safe, padded or not,
         wrapped in lines as MIME writes it) masked whole when the bytes it encodes hold a
         secret: a tool's binary result is kept as base64, where no rule would see one. The
@@ -206,7 +208,7 @@ class Redactor:
         done = 0
         for m in _BASE64_RUN.finditer(value):
             run = m.group(0).rstrip("\r\n")  # the line break after the last line stays
-            if len(run) < _SHORTEST_ENCODED or not self._holds_secret(run, depth):
+            if len(run) < _SHORTEST_ENCODED or not self._holds_secret(run, depth, inside):
                 continue
             out.append(value[done : m.start()])
             out.append(_ENCODED)
@@ -216,13 +218,13 @@ class Redactor:
         out.append(value[done:])
         return "".join(out)
 
-    def _holds_secret(self, run: str, depth: int) -> bool:
+    def _holds_secret(self, run: str, depth: int, inside: bool) -> bool:
         digits = _NOT_BASE64.sub("", run)
         # ``/``, ``_`` and ``-`` are base64 digits too, so a run may begin with what comes
         # before the base64 (``v1-``, a URL's path): each of the four alignments is tried,
-        # in the text as given only. Inside what was decoded (or nested JSON text) base64
-        # is as an encoder wrote it, and trying four there at every level would multiply.
-        skips = range(4) if depth == 0 else range(1)
+        # in the text as given (JSON text in it too). Inside what was decoded, base64 is as
+        # an encoder wrote it, and trying four there at every level would multiply.
+        skips = range(1) if inside else range(4)
         return any(self._decodes_to_secret(digits[skip:], depth) for skip in skips)
 
     def _decodes_to_secret(self, digits: str, depth: int) -> bool:
@@ -235,10 +237,10 @@ class Redactor:
         except ValueError:  # binascii.Error: not base64 after all
             return False
         text = raw.decode("latin-1")
-        if self._scan(text, depth + 1) != text:
+        if self._scan(text, depth + 1, inside=True) != text:
             return True
         bare = text.replace("\x00", "")
-        return bare != text and self._scan(bare, depth + 1) != bare
+        return bare != text and self._scan(bare, depth + 1, inside=True) != bare
 
     def _builtin(self, value: str) -> str:
         if len(value) < _SHORTEST_SECRET:
@@ -264,7 +266,7 @@ class Redactor:
             value = "".join(parts)
         return value
 
-    def _json_text(self, text: str, depth: int) -> str | None:
+    def _json_text(self, text: str, depth: int, inside: bool = False) -> str | None:
         """JSON text masked in place, string by string; ``None`` if ``text`` is not JSON.
 
         Walking the tokens (not ``json.loads`` and back) keeps the text as it was, and masks
@@ -293,10 +295,10 @@ class Redactor:
             decoded = json.loads(token) if "\\" in token else token[1:-1]
             if in_object and _JSON_COLON.match(text, m.end()):
                 value_kind = _key_kind(decoded) or inherited
-                masked = self._text(decoded, depth + 1)
+                masked = self._text(decoded, depth + 1, inside)
             else:
                 kind = value_kind if in_object else inherited
-                masked = self._mask_under(kind, decoded, depth + 1)
+                masked = self._mask_under(kind, decoded, depth + 1, inside)
             if masked != decoded:
                 out.append(text[done : m.start()])
                 out.append(json.dumps(masked, ensure_ascii=False))
@@ -306,9 +308,9 @@ class Redactor:
         out.append(text[done:])
         return "".join(out)
 
-    def _mask_under(self, kind: str | None, value: str, depth: int) -> str:
+    def _mask_under(self, kind: str | None, value: str, depth: int, inside: bool = False) -> str:
         if kind is None:
-            return self._text(value, depth)
+            return self._text(value, depth, inside)
         if not value or _PLACEHOLDER.fullmatch(value):
             return value
         return f"[redacted:{kind}]"
