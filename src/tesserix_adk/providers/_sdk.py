@@ -226,7 +226,7 @@ class SDKProvider(Generic[ClientT]):
             return error
         if isinstance(exc, StreamCut):
             return ProviderError(
-                f"{where}: the stream ended early: {exc}",
+                f"{where}: the stream ended early: {self._scrub(str(exc))}",
                 retryable=True,
                 paid=self._billed(exc.usage),
             )

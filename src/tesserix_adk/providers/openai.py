@@ -168,7 +168,15 @@ class OpenAIProvider(SDKProvider[openai.AsyncOpenAI]):
             raise StreamCut(
                 f"the stream broke after its usage: {type(exc).__name__}", usage=reply.usage
             ) from exc
-        return reply.whole(with_usage=self.require_stream_usage)
+        try:
+            return reply.whole(with_usage=self.require_stream_usage)
+        except MALFORMED_REPLY as exc:
+            if not reply.usage_seen:
+                raise
+            # Whole and billed, but not readable: charged as the vendor told, asked again.
+            raise StreamCut(
+                f"the reply cannot be read: {type(exc).__name__}: {exc}", usage=reply.usage
+            ) from exc
 
 
 # --- our messages → the wire ----------------------------------------------------------------
@@ -345,7 +353,7 @@ class _StreamedReply:
 
     def whole(self, *, with_usage: bool) -> Reply:
         if not self.finished:
-            raise StreamCut("no choice finished")
+            raise StreamCut("no choice finished", usage=self.usage if self.usage_seen else None)
         if with_usage and not self.usage_seen:
             # The usage chunk follows the finished choice; a stream closed between the two
             # is cut, and taking it whole would charge the call nothing.

@@ -27,11 +27,18 @@ a JSON number and in every ledger (which adds them up in 64 bits)."""
 def paid(response: ModelResponse) -> tuple[int, Usage]:
     """The whole micros and the tokens ``response`` reports; ``ProviderError`` (not
     retryable: asking again pays again) if either cannot be charged as given."""
-    return paid_as_told(response.cost_micros, response.usage)
+    return _checked(response.cost_micros, response.usage)
 
 
-def paid_as_told(cost: float, usage: Usage) -> tuple[int, Usage]:
-    """``paid`` of a ``cost`` in micros and a ``usage`` told apart from a response."""
+def paid_as_told(paid: object) -> tuple[int, Usage]:
+    """``paid`` of a ``(cost in micros, usage)`` told apart from a response (a billed call
+    whose answer could not be taken: ``ProviderError.paid``), shape and all."""
+    if not (isinstance(paid, tuple) and len(paid) == 2 and isinstance(paid[1], Usage)):
+        raise _refused(f"a billed call's cost and usage of {_short(paid)}")
+    return _checked(*paid)
+
+
+def _checked(cost: float, usage: Usage) -> tuple[int, Usage]:
     if isinstance(cost, bool) or not isinstance(cost, Real):
         raise _refused(f"a cost of {_short(cost)} micros, not a number")
     # Compared before anything converts it: an int past a float's range would overflow.

@@ -319,7 +319,12 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
         raise  # a usage mistake, not a run failure: nothing durable is written
     except AdkError as exc:
         if isinstance(exc, ProviderError) and exc.paid is not None:
-            await _charge_unanswered(parts, run, attempt, exc.paid)
+            try:
+                await _charge_unanswered(parts, run, attempt, exc.paid)
+            except ProviderError as refused:
+                # Billed, and not chargeable as told: asking again would pay again
+                # uncounted, so the run stops as for an answer whose cost cannot be charged.
+                exc = refused
         if exc.retryable:
             raise
         reason = parts.redactor.text(f"{type(exc).__name__}: {exc}")
@@ -343,23 +348,29 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
 
 
 async def _charge_unanswered(
-    parts: RunParts, run: RunState, attempt: Attempt, paid: tuple[int, Usage]
+    parts: RunParts, run: RunState, attempt: Attempt, paid: object
 ) -> None:
     """Charge a call the vendor billed though its answer could not be taken (a stream cut
     after its usage, an unreadable reply), on its own: asking again pays again, so the
-    budget counts it first."""
-    try:
-        cost, usage = paid_as_told(*paid)
-    except ProviderError:
-        return  # what cannot be charged as given is not guessed at
+    budget counts it first. ``ProviderError`` (not retryable) if it cannot be charged as
+    told; a ledger's own failure is a retryable ``StoreUnavailableError``."""
+    cost, usage = paid_as_told(paid)
     run.usage = run.usage + usage
     run.spent += cost
     ledger = parts.ledger
     if ledger is None:
         return
     attempt.guard()
-    charged = ledger.charge(run.tenant, run.run_id, cost, usage, fence=attempt.fence)
-    await to_the_end(charged, grace=CHARGE_GRACE)
+
+    async def charge() -> None:
+        try:
+            await ledger.charge(run.tenant, run.run_id, cost, usage, fence=attempt.fence)
+        except AdkError:
+            raise
+        except Exception as exc:
+            raise StoreUnavailableError(f"the ledger is unreachable: {exc}") from exc
+
+    await to_the_end(charge(), grace=CHARGE_GRACE)
 
 
 async def _group_and_charge(
