@@ -17,7 +17,7 @@ anything of that turn is written or sent.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.payload import (
@@ -54,6 +54,7 @@ from tesserix_adk.run.recording import to_the_end
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.screening import refused, screened
 from tesserix_adk.run.state import RunState
+from tesserix_adk.stores.protocols import Ledger
 from tesserix_adk.tools import canonical_json, replay_key
 
 __all__ = ["carry_on", "outstanding_calls", "run_loop"]
@@ -357,20 +358,28 @@ async def _charge_unanswered(
     cost, usage = paid_as_told(paid)
     run.usage = run.usage + usage
     run.spent += cost
-    ledger = parts.ledger
-    if ledger is None:
+    if parts.ledger is None:
         return
     attempt.guard()
+    await to_the_end(_charger(parts.ledger, run, cost, usage, attempt.fence)(), grace=CHARGE_GRACE)
+
+
+def _charger(
+    ledger: Ledger, run: RunState, cost: int, usage: Usage, fence: int | None
+) -> Callable[[], Awaitable[None]]:
+    """The charge of one model call, as a call that may be made again (a write group lost
+    with its commit charges it again, once); a ledger's own failure is a retryable
+    ``StoreUnavailableError``."""
 
     async def charge() -> None:
         try:
-            await ledger.charge(run.tenant, run.run_id, cost, usage, fence=attempt.fence)
+            await ledger.charge(run.tenant, run.run_id, cost, usage, fence=fence)
         except AdkError:
             raise
         except Exception as exc:
             raise StoreUnavailableError(f"the ledger is unreachable: {exc}") from exc
 
-    await to_the_end(charge(), grace=CHARGE_GRACE)
+    return charge
 
 
 async def _group_and_charge(
@@ -381,16 +390,7 @@ async def _group_and_charge(
     if ledger is None:
         return
     attempt.guard()
-    fence = attempt.fence
-
-    async def charge() -> None:
-        try:
-            await ledger.charge(run.tenant, run.run_id, cost, usage, fence=fence)
-        except AdkError:
-            raise
-        except Exception as exc:
-            raise StoreUnavailableError(f"the ledger is unreachable: {exc}") from exc
-
+    charge = _charger(ledger, run, cost, usage, attempt.fence)
     await charge()
     group, joining = attempt.group, parts.ledger_groups
     if group is not None and joining is not None and joining.joins(group.group):
