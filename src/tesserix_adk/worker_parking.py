@@ -27,9 +27,9 @@ from tesserix_adk.stores.protocols import (
     RecordStatus,
     WorkIndex,
     WorkItem,
-    WorksAroundDamage,
     WorkState,
 )
+from tesserix_adk.stores.rows import listed_past_damage
 
 if TYPE_CHECKING:
     from tesserix_adk.agent import Agent
@@ -125,11 +125,8 @@ class Parking:
         try:
             # Past damaged entries where the index can (one hand-edited row of any tenant
             # must not keep every other parked run asleep); the poll names them.
-            if isinstance(self.work, WorksAroundDamage):
-                listing = await self.work.listing(None, state=WorkState.parked)
-                parked = [i for i in listing.items if i.state is WorkState.parked]
-            else:
-                parked = await self.work.items(None, state=WorkState.parked)
+            listing = await listed_past_damage(self.work, None, WorkState.parked)
+            parked = [i for i in listing.items if i.state is WorkState.parked]
         except Exception as exc:
             _log.warning("could not look at the parked runs: %r", exc)
             return

@@ -19,9 +19,9 @@ from tesserix_adk.stores.protocols import (
     RunLease,
     WorkIndex,
     WorkItem,
-    WorksAroundDamage,
     WorkState,
 )
+from tesserix_adk.stores.rows import listed_past_damage
 
 __all__ = ["Unstarted", "unstarted_runs"]
 
@@ -29,12 +29,10 @@ __all__ = ["Unstarted", "unstarted_runs"]
 async def _listed(
     work: WorkIndex, tenant: str, state: WorkState | None
 ) -> tuple[list[WorkItem], list[DamagedEntry]]:
-    """The tenant's entries in ``state``, past any damaged one when the index can say which
-    (``WorksAroundDamage``); else as ``items`` has them, which stops at the first."""
-    if isinstance(work, WorksAroundDamage):
-        listing = await work.listing(tenant, state=state)
-        return [shown_entry(i) for i in listing.items], list(listing.damaged)
-    return [shown_entry(i) for i in await work.items(tenant, state=state)], []
+    """The tenant's entries in ``state`` as operators are shown them, past any damaged one
+    where the index can (``stores.rows.listed_past_damage``)."""
+    listing = await listed_past_damage(work, tenant, state)
+    return [shown_entry(i) for i in listing.items], list(listing.damaged)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,13 +10,21 @@ from typing import Any, ParamSpec, TypeVar
 
 from tesserix_adk.errors import CheckpointCorruptError
 from tesserix_adk.messages import ToolCall
-from tesserix_adk.stores.protocols.work import DamagedEntry, WorkItem, WorkListing
+from tesserix_adk.stores.protocols.work import (
+    DamagedEntry,
+    WorkIndex,
+    WorkItem,
+    WorkListing,
+    WorksAroundDamage,
+    WorkState,
+)
 
 __all__ = [
     "decoded",
     "due_items",
     "leading",
     "listed_items",
+    "listed_past_damage",
     "listing_around_damage",
     "stored_calls",
     "typed",
@@ -127,6 +135,17 @@ def listing_around_damage(
                 tenant, run_id = None, None
             damaged.append(DamagedEntry(tenant, run_id, str(exc)))
     return WorkListing(tuple(items), tuple(damaged))
+
+
+async def listed_past_damage(
+    work: WorkIndex, tenant: str | None, state: WorkState | None
+) -> WorkListing:
+    """The entries of ``tenant`` (every tenant: ``None``) in ``state``, past any damaged
+    one when the index can say which (``WorksAroundDamage``); else as ``items`` has them,
+    which stops at the first."""
+    if isinstance(work, WorksAroundDamage):
+        return await work.listing(tenant, state=state)
+    return WorkListing(tuple(await work.items(tenant, state=state)), ())
 
 
 def listed_items(listing: WorkListing) -> list[WorkItem]:
