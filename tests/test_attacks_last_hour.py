@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -46,6 +47,7 @@ from tesserix_adk.messages import message_from_json
 from tesserix_adk.providers import anthropic as anthropic_wire
 from tesserix_adk.providers import openai as openai_wire
 from tesserix_adk.providers._common import credentials, scrub
+from tesserix_adk.stores.protocols import WakesParked
 from tesserix_adk.testing.faults import SimulatedCrash
 from tesserix_adk.worker_parking import Backoff, parked_for
 from test_attacks_encoded_redaction import (
@@ -389,26 +391,34 @@ async def test_an_eight_character_key_echoed_plainly_is_never_stored(
 
 
 class _SecondWant:
-    """A work index whose sweep wants are watched: ``between`` runs after the first want
-    of the sweep returns, before the second is made; ``fail_second`` makes the second fail
-    (a store error, or the process dying between them)."""
+    """A work index whose sweep writes (``want`` or ``wake``) are watched: ``between`` runs
+    after the first write returns, before any other; ``fail_at`` makes that write (1 or 2)
+    fail (a store error, or the process dying there)."""
 
-    def __init__(self, inner: Any, *, fail_second: BaseException | None = None) -> None:
+    def __init__(self, inner: Any, *, fail: BaseException | None = None, fail_at: int = 2) -> None:
         self.inner = inner
-        self.fail_second = fail_second
+        self.fail = fail
+        self.fail_at = fail_at
         self.between: Any = None
-        self.wants = 0
+        self.writes = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def want(self, *args: Any, **kwargs: Any) -> None:
-        self.wants += 1
-        if self.wants == 2 and self.fail_second is not None:
-            raise self.fail_second
-        await self.inner.want(*args, **kwargs)
-        if self.wants == 1 and self.between is not None:
+    async def _write(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self.writes += 1
+        if self.writes == self.fail_at and self.fail is not None:
+            raise self.fail
+        result = await getattr(self.inner, name)(*args, **kwargs)
+        if self.writes == 1 and self.between is not None:
             await self.between()
+        return result
+
+    async def want(self, *args: Any, **kwargs: Any) -> None:
+        await self._write("want", *args, **kwargs)
+
+    async def wake(self, *args: Any, **kwargs: Any) -> bool:
+        return bool(await self._write("wake", *args, **kwargs))
 
 
 async def _parked_with_attempts(attempts: int) -> tuple[Any, Agent, Agent, Airline]:
@@ -438,37 +448,28 @@ async def test_the_count_goes_on_one_per_sweep_over_many_sweeps() -> None:
     assert airline.bookings == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="limit (README names it): the sweep unparks with a want (count reset to 0) and "
-    "only then adds the count back; a store error or a crash between the two wants loses the count",
-)
+@pytest.mark.parametrize("fail_at", [1, 2])
 @pytest.mark.parametrize("how", ["store_error", "crash"])
-async def test_a_failure_between_the_two_wants_keeps_the_attempt_count(how: str) -> None:
+async def test_a_failure_in_the_sweeps_wake_keeps_the_attempt_count(how: str, fail_at: int) -> None:
+    """Wherever the wake's writes fail (a store error, or the process dying), the run is
+    left parked or woken with its count, never with the count started again."""
     stores, _old, new, _airline = await _parked_with_attempts(5)
     worker = Worker(_runner(stores), [new], parked_sweep=0)
     fail: BaseException = (
         StoreUnavailableError("the work index went away")
         if how == "store_error"
-        else SimulatedCrash("died between the wants")
+        else SimulatedCrash("died in the wake")
     )
-    worker.work = _SecondWant(stores.work, fail_second=fail)
-    if how == "crash":
-        with pytest.raises(SimulatedCrash):
-            await worker._wake_parked(formats=False)
-    else:
+    proxy = _SecondWant(stores.work, fail=fail, fail_at=fail_at)
+    worker.work = proxy
+    # A process that died there: what is stored is what counts.
+    with contextlib.suppress(SimulatedCrash):
         await worker._wake_parked(formats=False)
     item = await _entry(stores, "r1")
     assert item.attempts >= 5, item
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="limit (README names it): an old worker that takes and parks the run between the "
-    "sweep's two wants leaves it parked with the count started again (the second want "
-    "leaves a parked entry as it is)",
-)
-async def test_an_old_worker_parking_the_run_between_the_wants_keeps_the_count() -> None:
+async def test_an_old_worker_parking_the_run_right_after_the_wake_keeps_the_count() -> None:
     stores, old, new, airline = await _parked_with_attempts(5)
     fast = Backoff(base=0.001, cap=0.001)
     old_worker = Worker(_runner(stores), [old], backoff=fast)
@@ -486,6 +487,30 @@ async def test_an_old_worker_parking_the_run_between_the_wants_keeps_the_count()
     assert parked_for(item, RevisionMismatchError), item
     assert airline.bookings == []
     assert item.attempts >= 5, item
+
+
+async def test_an_old_worker_parking_the_run_before_the_wake_is_left_to_the_next_sweep() -> None:
+    """Between the sweep's read and its wake, an old worker takes the run and parks it
+    again, in its own words: the wake, of what was read, writes nothing; the next sweep
+    wakes it with the count going on."""
+    stores, old, new, airline = await _parked_with_attempts(5)
+    fast = Backoff(base=0.001, cap=0.001)
+    old_worker = Worker(_runner(stores), [old], backoff=fast)
+    new_worker = Worker(_runner(stores), [new], parked_sweep=0)
+    assert isinstance(stores.work, WakesParked)
+    read = await _entry(stores, "r1")
+    await old_worker._carry(read)
+    again = await _entry(stores, "r1")
+    assert parked_for(again, RevisionMismatchError) and again.reason != read.reason, again
+    assert not await stores.work.wake(
+        T, "r1", agent=read.agent, attempts=read.attempts, reason=read.reason
+    )
+    assert await _entry(stores, "r1") == again
+    await new_worker._wake_parked(formats=False)
+    item = await _entry(stores, "r1")
+    assert (item.state, item.attempts) == (WorkState.wanted, again.attempts + 1), item
+    assert again.attempts >= 5
+    assert airline.bookings == []
 
 
 async def test_a_new_worker_taking_the_run_between_the_wants_sends_nothing_twice() -> None:

@@ -25,6 +25,7 @@ from tesserix_adk.run.attempt import new_holder
 from tesserix_adk.run.holding import held_to_decide
 from tesserix_adk.stores.protocols import (
     RecordStatus,
+    WakesParked,
     WorkIndex,
     WorkItem,
     WorkState,
@@ -142,15 +143,26 @@ class Parking:
                 else:
                     continue
                 _log.info("run %s/%s: %s; looking again", *_where(item), why)
-                where = (item.tenant, item.run_id)
-                # Unparked (which starts the count again), then the count goes on, one
-                # more: a run old and new workers hand back and forth meets max_attempts.
-                await self.work.want(*where, agent=item.agent, state=WorkState.wanted)
-                await self.work.want(
-                    *where, agent=item.agent, state=WorkState.wanted, count=item.attempts + 1
-                )
+                await self._unpark_counting(item)
             except Exception as exc:
                 _log.warning("could not look at parked run %s/%s: %r", *_where(item), exc)
+
+    async def _unpark_counting(self, item: WorkItem) -> None:
+        """Unpark ``item`` with its count going on, one more: a run old and new workers hand
+        back and forth meets ``max_attempts``. In one write where the index offers it
+        (``WakesParked``: an entry changed since it was read is left to the next sweep);
+        else unparked (which starts the count again), then counted, and a failure between
+        the two loses the count."""
+        where = (item.tenant, item.run_id)
+        if isinstance(self.work, WakesParked):
+            await self.work.wake(
+                *where, agent=item.agent, attempts=item.attempts, reason=item.reason
+            )
+            return
+        await self.work.want(*where, agent=item.agent, state=WorkState.wanted)
+        await self.work.want(
+            *where, agent=item.agent, state=WorkState.wanted, count=item.attempts + 1
+        )
 
     async def _pinned_to(self, item: WorkItem, agent: Agent) -> bool:
         """Whether the run's frontier is pinned to ``agent``'s revision."""

@@ -59,6 +59,7 @@ from tesserix_adk.stores.protocols import (
     RecordsFrom,
     StoredCheckpoint,
     ToolFlags,
+    WakesParked,
     WorkIndex,
     chain_digest,
 )
@@ -471,7 +472,11 @@ class TestCheckpointStore(CheckpointStoreConformance):
 
 
 class TestWorkIndex(WorkIndexConformance):
-    pass
+    async def test_every_backend_of_the_kit_wakes_parked_runs_in_one_write(
+        self, work_index: WorkIndex
+    ) -> None:
+        """The worker's revision sweep counts on it (``WakesParked``)."""
+        assert isinstance(work_index, WakesParked)
 
 
 class TestIdempotencyStore(IdempotencyStoreConformance):

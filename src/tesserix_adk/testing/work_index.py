@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tesserix_adk.stores.protocols import LeaseStore, WorkIndex, WorksAroundDamage, WorkState
+from tesserix_adk.stores.protocols import (
+    LeaseStore,
+    WakesParked,
+    WorkIndex,
+    WorksAroundDamage,
+    WorkState,
+)
 from tesserix_adk.testing._support import JOIN_ALIKE_IDS, ODD_IDS, ClockedConformance
 from tesserix_adk.testing.clock import FakeClock
 from tesserix_adk.testing.counting import round_trips_of
@@ -351,3 +357,76 @@ class WorkIndexConformance(ClockedConformance):
         many = trips.count - before
         assert few >= 1, "round_trips saw nothing sent: it is not wired to the driver"
         assert many == few, f"with 60 runs due sent {many} requests, with one {few}"
+
+    async def test_a_wake_goes_on_counting_in_one_write(
+        self, work_index: WorkIndex, clock: FakeClock | None
+    ) -> None:
+        """``WakesParked`` (optional): a parked run woken as it was read becomes due now,
+        wanted, with one more attempt counted and its reason gone; its input stays."""
+        if not isinstance(work_index, WakesParked):
+            pytest.skip("the index does not offer WakesParked")
+        await work_index.submit(T, "r1", agent=A, input=b"in")
+        for _ in range(4):
+            await work_index.want(T, "r1", agent=A, count=1)
+        await work_index.park(T, "r1", agent=A, reason="another revision's")
+        await self.let_pass(clock, 0.01)
+        (parked,) = await work_index.items(T, state=WorkState.parked)
+        assert parked.attempts == 4
+        woken = await work_index.wake(
+            T, "r1", agent=A, attempts=parked.attempts, reason=parked.reason
+        )
+        assert woken is True
+        (item,) = await work_index.items(T)
+        assert (item.state, item.attempts, item.reason, item.not_before) == (
+            WorkState.wanted,
+            5,
+            None,
+            None,
+        )
+        assert item.since > parked.since
+        assert _ids(await work_index.due(limit=10)) == ["r1"]
+        assert await work_index.input(T, "r1") == b"in"
+
+    async def test_a_wake_writes_nothing_once_the_entry_changed(
+        self, work_index: WorkIndex
+    ) -> None:
+        """``WakesParked`` (optional): a wake of an entry that is no longer as it was read
+        writes nothing: woken already (a second sweeper, or the same wake sent again), taken
+        and parked again, parked for another reason, done, of another agent, another
+        tenant's, or unknown."""
+        if not isinstance(work_index, WakesParked):
+            pytest.skip("the index does not offer WakesParked")
+        await work_index.want(T, "r1", agent=A, count=3)
+        await work_index.park(T, "r1", agent=A, reason="old's")
+        assert await work_index.wake(T, "r1", agent=A, attempts=3, reason="old's") is True
+        # Woken already: a second wake of what was read finds it wanted.
+        assert await work_index.wake(T, "r1", agent=A, attempts=3, reason="old's") is False
+        (item,) = await work_index.items(T)
+        assert (item.state, item.attempts) == (WorkState.wanted, 4)
+        # Taken (counted) and parked again: the count read is stale.
+        await work_index.want(T, "r1", agent=A, count=1)
+        await work_index.park(T, "r1", agent=A, reason="old's")
+        assert await work_index.wake(T, "r1", agent=A, attempts=4, reason="old's") is False
+        # Parked for another reason now, or the agent or tenant is not the one read.
+        await work_index.park(T, "r1", agent=A, reason="book (call_1) is in doubt")
+        assert await work_index.wake(T, "r1", agent=A, attempts=5, reason="old's") is False
+        assert (
+            await work_index.wake(
+                T, "r1", agent="refunds", attempts=5, reason="book (call_1) is in doubt"
+            )
+            is False
+        )
+        assert (
+            await work_index.wake(
+                "globex", "r1", agent=A, attempts=5, reason="book (call_1) is in doubt"
+            )
+            is False
+        )
+        (item,) = await work_index.items(T, state=WorkState.parked)
+        assert (item.attempts, item.reason) == (5, "book (call_1) is in doubt")
+        # Done, or never known: nothing revived, nothing made up.
+        await work_index.done(T, "r1")
+        assert await work_index.wake(T, "r1", agent=A, attempts=0, reason=None) is False
+        assert await work_index.wake(T, "nobody", agent=A, attempts=0, reason=None) is False
+        assert await work_index.items(T) == []
+        assert await work_index.entry(T, "nobody") is None

@@ -43,6 +43,7 @@ class _SQL(Statements):
     input: str
     entry: str
     want: str
+    wake: str
     park: str
     done: str
     due: str
@@ -152,6 +153,17 @@ class PostgresWorkIndex:
                 count=None if count is None else int(count),
             ),
         )
+
+    async def wake(
+        self, tenant: str, run_id: str, *, agent: str, attempts: int, reason: str | None
+    ) -> bool:
+        """Wanted now with one more attempt, if still parked as read: one statement."""
+        rows = await self.database.rows(
+            f"waking parked run {run_id!r}",
+            self._sql.wake,
+            run_params(tenant, run_id, agent=agent, attempts=int(attempts), reason=words(reason)),
+        )
+        return bool(rows)
 
     async def park(self, tenant: str, run_id: str, *, agent: str, reason: str) -> None:
         """The run must not be carried on until an operator acts."""

@@ -112,12 +112,20 @@ class RedisWorkIndex:
         (
             self._submit,
             self._want,
+            self._wake,
             self._park,
             self._done,
             self._due,
             self._items,
         ) = register(
-            client, "work_submit", "work_want", "work_park", "work_done", "work_due", "work_items"
+            client,
+            "work_submit",
+            "work_want",
+            "work_wake",
+            "work_park",
+            "work_done",
+            "work_due",
+            "work_items",
         )
 
     @property
@@ -207,6 +215,24 @@ class RedisWorkIndex:
                     "" if count is None else str(int(count)),
                 ],
             )
+
+    async def wake(
+        self, tenant: str, run_id: str, *, agent: str, attempts: int, reason: str | None
+    ) -> bool:
+        """Wanted now with one more attempt, if still parked as read: one script."""
+        await self._durability.ensure()
+        with _driver_errors(f"waking parked run {run_id!r}"):
+            woken = await self._wake(
+                keys=self._all_keys(tenant, run_id),
+                args=[
+                    _Keys.tag(tenant, run_id),
+                    agent,
+                    str(int(attempts)),
+                    "0" if reason is None else "1",
+                    reason or "",
+                ],
+            )
+        return bool(woken)
 
     async def park(self, tenant: str, run_id: str, *, agent: str, reason: str) -> None:
         """The run must not be carried on until an operator acts."""

@@ -24,6 +24,15 @@ class _Entry:
     input: bytes | None = None
 
 
+def _as_read(item: WorkItem, agent: str, attempts: int, reason: str | None) -> bool:
+    return (
+        item.state is WorkState.parked
+        and item.agent == agent
+        and item.attempts == attempts
+        and item.reason == reason
+    )
+
+
 class MemoryWorkIndex:
     """A ``WorkIndex`` in a dictionary; a lease is live by ``leases`` (the same clock)."""
 
@@ -99,6 +108,23 @@ class MemoryWorkIndex:
             self._entries[(tenant, run_id)] = _Entry(item=item)
         else:
             entry.item = item
+
+    async def wake(
+        self, tenant: str, run_id: str, *, agent: str, attempts: int, reason: str | None
+    ) -> bool:
+        """Wanted now with one more attempt, if still parked as read (``WakesParked``)."""
+        entry = self._entries.get((tenant, run_id))
+        if entry is None or not _as_read(entry.item, agent, attempts, reason):
+            return False
+        entry.item = replace(
+            entry.item,
+            state=WorkState.wanted,
+            since=self._clock(),
+            not_before=None,
+            attempts=attempts + 1,
+            reason=None,
+        )
+        return True
 
     async def park(self, tenant: str, run_id: str, *, agent: str, reason: str) -> None:
         """The run must not be carried on until an operator acts."""

@@ -45,6 +45,7 @@ from tesserix_adk.stores.protocols.transcripts import (
 )
 from tesserix_adk.stores.protocols.work import (
     DamagedEntry,
+    WakesParked,
     WorkIndex,
     WorkItem,
     WorkListing,
@@ -75,6 +76,7 @@ __all__ = [
     "StepHistory",
     "StoredCheckpoint",
     "ToolFlags",
+    "WakesParked",
     "WorkIndex",
     "WorkItem",
     "WorkListing",

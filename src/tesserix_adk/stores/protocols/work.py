@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-__all__ = ["DamagedEntry", "WorkIndex", "WorkItem", "WorkListing", "WorkState", "WorksAroundDamage"]
+__all__ = [
+    "DamagedEntry",
+    "WakesParked",
+    "WorkIndex",
+    "WorkItem",
+    "WorkListing",
+    "WorkState",
+    "WorksAroundDamage",
+]
 
 
 class WorkState(StrEnum):
@@ -144,4 +152,22 @@ class WorksAroundDamage(Protocol):
     ) -> WorkListing:
         """``items``' entries, and the damaged entries among them (in any state, when
         their state cannot be read)."""
+        ...
+
+
+@runtime_checkable
+class WakesParked(Protocol):
+    """A capability of a work index: a parked run woken in one write that goes on counting
+    its attempts. A worker waking a run another worker parked (a worker of another
+    revision, in a rolling deploy) must not start the count again, or a run handed back
+    and forth would never meet ``max_attempts``; with ``WorkIndex.want`` alone that takes
+    two writes (unpark, then count), and a failure between them loses the count."""
+
+    async def wake(
+        self, tenant: str, run_id: str, *, agent: str, attempts: int, reason: str | None
+    ) -> bool:
+        """If the run's entry is still parked as it was read (of ``agent``, with
+        ``attempts`` counted and parked for ``reason``), it becomes ``wanted`` now with
+        one more attempt counted and no reason; ``True``. Otherwise nothing is written
+        (another worker woke or took it, or parked it again, since): ``False``."""
         ...

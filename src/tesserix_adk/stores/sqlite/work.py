@@ -78,6 +78,14 @@ _WANT = (
     "WHERE :count IS NULL OR adk_work.state NOT IN ('parked', 'done')"
 )
 
+# Only an entry still parked as it was read; the input stays.
+_WAKE = (
+    f"UPDATE adk_work SET state = 'wanted', since = {NOW_SQL}, not_before = NULL, "
+    "attempts = attempts + 1, reason = NULL "
+    "WHERE tenant = :tenant AND run_id = :run_id AND state = 'parked' AND agent = :agent "
+    "AND attempts = :attempts AND reason IS :reason"
+)
+
 # Attempts and input are kept.
 _PARK = (
     "INSERT INTO adk_work (tenant, run_id, agent, state, since, reason) "
@@ -234,6 +242,23 @@ class SqliteWorkIndex:
             "count": None if count is None else int(count),
         }
         await self.database.write(lambda conn: conn.execute(_WANT, params))
+
+    async def wake(
+        self, tenant: str, run_id: str, *, agent: str, attempts: int, reason: str | None
+    ) -> bool:
+        """Wanted now with one more attempt, if still parked as read: one statement."""
+        params = {
+            "tenant": tenant,
+            "run_id": run_id,
+            "agent": agent,
+            "attempts": int(attempts),
+            "reason": reason,
+        }
+
+        def wake(conn: sqlite3.Connection) -> bool:
+            return conn.execute(_WAKE, params).rowcount == 1
+
+        return await self.database.write(wake)
 
     async def park(self, tenant: str, run_id: str, *, agent: str, reason: str) -> None:
         """The run must not be carried on until an operator acts."""
