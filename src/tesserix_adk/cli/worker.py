@@ -33,6 +33,7 @@ PAUSES = (
     "in_group",
     "stop_before_put",
     "asked_again",
+    "first_model_call",
 )
 
 
@@ -151,18 +152,19 @@ class _Slow:
 
 
 class _PausingModel:
-    """A model that pauses the worker when asked the third time: once book_seat's turn
-    (its outcome and ``after_tool_result``) is durable, as everything is before the model
-    is asked again."""
+    """A model that pauses the worker when asked the ``at``-th time: by default the third,
+    once book_seat's turn (its outcome and ``after_tool_result``) is durable, as everything
+    is before the model is asked again; the first, before anything is checkpointed."""
 
-    def __init__(self, inner: Any, where: str) -> None:
+    def __init__(self, inner: Any, where: str, at: int = 3) -> None:
         self.inner = inner
         self.where = where
+        self.at = at
         self.asked = 0
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         self.asked += 1
-        if self.asked == 3:
+        if self.asked == self.at:
             _pause(self.where)
         response: ModelResponse = await self.inner.complete(request)
         return response
@@ -188,6 +190,9 @@ async def _main(args: argparse.Namespace) -> int:
         os.environ[DELAY_ENV] = str(args.delay)
     if args.pause == "asked_again":
         provider = _PausingModel(provider, args.pause)
+    elif args.pause == "first_model_call":
+        # Before anything of the run is checkpointed: only its submission is kept.
+        provider = _PausingModel(provider, args.pause, at=1)
     runner = AgentRunner.from_stores(
         provider,
         stores,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from tesserix_adk.checkpoint.planning import (
 )
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
+    CheckpointError,
     ConfigurationError,
     LeaseHeldError,
     NoCheckpointError,
@@ -82,9 +84,12 @@ __all__ = [
     "id_problem",
 ]
 
+_log = logging.getLogger("tesserix_adk.runner")
+
 FrontierObserver = Callable[[Checkpoint, ResumePlan | None, int | None, str], None]
 StopSignal = Callable[[], str | None]
-"""Asked at each boundary between turns: why to stop there, or ``None`` to go on."""
+"""Asked at each boundary (before a model call, and after its answer before any call is
+sent): why to stop there, or ``None`` to go on."""
 
 
 class AgentRunner:
@@ -229,8 +234,9 @@ class AgentRunner:
     ) -> Run:
         """Start a new run and carry it until it finishes or waits on a person.
 
-        ``stop()`` is asked at each boundary between turns; a reason it returns stops the
-        run there with ``RunStoppedError`` (a draining worker), to be carried on later.
+        ``stop()`` is asked at each boundary (before each model call, and after its answer
+        before any call is sent); a reason it returns stops the run there with
+        ``RunStoppedError`` (a draining worker), to be carried on later.
         ``on_event(event)`` is told each event as ``stream`` would yield it, from the run's
         own task (or a sync tool's thread), so it must not block; ``RunFinished`` is not
         among them (``run`` returns it).
@@ -296,6 +302,7 @@ class AgentRunner:
             note_ahead(attempt, plan)
             if self.ledger is not None:
                 run.spent = await self.ledger.spent(tenant, run_id)
+            await self._submitted(run)
             await self._wanted(tenant, run_id, agent)
             return await self._settled(await run_loop(self._parts, run, attempt), attempt)
 
@@ -500,6 +507,23 @@ class AgentRunner:
             margin=self.never_ran_margin,
             leases=self.leases,
         )
+
+    async def _submitted(self, run: RunState) -> None:
+        """A run started here keeps its input as a submission (a no-op for one the index
+        knows: submitted, or started before), so a worker starts it from there if its
+        process dies, or its stream's reader leaves, before its first frontier, as it
+        carries on one that has a frontier. An input that cannot be stored (too large)
+        leaves the run as it was without one: carried on only from its first frontier."""
+        if self.work is None:
+            return
+        try:
+            data = encode_submission(run.messages, run.state, self.redactor)
+        except CheckpointError as exc:
+            _log.warning(
+                "run %s/%s: its input is not kept for a worker: %s", run.tenant, run.run_id, exc
+            )
+            return
+        await self.work.submit(run.tenant, run.run_id, agent=run.agent.name, input=data)
 
     async def _wanted(self, tenant: str, run_id: str, agent: Agent) -> None:
         """The run is being carried: if its carrier dies, a worker carries it on. (A worker
