@@ -32,6 +32,7 @@ from tesserix_adk import (
     StaleFenceError,
     tool,
 )
+from tesserix_adk.leases import MAX_TTL
 from tesserix_adk.testing import FakeClock
 from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
 
@@ -280,9 +281,25 @@ async def test_leaseholder_own_deadline_stops_writes_when_renewal_cannot_happen(
         holder.check()
 
 
-def test_lease_policy_rejects_nonsense() -> None:
+@pytest.mark.parametrize(
+    ("ttl", "renew_within"),
+    [
+        (10, 10),
+        (0, -1),
+        (float("nan"), 1),
+        (10, float("nan")),
+        (float("inf"), 10),  # no store holds the expiry
+        (1e300, 10),
+        (MAX_TTL * 2, 10),
+    ],
+)
+def test_lease_policy_rejects_nonsense(ttl: float, renew_within: float) -> None:
     with pytest.raises(ConfigurationError):
-        LeasePolicy(ttl=10, renew_within=10)
+        LeasePolicy(ttl=ttl, renew_within=renew_within)
+
+
+def test_lease_policy_takes_the_longest_ttl_every_store_holds() -> None:
+    assert LeasePolicy(ttl=MAX_TTL, renew_within=MAX_TTL / 3).renew_every > 0
 
 
 # --- Resumer -----------------------------------------------------------------------------

@@ -26,9 +26,20 @@ from types import TracebackType
 from tesserix_adk.errors import ConfigurationError, LeaseLostError
 from tesserix_adk.stores.protocols import LeaseStore, RunLease
 
-__all__ = ["NEVER_RAN_MARGIN", "LeasePolicy", "Leaseholder", "never_ran_wait", "previous_end_ago"]
+__all__ = [
+    "MAX_TTL",
+    "NEVER_RAN_MARGIN",
+    "LeasePolicy",
+    "Leaseholder",
+    "never_ran_wait",
+    "previous_end_ago",
+]
 
 _log = logging.getLogger("tesserix_adk.leases")
+
+MAX_TTL = 365 * 86_400.0
+"""The longest lease ttl (seconds): a year, an expiry every store can hold (PostgreSQL's
+timestamps end in the year 294276; a ttl of 1e300 seconds would not be stored)."""
 
 # Upper bound, in seconds, of each wait in Leaseholder.close() (the renewal loop, the release).
 _CLOSE_TIMEOUT = 5.0
@@ -73,8 +84,10 @@ class LeasePolicy:
     renew_within: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.ttl <= 0 or not 0 < self.renew_within < self.ttl:
-            raise ConfigurationError("LeasePolicy needs ttl > renew_within > 0")
+        if not 0 < self.renew_within < self.ttl <= MAX_TTL:
+            raise ConfigurationError(
+                f"LeasePolicy needs {MAX_TTL:g} >= ttl > renew_within > 0 (seconds)"
+            )
 
     @property
     def renew_every(self) -> float:

@@ -137,6 +137,10 @@ def _temporal(args: argparse.Namespace) -> Any:
 # worker asks its index for about twice this many runs at a time).
 MAX_CONCURRENCY = 10_000
 
+# The lease ttls a worker takes, in seconds (see ``_work``).
+MIN_LEASE_TTL = 1.0
+MAX_LEASE_TTL = 86_400.0
+
 
 def _positive_int(value: str) -> int:
     try:
@@ -268,8 +272,13 @@ async def _work(
     if on_temporal is not None and args.exit_when_idle:
         raise UsageError("--exit-when-idle is for workers of the store's own work index")
     ttl = args.lease_ttl
-    if ttl <= 0:
-        raise UsageError("--lease-ttl must be more than 0 seconds")
+    if not MIN_LEASE_TTL <= ttl <= MAX_LEASE_TTL:
+        # Shorter, a pause of the event loop (a collection, a busy CPU) loses every lease
+        # and the runs are parked as if their workers died; longer, a SIGKILLed worker
+        # strands its runs for more than a day, and a store may not hold the expiry.
+        raise UsageError(
+            f"--lease-ttl must be from {MIN_LEASE_TTL:g} to {MAX_LEASE_TTL:g} seconds, not {ttl:g}"
+        )
     if on_temporal is not None:
         return await _work_on_temporal(on_temporal, args, stores, loaded, out)
     async with built_provider(args.provider, loaded[0], args.agent[0]) as provider:

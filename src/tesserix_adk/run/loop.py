@@ -49,6 +49,7 @@ from tesserix_adk.run.events import (
     ToolCallAsked,
 )
 from tesserix_adk.run.frontier import write_frontier, write_frontier_naming_unkeyed
+from tesserix_adk.run.invoking import error_text
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.recording import to_the_end
 from tesserix_adk.run.result import Run, RunStatus
@@ -133,6 +134,10 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
         calls = outstanding_calls(run, message.tool_calls)
         _refuse_divergence(run, attempt, calls)
         await write_frontier_naming_unkeyed(parts, run, attempt, calls, policy_asks=True)
+        # A drain asked while the model thought stops here, at after_model_call, with
+        # nothing claimed: a call it would start now could outlast the drain and be cut,
+        # in doubt. (What an open write group holds commits on the way out.)
+        attempt.stop_if_asked(run.run_id)
         waiting = await _take_turn(parts, run, attempt, calls)
         if waiting is not None:
             return waiting
@@ -328,7 +333,7 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
                 exc = refused
         if exc.retryable:
             raise
-        reason = parts.redactor.text(f"{type(exc).__name__}: {exc}")
+        reason = parts.redactor.text(error_text(exc))
         _log.error("run %s failed on a non-retryable model error: %s", run.run_id, reason)
         return reason
     except (OSError, TimeoutError) as exc:
