@@ -7,7 +7,9 @@ decide, without the agent at hand, whether a call that may have run can be sent 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import copy
 import functools
 import hashlib
 import inspect
@@ -263,14 +265,21 @@ class Tool:
         (unless ``inline``). ``guard`` is called right before the function starts, with
         nothing awaited in between, so a holder that lost the run sends nothing."""
         try:
-            parsed = self._args_model.model_validate(dict(arguments))
+            # A copy: a tool that changes what it was given (a list under an untyped
+            # parameter) must not change the call the model asked for, as the live
+            # conversation (and a same-runner retry) would then tell it.
+            parsed = self._args_model.model_validate(copy.deepcopy(dict(arguments)))
         except ValidationError as exc:
             raise ValueError(f"invalid arguments for {self.name}: {exc}") from exc
         kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
         if guard is not None:
             guard()
         return await call_maybe_async(
-            self.fn, kwargs, ctx if self._accepts_ctx else None, thread=not self.inline
+            self.fn,
+            kwargs,
+            ctx if self._accepts_ctx else None,
+            thread=not self.inline,
+            guard=guard,
         )
 
     def __repr__(self) -> str:
@@ -278,21 +287,38 @@ class Tool:
 
 
 async def call_maybe_async(
-    fn: Callable[..., Any], kwargs: dict[str, Any], ctx: ToolContext | None, *, thread: bool = False
+    fn: Callable[..., Any],
+    kwargs: dict[str, Any],
+    ctx: ToolContext | None,
+    *,
+    thread: bool = False,
+    guard: Callable[[], None] | None = None,
 ) -> Any:
     """Call ``fn`` with keyword arguments (and ``ctx`` when given), sync or async; with
-    ``thread``, a sync ``fn`` runs in a worker thread, off the event loop."""
+    ``thread``, a sync ``fn`` runs in a worker thread, off the event loop, and ``guard``
+    is called again in that thread right before ``fn`` starts (``NotStarted`` if it
+    raises)."""
     if ctx is not None:
         kwargs = {**kwargs, _CTX: ctx}
     if _is_async(fn):
         return await cast(Callable[..., Awaitable[Any]], fn)(**kwargs)
     if thread:
-        result = await _until_the_thread_returns(functools.partial(_in_thread, fn, kwargs))
+        result = await _until_the_thread_returns(functools.partial(_in_thread, fn, kwargs, guard))
     else:
         result = fn(**kwargs)
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+class NotStarted(Exception):
+    """A sync tool's thread did not start it: the guard, asked again as the thread took
+    the call up, refused (``error``). A call waits for a free thread for as long as other
+    calls hold them, and the run's lease may lapse meanwhile: nothing was sent."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class ThreadReturned(asyncio.CancelledError):
@@ -323,12 +349,24 @@ async def _until_the_thread_returns(call: Callable[[], Any]) -> Any:
         raise ThreadReturned(done) from None
 
 
-def _in_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+def _in_thread(
+    fn: Callable[..., Any], kwargs: dict[str, Any], guard: Callable[[], None] | None
+) -> Any:
+    if guard is not None:
+        try:
+            guard()
+        except Exception as exc:
+            raise NotStarted(exc) from exc
     try:
         return fn(**kwargs)
     except StopIteration as exc:
         # A future cannot carry StopIteration (asyncio drops it and the await never ends).
         raise RuntimeError(f"the tool raised StopIteration: {exc!r}") from exc
+    except (asyncio.CancelledError, concurrent.futures.CancelledError, GeneratorExit) as exc:
+        # Nothing cancels a thread: the tool's own (a cancelled future's result), which
+        # the await would take for the run being cancelled (or, GeneratorExit, for the
+        # coroutine being closed) and leave its outcome unrecorded, the call in doubt.
+        raise RuntimeError(f"the tool raised {type(exc).__name__}: {exc!r}") from exc
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

@@ -46,6 +46,7 @@ from tesserix_adk.errors import (
     StaleFenceError,
     StorePermissionError,
 )
+from tesserix_adk.run.invoking import error_text
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.stores.protocols import WorkIndex, WorkItem, WorkState
@@ -423,11 +424,11 @@ class Worker(Parking):
         if item.attempts + 1 >= self.max_attempts:
             return await self._park_as(
                 item,
-                f"failed {item.attempts + 1} times, last {type(exc).__name__}: {exc}",
+                f"failed {item.attempts + 1} times, last {error_text(exc)}",
                 "too_many_attempts",
             )
         delay = self.backoff.delay(item.attempts, self._rng)
-        reason = self.runner.redactor.text(f"{type(exc).__name__}: {exc}")
+        reason = self.runner.redactor.text(error_text(exc))
         _log.warning("run %s: %s; trying again in %.1f s", where, reason, delay)
         try:
             await self.work.want(

@@ -23,6 +23,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.run.attempt import new_holder
 from tesserix_adk.run.holding import held_to_decide
+from tesserix_adk.run.invoking import error_text
 from tesserix_adk.stores.protocols import (
     RecordStatus,
     WakesParked,
@@ -89,7 +90,7 @@ def _as_polled(polled: WorkItem, now: WorkItem | None) -> bool:
 def parked_reason(exc: BaseException) -> str:
     """How a worker names a run it parks for an error: the error's type, then the error.
     Releases before this one wrote it so too, which ``parked_for`` relies on."""
-    return f"{type(exc).__name__}: {exc}"
+    return error_text(exc)
 
 
 def parked_for(item: WorkItem, error: type[BaseException]) -> bool:

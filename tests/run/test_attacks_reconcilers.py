@@ -291,14 +291,20 @@ class _Unwritable:
         raise RuntimeError("no text")
 
 
-async def test_a_reconciled_content_that_cannot_be_encoded_leaves_the_call_in_doubt_typed() -> None:
+async def test_a_reconciled_content_that_cannot_be_encoded_settles_the_call_as_text() -> None:
+    """The reconciler says the call completed: it is settled so, its content told as the
+    text it can be written as (a tool's own result that odd is told alike), never sent
+    again. (It was left in doubt before tool results were made text this way.)"""
     stores, world = open_stores("memory://"), World()
     agent = _agent(world, reconcile=lambda call, ctx: Reconciled.completed({"x": _Unwritable()}))
     await _in_doubt(stores, world, agent, "after")
-    with pytest.raises(IndeterminateToolCallError, match="book_seat"):
-        await _runner(stores).resume(agent, "r1", tenant=T)
+    provider = Recording(ScriptedProvider(list(TURNS)))
+    run = await _runner(stores, provider=provider).resume(agent, "r1", tenant=T)
+    assert run.status is RunStatus.completed
     assert world.took == [(await _record(stores)).key]
-    assert (await _record(stores)).status is RecordStatus.in_flight
+    assert (await _record(stores)).status is RecordStatus.completed
+    (told,) = _told(provider, "book_seat")
+    assert "_Unwritable" in str(told)
 
 
 @pytest.mark.parametrize(

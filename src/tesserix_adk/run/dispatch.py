@@ -72,7 +72,7 @@ from tesserix_adk.run.recording import (
 from tesserix_adk.run.state import RunState
 from tesserix_adk.run.unsendable import invalid_arguments, masked, unsendable
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus
-from tesserix_adk.tools import ThreadReturned, Tool, ToolContext
+from tesserix_adk.tools import NotStarted, ThreadReturned, Tool, ToolContext
 
 __all__ = [
     "COMPLETE_TRIES",
@@ -376,6 +376,14 @@ async def _call_tool(
         await release_unsent(parts, run, attempt, oc.key)
         raise stop.error from None
     except ThreadReturned as cancelled:
+        if isinstance(cancelled.done.exception(), NotStarted):
+            # Cancelled while the call waited for a thread, which then refused to start
+            # it: nothing went out, so the claim goes (fenced: if the run was taken over,
+            # the taker decides the call).
+            attempt.sent_keys.discard(oc.key)
+            with contextlib.suppress(Exception):
+                await to_the_end(release_unsent(parts, run, attempt, oc.key))
+            raise
         # Cancelled while a sync tool ran, and its thread has returned: what it did is
         # known, so it is recorded (to the end, however often cancelled) and the
         # cancellation goes on, rather than leaving the call in doubt.

@@ -5,6 +5,7 @@ or error as the call's outcome."""
 from __future__ import annotations
 
 import base64
+import copy
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -16,9 +17,9 @@ from tesserix_adk.errors import AdkError, ToolOutcomeUnknownError
 from tesserix_adk.messages import ToolCall, ToolOutcome, int_as_text
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.stores.grouping import outside_scope
-from tesserix_adk.tools import Tool, ToolContext, accepts_ctx, call_maybe_async
+from tesserix_adk.tools import NotStarted, Tool, ToolContext, accepts_ctx, call_maybe_async
 
-__all__ = ["NotSent", "invoke", "result_content"]
+__all__ = ["NotSent", "error_text", "invoke", "result_content"]
 
 _log = logging.getLogger("tesserix_adk.runner")
 
@@ -50,7 +51,7 @@ async def invoke(
         stub = None if attempt.stubs is None else attempt.stubs.get(tool.name)
         if stub is not None:
             guard()
-            args = dict(call.arguments)
+            args = copy.deepcopy(dict(call.arguments))
             with outside_scope():
                 value = await call_maybe_async(
                     stub, args, ctx if accepts_ctx(stub) else None, thread=True
@@ -72,10 +73,28 @@ async def invoke(
         )
         exc.add_note(f"the call {tool.name} ({call.id}) is left in doubt, its claim in flight")
         raise
+    except NotStarted as exc:
+        if refused and exc.error is refused[0]:
+            raise NotSent(refused[0]) from None
+        return ToolOutcome(call_id=call.id, content=error_text(exc.error), is_error=True)
     except Exception as exc:
         if refused and exc is refused[0]:
             raise NotSent(refused[0]) from None
-        return ToolOutcome(call_id=call.id, content=f"{type(exc).__name__}: {exc}", is_error=True)
+        return ToolOutcome(call_id=call.id, content=error_text(exc), is_error=True)
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` of a tool's (or a reconciler's) exception, whatever its ``__str__``
+    does: the outcome of a call that ended by raising is known, and is recorded, even
+    when its exception cannot say what it is."""
+    try:
+        said = str(exc)
+    except Exception:
+        try:
+            said = f"(its text cannot be read) {exc!r}"
+        except Exception:
+            said = "(its text cannot be read)"
+    return f"{type(exc).__name__}: {said}"
 
 
 def result_content(result: Any) -> Any:
@@ -93,10 +112,23 @@ def result_content(result: Any) -> Any:
             content = to_jsonable_python(prepared, fallback=str)
         except UnicodeDecodeError:
             content = to_jsonable_python(prepared, fallback=str, bytes_mode="base64")
+        except Exception:
+            content = _last_text(result)  # a cycle pydantic refuses
+    except Exception:
+        content = _last_text(result)  # a value whose own str raises
     if isinstance(content, int) and not isinstance(content, bool):
         # Alone, as text: the model is told it alike first and from its record.
         return int_as_text(content)
     return content
+
+
+def _last_text(result: Any) -> str:
+    """A result nothing else can write, as text: its ``repr`` (which writes a cycle as
+    ``[...]``), or what it is when even that raises."""
+    try:
+        return repr(result)
+    except Exception:
+        return f"<a {type(result).__name__} that cannot be written as text>"
 
 
 def _as_text(value: Any, path: set[int]) -> Any:

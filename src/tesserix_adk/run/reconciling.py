@@ -24,7 +24,7 @@ from tesserix_adk.leases import NEVER_RAN_MARGIN, never_ran_wait
 from tesserix_adk.messages import ToolCall, ToolOutcome
 from tesserix_adk.reconcile import Reconciled, ReconciledAs
 from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.run.invoking import result_content
+from tesserix_adk.run.invoking import error_text, result_content
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.recording import redacted_record
 from tesserix_adk.stores.grouping import outside_scope
@@ -229,11 +229,10 @@ async def _ask(
     except (Exception, SystemExit) as exc:
         # A reconciler calling sys.exit() is user code failing, not the worker asked to end.
         _log.warning(
-            "run %s: the reconciler of %s failed (%s: %s); the call stays in doubt",
+            "run %s: the reconciler of %s failed (%s); the call stays in doubt",
             run_id,
             pc.describe(),
-            type(exc).__name__,
-            redactor.text(str(exc)),
+            redactor.text(error_text(exc)),
         )
         return Reconciled.unknown()
     if not isinstance(result, Reconciled):

@@ -31,7 +31,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.messages import ToolCall, ToolOutcome
 from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.run.invoking import result_content
+from tesserix_adk.run.invoking import error_text, result_content
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
@@ -265,4 +265,4 @@ def returned_outcome(call: ToolCall, cancelled: ThreadReturned) -> ToolOutcome |
         return ToolOutcome(call_id=call.id, content=result_content(cancelled.done.result()))
     if isinstance(error, ToolOutcomeUnknownError) or not isinstance(error, Exception):
         return None
-    return ToolOutcome(call_id=call.id, content=f"{type(error).__name__}: {error}", is_error=True)
+    return ToolOutcome(call_id=call.id, content=error_text(error), is_error=True)
