@@ -230,6 +230,21 @@ class Checkpointer:
         cursor.handle = expected
         cursor.persisted = len(frontier_messages)
 
+    def check_input(self, messages: Sequence[Message]) -> None:
+        """``CheckpointTooLargeError`` (not retryable) for a run's input no frontier could
+        hold: a message over ``max_bytes``, or, with the transcript inline (no history
+        store), messages that together are. Such a run would be carried with tombstones
+        only, its answer kept nowhere."""
+        entries = [encode_message(m, self.redactor) for m in messages]
+        sizes = [len(e) for e in entries] if self.history is not None else [sum(map(len, entries))]
+        for size in sizes:
+            if size > self.max_bytes:
+                raise CheckpointTooLargeError(
+                    f"an input of {size} bytes is over max_bytes={self.max_bytes}: no frontier "
+                    "of the run could hold it",
+                    retryable=False,
+                )
+
     def _encoded(
         self, frontier: Checkpoint, cursor: TranscriptCursor
     ) -> tuple[list[bytes], HistoryHandle | None, bytes]:
@@ -322,6 +337,22 @@ class Checkpointer:
         if not observation_refers(checkpoint.observation):
             return checkpoint.observation
         return resolve_observation(checkpoint.observation, await self.messages(checkpoint))
+
+    async def last_written_whole(self, checkpoint: Checkpoint) -> Checkpoint | None:
+        """``checkpoint``, or for a tombstone (a frontier refused as too large, which keeps
+        no transcript) the latest step before it that was written whole, where the store
+        keeps step snapshots; ``None`` when there is none to read. What an operator is
+        shown of such a run: the conversation as far as it was kept."""
+        if not checkpoint.is_tombstone:
+            return checkpoint
+        if not isinstance(self.store, StepHistory):
+            return None
+        kept = await self.steps(checkpoint.tenant, checkpoint.run_id)
+        for step in reversed([s for s in kept if s < checkpoint.step]):
+            earlier = await self.at(checkpoint.tenant, checkpoint.run_id, step)
+            if earlier is not None and not earlier.is_tombstone:
+                return earlier
+        return None
 
     async def messages(self, checkpoint: Checkpoint) -> list[Message]:
         """The transcript a frontier names, verified.

@@ -65,8 +65,17 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
             # "no such step".
             await checkpointer.at(tenant, run_id, step)
             raise NoCheckpointError(f"run {run_id!r} has no step {step} on record")
-    transcript = await checkpointer.messages(cp)
-    shown_until = _message_count(snapshots[-1]) if step is not None else len(transcript)
+    shown = snapshots[-1] if step is not None else cp
+    told_by = await checkpointer.last_written_whole(shown)
+    transcript = [] if told_by is None else await checkpointer.messages(told_by)
+    if told_by is not shown:
+        kept = (
+            "no step before it was written whole"
+            if told_by is None
+            else f"the conversation shown is step {told_by.step}'s, the last written whole"
+        )
+        not_kept.append(f"step {shown.step} is a tombstone ({shown.reason}): {kept}")
+    shown_until = _message_count(told_by) if told_by is not None else 0
     records = await stores.idempotency.records(tenant, run_id)
     calls = [r for r in records if r.tool is not None]
     fences = {s.step: s.fence for s in snapshots}

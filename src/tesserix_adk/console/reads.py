@@ -231,7 +231,10 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
     messages: tuple[Message, ...] = ()
     problem = None
     try:
-        messages = tuple(await checkpointer.messages(cp))
+        # A tombstone keeps no transcript: the conversation as far as it was kept.
+        told_by = await checkpointer.last_written_whole(cp)
+        if told_by is not None:
+            messages = tuple(await checkpointer.messages(told_by))
     except AdkError as exc:  # the rest of the page still helps the operator
         problem = damage(exc)
     approval = None

@@ -8,6 +8,7 @@ becomes the run's grants and the turn goes on as any other.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 
 from tesserix_adk.checkpoint.payload import (
@@ -18,7 +19,11 @@ from tesserix_adk.checkpoint.payload import (
     PendingApproval,
 )
 from tesserix_adk.checkpoint.redaction import Redactor
-from tesserix_adk.errors import CheckpointCorruptError, ConfigurationError
+from tesserix_adk.errors import (
+    CheckpointCorruptError,
+    CheckpointTooLargeError,
+    ConfigurationError,
+)
 from tesserix_adk.messages import ToolCall, refusal_of
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.run.frontier import write_frontier
@@ -47,6 +52,11 @@ __all__ = [
     "told_waiting",
     "whose",
 ]
+
+_log = logging.getLogger("tesserix_adk.runner")
+
+KIT_DECIDER = "tesserix (the run cannot go on)"
+"""Who an approval request the kit withdraws is decided by, in the approvals' audit."""
 
 
 async def ask_approval(
@@ -90,7 +100,7 @@ async def ask_approval(
         _grant(parts, run, request, calls, now_named=needing)
         return None
     pending = PendingApproval(id=request.id, calls=tuple(c.id for c in needing))
-    await write_frontier(
+    written = await write_frontier(
         parts,
         run,
         attempt,
@@ -99,7 +109,33 @@ async def ask_approval(
         status=CheckpointStatus.waiting_approval,
         pending=pending,
     )
+    if written is False:
+        await _refuse_too_large(parts, run, request)
     return run.result(RunStatus.waiting_approval, fence=attempt.fence, pending_approval=request)
+
+
+async def _refuse_too_large(parts: RunParts, run: RunState, request: ApprovalRequest) -> None:
+    """A frontier asking for approval refused as too large: a tombstone stands in its
+    place and no resume can act on the decision, so the run stops here, typed and final,
+    and the request is withdrawn (denied by the kit, saying why) rather than left for a
+    person whose approval nothing would carry out. (Any other failure to write it leaves
+    the run resumable from its last frontier, which asks for the same request again.)"""
+    error = None if parts.checkpoints is None else parts.checkpoints.last_error
+    if not isinstance(error, CheckpointTooLargeError):
+        return
+    why = (
+        f"the frontier asking for approval of {', '.join(c.name for c in request.calls)} is "
+        f"too large to write ({error}); nothing was sent, a tombstone stands in its place and "
+        "the run cannot be carried on: start it again with smaller arguments"
+    )
+    assert parts.approvals is not None
+    try:
+        await parts.approvals.decide(
+            run.tenant, request.id, approved=False, by=KIT_DECIDER, note=why
+        )
+    except Exception as exc:  # the refusal below is what matters; the request stays
+        _log.warning("run %s: approval request %s not withdrawn: %r", run.run_id, request.id, exc)
+    raise CheckpointTooLargeError(why, retryable=False) from error
 
 
 async def take_decision(

@@ -54,6 +54,10 @@ __all__ = [
     "request_cancel",
 ]
 
+REASON_CHARS = 4000
+"""How much of a cancel's reason its cancelled frontier carries (the request keeps it all),
+as a grant carries an approval's note (``approvals.GRANT_NOTE_CHARS``)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelRequest:
@@ -64,8 +68,16 @@ class CancelRequest:
     reason: str | None = None
 
     def describe(self) -> str:
-        """``cancelled by <by>[: <reason>]``."""
-        return f"cancelled by {self.by}" + (f": {self.reason}" if self.reason else "")
+        """``cancelled by <by>[: <reason>]``, the reason cut at ``REASON_CHARS`` saying how
+        much more the request keeps: it is the cancelled frontier's output, and a long one
+        would make that frontier too large to write (a tombstone, not a cancelled run)."""
+        if not self.reason:
+            return f"cancelled by {self.by}"
+        reason = self.reason
+        if len(reason) > REASON_CHARS:
+            rest = len(reason) - REASON_CHARS
+            reason = f"{reason[:REASON_CHARS]}… ({rest} characters more in the cancel request)"
+        return f"cancelled by {self.by}: {reason}"
 
 
 def cancel_key(tenant: str, run_id: str) -> str:

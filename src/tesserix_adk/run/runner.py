@@ -28,6 +28,7 @@ from tesserix_adk.checkpoint.planning import (
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import (
     CheckpointError,
+    CheckpointTooLargeError,
     ConfigurationError,
     LeaseHeldError,
     NoCheckpointError,
@@ -207,7 +208,8 @@ class AgentRunner:
 
         Submitting an id the run already has (submitted, started or finished) is a no-op
         that returns it, so a client that retries its request makes one run. The input is
-        stored redacted, like everything the kit stores.
+        stored redacted, like everything the kit stores. An input no frontier could hold
+        (over ``max_bytes``) is refused, ``CheckpointTooLargeError``, nothing recorded.
         """
         self._check_agent(agent)
         work = self._require_work()
@@ -215,9 +217,10 @@ class AgentRunner:
         check_ids(tenant=tenant, run_id=run_id)
         if self.checkpoints is not None and await self.checkpoints.store.latest(tenant, run_id):
             return run_id
-        data = encode_submission(
-            without_secret_ids(as_messages(input), self.redactor), state, self.redactor
-        )
+        messages = without_secret_ids(as_messages(input), self.redactor)
+        if self.checkpoints is not None:
+            self.checkpoints.check_input(messages)
+        data = encode_submission(messages, state, self.redactor)
         await work.submit(tenant, run_id, agent=agent.name, input=data)
         return run_id
 
@@ -488,6 +491,12 @@ class AgentRunner:
             return None  # the holder finds the request at its next boundary
         if self.work is not None:
             await self.work.done(tenant, run_id)
+        if cp is not None and cp.is_tombstone:
+            raise CheckpointTooLargeError(
+                f"run {run_id!r} cannot be carried on (its latest frontier, step {cp.step}, is "
+                f"a tombstone: {cp.reason}), so nothing more is sent; the cancel is recorded",
+                retryable=False,
+            )
         return None if cp is None else finished_run(cp)
 
     # --- the work index and reconcilers ------------------------------------------------
