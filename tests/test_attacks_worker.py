@@ -32,7 +32,7 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.cli.main import main as tesserix
-from tesserix_adk.errors import ConfigurationError, StoreUnavailableError
+from tesserix_adk.errors import CheckpointTooLargeError, ConfigurationError, StoreUnavailableError
 from tesserix_adk.run import reconciling
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.stores.bundle import Stores
@@ -307,14 +307,25 @@ async def test_submit_keeps_no_secret_of_the_state() -> None:
     assert stored is not None and secret.encode() not in stored
 
 
-async def test_a_large_input_submitted_is_started_as_given() -> None:
+async def test_a_large_input_submitted_is_started_as_given_or_refused_whole() -> None:
+    """Never cut: an input some frontier can hold is started as given; one none could
+    (over ``max_bytes``) is refused at submit, typed and final, nothing recorded (carried,
+    it would leave only tombstones and its answer kept nowhere)."""
     stores, airline = _stores(), Airline()
     agent = _agent(airline)
     runner = _runner(stores, max_bytes=16 * 1024)
-    await runner.submit(agent, "x" * (64 * 1024), tenant=T, run_id="r1")
+    with pytest.raises(CheckpointTooLargeError) as refused:
+        await runner.submit(agent, "x" * (64 * 1024), tenant=T, run_id="big")
+    assert refused.value.retryable is False
+    assert stores.work is not None and await stores.work.entry(T, "big") is None
+    await runner.submit(agent, "x" * (12 * 1024), tenant=T, run_id="r1")
     worker = await _work_until_idle(stores, agent, runner=_runner(stores, max_bytes=16 * 1024))
     assert [how for _, how in worker.carried] == [Carried.finished]
     assert len(airline.bookings) == 1
+    started = await _runner(stores).checkpoints.at(T, "r1", 1)  # type: ignore[union-attr]
+    assert started is not None
+    messages = await _runner(stores).checkpoints.messages(started)  # type: ignore[union-attr]
+    assert messages[0].text == "x" * (12 * 1024)
 
 
 # No NUL: a run id holding one is refused on every store (tests/adapters/test_nul_text.py).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -106,20 +107,25 @@ def result_content(result: Any) -> Any:
     one value that is not UTF-8 makes all their bytes base64 (URL-safe)."""
     try:
         content = to_jsonable_python(result, fallback=str)
-    except (UnicodeDecodeError, ValueError):
-        prepared = _as_text(result, set())
-        try:
-            content = to_jsonable_python(prepared, fallback=str)
-        except UnicodeDecodeError:
-            content = to_jsonable_python(prepared, fallback=str, bytes_mode="base64")
-        except Exception:
-            content = _last_text(result)  # a cycle pydantic refuses
     except Exception:
-        content = _last_text(result)  # a value whose own str raises
+        content = _written_otherwise(result)
     if isinstance(content, int) and not isinstance(content, bool):
         # Alone, as text: the model is told it alike first and from its record.
         return int_as_text(content)
     return content
+
+
+def _written_otherwise(result: Any) -> Any:
+    """What pydantic would not write as it came: its bytes and huge ints made text first;
+    failing that (a cycle, a value whose own ``str`` raises), its text (``_last_text``)."""
+    try:
+        prepared = _as_text(result, set())
+        try:
+            return to_jsonable_python(prepared, fallback=str)
+        except UnicodeDecodeError:
+            return to_jsonable_python(prepared, fallback=str, bytes_mode="base64")
+    except Exception:
+        return _last_text(result)
 
 
 def _last_text(result: Any) -> str:
@@ -147,10 +153,19 @@ def _as_text(value: Any, path: set[int]) -> Any:
     path.add(id(value))
     try:
         if isinstance(value, Mapping):
-            return {_as_text(k, path): _as_text(v, path) for k, v in value.items()}
+            return {_as_key(k, path): _as_text(v, path) for k, v in value.items()}
         return [_as_text(v, path) for v in value]
     finally:
         path.discard(id(value))
+
+
+def _as_key(key: Any, path: set[int]) -> Any:
+    """A dict key made text as ``_as_text`` makes values, and still a key: a tuple of
+    bytes (a leg and a page) made a list cannot be one, so it is its JSON text."""
+    made = _as_text(key, path)
+    if isinstance(made, list):
+        return json.dumps(made, ensure_ascii=False, default=str)
+    return made
 
 
 def _stub_result(value: Any) -> Any:

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.checkpoint.checkpointer import Checkpointer
+from tesserix_adk.checkpoint.checkpointer import Checkpointer, state_to_json
 from tesserix_adk.checkpoint.payload import Checkpoint
-from tesserix_adk.checkpoint.payload.submission import encode_submission
+from tesserix_adk.checkpoint.payload.submission import decode_submission, encode_submission
 from tesserix_adk.checkpoint.planning import (
     ResumePlan,
     plan_resume,
@@ -220,7 +220,7 @@ class AgentRunner:
         messages = without_secret_ids(as_messages(input), self.redactor)
         if self.checkpoints is not None:
             self.checkpoints.check_input(messages)
-        data = encode_submission(messages, state, self.redactor)
+        data = self._submission(agent, messages, state)
         await work.submit(tenant, run_id, agent=agent.name, input=data)
         return run_id
 
@@ -526,13 +526,30 @@ class AgentRunner:
         if self.work is None:
             return
         try:
-            data = encode_submission(run.messages, run.state, self.redactor)
+            data = self._submission(run.agent, run.messages, run.state)
         except CheckpointError as exc:
             _log.warning(
                 "run %s/%s: its input is not kept for a worker: %s", run.tenant, run.run_id, exc
             )
             return
-        await self.work.submit(run.tenant, run.run_id, agent=run.agent.name, input=data)
+        if await self.work.submit(run.tenant, run.run_id, agent=run.agent.name, input=data):
+            return
+        # Submitted before: a worker starting it brings that input; another one would have
+        # the run carried on one input or the other depending on whether this process dies.
+        stored = await self.work.input(run.tenant, run.run_id)
+        if stored is None or stored == data:
+            return
+        kept = decode_submission(stored)
+        if self._submission(run.agent, kept.messages, kept.state) != data:
+            raise RunStartedError(
+                f"run {run.run_id!r} was submitted with another input; a worker starts it "
+                "from that submission (start a new run for this input)"
+            )
+
+    def _submission(self, agent: Agent, messages: Sequence[Message], state: Any) -> bytes:
+        """A run's input as a submission keeps it: redacted, its state as the frontier
+        keeps it (``CheckpointError`` for one that cannot be)."""
+        return encode_submission(messages, state_to_json(state, agent.state_schema), self.redactor)
 
     async def _wanted(self, tenant: str, run_id: str, agent: Agent) -> None:
         """The run is being carried: if its carrier dies, a worker carries it on. (A worker
