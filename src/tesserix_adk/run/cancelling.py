@@ -36,7 +36,7 @@ from tesserix_adk.checkpoint.payload import (
     record_tag,
 )
 from tesserix_adk.checkpoint.redaction import Redactor
-from tesserix_adk.errors import CheckpointCorruptError, StoreUnavailableError
+from tesserix_adk.errors import CheckpointCorruptError, ConfigurationError, StoreUnavailableError
 from tesserix_adk.messages import ToolOutcome
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.state import RunState
@@ -57,6 +57,13 @@ __all__ = [
 REASON_CHARS = 4000
 """How much of a cancel's reason its cancelled frontier carries (the request keeps it all),
 as a grant carries an approval's note (``approvals.GRANT_NOTE_CHARS``)."""
+
+REASON_MAX_CHARS = 100_000
+"""The longest reason a cancel request keeps: written out as JSON (6 bytes a character at
+worst), it stays under an outcome's 1 MiB cap."""
+
+BY_CHARS = 512
+"""The longest name of who cancels: it goes whole into the cancelled frontier."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,7 +102,18 @@ async def request_cancel(
     reason: str | None,
     redactor: Redactor,
 ) -> CancelRequest:
-    """Record the request (the first one stands: asking again returns it)."""
+    """Record the request (the first one stands: asking again returns it). A ``by`` past
+    ``BY_CHARS`` or a reason past ``REASON_MAX_CHARS`` is refused, ``ConfigurationError``,
+    nothing recorded: the request is a record of at most 1 MiB, read at every boundary."""
+    if len(by) > BY_CHARS:
+        raise ConfigurationError(
+            f"who cancels is named in {len(by)} characters; a name is at most {BY_CHARS}"
+        )
+    if reason is not None and len(reason) > REASON_MAX_CHARS:
+        raise ConfigurationError(
+            f"the cancel's reason is {len(reason)} characters long; a reason is at most "
+            f"{REASON_MAX_CHARS}"
+        )
     key = cancel_key(tenant, run_id)
     # Who asked is kept as the request's holder too: a NUL in it, which PostgreSQL's text
     # cannot keep, is written ``\x00`` on every store alike.
