@@ -118,14 +118,21 @@ import textwrap
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from mcp_tools.servers import SERVER, Effects, JsonHttpHandler, _wait_accepting, free_port, stdio
+from mcp_tools.servers import (
+    SERVER,
+    Effects,
+    JsonHttpHandler,
+    QuietHTTPServer,
+    _wait_accepting,
+    free_port,
+    stdio,
+)
 from mcp_tools.test_attacks_mcp_reach_again import BOOK_SEAT, LOOK, _lose, _switched
 from tesserix_adk import (
     Agent,
@@ -291,7 +298,7 @@ class _Stateful(JsonHttpHandler):
 
 @contextlib.contextmanager
 def _stateful() -> Iterator[Any]:
-    server: Any = ThreadingHTTPServer(("127.0.0.1", 0), _Stateful)
+    server: Any = QuietHTTPServer(("127.0.0.1", 0), _Stateful)
     server.daemon_threads = True
     server.sessions, server.numbers, server.calls = set(), itertools.count(), []
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02})

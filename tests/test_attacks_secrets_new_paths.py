@@ -40,13 +40,12 @@ import io
 import json
 import sqlite3
 import threading
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mcp_tools.servers import JsonHttpHandler
+from mcp_tools.servers import JsonHttpHandler, QuietHTTPServer
 from run.helpers import Asks
 from run.shared_key import T, booking, crashes
 from tesserix_adk import Agent, AgentRunner, LeasePolicy, RunStatus, ToolCall, open_stores, tool
@@ -274,7 +273,7 @@ def test_an_mcp_server_refusing_the_connection_is_named_without_its_credentials(
     from tesserix_adk.mcp import MCPToolset, MCPUnavailableError
 
     handler = type("H", (_Refusing,), {"status": status})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = QuietHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
     url = (

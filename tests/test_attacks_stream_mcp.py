@@ -16,13 +16,12 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mcp_tools.servers import Effects, JsonHttpHandler, stdio
+from mcp_tools.servers import Effects, JsonHttpHandler, QuietHTTPServer, stdio
 from providers.fake_server import (
     ModelServer,
     Reply,
@@ -637,7 +636,7 @@ class _HttpMCP(JsonHttpHandler):
 
 @contextlib.contextmanager
 def _http_mcp(mode: str) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _HttpMCP)
+    server = QuietHTTPServer(("127.0.0.1", 0), _HttpMCP)
     calls: list[dict[str, Any]] = []
     server.calls, server.mode = calls, mode  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02})

@@ -70,13 +70,13 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mcp_tools.servers import SERVER, Effects, free_port, stdio
+from mcp_tools.servers import SERVER, Effects, QuietHTTPServer, free_port, stdio
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -346,7 +346,7 @@ class _HttpMCP(BaseHTTPRequestHandler):
 
 @contextlib.contextmanager
 def _http_mcp(mode: str) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _HttpMCP)
+    server = QuietHTTPServer(("127.0.0.1", 0), _HttpMCP)
     calls: list[dict[str, Any]] = []
     server.calls, server.mode = calls, mode  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02})

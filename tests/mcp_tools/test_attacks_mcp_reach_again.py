@@ -62,13 +62,12 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mcp_tools.servers import SERVER, Effects, JsonHttpHandler, free_port
+from mcp_tools.servers import SERVER, Effects, JsonHttpHandler, QuietHTTPServer, free_port
 from mcp_tools.test_attacks_mcp_crashes import Seeing, _record
 from mcp_tools.test_attacks_mcp_fixes import _process, _until
 from tesserix_adk import (
@@ -332,7 +331,7 @@ class Switched:
 
 @contextlib.contextmanager
 def _switched() -> Iterator[Switched]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Switched)
+    server = QuietHTTPServer(("127.0.0.1", 0), _Switched)
     server.daemon_threads = True
     server.mode, server.calls, server.hang, server.big = "", [], 0.0, 0  # type: ignore[attr-defined]
     server.tools = [BOOK_SEAT, LOOK]  # type: ignore[attr-defined]
