@@ -32,6 +32,7 @@ from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
     CheckpointError,
+    CheckpointFormatError,
     CheckpointTooLargeError,
     HistoryUnavailableError,
     LeaseLostError,
@@ -340,8 +341,8 @@ class Checkpointer:
 
     async def last_written_whole(self, checkpoint: Checkpoint) -> Checkpoint | None:
         """``checkpoint``, or for a tombstone (a frontier refused as too large, which keeps
-        no transcript) the latest step before it that was written whole, where the store
-        keeps step snapshots; ``None`` when there is none to read. What an operator is
+        no transcript) the latest step before it that was written whole and reads, where
+        the store keeps step snapshots; ``None`` when there is none to read. What an operator is
         shown of such a run: the conversation as far as it was kept."""
         if not checkpoint.is_tombstone:
             return checkpoint
@@ -349,7 +350,10 @@ class Checkpointer:
             return None
         kept = await self.steps(checkpoint.tenant, checkpoint.run_id)
         for step in reversed([s for s in kept if s < checkpoint.step]):
-            earlier = await self.at(checkpoint.tenant, checkpoint.run_id, step)
+            try:
+                earlier = await self.at(checkpoint.tenant, checkpoint.run_id, step)
+            except (CheckpointCorruptError, CheckpointFormatError):
+                continue  # a damaged step tells nothing; an earlier one may
             if earlier is not None and not earlier.is_tombstone:
                 return earlier
         return None

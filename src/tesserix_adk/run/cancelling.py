@@ -58,9 +58,10 @@ REASON_CHARS = 4000
 """How much of a cancel's reason its cancelled frontier carries (the request keeps it all),
 as a grant carries an approval's note (``approvals.GRANT_NOTE_CHARS``)."""
 
-REASON_MAX_CHARS = 100_000
-"""The longest reason a cancel request keeps: written out as JSON (6 bytes a character at
-worst), it stays under an outcome's 1 MiB cap."""
+REASON_MAX_CHARS = 50_000
+"""The longest reason a cancel request keeps: written out as JSON (12 bytes a character at
+worst, an astral one written as two escaped halves when the text holds a lone surrogate), it
+stays under an outcome's 1 MiB cap."""
 
 BY_CHARS = 512
 """The longest name of who cancels: it goes whole into the cancelled frontier."""

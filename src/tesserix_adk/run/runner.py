@@ -539,8 +539,12 @@ class AgentRunner:
         stored = await self.work.input(run.tenant, run.run_id)
         if stored is None or stored == data:
             return
+        # A worker starting it passes the submission's messages, which come through
+        # ``without_secret_ids`` once more here (a replaced call id is replaced again): the
+        # stored ones are compared as they would come through.
         kept = decode_submission(stored)
-        if self._submission(run.agent, kept.messages, kept.state) != data:
+        again = without_secret_ids(kept.messages, self.redactor)
+        if self._submission(run.agent, again, kept.state) != data:
             raise RunStartedError(
                 f"run {run.run_id!r} was submitted with another input; a worker starts it "
                 "from that submission (start a new run for this input)"
