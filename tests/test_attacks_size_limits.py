@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import re
 import sqlite3
 import subprocess
@@ -368,9 +369,12 @@ async def test_cancelling_a_tombstoned_run_answers_typed(tmp_path: Path) -> None
     done = await asyncio.to_thread(
         subprocess.run, command, capture_output=True, text=True, timeout=60
     )
-    err = done.stderr
-    assert done.returncode == ExitCode.MUST_NOT_CARRY_ON, (done.returncode, done.stdout, err)
-    assert "tombstone" in err and err.count("\n") == 1 and "Traceback" not in err
+    # The operator's decision is taken (recorded), and the line says the run cannot be
+    # carried on anyway: not a refusal.
+    assert done.returncode == ExitCode.CARRIED_ON, (done.returncode, done.stdout, done.stderr)
+    said = done.stdout
+    assert "recorded" in said and "tombstone" in said and "cannot be carried on" in said, said
+    assert said.count("\n") == 1 and done.stderr == ""
     assert desk.sent == ["small"]
 
 
@@ -456,3 +460,15 @@ async def test_a_transcript_whose_entries_were_evicted_fails_the_resume_closed_a
             await again.resume(desk.agent(), "r", tenant=T)
         assert model.requests == []
     assert desk.sent == ["one", "two"]
+
+
+async def test_inspect_json_of_a_tombstoned_run_says_it_cannot_be_carried_on(
+    tmp_path: Path,
+) -> None:
+    """Found by the console's attack: a tombstone plans nothing, and ``safe`` read true."""
+    url = _url(tmp_path)
+    await _tombstoned(url, Desk())
+    code, out, err = await _cli(url, "inspect", "r", "--tenant", T, "--json")
+    assert code == ExitCode.CARRIED_ON, err
+    told = json.loads(out)
+    assert told["status"] == "tombstone" and told["safe"] is False, told

@@ -160,7 +160,8 @@ def inspect_json(
         "carried_by": None if cp.carried_by is None else str(cp.carried_by),
         "lease": lease_json(lease),
         "resume_claim": claim_json(claim),
-        "safe": plan.safe,
+        # A tombstone plans nothing, yet no resume carries it on.
+        "safe": plan.safe and not cp.is_tombstone,
         "calls": [
             {
                 "tool": p.tool,

@@ -30,7 +30,7 @@ from tesserix_adk.cli.failures import ExitCode, UsageError
 from tesserix_adk.cli.jsonout import emit, json_text
 from tesserix_adk.cli.loading import built_provider, load_agent
 from tesserix_adk.cli.text import escaped
-from tesserix_adk.errors import NoCheckpointError
+from tesserix_adk.errors import CheckpointTooLargeError, NoCheckpointError
 from tesserix_adk.leases import LeasePolicy
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.ids import check_ids
@@ -177,7 +177,13 @@ async def _cancel(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exit
             f"nothing is checkpointed or submitted under run {args.run!r} for tenant "
             f"{args.tenant!r}"
         )
-    run = await runner.cancel(args.run, tenant=args.tenant, by=args.by, reason=args.reason)
+    unrecoverable: CheckpointTooLargeError | None = None
+    try:
+        run = await runner.cancel(args.run, tenant=args.tenant, by=args.by, reason=args.reason)
+    except CheckpointTooLargeError as exc:
+        # A tombstoned run: the cancel is recorded (what was asked), and it says the run
+        # cannot be carried on anyway. Not a refusal of the decision.
+        run, unrecoverable = None, exc
     # The first request stands (asking again records nothing): say whose it is.
     standing = await cancel_requested(stores.idempotency, args.tenant, args.run)
     by = args.by if standing is None else standing.by
@@ -187,7 +193,13 @@ async def _cancel(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exit
         reason = None if args.reason is None else runner.redactor.text(args.reason)
     shown = escaped(args.run)
     held = run is None and await stores.leases.current(args.tenant, args.run) is not None
-    if run is None and (known is not None or held):
+    if unrecoverable is not None:
+        state = "recorded_cannot_carry_on"
+        said = (
+            f"cancel of run {shown} recorded, by {escaped(by)}; "
+            f"{escaped(runner.redactor.text(str(unrecoverable)))}"
+        )
+    elif run is None and (known is not None or held):
         state = "requested"
         said = (
             f"cancel of run {shown} recorded, by {escaped(by)}; the worker holding it "

@@ -158,6 +158,8 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
         )
         for m in d.messages
     ]
+    if d.told_from is not None:
+        messages.insert(0, render("message.html", role="not kept", content=d.told_from, calls=""))
     if d.transcript_problem is not None:
         messages.append(
             render("message.html", role="unreadable", content=d.transcript_problem, calls="")
@@ -211,7 +213,8 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
         lease=_held(d.lease),
         output=cp.output or "-",
         reason=cp.reason or "-",
-        safe="yes" if d.plan.safe else "no",
+        # A tombstone plans nothing, yet no resume carries it on.
+        safe="yes" if d.plan.safe and not cp.is_tombstone else "no",
         parked=parked,
         approval=approval,
         plan_rows=join(plan_rows),

@@ -125,6 +125,8 @@ class RunDetail:
     entry_problem: str | None = None
     # Why its step snapshots cannot be listed (a store keeping none), or ``None``.
     steps_problem: str | None = None
+    # For a tombstone (no transcript of its own): whose conversation is shown, in words.
+    told_from: str | None = None
 
 
 def key_digest(key: str | None) -> str:
@@ -230,11 +232,18 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
         return None
     messages: tuple[Message, ...] = ()
     problem = None
+    told_from = None
     try:
         # A tombstone keeps no transcript: the conversation as far as it was kept.
         told_by = await checkpointer.last_written_whole(cp)
         if told_by is not None:
             messages = tuple(await checkpointer.messages(told_by))
+        if told_by is not cp:
+            told_from = f"step {cp.step} is a tombstone ({cp.reason}): " + (
+                "no step before it was written whole"
+                if told_by is None
+                else f"the conversation shown is step {told_by.step}'s, the last written whole"
+            )
     except AdkError as exc:  # the rest of the page still helps the operator
         problem = damage(exc)
     approval = None
@@ -270,6 +279,7 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
         steps_problem=steps_problem,
         messages=messages,
         transcript_problem=problem,
+        told_from=told_from,
     )
 
 

@@ -1,12 +1,15 @@
 """Rendering the console's HTML templates (package files, ``string.Template`` syntax).
 
 Every value is HTML-escaped unless it is ``Markup`` (HTML this package rendered itself), so
-an id, a note or a tool argument can never add markup to a page.
+an id, a note or a tool argument can never add markup to a page; its bidirectional controls
+are written as escapes (``\\u202e``), as the CLI writes them, so none can make a name or a
+reason read backwards.
 """
 
 from __future__ import annotations
 
 import html
+import re
 import string
 from functools import lru_cache
 from importlib.resources import files
@@ -35,5 +38,10 @@ def join(parts: list[Markup]) -> Markup:
     return Markup("".join(parts))
 
 
+# Marks and overrides that reorder what follows them (U+061C, U+200E/F, U+202A-E, U+2066-9).
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
 def _text(value: object) -> str:
-    return "" if value is None else str(value)
+    text = "" if value is None else str(value)
+    return _BIDI.sub(lambda m: repr(m.group())[1:-1], text)

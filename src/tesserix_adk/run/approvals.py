@@ -126,7 +126,8 @@ async def _refuse_too_large(parts: RunParts, run: RunState, request: ApprovalReq
     why = (
         f"the frontier asking for approval of {', '.join(c.name for c in request.calls)} is "
         f"too large to write ({error}); nothing was sent, a tombstone stands in its place and "
-        "the run cannot be carried on: start it again with smaller arguments"
+        f"the run cannot be carried on (approval request {request.id} is withdrawn): start "
+        "it again with smaller arguments"
     )
     assert parts.approvals is not None
     try:
