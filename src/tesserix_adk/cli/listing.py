@@ -20,10 +20,9 @@ from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import CheckpointStatus
-from tesserix_adk.checkpoint.planning import left_open
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import emit, lease_json, when
-from tesserix_adk.cli.reasons import blocked, failure_reason, waits
+from tesserix_adk.cli.reasons import blocked, failure_reason, open_calls, waits
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.run.entries import damage, parked_entries
@@ -190,10 +189,10 @@ async def _rows(
         park = parked.get(run_id)
         # A run that ended may have left a call in doubt (cancelled while its reply was
         # lost): it waits for `tesserix resolve` as an unfinished one does.
-        open_calls = in_flight if not cp.status.finished else sum(map(left_open, records))
+        left = open_calls(records, finished=cp.status.finished)
         stuck = blocked(cp, park, revision)
         if args.stuck and not waits(
-            parked=park is not None, open_calls=open_calls, lease=lease, blocked=stuck
+            parked=park is not None, open_calls=left, lease=lease, blocked=stuck
         ):
             continue
         rows.append(

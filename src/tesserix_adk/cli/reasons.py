@@ -3,12 +3,15 @@ run cannot be carried on (and what it would need), for ``inspect``, ``show`` and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
+from tesserix_adk.checkpoint.planning import left_open
 from tesserix_adk.errors import CheckpointCorruptError, NoCheckpointError, RevisionMismatchError
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.entries import damage, shown_entry
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.protocols import RunLease, WorkItem, WorkState
+from tesserix_adk.stores.protocols import IdempotencyRecord, RunLease, WorkItem, WorkState
 from tesserix_adk.worker_parking import parked_for
 
 __all__ = ["blocked", "failure_reason", "no_frontier", "parked_item", "waits"]
@@ -73,9 +76,22 @@ async def parked_item(stores: Stores, tenant: str, run_id: str) -> WorkItem | No
     return shown_entry(item) if item is not None and item.state is WorkState.parked else None
 
 
+def open_calls(records: Iterable[IdempotencyRecord], *, finished: bool) -> int:
+    """The calls a run leaves open for a person, as ``waits`` counts them: of an ended run,
+    the ones ``left_open`` says; of one still to be carried on, the calls in flight a resume
+    cannot send again (a tool with side effects that does not deduplicate). A run whose
+    open calls are all safe to send again is carried on by a worker, nobody asked."""
+    if finished:
+        return sum(map(left_open, records))
+    return sum(
+        1 for r in records if left_open(r) and not (r.flags is not None and r.flags.idempotent)
+    )
+
+
 def waits(*, parked: bool, open_calls: int, lease: RunLease | None, blocked: str | None) -> bool:
     """Whether a run waits for a person (``runs --stuck``, the console's "stuck"): parked,
-    calls left open with nobody holding the run, or ``blocked`` (no worker carries it on)."""
+    calls left open (``open_calls``) with nobody holding the run, or ``blocked`` (no worker
+    carries it on)."""
     return parked or (open_calls > 0 and lease is None) or blocked is not None
 
 

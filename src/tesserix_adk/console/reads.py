@@ -14,8 +14,8 @@ from typing import Any
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
-from tesserix_adk.checkpoint.planning import ResumePlan, left_open, plan_as_told
-from tesserix_adk.cli.reasons import blocked, waits
+from tesserix_adk.checkpoint.planning import ResumePlan, plan_as_told
+from tesserix_adk.cli.reasons import blocked, open_calls, waits
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
@@ -68,7 +68,7 @@ class RunSummary:
     step: int = 0
     written_at: float | None = None
     in_flight: int = 0
-    # Of those, the calls of side-effecting tools that do not deduplicate (``left_open``).
+    # The calls it leaves open for a person (``cli.reasons.open_calls``).
     in_doubt: int = 0
     lease: RunLease | None = None
     parked: str | None = None
@@ -84,10 +84,9 @@ class RunSummary:
     @property
     def stuck(self) -> bool:
         """Whether it waits for a person, as ``tesserix runs --stuck`` tells (``waits``)."""
-        open_calls = self.in_doubt if self.finished else self.in_flight
         return waits(
             parked=self.parked is not None,
-            open_calls=open_calls,
+            open_calls=self.in_doubt,
             lease=self.lease,
             blocked=self.blocked,
         )
@@ -171,7 +170,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             in_flight=sum(
                 1 for r in records if r.tool is not None and r.status is RecordStatus.in_flight
             ),
-            in_doubt=sum(map(left_open, records)),
+            in_doubt=open_calls(records, finished=cp.status.finished),
             lease=lease,
             parked=None if park is None else (park.reason or ""),
             pending_approval=None if cp.pending_approval is None else cp.pending_approval.id,
