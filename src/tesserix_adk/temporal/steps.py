@@ -106,8 +106,11 @@ async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder:
                 return _ended(cp.status.value, cp.output, cp.iteration)
             plan = await plan_resume(cp, runner.idempotency)
             await restore(checkpoints, runner.ledger, run, attempt, cp, plan)
-            if step.resumed and not nothing_ran_since_approval_asked(cp, plan):
-                # The closed execution may have sent a call no key records: never again.
+            # A frontier an earlier carrier wrote (a closed execution, or a kit process
+            # whose run this execution adopts: no carrier named): that carrier may have
+            # sent a call no key records: never again.
+            adopted = step.resumed or cp.carried_by is None
+            if adopted and not nothing_ran_since_approval_asked(cp, plan):
                 unkeyed = [p for p in plan.indeterminate if p.key is None]
                 if unkeyed:
                     refuse_if_undecidable(ResumePlan(indeterminate=tuple(unkeyed)))
