@@ -310,23 +310,28 @@ class Worker(Parking):
             if started is not None:
                 return self._ended(item, started, "started")
         _log.info("run %s/%s: carrying it on", item.tenant, item.run_id)
+        held: list[bool] = []
         try:
             result = await self.runner.resume(
-                agent, item.run_id, tenant=item.tenant, stop=self._stop, on_event=progress
+                agent,
+                item.run_id,
+                tenant=item.tenant,
+                stop=self._stop,
+                on_event=progress,
+                on_frontier=lambda *_: held.append(True),
             )
-        except NOT_TAKEN:
-            raise  # held elsewhere: nothing was taken over
-        except Exception:
-            self._took_over(item)  # held, then stopped (a call in doubt, say): taken over
-            raise
-        self._took_over(item)
+        finally:
+            # Its frontier was read and planned under the run's lease, whatever came of
+            # it then (a call in doubt refused, say): taken over. Not before: a take
+            # refused as held elsewhere, or failing on the store first, took nothing.
+            if held:
+                self._took_over(item)
         return self._ended(item, result, "carried on")
 
     def _took_over(self, item: WorkItem) -> None:
         """Count a takeover of a run this worker's resume held: one wanted with no failure
         noted, started, unfinished and unheld, whose holder died or let go without
-        finishing. (A take refused as held elsewhere took nothing over, and a worker's retry
-        of a run that failed, its reason noted, is its own.)"""
+        finishing. (A worker's retry of a run that failed, its reason noted, is its own.)"""
         if self.telemetry is not None and item.state is WorkState.wanted and item.reason is None:
             self.telemetry.took_over(item.agent)
 

@@ -189,7 +189,7 @@ async def _rows(
         park = parked.get(run_id)
         # A run that ended may have left a call in doubt (cancelled while its reply was
         # lost): it waits for `tesserix resolve` as an unfinished one does.
-        left = open_calls(records, finished=cp.status.finished)
+        left = open_calls(records, finished=cp.status.finished, frontier=cp)
         stuck = blocked(cp, park, revision)
         if args.stuck and not waits(
             parked=park is not None, open_calls=left, lease=lease, blocked=stuck

@@ -76,15 +76,23 @@ async def parked_item(stores: Stores, tenant: str, run_id: str) -> WorkItem | No
     return shown_entry(item) if item is not None and item.state is WorkState.parked else None
 
 
-def open_calls(records: Iterable[IdempotencyRecord], *, finished: bool) -> int:
+def open_calls(
+    records: Iterable[IdempotencyRecord], *, finished: bool, frontier: Checkpoint | None = None
+) -> int:
     """The calls a run leaves open for a person, as ``waits`` counts them: of an ended run,
     the ones ``left_open`` says; of one still to be carried on, the calls in flight a resume
-    cannot send again (a tool with side effects that does not deduplicate). A run whose
-    open calls are all safe to send again is carried on by a worker, nobody asked."""
+    cannot send again: not sent as safe to send again (read-only or idempotent; a record
+    without flags is taken as sent safe, as the plan takes it), or whose arguments
+    ``frontier`` holds redacted. A run whose open calls are all safe to send again is
+    carried on by a worker, nobody asked."""
     if finished:
         return sum(map(left_open, records))
+    redacted = set() if frontier is None else {o.key for o in frontier.outstanding if o.redacted}
     return sum(
-        1 for r in records if left_open(r) and not (r.flags is not None and r.flags.idempotent)
+        1
+        for r in records
+        if left_open(r)
+        and (r.key in redacted or (r.flags is not None and not r.flags.safe_to_resend))
     )
 
 

@@ -170,7 +170,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             in_flight=sum(
                 1 for r in records if r.tool is not None and r.status is RecordStatus.in_flight
             ),
-            in_doubt=open_calls(records, finished=cp.status.finished),
+            in_doubt=open_calls(records, finished=cp.status.finished, frontier=cp),
             lease=lease,
             parked=None if park is None else (park.reason or ""),
             pending_approval=None if cp.pending_approval is None else cp.pending_approval.id,

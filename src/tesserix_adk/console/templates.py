@@ -1,15 +1,15 @@
 """Rendering the console's HTML templates (package files, ``string.Template`` syntax).
 
 Every value is HTML-escaped unless it is ``Markup`` (HTML this package rendered itself), so
-an id, a note or a tool argument can never add markup to a page; its bidirectional controls
-are written as escapes (``\\u202e``), as the CLI writes them, so none can make a name or a
-reason read backwards.
+an id, a note or a tool argument can never add markup to a page; and every character that
+is not printable but a line break or a tab (bidirectional controls, zero-width and format
+characters, control codes) is written as an escape (``\\u202e``), as the CLI writes it, so
+no name reads backwards and no two ids that differ look alike.
 """
 
 from __future__ import annotations
 
 import html
-import re
 import string
 from functools import lru_cache
 from importlib.resources import files
@@ -38,10 +38,8 @@ def join(parts: list[Markup]) -> Markup:
     return Markup("".join(parts))
 
 
-# Marks and overrides that reorder what follows them (U+061C, U+200E/F, U+202A-E, U+2066-9).
-_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
 def _text(value: object) -> str:
     text = "" if value is None else str(value)
-    return _BIDI.sub(lambda m: repr(m.group())[1:-1], text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
