@@ -17,7 +17,7 @@ from tesserix_adk.checkpoint.planning import ResumePlan, plan_as_told
 from tesserix_adk.cli.describe import describe
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import claim_json, emit, key_digest, lease_json, when
-from tesserix_adk.cli.reasons import failure_reason, no_frontier, parked_item
+from tesserix_adk.cli.reasons import carriable, failure_reason, no_frontier, parked_item
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import (
     CheckpointCorruptError,
@@ -160,8 +160,7 @@ def inspect_json(
         "carried_by": None if cp.carried_by is None else str(cp.carried_by),
         "lease": lease_json(lease),
         "resume_claim": claim_json(claim),
-        # A tombstone plans nothing, yet no resume carries it on.
-        "safe": plan.safe and not cp.is_tombstone,
+        "safe": carriable(cp, plan),
         "calls": [
             {
                 "tool": p.tool,

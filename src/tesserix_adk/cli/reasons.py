@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
-from tesserix_adk.checkpoint.planning import left_open
+from tesserix_adk.checkpoint.planning import ResumePlan, left_open
 from tesserix_adk.errors import CheckpointCorruptError, NoCheckpointError, RevisionMismatchError
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.entries import damage, shown_entry
@@ -14,7 +14,16 @@ from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import IdempotencyRecord, RunLease, WorkItem, WorkState
 from tesserix_adk.worker_parking import parked_for
 
-__all__ = ["blocked", "failure_reason", "no_frontier", "parked_item", "waits"]
+__all__ = [
+    "blocked",
+    "carriable",
+    "failure_reason",
+    "no_frontier",
+    "open_calls",
+    "parked_item",
+    "told_from",
+    "waits",
+]
 
 
 def failure_reason(cp: Checkpoint, parked: WorkItem | None = None) -> str | None:
@@ -94,6 +103,26 @@ def open_calls(
         if left_open(r)
         and (r.key in redacted or (r.flags is not None and not r.flags.safe_to_resend))
     )
+
+
+def carriable(cp: Checkpoint, plan: ResumePlan) -> bool:
+    """Whether a resume may carry the run on as its plan stands (``inspect``'s ``safe``,
+    the console's "can be carried on"): nothing in doubt, and not a tombstone, which plans
+    nothing yet no resume carries on."""
+    return plan.safe and not cp.is_tombstone
+
+
+def told_from(shown: Checkpoint, told_by: Checkpoint | None) -> str | None:
+    """Whose conversation is shown for ``shown`` when it is a tombstone and ``told_by``
+    (``Checkpointer.last_written_whole``) is another step, or none; ``None`` otherwise."""
+    if told_by is shown:
+        return None
+    kept = (
+        "no step before it was written whole"
+        if told_by is None
+        else f"the conversation shown is step {told_by.step}'s, the last written whole"
+    )
+    return f"step {shown.step} is a tombstone ({shown.reason}): {kept}"
 
 
 def waits(*, parked: bool, open_calls: int, lease: RunLease | None, blocked: str | None) -> bool:

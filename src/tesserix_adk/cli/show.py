@@ -22,7 +22,7 @@ from tesserix_adk.checkpoint.payload import Checkpoint, decode_outcome, record_t
 from tesserix_adk.checkpoint.planning import as_seen_now, plan_resume
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import claim_json, emit, key_digest, lease_json, when
-from tesserix_adk.cli.reasons import failure_reason, no_frontier, parked_item
+from tesserix_adk.cli.reasons import failure_reason, no_frontier, parked_item, told_from
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError, NoCheckpointError
 from tesserix_adk.messages import Message, Role
@@ -68,13 +68,9 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
     shown = snapshots[-1] if step is not None else cp
     told_by = await checkpointer.last_written_whole(shown)
     transcript = [] if told_by is None else await checkpointer.messages(told_by)
-    if told_by is not shown:
-        kept = (
-            "no step before it was written whole"
-            if told_by is None
-            else f"the conversation shown is step {told_by.step}'s, the last written whole"
-        )
-        not_kept.append(f"step {shown.step} is a tombstone ({shown.reason}): {kept}")
+    said = told_from(shown, told_by)
+    if said is not None:
+        not_kept.append(said)
     shown_until = _message_count(told_by) if told_by is not None else 0
     records = await stores.idempotency.records(tenant, run_id)
     calls = [r for r in records if r.tool is not None]

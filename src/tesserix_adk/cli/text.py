@@ -10,13 +10,14 @@ from __future__ import annotations
 __all__ = ["escaped", "sentence"]
 
 
-def escaped(text: str) -> str:
+def escaped(text: str, *, keep: str = "") -> str:
     """``text`` with every character that is not printable written as Python would escape
-    it (``\\n``, ``\\x1b``, ``\\u202e``, a lone surrogate as ``\\ud800``); printable text,
+    it (``\\n``, ``\\x1b``, ``\\u202e``, a lone surrogate as ``\\ud800``), but those in
+    ``keep`` (the console keeps line breaks and tabs of text it lays out); printable text,
     which is every ordinary id, comes back unchanged."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
 
 
 def sentence(text: str) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import quote
 
 from tesserix_adk.checkpoint.payload import CheckpointStatus
+from tesserix_adk.cli.reasons import carriable
 from tesserix_adk.console.reads import RunDetail, RunFilter, RunSummary, key_digest, shown_value
 from tesserix_adk.console.templates import Markup, join, render
 from tesserix_adk.run.approvals import of_the_turn, whose
@@ -213,8 +214,7 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
         lease=_held(d.lease),
         output=cp.output or "-",
         reason=cp.reason or "-",
-        # A tombstone plans nothing, yet no resume carries it on.
-        safe="yes" if d.plan.safe and not cp.is_tombstone else "no",
+        safe="yes" if carriable(cp, d.plan) else "no",
         parked=parked,
         approval=approval,
         plan_rows=join(plan_rows),

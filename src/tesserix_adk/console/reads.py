@@ -15,7 +15,7 @@ from typing import Any
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_as_told
-from tesserix_adk.cli.reasons import blocked, open_calls, waits
+from tesserix_adk.cli.reasons import blocked, open_calls, told_from, waits
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
@@ -231,18 +231,13 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
         return None
     messages: tuple[Message, ...] = ()
     problem = None
-    told_from = None
+    said = None
     try:
         # A tombstone keeps no transcript: the conversation as far as it was kept.
         told_by = await checkpointer.last_written_whole(cp)
         if told_by is not None:
             messages = tuple(await checkpointer.messages(told_by))
-        if told_by is not cp:
-            told_from = f"step {cp.step} is a tombstone ({cp.reason}): " + (
-                "no step before it was written whole"
-                if told_by is None
-                else f"the conversation shown is step {told_by.step}'s, the last written whole"
-            )
+        said = told_from(cp, told_by)
     except AdkError as exc:  # the rest of the page still helps the operator
         problem = damage(exc)
     approval = None
@@ -278,7 +273,7 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
         steps_problem=steps_problem,
         messages=messages,
         transcript_problem=problem,
-        told_from=told_from,
+        told_from=said,
     )
 
 

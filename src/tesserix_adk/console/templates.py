@@ -14,6 +14,8 @@ import string
 from functools import lru_cache
 from importlib.resources import files
 
+from tesserix_adk.cli.text import escaped
+
 __all__ = ["Markup", "join", "render"]
 
 
@@ -39,7 +41,4 @@ def join(parts: list[Markup]) -> Markup:
 
 
 def _text(value: object) -> str:
-    text = "" if value is None else str(value)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+    return "" if value is None else escaped(str(value), keep="\n\t")
