@@ -31,8 +31,9 @@ from reliability.history import Recorder, read_history
 
 # Deadline of one worker process: a whole run takes well under a second.
 WORKER_DEADLINE = float(os.environ.get("ADK_TORTURE_WORKER_DEADLINE", "60"))
-# How many workers one run may take before the suite calls it stuck.
+# How many workers one run may take, and how long, before the suite calls it stuck.
 MAX_WORKERS = 80
+CARRY_DEADLINE = 240.0
 
 _CTX = multiprocessing.get_context("forkserver")
 _CTX.set_forkserver_preload(["reliability.worker"])
@@ -81,6 +82,7 @@ class Proc:
                     env={**os.environ, **env},
                 )
         self.started = time.monotonic()
+        site.procs[self.pid] = self
 
     @property
     def pid(self) -> int:
@@ -206,6 +208,9 @@ class Site:
         self.margin = margin
         self.recorder = Recorder(self.history, "harness")
         self.stats = Stats()
+        # Every worker started, by pid; the labels of stopped ones woken early (below).
+        self.procs: dict[int, Proc] = {}
+        self.woken_early: set[str] = set()
         self._n = 0
         self._lock = threading.Lock()
 
@@ -280,7 +285,10 @@ class Site:
         ``env_for(i)``, if given, is the environment the i-th worker starts with (``None``:
         a fork, as usual).
         """
+        deadline = time.monotonic() + CARRY_DEADLINE
         for n in range(MAX_WORKERS):
+            if time.monotonic() > deadline:
+                break
             extra = [f"--fault={f}" for f in (faults[n] if n < len(faults) else ())]
             if n == 0:
                 extra += first
@@ -299,10 +307,39 @@ class Site:
             if code == worker.EXIT_REFUSED:
                 self.count("refusals")
                 self.resolve_from_the_world(run, proc.label)
+            elif code == worker.EXIT_NOT_NOW:
+                self.wake_lock_holders(proc)
             elif code not in (worker.EXIT_NOT_NOW, -signal.SIGKILL):
                 return  # on the record as an error; the checker reports it
             time.sleep(0.05)
-        self.recorder.event("gave_up", run, workers=MAX_WORKERS)
+        self.recorder.event("gave_up", run, workers=MAX_WORKERS, seconds=CARRY_DEADLINE)
+
+    def wake_lock_holders(self, proc: Proc) -> None:
+        """``proc`` found the SQLite file locked: if a stopped worker holds a write lock on
+        it (SIGSTOPped while its SQLite thread was inside a transaction: a lease renewal,
+        say), no other process can write until it wakes, which the trial would only do
+        once the run is carried, so wake it now. A paused SQLite writer blocks the file
+        for as long as it is paused (README); that is SQLite's, not a fault of the kit's."""
+        result = proc.result() or {}
+        if result.get("verdict") != "unavailable" or "locked" not in str(result.get("error")):
+            return
+        holders = set()
+        with contextlib.suppress(OSError), open("/proc/locks") as locks:
+            for line in locks:
+                fields = line.split()
+                if "WRITE" in fields and len(fields) > 4 and fields[4].isdigit():
+                    holders.add(int(fields[4]))
+        for pid in holders:
+            held = self.procs.get(pid)
+            if held is not None and not stopped(pid):
+                # On the record, for a failure's reading: a live writer that held on.
+                self.recorder.event("lock_held", proc.run, worker=held.label, by=proc.label)
+                self.note("found the file locked by a running worker")
+            elif held is not None:
+                self.recorder.event("woke_lock_holder", proc.run, worker=held.label)
+                self.note("stopped workers woken early: they held SQLite's write lock")
+                self.woken_early.add(held.label)
+                held.wake()
 
     def resolve_from_the_world(self, run: str, label: str) -> None:
         """What an on-call engineer does when worker ``label`` was refused: look each call

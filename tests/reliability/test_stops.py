@@ -58,7 +58,9 @@ def test_worker_stopped_past_its_ttl_and_woken_makes_no_second_effect(site: Site
     verdict = site.verdict()
     TALLY.add(site.backend, "SIGSTOP", len(trials), verdict, workers=site.stats.workers)
     assert verdict.ok, verdict.explain()
-    # Woken, each finds it no longer carries the run.
-    woken = {run: code for run, code in codes.items() if code is not None}
+    # Woken, each finds it no longer carries the run (one woken early because it held
+    # SQLite's write lock, which blocks every writer while it is stopped, may carry on).
+    early = {label.split(".w")[0] for label in site.woken_early}
+    woken = {run: code for run, code in codes.items() if code is not None and run not in early}
     assert woken, f"no worker reached its stop point: {site.stats.notes}"
     assert set(woken.values()) == {EXIT_NOT_NOW}, codes
