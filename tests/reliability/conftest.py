@@ -30,8 +30,17 @@ def make_site(url: str, tmp: Path, backend: str, **kw: float) -> Site:
 
 @pytest.fixture(params=BACKENDS)
 def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
-    """A fresh store (SQLite file, Redis prefix, PostgreSQL schema) and history."""
+    """A fresh store (SQLite file, Redis prefix, PostgreSQL schema) and history.
+
+    SQLite runs with ``synchronous=normal``: these trials kill and stop processes, never
+    the machine, and a commit in WAL mode outlives its process either way. With ``full``
+    every commit waits for an fsync, and on a slow disk (a CI runner's, or fsyncs made 40 ms
+    by ``strace`` fault injection) a dozen workers renewing 0.6 s leases queue for the
+    file's one write lock until each gives up (``database is locked``): the suite then
+    measured the disk, not the kit."""
     with held_open(store_url(request.param, tmp_path)) as url:
+        if request.param == "sqlite":
+            url += "?synchronous=normal"
         yield make_site(url, tmp_path, request.param)
 
 
