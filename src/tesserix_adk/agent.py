@@ -57,8 +57,22 @@ class Agent:
         names = [t.name for t in tool_list]
         if len(set(names)) != len(names):
             raise ConfigurationError(f"agent {name!r} has two tools with the same name")
+        if isinstance(max_iterations, bool) or not isinstance(max_iterations, int):
+            raise ConfigurationError(
+                f"agent {name!r}: max_iterations must be a whole number, not {max_iterations!r}"
+            )
         if max_iterations < 1:
             raise ConfigurationError("max_iterations must be at least 1")
+        if budget_micros is not None and (
+            isinstance(budget_micros, bool)
+            or not isinstance(budget_micros, int)
+            or budget_micros < 0
+        ):
+            # Checked here, not at the first comparison: NaN would switch the budget off.
+            raise ConfigurationError(
+                f"agent {name!r}: budget_micros must be a whole number of micros (0 or more) "
+                f"or None, not {budget_micros!r}"
+            )
         if (
             isinstance(parallel_tool_calls, bool)
             or not isinstance(parallel_tool_calls, int)

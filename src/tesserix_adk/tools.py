@@ -254,6 +254,18 @@ class Tool:
             return f"invalid arguments for {self.name}: {exc}"
         return None
 
+    def parsed_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments the function is called with: ``arguments`` validated
+        against its parameters (``ValueError`` if they fail), as a copy."""
+        try:
+            # A copy: a tool that changes what it was given (a list under an untyped
+            # parameter) must not change the call the model asked for, as the live
+            # conversation (and a same-runner retry) would then tell it.
+            parsed = self._args_model.model_validate(copy.deepcopy(dict(arguments)))
+        except ValidationError as exc:
+            raise ValueError(f"invalid arguments for {self.name}: {exc}") from exc
+        return {name: getattr(parsed, name) for name in type(parsed).model_fields}
+
     async def invoke(
         self,
         arguments: Mapping[str, Any],
@@ -264,14 +276,7 @@ class Tool:
         """Validate the arguments and run the function: a sync one in a worker thread
         (unless ``inline``). ``guard`` is called right before the function starts, with
         nothing awaited in between, so a holder that lost the run sends nothing."""
-        try:
-            # A copy: a tool that changes what it was given (a list under an untyped
-            # parameter) must not change the call the model asked for, as the live
-            # conversation (and a same-runner retry) would then tell it.
-            parsed = self._args_model.model_validate(copy.deepcopy(dict(arguments)))
-        except ValidationError as exc:
-            raise ValueError(f"invalid arguments for {self.name}: {exc}") from exc
-        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        kwargs = self.parsed_arguments(arguments)
         if guard is not None:
             guard()
         return await call_maybe_async(

@@ -17,9 +17,12 @@ from tesserix_adk.errors import (
     CheckpointFormatError,
     ConfigurationError,
     IndeterminateToolCallError,
+    LeaseError,
     LeaseHeldError,
+    LeaseLostError,
     ResumeConflictError,
     RevisionMismatchError,
+    StaleFenceError,
 )
 from tesserix_adk.run.attempt import new_holder
 from tesserix_adk.run.holding import held_to_decide
@@ -215,9 +218,10 @@ class Parking:
         hold = self._rng.uniform(0.5, 1.0) * self.runner.lease_policy.ttl
         self._later[(item.tenant, item.run_id)] = asyncio.get_running_loop().time() + hold
         _log.info(
-            "run %s/%s: held elsewhere (%s); looking again in %.1f s",
+            "run %s/%s: %s (%s); looking again in %.1f s",
             item.tenant,
             item.run_id,
+            _why_later(exc),
             exc,
             hold,
         )
@@ -275,3 +279,17 @@ class Parking:
         if self.telemetry is not None:
             self.telemetry.parked(item.agent, why)
         return Carried.parked
+
+
+def _why_later(exc: Exception | str) -> str:
+    """What the worker's line says of a run it looks at again later: another holder only
+    where one is known to exist (the store failing to answer is not one)."""
+    if isinstance(exc, (str, *NOT_TAKEN)):
+        return "held elsewhere"
+    if isinstance(exc, StaleFenceError):
+        return "taken over by a newer holder"
+    if isinstance(exc, LeaseLostError):
+        return "its lease was lost"
+    if isinstance(exc, LeaseError):
+        return "its lease could not be held"
+    return "the store failed"

@@ -34,6 +34,7 @@ from tesserix_adk.errors import (
     CheckpointError,
     CheckpointFormatError,
     CheckpointTooLargeError,
+    ConfigurationError,
     HistoryUnavailableError,
     LeaseLostError,
     StaleFenceError,
@@ -317,6 +318,8 @@ class Checkpointer:
 
     async def at(self, tenant: str, run_id: str, step: int) -> Checkpoint | None:
         """The snapshot of ``step``, or ``None``; a corrupt one raises."""
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ConfigurationError(f"a step is a whole number, got {step!r}")
         if not _STEPS_MIN <= step <= _STEPS_MAX:
             return None  # no store keeps a step past a 64-bit integer (and some refuse it)
         stored = await self._step_history().at(tenant, run_id, step)

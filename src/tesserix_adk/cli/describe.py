@@ -7,6 +7,7 @@ from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.checkpoint.planning import ResumePlan
 from tesserix_adk.cli.reasons import failure_reason
 from tesserix_adk.cli.text import escaped
+from tesserix_adk.messages import Usage
 from tesserix_adk.run.approvals import of_the_turn, whose
 from tesserix_adk.stores.protocols import ApprovalRequest, ApprovalStatus
 
@@ -18,21 +19,24 @@ def describe(
     *,
     plan: ResumePlan | None = None,
     spent: int | None = None,
+    usage: Usage | None = None,
     approval: ApprovalRequest | None = None,
     approval_asked: bool = False,
 ) -> str:
     """Three lines about the run (who, how far, where it stands), then one per planned call.
 
-    ``spent`` is the ledger's figure; without it the frontier's (reporting-only) one is shown.
+    ``spent`` and ``usage`` are the ledger's figures; without them the frontier's
+    (reporting-only) ones are shown: a charge made just before a death is in the ledger only.
     ``approval`` is the request the frontier waits on, as the approval store has it now:
     once a person decided it, the third line says so instead of "waiting on approval".
     ``approval_asked``: the store was asked, so no ``approval`` means it is gone.
     """
     cp = checkpoint
     micros = cp.micros if spent is None else spent
+    tokens = cp.usage if usage is None else usage
     lines = [
         f"run {escaped(cp.run_id)}  tenant {escaped(cp.tenant)}  agent {escaped(cp.agent_name)}",
-        f"iteration {cp.iteration}  {cp.usage.input_tokens} in, {cp.usage.output_tokens} out  "
+        f"iteration {cp.iteration}  {tokens.input_tokens} in, {tokens.output_tokens} out  "
         f"{micros} micros",
         _where(cp, approval, approval_asked),
     ]

@@ -23,9 +23,11 @@ from tesserix_adk.errors import (
     CheckpointCorruptError,
     HistoryUnavailableError,
 )
+from tesserix_adk.messages import Usage
 from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.capabilities import ledger_totals
 from tesserix_adk.stores.protocols import (
     ApprovalRequest,
     IdempotencyRecord,
@@ -67,7 +69,7 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
         raise _cannot_be_carried_on(unreadable)
     lease = await stores.leases.current(args.tenant, args.run)
     plan = await plan_as_told(cp, stores.idempotency, lease)
-    spent = await stores.ledger.spent(args.tenant, args.run)
+    spent, usage = await ledger_totals(stores.ledger, args.tenant, args.run)
     parked = await parked_item(stores, args.tenant, args.run)
     approval = await asked_approval(stores, cp)
     # What a resume reads before it refuses anything: a cancel that stands ends the run.
@@ -77,7 +79,7 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
     if args.json:
         key = run_claim_key(args.tenant, args.run)
         claim = (await stores.idempotency.lookup([key], tenant=args.tenant)).get(key)
-        found = inspect_json(cp, plan, spent, lease, parked, claim, approval=approval)
+        found = inspect_json(cp, plan, spent, lease, parked, claim, approval=approval, usage=usage)
         found["cancel"] = (
             None
             if cancel is None
@@ -90,6 +92,7 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
             cp,
             plan=plan,
             spent=spent,
+            usage=usage,
             approval=approval,
             approval_asked=cp.pending_approval is not None,
         )
@@ -129,9 +132,12 @@ def inspect_json(
     claim: IdempotencyRecord | None,
     *,
     approval: ApprovalRequest | None = None,
+    usage: Usage | None = None,
 ) -> dict[str, Any]:
     """The fields of ``inspect --json`` (json escapes control characters: ids go in as
-    they are). ``approval``: the request the frontier waits on, as decided so far."""
+    they are). ``approval``: the request the frontier waits on, as decided so far;
+    ``usage``: the ledger's tokens (else the frontier's)."""
+    tokens = cp.usage if usage is None else usage
     return {
         "run_id": cp.run_id,
         "tenant": cp.tenant,
@@ -142,7 +148,7 @@ def inspect_json(
         "boundary": None if cp.boundary is None else str(cp.boundary),
         "iteration": cp.iteration,
         "written_at": when(cp.written_at),
-        "usage": {"input_tokens": cp.usage.input_tokens, "output_tokens": cp.usage.output_tokens},
+        "usage": {"input_tokens": tokens.input_tokens, "output_tokens": tokens.output_tokens},
         "spent_micros": spent,
         "pending_approval": None if cp.pending_approval is None else cp.pending_approval.id,
         "approval": None

@@ -25,6 +25,7 @@ from tesserix_adk.run.result import Run
 from tesserix_adk.run.upgrade import RevisionAcceptance, accept_revision
 from tesserix_adk.runner import AgentRunner, RunStatus
 from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.capabilities import ledger_totals
 
 __all__ = ["run_resume_command"]
 
@@ -81,14 +82,14 @@ async def run_resume_command(
             )
             if accepted is not None and not as_json:
                 _told(out, escaped(accepted.describe()) + f" (step {accepted.step})\n")
-        spent = await stores.ledger.spent(args.tenant, args.resume)
+        spent, usage = await ledger_totals(stores.ledger, args.tenant, args.resume)
         held: dict[str, Any] = {}
 
         def found(cp: Checkpoint, plan: ResumePlan | None, fence: int | None, holder: str) -> None:
             held.update(holder=holder, fence=fence)
             if as_json:
                 return
-            _told(out, describe(cp, plan=plan, spent=spent, approval=approval) + "\n")
+            _told(out, describe(cp, plan=plan, spent=spent, usage=usage, approval=approval) + "\n")
             holding = f"fence {fence}" if fence is not None else "no lease store"
             _told(out, f"holding the run as {escaped(holder)} ({holding})\n")
             out.flush()
@@ -180,10 +181,10 @@ async def _already_ended(
     ended well; a run that ended ``failed`` raises ``RunFailedError`` (exit 4)."""
     if cp.is_tombstone or not cp.status.finished:
         return False  # the runner reads it again under the lease and says what it finds
-    spent = await stores.ledger.spent(args.tenant, args.resume)
+    spent, usage = await ledger_totals(stores.ledger, args.tenant, args.resume)
     if cp.status is CheckpointStatus.failed:
         if not getattr(args, "json", False):
-            _told(out, describe(cp, spent=spent) + "\n")
+            _told(out, describe(cp, spent=spent, usage=usage) + "\n")
         raise RunFailedError(
             f"run {args.resume!r} ended failed at step {cp.step}; nothing was done (no lease "
             "taken, nothing sent)"
@@ -206,7 +207,7 @@ async def _already_ended(
             },
         )
         return True
-    _told(out, describe(cp, spent=spent) + "\n")
+    _told(out, describe(cp, spent=spent, usage=usage) + "\n")
     _told(
         out,
         f"nothing was done: run {escaped(cp.run_id)} already ended {cp.status} at step "

@@ -30,6 +30,7 @@ from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.upgrade import accepted_revisions
 from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.capabilities import ledger_totals
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, StepHistory
 
 __all__ = ["run_show", "story"]
@@ -90,12 +91,13 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
     claim = next((r for r in records if r.key == claim_key), None)
     cancel = await cancel_requested(stores.idempotency, tenant, run_id)
     parked = await parked_item(stores, tenant, run_id)
-    usage = await stores.ledger.usage(tenant, run_id)
+    spent, usage = await ledger_totals(stores.ledger, tenant, run_id)
     return {
         "run_id": cp.run_id,
         "tenant": cp.tenant,
         "agent": cp.agent_name,
         "revision": cp.agent_revision,
+        "replay_of": cp.replay_of,
         "status": str(cp.status),
         "step": cp.step,
         "boundary": None if cp.boundary is None else str(cp.boundary),
@@ -105,7 +107,7 @@ async def story(stores: Stores, tenant: str, run_id: str, *, step: int | None) -
         "parked": None if parked is None else parked.reason,
         "written_at": when(cp.written_at),
         "spent": {
-            "micros": await stores.ledger.spent(tenant, run_id),
+            "micros": spent,
             "input_tokens": usage.input_tokens,
             "output_tokens": usage.output_tokens,
         },
@@ -337,6 +339,9 @@ def render(told: dict[str, Any]) -> str:
         f"written {_e(t['written_at'])}",
         f"spent {spent['micros']} micros, {spent['input_tokens']} in, {spent['output_tokens']} out",
     ]
+    if t["replay_of"]:
+        # A replay's calls went to stubs (or tools named live), never in the original's name.
+        lines.insert(1, f"replay of {_e(t['replay_of'])} (debugging: never carried on)")
     if t["reason"]:
         lines.append(f"why: {_e(t['reason'])}")
     if t["output"] and not t["reason"]:

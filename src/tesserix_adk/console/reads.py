@@ -22,11 +22,11 @@ from tesserix_adk.errors import (
     CheckpointFormatError,
     ConfigurationError,
 )
-from tesserix_adk.messages import Message
+from tesserix_adk.messages import Message, Usage
 from tesserix_adk.run.entries import damage, parked_entries, shown_entry
 from tesserix_adk.run.unstarted import Unstarted, unstarted_runs
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.capabilities import run_listing, step_history
+from tesserix_adk.stores.capabilities import ledger_totals, run_listing, step_history
 from tesserix_adk.stores.protocols import (
     ApprovalRequest,
     IdempotencyRecord,
@@ -112,6 +112,7 @@ class RunDetail:
     checkpoint: Checkpoint
     plan: ResumePlan
     spent: int
+    usage: Usage
     lease: RunLease | None
     parked: WorkItem | None
     approval: ApprovalRequest | None
@@ -257,11 +258,13 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
             parked = None if entry is None else shown_entry(entry)
         except CheckpointCorruptError as exc:  # its own entry: the page still helps
             entry_problem = damage(exc)
+    spent, usage = await ledger_totals(stores.ledger, tenant, run_id)
     return RunDetail(
         checkpoint=cp,
         # As `tesserix inspect` tells it.
         plan=await plan_as_told(cp, stores.idempotency, lease),
-        spent=await stores.ledger.spent(tenant, run_id),
+        spent=spent,
+        usage=usage,
         lease=lease,
         parked=parked if parked is not None and parked.state is WorkState.parked else None,
         entry_problem=entry_problem,

@@ -39,6 +39,8 @@ def paid_as_told(paid: object) -> tuple[int, Usage]:
 
 
 def _checked(cost: float, usage: Usage) -> tuple[int, Usage]:
+    if not isinstance(usage, Usage):
+        raise _refused(f"a usage of {_short(usage)}, not a Usage")
     if isinstance(cost, bool) or not isinstance(cost, Real):
         raise _refused(f"a cost of {_short(cost)} micros, not a number")
     # Compared before anything converts it: an int past a float's range would overflow.

@@ -49,10 +49,17 @@ async def invoke(
             raise
 
     try:
-        stub = None if attempt.stubs is None else attempt.stubs.get(tool.name)
-        if stub is not None:
+        if attempt.stubs is not None and tool.name in attempt.stubs:
+            stub = attempt.stubs[tool.name]
+            # Called like the tool it stands for: with the arguments its parameters make;
+            # a call whose arguments were masked gets them as stored (placeholders fail the
+            # tool's validation, and the stub is what replay demands for such a call).
+            args = (
+                copy.deepcopy(dict(call.arguments))
+                if call.id in attempt.masked_calls
+                else tool.parsed_arguments(call.arguments)
+            )
             guard()
-            args = copy.deepcopy(dict(call.arguments))
             with outside_scope():
                 value = await call_maybe_async(
                     stub, args, ctx if accepts_ctx(stub) else None, thread=True

@@ -420,13 +420,15 @@ async def _asked(
             )
         )
         raise
+    # A provider's answer without a Usage is refused (typed) when it is charged, after this.
+    usage = response.usage if isinstance(response.usage, Usage) else Usage()
     attempt.emit(
         ModelCallFinished(
             run_id=run.run_id,
             iteration=run.iteration,
             model=request.model,
-            input_tokens=response.usage.input_tokens,
-            output_tokens=response.usage.output_tokens,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
             finish_reason=response.finish_reason
             or ("tool_calls" if response.message.tool_calls else "stop"),
         )

@@ -41,6 +41,8 @@ async def replay_from(
     """``AgentRunner.replay``: the step carried forward as a new run of ``runner``."""
     checkpoints = runner._require_checkpoints()
     check_stubs(agent, stubs, live)
+    if isinstance(from_step, bool) or not isinstance(from_step, int):
+        raise ConfigurationError(f"from_step must be a step number, got {from_step!r}")
     runner._check_agent(agent)
     cp = usable_step(
         await checkpoints.at(tenant, run_id, from_step),
@@ -92,14 +94,28 @@ async def _refuse_taken(runner: AgentRunner, tenant: str, run_id: str) -> None:
 
 
 def check_stubs(agent: Agent, stubs: Mapping[str, Callable[..., Any]], live: Sequence[str]) -> None:
-    """Refuse, before anything runs, a replay that could reach the world unstubbed."""
+    """Refuse, before anything runs, a replay that could reach the world unstubbed: every
+    stub callable, ``live`` a collection of the agent's tool names (one string would match
+    the names it merely contains), and every side-effecting tool stubbed or named live."""
+    if not isinstance(stubs, Mapping):
+        raise ConfigurationError("stubs must map tool names to callables")
     unknown = set(stubs) - set(agent.tools)
     if unknown:
         raise ConfigurationError(f"stubs for unknown tool(s): {', '.join(sorted(unknown))}")
+    uncallable = sorted(name for name, stub in stubs.items() if not callable(stub))
+    if uncallable:
+        raise ConfigurationError(
+            f"the stub(s) for {', '.join(uncallable)} cannot be called; give a function"
+        )
+    if isinstance(live, str | bytes) or not all(isinstance(name, str) for name in live):
+        raise ConfigurationError("live must be a list of tool names, not one string")
+    unknown = set(live) - set(agent.tools)
+    if unknown:
+        raise ConfigurationError(f"live names unknown tool(s): {', '.join(sorted(unknown))}")
     unguarded = sorted(
         t.name
         for t in agent.tools.values()
-        if t.side_effects and t.name not in stubs and t.name not in live
+        if t.side_effects and t.name not in stubs and t.name not in set(live)
     )
     if unguarded:
         raise ConfigurationError(

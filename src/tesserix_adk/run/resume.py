@@ -20,6 +20,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.run.attempt import AheadCall, Attempt
 from tesserix_adk.run.state import RunState
+from tesserix_adk.stores.capabilities import ledger_totals
 from tesserix_adk.stores.protocols import Ledger
 
 __all__ = [
@@ -53,7 +54,12 @@ async def restore(
     run.observation = resolve_observation(cp.observation, run.messages)
     run.cursor = TranscriptCursor(handle=cp.history_handle, persisted=len(run.messages))
     note_ahead(attempt, plan)
-    run.spent = cp.micros if ledger is None else await ledger.spent(run.tenant, run.run_id)
+    if ledger is not None:
+        # The ledger's figures, not the frontier's: a call charged right before a death
+        # is counted there only.
+        run.spent, run.usage = await ledger_totals(ledger, run.tenant, run.run_id)
+    else:
+        run.spent = cp.micros
 
 
 def note_ahead(attempt: Attempt, plan: ResumePlan) -> None:

@@ -7,9 +7,10 @@ The capabilities are protocols in ``stores.protocols`` (``StepHistory``, ``RunLi
 from __future__ import annotations
 
 from tesserix_adk.errors import ConfigurationError
-from tesserix_adk.stores.protocols import RunListing, StepHistory
+from tesserix_adk.messages import Usage
+from tesserix_adk.stores.protocols import Ledger, LedgerTotals, RunListing, StepHistory
 
-__all__ = ["lacks", "run_listing", "step_history"]
+__all__ = ["lacks", "ledger_totals", "run_listing", "step_history"]
 
 
 def lacks(store: object, capability: type) -> ConfigurationError:
@@ -32,3 +33,11 @@ def run_listing(store: object) -> RunListing:
     if not isinstance(store, RunListing):
         raise lacks(store, RunListing)
     return store
+
+
+async def ledger_totals(ledger: Ledger, tenant: str, run_id: str) -> tuple[int, Usage]:
+    """What the run spent, micros and tokens: in one request where ``ledger`` offers
+    ``LedgerTotals``, else in two."""
+    if isinstance(ledger, LedgerTotals):
+        return await ledger.totals(tenant, run_id)
+    return await ledger.spent(tenant, run_id), await ledger.usage(tenant, run_id)

@@ -6,7 +6,7 @@ import pytest
 
 from tesserix_adk.errors import StaleFenceError
 from tesserix_adk.messages import Usage
-from tesserix_adk.stores.protocols import FencedStore, Ledger
+from tesserix_adk.stores.protocols import FencedStore, Ledger, LedgerTotals
 from tesserix_adk.testing._support import JOIN_ALIKE_IDS, ODD_IDS
 
 __all__ = ["LedgerConformance"]
@@ -40,6 +40,15 @@ class LedgerConformance:
         await ledger.charge(T, R, 2_600, _usage(1_100, 280), fence=1)
         assert await ledger.spent(T, R) == 4_100
         assert await ledger.usage(T, R) == _usage(1_200, 300)
+
+    async def test_totals_read_both_figures_together(self, ledger: Ledger) -> None:
+        if not isinstance(ledger, LedgerTotals):
+            pytest.skip(f"{type(ledger).__name__} does not offer LedgerTotals")
+        assert await ledger.totals(T, "nobody") == (0, Usage())
+        await ledger.charge(T, R, 1_500, _usage(100, 20), fence=1)
+        await ledger.charge(T, R, 2_600, _usage(1_100, 280), fence=1)
+        assert await ledger.totals(T, R) == (4_100, _usage(1_200, 300))
+        assert await ledger.totals(T, "other") == (0, Usage())
 
     async def test_runs_are_charged_separately(self, ledger: Ledger) -> None:
         await ledger.charge(T, "run-a", 10, _usage(1, 1))

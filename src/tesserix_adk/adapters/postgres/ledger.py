@@ -48,6 +48,15 @@ class PostgresLedger(FencedStore):
             f"reading the spend of run {run_id!r}", self._sql.totals, run_params(tenant, run_id)
         )
 
+    async def totals(self, tenant: str, run_id: str) -> tuple[int, Usage]:
+        """Micros and tokens charged to the run so far, in one request (``LedgerTotals``)."""
+        row = await self._totals(tenant, run_id)
+        if row is None:
+            return 0, Usage()
+        return int(row["micros"]), Usage(
+            input_tokens=int(row["input_tokens"]), output_tokens=int(row["output_tokens"])
+        )
+
     async def spent(self, tenant: str, run_id: str) -> int:
         """Micros charged to the run so far (0 for an unknown run)."""
         row = await self._totals(tenant, run_id)

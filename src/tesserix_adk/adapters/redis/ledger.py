@@ -44,7 +44,8 @@ class RedisLedger(_FencedRedisStore):
         if result[0] == b"stale":
             raise _stale("charge", run_id, fence, result[1])
 
-    async def _totals(self, tenant: str, run_id: str) -> tuple[int, Usage]:
+    async def totals(self, tenant: str, run_id: str) -> tuple[int, Usage]:
+        """Micros and tokens charged to the run so far, in one request (``LedgerTotals``)."""
         key = self._keys.run(tenant, run_id, "ledger")
         with _driver_errors(f"reading the spend of run {run_id!r}"):
             micros, input_tokens, output_tokens = await self._client.hmget(
@@ -56,8 +57,8 @@ class RedisLedger(_FencedRedisStore):
 
     async def spent(self, tenant: str, run_id: str) -> int:
         """Micros charged to the run so far (0 for an unknown run)."""
-        return (await self._totals(tenant, run_id))[0]
+        return (await self.totals(tenant, run_id))[0]
 
     async def usage(self, tenant: str, run_id: str) -> Usage:
         """Tokens charged to the run so far."""
-        return (await self._totals(tenant, run_id))[1]
+        return (await self.totals(tenant, run_id))[1]

@@ -30,6 +30,10 @@ class MemoryLedger:
         """Micros charged to the run so far (0 for an unknown run)."""
         return self._spent.get((tenant, run_id), 0)
 
+    async def totals(self, tenant: str, run_id: str) -> tuple[int, Usage]:
+        """Micros and tokens charged to the run so far (``LedgerTotals``)."""
+        return await self.spent(tenant, run_id), await self.usage(tenant, run_id)
+
     async def usage(self, tenant: str, run_id: str) -> Usage:
         """Tokens charged to the run so far."""
         return self._usage.get((tenant, run_id), Usage())

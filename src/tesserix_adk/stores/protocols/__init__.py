@@ -35,7 +35,7 @@ from tesserix_adk.stores.protocols.idempotency import (
     ToolFlags,
 )
 from tesserix_adk.stores.protocols.leases import LeaseStore, RunLease
-from tesserix_adk.stores.protocols.spend import Ledger
+from tesserix_adk.stores.protocols.spend import Ledger, LedgerTotals
 from tesserix_adk.stores.protocols.transcripts import (
     EMPTY_HISTORY_DIGEST,
     HistoryHandle,
@@ -69,6 +69,7 @@ __all__ = [
     "IdempotencyStore",
     "LeaseStore",
     "Ledger",
+    "LedgerTotals",
     "RecordStatus",
     "RecordsFrom",
     "RunLease",

@@ -6,7 +6,7 @@ from typing import Protocol, runtime_checkable
 
 from tesserix_adk.messages import Usage
 
-__all__ = ["Ledger"]
+__all__ = ["Ledger", "LedgerTotals"]
 
 
 @runtime_checkable
@@ -29,4 +29,14 @@ class Ledger(Protocol):
 
     async def seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Raise the highest-seen fence for the run without writing data."""
+        ...
+
+
+@runtime_checkable
+class LedgerTotals(Protocol):
+    """Optional: a ledger that reads a run's micros and tokens in one request (a resume
+    needs both; without this it asks ``spent`` and ``usage`` one after the other)."""
+
+    async def totals(self, tenant: str, run_id: str) -> tuple[int, Usage]:
+        """Micros and tokens charged to the run so far, read together."""
         ...

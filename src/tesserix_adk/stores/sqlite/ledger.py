@@ -48,6 +48,22 @@ class SqliteLedger(FencedSqliteStore):
 
         return await self.database.read(spent)
 
+    async def totals(self, tenant: str, run_id: str) -> tuple[int, Usage]:
+        """Micros and tokens charged to the run so far, in one read (``LedgerTotals``)."""
+
+        @decoded("ledger row")
+        def totals(conn: sqlite3.Connection) -> tuple[int, Usage]:
+            row = conn.execute(
+                "SELECT micros, input_tokens, output_tokens FROM adk_ledger "
+                "WHERE tenant = ? AND run_id = ?",
+                (tenant, run_id),
+            ).fetchone()
+            if row is None:
+                return 0, Usage()
+            return int(row[0]), Usage(input_tokens=int(row[1]), output_tokens=int(row[2]))
+
+        return await self.database.read(totals)
+
     async def usage(self, tenant: str, run_id: str) -> Usage:
         """Tokens charged to the run so far."""
 
