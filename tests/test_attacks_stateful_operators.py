@@ -570,7 +570,10 @@ async def _lost(site: Site, run_ids: list[str]) -> dict[str, Any]:
 
 
 OperatorsAndWorkers.TestCase.settings = settings(
-    max_examples=int(os.environ.get("STATEFUL_OPS_EXAMPLES", "15")),
+    # A short profile in CI; ADK_SLOW=1 (or STATEFUL_OPS_EXAMPLES=N) looks further.
+    max_examples=int(
+        os.environ.get("STATEFUL_OPS_EXAMPLES", "15" if os.environ.get("ADK_SLOW") == "1" else "8")
+    ),
     phases=[Phase.explicit, Phase.reuse, Phase.generate]
     + ([] if os.environ.get("STATEFUL_OPS_NO_SHRINK") else [Phase.shrink]),
     stateful_step_count=12,
