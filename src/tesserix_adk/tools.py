@@ -392,8 +392,12 @@ def _takes(fn: Callable[..., Any], name: str) -> bool:
 
 
 def accepts_ctx(fn: Callable[..., Any]) -> bool:
-    """``fn`` declares a ``ctx`` parameter."""
-    return _CTX in inspect.signature(fn).parameters
+    """``fn`` declares a ``ctx`` parameter (a callable whose signature cannot be read, a
+    builtin type, declares none)."""
+    try:
+        return _CTX in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel], bool]:

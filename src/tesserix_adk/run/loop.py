@@ -83,7 +83,7 @@ async def run_loop(parts: RunParts, run: RunState, attempt: Attempt) -> Run:
                 parts, run, attempt, RunStatus.cancelled, output=cancelled.describe()
             )
         attempt.stop_if_asked(run.run_id)
-        if agent.budget_micros is not None and run.spent >= agent.budget_micros:
+        if agent.budget_micros is not None and run.budget_spent >= agent.budget_micros:
             return await _finish(parts, run, attempt, RunStatus.budget_exhausted)
         if run.iteration >= agent.max_iterations:
             return await _finish(parts, run, attempt, RunStatus.max_iterations)
@@ -319,8 +319,7 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
     )
     attempt.emit(ModelCallStarted(run_id=run.run_id, iteration=run.iteration, model=agent.model))
     try:
-        response = await _asked(parts, run, attempt, request)
-        cost, usage = paid(response)
+        response, cost, usage = await _asked(parts, run, attempt, request)
     except ConfigurationError:
         raise  # a usage mistake, not a run failure: nothing durable is written
     except AdkError as exc:
@@ -405,11 +404,13 @@ async def _group_and_charge(
 
 async def _asked(
     parts: RunParts, run: RunState, attempt: Attempt, request: ModelRequest
-) -> ModelResponse:
-    """``_ask``, reported: whoever listens hears how the model call ended, even when it
-    raised (before the ledger, which is the run's, not the model's)."""
+) -> tuple[ModelResponse, int, Usage]:
+    """``_ask``, reported, with what the answer costs (``paid``): whoever listens hears how
+    the model call ended, even when it raised or its cost cannot be charged (before the
+    ledger, which is the run's, not the model's)."""
     try:
         response = await _ask(parts, run, attempt, request)
+        cost, usage = paid(response)
     except BaseException as exc:
         attempt.emit(
             ModelCallFinished(
@@ -420,8 +421,6 @@ async def _asked(
             )
         )
         raise
-    # A provider's answer without a Usage is refused (typed) when it is charged, after this.
-    usage = response.usage if isinstance(response.usage, Usage) else Usage()
     attempt.emit(
         ModelCallFinished(
             run_id=run.run_id,
@@ -433,7 +432,7 @@ async def _asked(
             or ("tool_calls" if response.message.tool_calls else "stop"),
         )
     )
-    return response
+    return response, cost, usage
 
 
 async def _ask(

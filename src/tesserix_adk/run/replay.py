@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
@@ -107,21 +107,32 @@ def check_stubs(agent: Agent, stubs: Mapping[str, Callable[..., Any]], live: Seq
         raise ConfigurationError(
             f"the stub(s) for {', '.join(uncallable)} cannot be called; give a function"
         )
-    if isinstance(live, str | bytes) or not all(isinstance(name, str) for name in live):
-        raise ConfigurationError("live must be a list of tool names, not one string")
-    unknown = set(live) - set(agent.tools)
+    names = _tool_names(live)
+    unknown = names - set(agent.tools)
     if unknown:
         raise ConfigurationError(f"live names unknown tool(s): {', '.join(sorted(unknown))}")
     unguarded = sorted(
         t.name
         for t in agent.tools.values()
-        if t.side_effects and t.name not in stubs and t.name not in set(live)
+        if t.side_effects and t.name not in stubs and t.name not in names
     )
     if unguarded:
         raise ConfigurationError(
             "replay refused: side-effecting tool(s) "
             f"{', '.join(unguarded)} are neither stubbed nor named in live"
         )
+
+
+def _tool_names(live: object) -> set[str]:
+    """``live`` read once (a generator is used up by reading) as a set of tool names."""
+    if isinstance(live, str | bytes | bytearray) or not isinstance(live, Iterable):
+        raise ConfigurationError(
+            f"live must be a list of tool names, not {type(live).__name__} {live!r:.60}"
+        )
+    names = list(live)
+    if not all(isinstance(name, str) for name in names):
+        raise ConfigurationError("live must be a list of tool names (text)")
+    return set(names)
 
 
 def usable_step(
@@ -152,9 +163,9 @@ def usable_step(
 
 def replay_state(agent: Agent, cp: Checkpoint, messages: list[Any], new_id: str) -> RunState:
     """The new run's state: the step's conversation under a run id of its own. It starts
-    from the step's spend, as from its iterations and usage, so the agent's budget allows
-    it no more model calls than the original had left there (its own ledger holds only
-    what it spends)."""
+    from the step's iterations, and its budget counts the step's spend, so the agent allows
+    it no more than the original had left there; what it reports spent (its ledger, its
+    frontiers, its ``Run``) is only what it spends itself."""
     return RunState(
         agent=agent,
         tenant=cp.tenant,
@@ -162,8 +173,7 @@ def replay_state(agent: Agent, cp: Checkpoint, messages: list[Any], new_id: str)
         messages=messages,
         iteration=cp.iteration,
         steps_used=cp.steps_used,
-        usage=cp.usage,
-        spent=cp.micros,
+        spent_before=cp.micros,
         state=state_from_json(cp.state, agent.state_schema),
         grants=list(cp.grants),
         replay_of=f"{cp.run_id}@{cp.step}",
@@ -179,5 +189,7 @@ def replayed_frontier(cp: Checkpoint, run: RunState) -> Checkpoint:
         run_id=run.run_id,
         replay_of=run.replay_of,
         pending_approval=None,
+        micros=run.spent,
+        usage=run.usage,
         outstanding=tuple(outstanding_calls(run, [oc.call for oc in cp.outstanding])),
     )

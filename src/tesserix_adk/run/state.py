@@ -43,6 +43,9 @@ class RunState:
     steps_used: int = 0
     usage: Usage = field(default_factory=Usage)
     spent: int = 0
+    # Micros spent before this run began that its budget counts as well (a replay: the
+    # original's spend at the step), never charged, recorded or reported as its own.
+    spent_before: int = 0
     state: Any = None
     grants: list[Grant] = field(default_factory=list)
     replay_of: str | None = None
@@ -50,6 +53,11 @@ class RunState:
     observation: Any = None
     # A workflow engine carrying the run in the kit's place: every frontier names it.
     carried_by: Carrier | None = None
+
+    @property
+    def budget_spent(self) -> int:
+        """What the agent's budget is measured against: this run's spend and any before it."""
+        return self.spent + self.spent_before
 
     def frontier(
         self,

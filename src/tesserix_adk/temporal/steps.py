@@ -195,7 +195,7 @@ async def _ask_model(parts: RunParts, run: RunState, attempt: Attempt) -> StepRe
     cancelled = await cancel_requested(parts.idempotency, run.tenant, run.run_id)
     if cancelled is not None:
         return await _finish(parts, run, attempt, RunStatus.cancelled, cancelled.describe())
-    if agent.budget_micros is not None and run.spent >= agent.budget_micros:
+    if agent.budget_micros is not None and run.budget_spent >= agent.budget_micros:
         return await _finish(parts, run, attempt, RunStatus.budget_exhausted)
     if run.iteration >= agent.max_iterations:
         return await _finish(parts, run, attempt, RunStatus.max_iterations)
