@@ -160,6 +160,16 @@ class Tool:
                 "it one: Tool(fn, name=...)"
             )
         self.name = named
+        _check_flags(
+            named,
+            description=description,
+            side_effects=side_effects,
+            idempotent=idempotent,
+            requires_approval=requires_approval,
+            inline=inline,
+            key=key,
+            reconcile=reconcile,
+        )
         self.description = (description or inspect.getdoc(fn) or "").strip()
         self.side_effects = side_effects
         self.idempotent = idempotent
@@ -407,9 +417,20 @@ def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel]
         sig = inspect.signature(fn, eval_str=True)
     except (TypeError, ValueError, NameError) as exc:
         raise ConfigurationError(f"cannot read the signature of tool {name!r}: {exc}") from exc
+    own_call = None if inspect.isroutine(fn) else type(fn).__dict__.get("__call__")
+    if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(own_call):
+        raise ConfigurationError(
+            f"tool {name!r} is an async generator: calling it runs nothing; make it a "
+            "coroutine (async def ... return) or a plain function"
+        )
+    # A partial's bound keywords are fixed by its author: the signature lists them as
+    # parameters with defaults, and the model must not be offered (or allowed) to change them.
+    fixed = set(fn.keywords) if isinstance(fn, functools.partial) else set()
     fields: dict[str, Any] = {}
     has_ctx = False
     for param in sig.parameters.values():
+        if param.name in fixed:
+            continue
         if param.name == _CTX:
             has_ctx = True
             continue
@@ -434,6 +455,28 @@ def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel]
     return cast(type[BaseModel], model), has_ctx
 
 
+def _check_flags(
+    name: str,
+    *,
+    description: object,
+    key: object,
+    reconcile: object,
+    **flags: object,
+) -> None:
+    """Refuse, when the tool is made, flags of the wrong type: ``side_effects="no"`` would
+    read as true, and a key or reconciler that cannot be called would fail only once a
+    call was paid for (or after a crash)."""
+    wrong = [f"{flag}={value!r}" for flag, value in flags.items() if not isinstance(value, bool)]
+    if description is not None and not isinstance(description, str):
+        wrong.append(f"description={description!r:.60}")
+    if key is not None and not callable(key):
+        wrong.append(f"key={key!r:.60} (a function of the call, or None)")
+    if reconcile is not None and not callable(reconcile):
+        wrong.append(f"reconcile={reconcile!r:.60} (a function, or None)")
+    if wrong:
+        raise ConfigurationError(f"tool {name!r}: {', '.join(wrong)}; flags are True or False")
+
+
 def _unpassable(param: inspect.Parameter) -> str | None:
     """Why a call could never pass ``param`` by name (the model sends arguments by name,
     validated by a pydantic model), or ``None``."""
@@ -441,8 +484,11 @@ def _unpassable(param: inspect.Parameter) -> str | None:
         return "that is positional-only"
     if param.name.startswith("_"):
         return "whose name starts with '_' (pydantic keeps such names private)"
-    if param.name == "model_config":
-        return "named model_config (pydantic's own name)"
+    own = inspect.getattr_static(BaseModel, param.name, None)
+    if param.name == "model_config" or hasattr(type(own), "__set__"):
+        # model_extra, model_fields_set: a property of pydantic's model, which would be
+        # read back instead of the value the model sent (a method such as json is not).
+        return f"named {param.name} (pydantic's own name)"
     return None
 
 

@@ -124,8 +124,13 @@ def _carriable(call: ToolCall) -> str | None:
             "its id, name or arguments hold text that is not valid Unicode (a lone "
             "surrogate); ask for the call again with whole characters"
         )
-    except (TypeError, ValueError):
-        return None  # not JSON at all: the key and the tool say so, as before
+    except (TypeError, ValueError) as exc:
+        # A provider of the user's own (a scripted turn) can hand over a datetime or a
+        # Decimal; no model sends one, and no key, record or frontier can hold it.
+        return (
+            f"its arguments are not JSON ({str(exc)[:120]}); ask for the call again with "
+            "JSON values"
+        )
     return None
 
 
