@@ -228,8 +228,11 @@ def _store_trouble(exc: BaseException) -> tuple[ExitCode, str] | None:
         code = getattr(cause, "sqlite_errorcode", None)
         damaged = isinstance(code, int) and code & 0xFF in _DAMAGED
         if isinstance(cause, sqlite3.DatabaseError) and damaged:
+            said = sentence(str(exc))
+            if "restore it from a backup" in said:  # the store said it already
+                return ExitCode.MUST_NOT_CARRY_ON, f"tesserix: {said}"
             return ExitCode.MUST_NOT_CARRY_ON, (
-                f"tesserix: {sentence(str(exc))}; the database file is damaged and "
+                f"tesserix: {said}; the database file is damaged and "
                 "retrying will not help: restore it from a backup"
             )
         module = type(cause).__module__

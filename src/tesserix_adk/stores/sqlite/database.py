@@ -373,10 +373,15 @@ class SqliteDatabase:
             try:
                 self._conn = self._checked("rw")
             except sqlite3.OperationalError as exc:
-                if getattr(exc, "sqlite_errorcode", -1) & 0xFF != sqlite3.SQLITE_READONLY:
+                code = getattr(exc, "sqlite_errorcode", -1) & 0xFF
+                # A directory this process may not write (WAL needs its -shm file there),
+                # or a read-only filesystem (which SQLite reports as "cannot open"): open
+                # read-only, so the store can still be inspected; writes are refused.
+                unwritable = code == sqlite3.SQLITE_READONLY or (
+                    code == sqlite3.SQLITE_CANTOPEN and Path(self.path).is_file()
+                )
+                if not unwritable:
                     raise
-                # A directory this process may not write (WAL needs its -shm file there):
-                # open read-only, so the store can still be inspected; writes are refused.
                 self._conn = self._checked(self._read_only_mode())
             (mode,) = self._conn.execute("PRAGMA journal_mode").fetchone()
             self._wal = str(mode).lower() == "wal"

@@ -4,12 +4,14 @@ translated, and a file whose schema is missing or of another version."""
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
     ConfigurationError,
     SchemaMismatchError,
+    StorePermissionError,
     StoreUnavailableError,
 )
 
@@ -69,6 +71,14 @@ def translate(exc: sqlite3.Error, path: str, busy_timeout: float) -> AdkError:
             f"the SQLite store {path} is locked by another writer "
             f"(waited up to {busy_timeout:g} s): {exc}"
         )
+    if code == sqlite3.SQLITE_CANTOPEN and Path(path).is_file():
+        # Like a database user refused a write: the store's matter (a worker stops on it).
+        return StorePermissionError(
+            f"the SQLite store {path} exists but cannot be opened ({exc}): a read-only "
+            "filesystem, or a directory this process may not write (WAL keeps its -wal and "
+            "-shm files beside it), makes it read-only; where it can be read, it can be "
+            "inspected, not written"
+        )
     if code == sqlite3.SQLITE_CANTOPEN:
         return ConfigurationError(
             f"the SQLite store {path} does not exist or cannot be opened; "
@@ -81,7 +91,7 @@ def translate(exc: sqlite3.Error, path: str, busy_timeout: float) -> AdkError:
             f"the SQLite store {path} is damaged ({exc}); restore it from a backup"
         )
     if code == sqlite3.SQLITE_READONLY:
-        return ConfigurationError(
+        return StorePermissionError(
             f"the SQLite store {path} is read-only for this process ({exc}); it can "
             "be inspected, not written"
         )
