@@ -20,6 +20,8 @@ from typing import Any, Protocol, cast, overload
 from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic.fields import FieldInfo
+from pydantic.json_schema import GenerateJsonSchema
 
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import ToolCall
@@ -187,7 +189,9 @@ class Tool:
             )
         self._key_takes_occurrence = key is not None and _takes(key, "occurrence")
         self._args_model, self._accepts_ctx = _arguments_model(fn, self.name)
-        self.parameters: Mapping[str, Any] = self._args_model.model_json_schema()
+        self.parameters: Mapping[str, Any] = self._args_model.model_json_schema(
+            schema_generator=_SetsInOrder
+        )
 
     @property
     def keyed(self) -> bool:
@@ -444,10 +448,15 @@ def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel]
             )
         annotation = Any if param.annotation is param.empty else param.annotation
         default = ... if param.default is param.empty else param.default
+        if isinstance(default, FieldInfo) and default.examples:
+            # Examples only describe: a set among them is written in one order everywhere.
+            default = FieldInfo.merge_field_infos(
+                default, examples=_sets_in_order(default.examples)
+            )
         fields[param.name] = (annotation, default)
     try:
         model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
-        model.model_json_schema()
+        model.model_json_schema(schema_generator=_SetsInOrder)
     except Exception as exc:  # pydantic's schema errors: a type it cannot describe
         raise ConfigurationError(
             f"tool {name!r} has parameters the kit cannot describe to a model: {exc}"
@@ -475,6 +484,27 @@ def _check_flags(
         wrong.append(f"reconcile={reconcile!r:.60} (a function, or None)")
     if wrong:
         raise ConfigurationError(f"tool {name!r}: {', '.join(wrong)}; flags are True or False")
+
+
+def _sets_in_order(value: Any) -> Any:
+    """``value`` with every set in it a list in one order, whatever the hash seed (pydantic
+    writes a set it cannot sort, of mixed types, in the order it iterates)."""
+    if isinstance(value, set | frozenset):
+        items = [_sets_in_order(v) for v in value]
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True, default=repr))
+    if isinstance(value, list | tuple):
+        return [_sets_in_order(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _sets_in_order(v) for k, v in value.items()}
+    return value
+
+
+class _SetsInOrder(GenerateJsonSchema):
+    """The schema a model is told, the same in every process: a tool's schema is part of
+    the agent's revision, and a resume under another revision is refused."""
+
+    def encode_default(self, dft: Any) -> Any:
+        return super().encode_default(_sets_in_order(dft))
 
 
 def _unpassable(param: inspect.Parameter) -> str | None:

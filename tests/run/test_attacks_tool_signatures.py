@@ -747,12 +747,6 @@ print(json.dumps(Agent("parcels", "Label.", [tool(label), tool(stamp)]).revision
 '''
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: the revision of an agent whose tool schema holds a set (a "
-    "mixed-type set default, a frozenset in examples) differs between processes with "
-    "other PYTHONHASHSEEDs, so every restart refuses to resume its runs",
-)
 def test_a_set_in_a_schema_keeps_the_revision_across_processes(tmp_path: Path) -> None:
     (tmp_path / "mixed.py").write_text(textwrap.dedent(MIXED_SET_MODULE))
     revisions = set()
