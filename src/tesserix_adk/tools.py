@@ -421,7 +421,7 @@ def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel]
         sig = inspect.signature(fn, eval_str=True)
     except (TypeError, ValueError, NameError) as exc:
         raise ConfigurationError(f"cannot read the signature of tool {name!r}: {exc}") from exc
-    own_call = None if inspect.isroutine(fn) else type(fn).__dict__.get("__call__")
+    own_call = None if inspect.isroutine(fn) else inspect.getattr_static(type(fn), "__call__", None)
     if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(own_call):
         raise ConfigurationError(
             f"tool {name!r} is an async generator: calling it runs nothing; make it a "
@@ -429,7 +429,7 @@ def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel]
         )
     # A partial's bound keywords are fixed by its author: the signature lists them as
     # parameters with defaults, and the model must not be offered (or allowed) to change them.
-    fixed = set(fn.keywords) if isinstance(fn, functools.partial) else set()
+    fixed = _fixed_keywords(fn)
     fields: dict[str, Any] = {}
     has_ctx = False
     for param in sig.parameters.values():
@@ -484,6 +484,22 @@ def _check_flags(
         wrong.append(f"reconcile={reconcile!r:.60} (a function, or None)")
     if wrong:
         raise ConfigurationError(f"tool {name!r}: {', '.join(wrong)}; flags are True or False")
+
+
+def _fixed_keywords(fn: Callable[..., Any]) -> set[str]:
+    """The keywords partials bind on the way to the function, through decorators that say
+    what they wrap (``functools.wraps``), as ``inspect.signature`` follows them."""
+    fixed: set[str] = set()
+    seen: set[int] = set()
+    current: Any = fn
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, functools.partial):
+            fixed |= set(current.keywords)
+            current = current.func
+        else:
+            current = getattr(current, "__wrapped__", None)
+    return fixed
 
 
 def _sets_in_order(value: Any) -> Any:

@@ -12,9 +12,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.checkpoint.checkpointer import state_from_json
+from tesserix_adk.checkpoint.checkpointer import Checkpointer, state_from_json
 from tesserix_adk.checkpoint.payload import Checkpoint, resolve_observation
-from tesserix_adk.errors import CheckpointTooLargeError, ConfigurationError, NoCheckpointError
+from tesserix_adk.errors import (
+    AdkError,
+    CheckpointTooLargeError,
+    ConfigurationError,
+    NoCheckpointError,
+)
 from tesserix_adk.run.attempt import Attempt, new_holder
 from tesserix_adk.run.ids import check_ids, id_problem
 from tesserix_adk.run.loop import carry_on, outstanding_calls
@@ -25,6 +30,9 @@ if TYPE_CHECKING:
     from tesserix_adk.run.runner import AgentRunner
 
 __all__ = ["check_stubs", "replay_from", "replayed_frontier", "replay_state", "usable_step"]
+
+# How many replays of replays a replay's spend is traced back through.
+_REPLAY_DEPTH = 64
 
 
 async def replay_from(
@@ -52,6 +60,7 @@ async def replay_from(
         stubs=stubs,
     )
     messages = await checkpoints.messages(cp)
+    spent_before = await _spent_before(checkpoints, cp)
     new_id = f"{run_id}-replay-{secrets.token_hex(4)}" if new_run_id is None else new_run_id
     problem = None if new_run_id is not None else id_problem(new_id)
     if problem is not None:
@@ -64,7 +73,7 @@ async def replay_from(
     if new_id == run_id:
         raise ConfigurationError("a replay never writes into the original run")
     await _refuse_taken(runner, tenant, new_id)
-    run = replay_state(agent, cp, messages, new_id)
+    run = replay_state(agent, cp, messages, new_id, spent_before=spent_before)
     attempt = Attempt(
         holder=new_holder(runner.worker),
         stubs=dict(stubs),
@@ -161,7 +170,31 @@ def usable_step(
     return cp
 
 
-def replay_state(agent: Agent, cp: Checkpoint, messages: list[Any], new_id: str) -> RunState:
+async def _spent_before(checkpoints: Checkpointer, cp: Checkpoint) -> int:
+    """What had been spent at ``cp``: its own micros and, for a replay's step, what its
+    original had spent at the step it was replayed from (and so on: a replay's frontiers
+    record only its own spend). A step no longer kept counts as nothing."""
+    total, step, seen = cp.micros, cp, 0
+    while step.replay_of and seen < _REPLAY_DEPTH:
+        run_id, _, number = step.replay_of.rpartition("@")
+        try:
+            earlier = await checkpoints.at(step.tenant, run_id, int(number))
+        except (ValueError, AdkError):
+            break
+        if earlier is None:
+            break
+        total, step, seen = total + earlier.micros, earlier, seen + 1
+    return total
+
+
+def replay_state(
+    agent: Agent,
+    cp: Checkpoint,
+    messages: list[Any],
+    new_id: str,
+    *,
+    spent_before: int | None = None,
+) -> RunState:
     """The new run's state: the step's conversation under a run id of its own. It starts
     from the step's iterations, and its budget counts the step's spend, so the agent allows
     it no more than the original had left there; what it reports spent (its ledger, its
@@ -173,7 +206,7 @@ def replay_state(agent: Agent, cp: Checkpoint, messages: list[Any], new_id: str)
         messages=messages,
         iteration=cp.iteration,
         steps_used=cp.steps_used,
-        spent_before=cp.micros,
+        spent_before=cp.micros if spent_before is None else spent_before,
         state=state_from_json(cp.state, agent.state_schema),
         grants=list(cp.grants),
         replay_of=f"{cp.run_id}@{cp.step}",

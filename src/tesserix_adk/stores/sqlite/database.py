@@ -108,6 +108,8 @@ class SqliteDatabase:
         # Touched by the executor's one thread, or by a group's caller on its own thread
         # (``SqliteWriteGroup._here``), always under ``_lock``.
         self._conn: sqlite3.Connection | None = None
+        # Opened read-only (the file or its directory could not be written): not kept.
+        self._read_only = False
         # Whether that connection's file is in WAL mode, where a call inside a write
         # transaction never waits on another connection's lock (``grouping``).
         self._wal = False
@@ -368,6 +370,12 @@ class SqliteDatabase:
         return conn
 
     def _connection(self) -> sqlite3.Connection:
+        if self._conn is not None and self._read_only and not self._conn.in_transaction:
+            # A read-only connection is opened afresh for each use: immutable=1 promises
+            # SQLite the file never changes, so a kept one would never see what others
+            # write, and the file may have turned writable since.
+            self._conn.close()
+            self._conn = None
         if self._conn is None:
             # mode=rw: a missing file is an error, never an empty new database.
             try:
@@ -383,6 +391,9 @@ class SqliteDatabase:
                 if not unwritable:
                     raise
                 self._conn = self._checked(self._read_only_mode())
+                self._read_only = True
+            else:
+                self._read_only = False
             (mode,) = self._conn.execute("PRAGMA journal_mode").fetchone()
             self._wal = str(mode).lower() == "wal"
         return self._conn
