@@ -17,6 +17,7 @@ from tesserix_adk import (
     BinaryPart,
     CheckpointCorruptError,
     Checkpointer,
+    CheckpointError,
     CheckpointFormatError,
     CheckpointStatus,
     MemoryApprovalStore,
@@ -286,7 +287,10 @@ async def test_state_is_validated_on_save_and_an_invalid_state_is_not_saved() ->
         checkpoints=checkpointer,
     )
     state = Ticket(phase="apply", ticket_id="T-1")
-    await runner.run(agent, "go", tenant="acme", run_id="r", state=state)
+    # The run stops, typed, at the first frontier that cannot hold its state (it used to
+    # go on with nothing kept, its last frontier saying it was running).
+    with pytest.raises(CheckpointError, match="does not validate"):
+        await runner.run(agent, "go", tenant="acme", run_id="r", state=state)
     assert [p["state"] for p in store.puts] == [{"phase": "apply", "ticket_id": "T-1"}]
     assert "does not validate" in str(checkpointer.last_error)
 

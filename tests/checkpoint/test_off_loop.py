@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 from pydantic import BaseModel, field_validator
 
 from tesserix_adk import (
@@ -18,6 +19,7 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.errors import ConfigurationError
 
 SECRET = "sk-proj-" + "Zx9Yw8Vu7Ts6Rq5Po4Nm" * 2
 
@@ -73,7 +75,10 @@ async def test_an_invalid_states_error_is_kept_and_logged_without_its_secret(
         ScriptedProvider(["hi"]), idempotency=MemoryIdempotencyStore(), checkpoints=checkpointer
     )
     state = Session.model_construct(api_key=SECRET)
-    await runner.run(agent, "hi", tenant="acme", run_id="r", state=state)
-    assert checkpointer.last_error is not None
-    assert SECRET not in str(checkpointer.last_error)
+    # Refused before it starts now (it used to run with no frontier kept), its error still
+    # without the secret the validation error quotes.
+    with pytest.raises(ConfigurationError) as refused:
+        await runner.run(agent, "hi", tenant="acme", run_id="r", state=state)
+    assert "does not validate" in str(refused.value)
+    assert SECRET not in str(refused.value)
     assert SECRET not in caplog.text

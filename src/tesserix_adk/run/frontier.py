@@ -64,9 +64,13 @@ async def write_frontier(
             output=output,
         )
     except AdkError as exc:
-        checkpoints.last_error = redacted_error(exc, parts.redactor)
-        _log.warning("run %s: state not checkpointed: %s", run.run_id, checkpoints.last_error)
-        return False
+        # The run's own state no longer validates or encodes (a tool spoiled it): every
+        # frontier from here on would fail alike, so the run stops, typed, rather than go
+        # on with nothing of it kept while its last frontier says it is running.
+        error = redacted_error(exc, parts.redactor)
+        checkpoints.last_error = error
+        _log.error("run %s: state not checkpointed: %s", run.run_id, error)
+        raise error from None
     held = attempt.group
     off_loop = None if held is None else checkpoints.encodes_off_loop(frontier, run.cursor)
     if held is not None and (off_loop or not checkpoints.joins(held.group)):

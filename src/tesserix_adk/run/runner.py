@@ -287,6 +287,16 @@ class AgentRunner:
         messages = without_secret_ids(as_messages(input), self.redactor)
         run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=messages)
         run.state = state
+        if self.checkpoints is not None:
+            try:
+                state_to_json(state, agent.state_schema)
+            except CheckpointError as exc:
+                # Every frontier keeps the state: a run none of them could hold would go on
+                # (sending calls) with nothing of it kept, invisible to an operator.
+                said = self.redactor.text(str(exc))  # a validation error quotes the value
+                raise ConfigurationError(
+                    f"run {run_id!r} not started: {said} (a run's state is checkpointed with it)"
+                ) from None
         async with self._holding(attempt, tenant, run_id):
             if self.checkpoints is not None:
                 existing = await self.checkpoints.store.latest(tenant, run_id)
