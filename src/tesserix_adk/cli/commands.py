@@ -358,7 +358,11 @@ def _main(
     out = out or sys.stdout
     err = err or sys.stderr
     # Set once the command line is read: whether an error is also a JSON object on stdout.
-    wants_json = [isinstance(argv, argparse.Namespace) and bool(getattr(argv, "json", False))]
+    wants_json = [
+        bool(getattr(argv, "json", False))
+        if isinstance(argv, argparse.Namespace)
+        else "--json" in argv  # a command line that cannot be read still answers in JSON
+    ]
     # And what it names, which an error's sentence shows as given (``explain``'s ``told``).
     told = list(told_by(argv)) if isinstance(argv, argparse.Namespace) else []
 

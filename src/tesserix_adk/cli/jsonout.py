@@ -20,8 +20,17 @@ __all__ = ["claim_json", "emit", "error_json", "json_text", "key_digest", "lease
 
 
 def emit(out: TextIO, value: Any) -> None:
-    """``value`` as one indented JSON document (``json_text``)."""
-    out.write(json_text(value, indent=2) + "\n")
+    """``value`` as one indented JSON document (``json_text``), written and flushed a piece
+    at a time: a reader that leaves mid-document is then told (``BrokenPipeError``), never
+    taken for a whole one (one large write that the pipe cut short reported no error)."""
+    text = json_text(value, indent=2) + "\n"
+    for start in range(0, len(text), _PIECE):
+        out.write(text[start : start + _PIECE])
+        out.flush()
+
+
+# A pipe's usual capacity: a write no larger is refused whole once its reader has left.
+_PIECE = 65536
 
 
 def json_text(value: Any, *, indent: int | None = None) -> str:

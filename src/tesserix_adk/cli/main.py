@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from urllib.parse import urlsplit
 
+from tesserix_adk.checkpoint.redaction import default_redactor
 from tesserix_adk.cli.commands import (
     HelpShown,
     add_frontier_commands,
@@ -28,7 +29,7 @@ from tesserix_adk.cli.commands import (
     new_parser,
     run_command,
 )
-from tesserix_adk.cli.failures import ExitCode, UsageError, explain, say, told_by
+from tesserix_adk.cli.failures import ExitCode, UsageError, explain, output_closed, say, told_by
 from tesserix_adk.cli.jsonout import emit, error_json
 from tesserix_adk.cli.text import sentence
 from tesserix_adk.cli.ui import add_ui_command
@@ -58,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HelpShown:
         return int(ExitCode.CARRIED_ON)
     except UsageError as exc:
-        return _failed(ExitCode.USAGE, f"tesserix: {sentence(str(exc))}", args_list)
+        # argparse quotes the words it refused, which may hold a secret (an unquoted note).
+        said = default_redactor().text(str(exc))
+        return _failed(ExitCode.USAGE, f"tesserix: {sentence(said)}", args_list)
     if args.command == "demo":
         from tesserix_adk.cli.demo import run_demo
 
@@ -97,7 +100,10 @@ def _failed(code: ExitCode, text: str, args_list: Sequence[str]) -> int:
     command prints its own failures (here the command never got to run)."""
     say(sys.stderr, text)
     if "--json" in args_list:
-        emit(sys.stdout, error_json(int(code), text.removeprefix("tesserix: ")))
+        try:
+            emit(sys.stdout, error_json(int(code), text.removeprefix("tesserix: ")))
+        except (OSError, ValueError):  # its reader went away: the exit code still says it
+            output_closed(sys.stdout)
     return int(code)
 
 

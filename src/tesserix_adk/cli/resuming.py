@@ -101,7 +101,10 @@ async def run_resume_command(
             run = await runner.resume(agent, args.resume, tenant=args.tenant, on_frontier=found)
         output = _shown_output(run, runner)
     if as_json:
-        emit(out, _run_json(run, output, held, accepted))
+        # The step it stopped at, as inspect and show name it (a Run does not carry it).
+        latest = await Checkpointer.from_stores(stores).store.latest(run.tenant, run.run_id)
+        step = None if latest is None else latest.step
+        emit(out, _run_json(run, output, held, accepted, step=step))
     else:
         tail = f": {escaped(output)}" if output else ""
         if run.pending_approval is not None:
@@ -147,11 +150,18 @@ def _shown_output(run: Run, runner: AgentRunner) -> str | None:
 
 
 def _run_json(
-    run: Run, output: str | None, held: dict[str, Any], accepted: RevisionAcceptance | None
+    run: Run,
+    output: str | None,
+    held: dict[str, Any],
+    accepted: RevisionAcceptance | None,
+    *,
+    step: int | None,
 ) -> dict[str, Any]:
     return {
         "run_id": run.run_id,
+        "tenant": run.tenant,
         "status": str(run.status),
+        "step": step,
         "iteration": run.iteration,
         "spent_micros": run.spent_micros,
         "output": output,
@@ -194,7 +204,9 @@ async def _already_ended(
             out,
             {
                 "run_id": cp.run_id,
+                "tenant": cp.tenant,
                 "status": str(cp.status),
+                "step": cp.step,
                 "iteration": cp.iteration,
                 "spent_micros": spent,
                 "output": cp.output,
