@@ -617,17 +617,23 @@ def _paused_under_a_tool(tmp_path: Path) -> tuple[Site, str, str]:
         return site, row, (site.logs / "w0.out").read_text()
 
 
+@pytest.fixture(scope="module")
+def paused(tmp_path_factory: pytest.TempPathFactory) -> tuple[Site, str, str]:
+    """The paused-pooler scenario, played once for the two tests that read it (10 s)."""
+    return _paused_under_a_tool(tmp_path_factory.mktemp("paused"))
+
+
 def test_a_paused_pooler_under_a_tool_holds_the_outcome_and_the_run_completes_once(
-    tmp_path: Path,
+    paused: tuple[Site, str, str],
 ) -> None:
-    _, row, _ = _paused_under_a_tool(tmp_path)
+    _, row, _ = paused
     assert row["status"] == "completed" and row["in_flight"] == 0, row
 
 
 def test_a_worker_that_lost_its_lease_to_a_paused_pooler_does_not_say_held_elsewhere(
-    tmp_path: Path,
+    paused: tuple[Site, str, str],
 ) -> None:
-    _, row, out = _paused_under_a_tool(tmp_path)
+    _, row, out = paused
     lines = [line for line in out.splitlines() if row["run_id"] in line]
     assert not [line for line in lines if "held elsewhere" in line], lines
 

@@ -352,6 +352,7 @@ def test_a_store_on_a_read_only_filesystem_loses_nothing_and_carries_on_once_wri
 # --- the disk fills up ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 12 s: in the ADK_SLOW=1 run (README, Testing)
 def test_a_disk_filling_under_a_worker_is_retried_and_carried_on_once_room_is_made(
     small_fs: Path, tmp_path: Path
 ) -> None:
@@ -390,7 +391,15 @@ def test_a_disk_filling_under_a_worker_is_retried_and_carried_on_once_room_is_ma
 # --- the -wal and -shm files under a live worker ---------------------------------------------
 
 
-@pytest.mark.parametrize("damage", ["delete-wal", "delete-wal-and-shm", "truncate-shm"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "delete-wal",
+        "delete-wal-and-shm",
+        # 12 s (the worker dies of SIGBUS, the next one carries 40 runs): ADK_SLOW=1.
+        pytest.param("truncate-shm", marks=pytest.mark.slow),
+    ],
+)
 def test_wal_or_shm_damaged_under_a_live_worker_sends_no_call_twice(
     tmp_path: Path, damage: str
 ) -> None:
