@@ -40,6 +40,7 @@ from tesserix_adk import (
     RunStatus,
     ScriptedProvider,
     ToolCall,
+    ToolContext,
     Worker,
     WorkState,
     tool,
@@ -203,6 +204,33 @@ async def test_a_worker_starts_a_submitted_run_whose_state_the_kit_reshapes(
     raw = _file_bytes(tmp_path)
     assert SECRET[8:30].encode() not in raw
     assert b"hunter2-plain" not in raw
+
+
+async def test_a_worker_started_run_gives_its_tools_the_schemas_state_not_its_json(
+    tmp_path: Path,
+) -> None:
+    """A submission keeps the state as JSON; a worker starting it handed that dict to the
+    run, so a tool reading ``ctx.state.origin`` failed (and, warnings as errors, no frontier
+    could hold it). It is the schema's model now, as a resume restores it."""
+    seen: list[Any] = []
+
+    @tool(side_effects=False)
+    def where(ctx: ToolContext) -> str:
+        """Where the trip starts."""
+        seen.append(ctx.state)
+        return ctx.state.origin  # type: ignore[no-any-return]
+
+    agent = Agent("trips", "Say where.", [where], state_schema=Trip)
+    async with fresh_stores("sqlite", tmp_path) as stores:
+        await _fast(stores, ScriptedProvider(["x"])).submit(
+            agent, "where from?", tenant=T, run_id="trip", state=Trip(origin="FRA")
+        )
+        worker = _worker(stores, ScriptedProvider([[("where", {})], "FRA."]), agent)
+        await asyncio.wait_for(worker.run(), 30)
+        assert worker.carried[-1][1].value == "finished", worker.carried
+        latest = await Checkpointer.from_stores(stores).latest(T, "trip")
+    assert [type(s) for s in seen] == [Trip]
+    assert latest is not None and latest.status.value == "completed"
 
 
 # --- 4. cancel reasons near the limits -----------------------------------------------------

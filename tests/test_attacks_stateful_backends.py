@@ -63,7 +63,10 @@ from test_attacks_stateful_operators import (
 )
 
 T = "acme"
-EXAMPLES = int(os.environ.get("STATEFUL_BACKENDS_EXAMPLES", "3"))
+# A short profile in CI; ADK_SLOW=1 (or STATEFUL_BACKENDS_EXAMPLES=N) looks further.
+EXAMPLES = int(
+    os.environ.get("STATEFUL_BACKENDS_EXAMPLES", "3" if os.environ.get("ADK_SLOW") == "1" else "2")
+)
 STEPS = int(os.environ.get("STATEFUL_BACKENDS_STEPS", "8"))
 # Deaths two workers may meet (a hung tool needs the one-worker rig's drain or cancel).
 TWO_WORKER_FAULTS = ("none", "died_before", "died_after", "unknown_after", "error_after")

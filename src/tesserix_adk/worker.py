@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.checkpointer import state_from_json
 from tesserix_adk.checkpoint.payload.submission import decode_submission
 from tesserix_adk.errors import (
     AdkError,
@@ -350,7 +351,8 @@ class Worker(Parking):
                 list(submission.messages),
                 tenant=item.tenant,
                 run_id=item.run_id,
-                state=submission.state,
+                # As a resume restores it: the schema's own type, not its JSON form.
+                state=state_from_json(submission.state, agent.state_schema),
                 stop=self._stop,
                 on_event=progress,
             )

@@ -40,12 +40,14 @@ CI = Profile(
     racers=16,
     # The issue asks 16 x 20 here; measured on the shared 2 cores, 16 x 20 costs 3.5 to 5.4
     # minutes of this directory's 6.5 to 9 (docs/reliability.md), too close to its 10.
-    race_rounds=10,
+    # Cut to 6 (and skew to 5) in stop 40, when the whole suite's CI run reached 19.7 min
+    # of its 20: docs/reliability.md.
+    race_rounds=6,
     race_width=4,
     stop_runs=5,
     restart_runs=3,
     proxy_runs=6,
-    skew_runs=10,
+    skew_runs=5,
     delay_runs=5,
     half_open_runs=5,
     maxmemory_runs=2,

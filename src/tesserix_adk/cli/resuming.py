@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.checkpoint.checkpointer import Checkpointer
+from tesserix_adk.checkpoint.checkpointer import Checkpointer, state_from_json
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.checkpoint.payload.submission import decode_submission
 from tesserix_adk.checkpoint.planning import ResumePlan
@@ -133,7 +133,7 @@ async def _start(
             list(submission.messages),
             tenant=args.tenant,
             run_id=args.resume,
-            state=submission.state,
+            state=state_from_json(submission.state, agent.state_schema),
         )
     except RunStartedError:
         return await runner.resume(agent, args.resume, tenant=args.tenant, on_frontier=found)

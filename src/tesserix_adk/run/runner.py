@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.checkpoint.checkpointer import Checkpointer, state_to_json
+from tesserix_adk.checkpoint.checkpointer import Checkpointer, state_from_json, state_to_json
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.payload.submission import decode_submission, encode_submission
 from tesserix_adk.checkpoint.planning import (
@@ -554,7 +554,8 @@ class AgentRunner:
         # stored ones are compared as they would come through.
         kept = decode_submission(stored)
         again = without_secret_ids(kept.messages, self.redactor)
-        if self._submission(run.agent, again, kept.state) != data:
+        state = state_from_json(kept.state, run.agent.state_schema)
+        if self._submission(run.agent, again, state) != data:
             raise RunStartedError(
                 f"run {run.run_id!r} was submitted with another input; a worker starts it "
                 "from that submission (start a new run for this input)"
