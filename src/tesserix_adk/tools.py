@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast, overload
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
-from pydantic.fields import FieldInfo
-from pydantic.json_schema import GenerateJsonSchema
+from pydantic import ValidationError
 
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import ToolCall
 from tesserix_adk.reconcile import Reconciler
+from tesserix_adk.tool_schema import CTX as _CTX
+from tesserix_adk.tool_schema import SetsInOrder, arguments_model, check_flags
 
 __all__ = [
     "KeyFunction",
@@ -114,9 +114,6 @@ class ToolSpec:
     parameters: Mapping[str, Any]
 
 
-_CTX = "ctx"
-
-
 class Tool:
     """A function the model may call, with what it does to the world declared up front."""
 
@@ -162,7 +159,7 @@ class Tool:
                 "it one: Tool(fn, name=...)"
             )
         self.name = named
-        _check_flags(
+        check_flags(
             named,
             description=description,
             side_effects=side_effects,
@@ -188,9 +185,9 @@ class Tool:
                 "looks a call up by its key"
             )
         self._key_takes_occurrence = key is not None and _takes(key, "occurrence")
-        self._args_model, self._accepts_ctx = _arguments_model(fn, self.name)
+        self._args_model, self._accepts_ctx = arguments_model(fn, self.name)
         self.parameters: Mapping[str, Any] = self._args_model.model_json_schema(
-            schema_generator=_SetsInOrder
+            schema_generator=SetsInOrder
         )
 
     @property
@@ -412,130 +409,6 @@ def accepts_ctx(fn: Callable[..., Any]) -> bool:
         return _CTX in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-
-
-def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel], bool]:
-    try:
-        # From the signature, which sees through a partial or a callable object's
-        # ``__call__`` (the object's own annotations would be none: every type ``Any``).
-        sig = inspect.signature(fn, eval_str=True)
-    except (TypeError, ValueError, NameError) as exc:
-        raise ConfigurationError(f"cannot read the signature of tool {name!r}: {exc}") from exc
-    own_call = None if inspect.isroutine(fn) else inspect.getattr_static(type(fn), "__call__", None)
-    if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(own_call):
-        raise ConfigurationError(
-            f"tool {name!r} is an async generator: calling it runs nothing; make it a "
-            "coroutine (async def ... return) or a plain function"
-        )
-    # A partial's bound keywords are fixed by its author: the signature lists them as
-    # parameters with defaults, and the model must not be offered (or allowed) to change them.
-    fixed = _fixed_keywords(fn)
-    fields: dict[str, Any] = {}
-    has_ctx = False
-    for param in sig.parameters.values():
-        if param.name in fixed:
-            continue
-        if param.name == _CTX:
-            has_ctx = True
-            continue
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ConfigurationError(f"tool {name!r} cannot take *args or **kwargs")
-        unpassable = _unpassable(param)
-        if unpassable is not None:
-            raise ConfigurationError(
-                f"tool {name!r} has a parameter {param.name!r} {unpassable}, so no call "
-                "could pass it; rename it, or make it keyword"
-            )
-        annotation = Any if param.annotation is param.empty else param.annotation
-        default = ... if param.default is param.empty else param.default
-        if isinstance(default, FieldInfo) and default.examples:
-            # Examples only describe: a set among them is written in one order everywhere.
-            default = FieldInfo.merge_field_infos(
-                default, examples=_sets_in_order(default.examples)
-            )
-        fields[param.name] = (annotation, default)
-    try:
-        model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
-        model.model_json_schema(schema_generator=_SetsInOrder)
-    except Exception as exc:  # pydantic's schema errors: a type it cannot describe
-        raise ConfigurationError(
-            f"tool {name!r} has parameters the kit cannot describe to a model: {exc}"
-        ) from exc
-    return cast(type[BaseModel], model), has_ctx
-
-
-def _check_flags(
-    name: str,
-    *,
-    description: object,
-    key: object,
-    reconcile: object,
-    **flags: object,
-) -> None:
-    """Refuse, when the tool is made, flags of the wrong type: ``side_effects="no"`` would
-    read as true, and a key or reconciler that cannot be called would fail only once a
-    call was paid for (or after a crash)."""
-    wrong = [f"{flag}={value!r}" for flag, value in flags.items() if not isinstance(value, bool)]
-    if description is not None and not isinstance(description, str):
-        wrong.append(f"description={description!r:.60}")
-    if key is not None and not callable(key):
-        wrong.append(f"key={key!r:.60} (a function of the call, or None)")
-    if reconcile is not None and not callable(reconcile):
-        wrong.append(f"reconcile={reconcile!r:.60} (a function, or None)")
-    if wrong:
-        raise ConfigurationError(f"tool {name!r}: {', '.join(wrong)}; flags are True or False")
-
-
-def _fixed_keywords(fn: Callable[..., Any]) -> set[str]:
-    """The keywords partials bind on the way to the function, through decorators that say
-    what they wrap (``functools.wraps``), as ``inspect.signature`` follows them."""
-    fixed: set[str] = set()
-    seen: set[int] = set()
-    current: Any = fn
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, functools.partial):
-            fixed |= set(current.keywords)
-            current = current.func
-        else:
-            current = getattr(current, "__wrapped__", None)
-    return fixed
-
-
-def _sets_in_order(value: Any) -> Any:
-    """``value`` with every set in it a list in one order, whatever the hash seed (pydantic
-    writes a set it cannot sort, of mixed types, in the order it iterates)."""
-    if isinstance(value, set | frozenset):
-        items = [_sets_in_order(v) for v in value]
-        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True, default=repr))
-    if isinstance(value, list | tuple):
-        return [_sets_in_order(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _sets_in_order(v) for k, v in value.items()}
-    return value
-
-
-class _SetsInOrder(GenerateJsonSchema):
-    """The schema a model is told, the same in every process: a tool's schema is part of
-    the agent's revision, and a resume under another revision is refused."""
-
-    def encode_default(self, dft: Any) -> Any:
-        return super().encode_default(_sets_in_order(dft))
-
-
-def _unpassable(param: inspect.Parameter) -> str | None:
-    """Why a call could never pass ``param`` by name (the model sends arguments by name,
-    validated by a pydantic model), or ``None``."""
-    if param.kind is param.POSITIONAL_ONLY:
-        return "that is positional-only"
-    if param.name.startswith("_"):
-        return "whose name starts with '_' (pydantic keeps such names private)"
-    own = inspect.getattr_static(BaseModel, param.name, None)
-    if param.name == "model_config" or hasattr(type(own), "__set__"):
-        # model_extra, model_fields_set: a property of pydantic's model, which would be
-        # read back instead of the value the model sent (a method such as json is not).
-        return f"named {param.name} (pydantic's own name)"
-    return None
 
 
 @overload
