@@ -57,27 +57,18 @@ class Agent:
         names = [t.name for t in tool_list]
         if len(set(names)) != len(names):
             raise ConfigurationError(f"agent {name!r} has two tools with the same name")
-        if isinstance(max_iterations, bool) or not isinstance(max_iterations, int):
+        if not _whole(max_iterations, least=1):
             raise ConfigurationError(
-                f"agent {name!r}: max_iterations must be a whole number, not {max_iterations!r}"
+                f"agent {name!r}: max_iterations must be a whole number of at least 1, "
+                f"not {max_iterations!r}"
             )
-        if max_iterations < 1:
-            raise ConfigurationError("max_iterations must be at least 1")
-        if budget_micros is not None and (
-            isinstance(budget_micros, bool)
-            or not isinstance(budget_micros, int)
-            or budget_micros < 0
-        ):
-            # Checked here, not at the first comparison: NaN would switch the budget off.
+        # Checked here, not at the first comparison: NaN would switch the budget off.
+        if budget_micros is not None and not _whole(budget_micros, least=0):
             raise ConfigurationError(
                 f"agent {name!r}: budget_micros must be a whole number of micros (0 or more) "
                 f"or None, not {budget_micros!r}"
             )
-        if (
-            isinstance(parallel_tool_calls, bool)
-            or not isinstance(parallel_tool_calls, int)
-            or parallel_tool_calls < 1
-        ):
+        if not _whole(parallel_tool_calls, least=1):
             raise ConfigurationError(
                 f"agent {name!r}: parallel_tool_calls must be a whole number of at least 1, "
                 f"not {parallel_tool_calls!r}"
@@ -119,3 +110,8 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, revision={self.revision[:15]}…)"
+
+
+def _whole(value: object, *, least: int) -> bool:
+    """``value`` is an ``int`` (not a ``bool``) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least

@@ -18,13 +18,17 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from tesserix_adk.errors import ConfigurationError
 
-__all__ = ["CTX", "SetsInOrder", "arguments_model", "check_flags"]
+__all__ = ["CTX", "arguments_model", "check_flags"]
 
 # The parameter a tool declares to get its ToolContext (never the model's to pass).
 CTX = "ctx"
 
 
-def arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel], bool]:
+def arguments_model(
+    fn: Callable[..., Any], name: str
+) -> tuple[type[BaseModel], bool, dict[str, Any]]:
+    """The pydantic model of the arguments ``fn`` takes from a call, whether it declares
+    ``ctx``, and the JSON schema the model is told (``_SetsInOrder``)."""
     try:
         # From the signature, which sees through a partial or a callable object's
         # ``__call__`` (the object's own annotations would be none: every type ``Any``).
@@ -66,12 +70,12 @@ def arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel],
         fields[param.name] = (annotation, default)
     try:
         model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
-        model.model_json_schema(schema_generator=SetsInOrder)
+        schema = model.model_json_schema(schema_generator=_SetsInOrder)
     except Exception as exc:  # pydantic's schema errors: a type it cannot describe
         raise ConfigurationError(
             f"tool {name!r} has parameters the kit cannot describe to a model: {exc}"
         ) from exc
-    return cast(type[BaseModel], model), has_ctx
+    return cast(type[BaseModel], model), has_ctx, schema
 
 
 def check_flags(
@@ -125,7 +129,7 @@ def _sets_in_order(value: Any) -> Any:
     return value
 
 
-class SetsInOrder(GenerateJsonSchema):
+class _SetsInOrder(GenerateJsonSchema):
     """The schema a model is told, the same in every process: a tool's schema is part of
     the agent's revision, and a resume under another revision is refused."""
 

@@ -25,7 +25,7 @@ from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import ToolCall
 from tesserix_adk.reconcile import Reconciler
 from tesserix_adk.tool_schema import CTX as _CTX
-from tesserix_adk.tool_schema import SetsInOrder, arguments_model, check_flags
+from tesserix_adk.tool_schema import arguments_model, check_flags
 
 __all__ = [
     "KeyFunction",
@@ -185,10 +185,8 @@ class Tool:
                 "looks a call up by its key"
             )
         self._key_takes_occurrence = key is not None and _takes(key, "occurrence")
-        self._args_model, self._accepts_ctx = arguments_model(fn, self.name)
-        self.parameters: Mapping[str, Any] = self._args_model.model_json_schema(
-            schema_generator=SetsInOrder
-        )
+        self._args_model, self._accepts_ctx, schema = arguments_model(fn, self.name)
+        self.parameters: Mapping[str, Any] = schema
 
     @property
     def keyed(self) -> bool:

@@ -59,12 +59,8 @@ class PostgresLedger(FencedStore):
 
     async def spent(self, tenant: str, run_id: str) -> int:
         """Micros charged to the run so far (0 for an unknown run)."""
-        row = await self._totals(tenant, run_id)
-        return 0 if row is None else int(row["micros"])
+        return (await self.totals(tenant, run_id))[0]
 
     async def usage(self, tenant: str, run_id: str) -> Usage:
         """Tokens charged to the run so far."""
-        row = await self._totals(tenant, run_id)
-        if row is None:
-            return Usage()
-        return Usage(input_tokens=int(row["input_tokens"]), output_tokens=int(row["output_tokens"]))
+        return (await self.totals(tenant, run_id))[1]

@@ -36,18 +36,6 @@ class SqliteLedger(FencedSqliteStore):
 
         await self.database.write(charge, weight=0)
 
-    async def spent(self, tenant: str, run_id: str) -> int:
-        """Micros charged to the run so far (0 for an unknown run)."""
-
-        @decoded("ledger row")
-        def spent(conn: sqlite3.Connection) -> int:
-            row = conn.execute(
-                "SELECT micros FROM adk_ledger WHERE tenant = ? AND run_id = ?", (tenant, run_id)
-            ).fetchone()
-            return 0 if row is None else int(row[0])
-
-        return await self.database.read(spent)
-
     async def totals(self, tenant: str, run_id: str) -> tuple[int, Usage]:
         """Micros and tokens charged to the run so far, in one read (``LedgerTotals``)."""
 
@@ -64,18 +52,10 @@ class SqliteLedger(FencedSqliteStore):
 
         return await self.database.read(totals)
 
+    async def spent(self, tenant: str, run_id: str) -> int:
+        """Micros charged to the run so far (0 for an unknown run)."""
+        return (await self.totals(tenant, run_id))[0]
+
     async def usage(self, tenant: str, run_id: str) -> Usage:
         """Tokens charged to the run so far."""
-
-        @decoded("ledger row")
-        def usage(conn: sqlite3.Connection) -> Usage:
-            row = conn.execute(
-                "SELECT input_tokens, output_tokens FROM adk_ledger "
-                "WHERE tenant = ? AND run_id = ?",
-                (tenant, run_id),
-            ).fetchone()
-            if row is None:
-                return Usage()
-            return Usage(input_tokens=int(row[0]), output_tokens=int(row[1]))
-
-        return await self.database.read(usage)
+        return (await self.totals(tenant, run_id))[1]
