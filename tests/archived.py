@@ -59,9 +59,13 @@ def canonical(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return ("enum", type(value).__name__, value.value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        # A field at None is left out: a field added since the archived version (None
-        # there, absent from it) compares equal, and any value set still shows.
-        fields = [f for f in dataclasses.fields(value) if getattr(value, f.name) is not None]
+        # A field at None or False is left out: a field added since the archived version
+        # (at that default here, absent there) compares equal, and any value set still shows.
+        fields = [
+            f
+            for f in dataclasses.fields(value)
+            if getattr(value, f.name) is not None and getattr(value, f.name) is not False
+        ]
         return (
             type(value).__name__,
             tuple((f.name, canonical(getattr(value, f.name))) for f in fields),

@@ -174,12 +174,12 @@ class Basket:
     total: float
 
 
+# No secret in them: a state that holds one is refused at submit (it could only be
+# started, or resumed, with the mask; tests/run/test_attacks_run_state.py).
 STATES = [
-    pytest.param(
-        {"state_schema": Trip}, Trip(origin="FRA", note=f"key {SECRET}"), id="pydantic-schema"
-    ),
+    pytest.param({"state_schema": Trip}, Trip(origin="FRA", note="aisle"), id="pydantic-schema"),
     pytest.param({}, Basket(items=("a", "b"), total=1.5), id="dataclass"),
-    pytest.param({}, {"seen": {3, 1, 2}, "password": "hunter2-plain"}, id="set-and-secret"),
+    pytest.param({}, {"seen": {3, 1, 2}, "password": 4}, id="set-and-number-under-secret-key"),
 ]
 
 
@@ -203,7 +203,6 @@ async def test_a_worker_starts_a_submitted_run_whose_state_the_kit_reshapes(
         assert SECRET not in _user_texts(seen.requests[0])[0]
     raw = _file_bytes(tmp_path)
     assert SECRET[8:30].encode() not in raw
-    assert b"hunter2-plain" not in raw
 
 
 async def test_a_worker_started_run_gives_its_tools_the_schemas_state_not_its_json(

@@ -279,12 +279,14 @@ def everything_run() -> Everything:
     boom = f"upstream refused {aws_id(p.tag('exc_aws'))} with password={p.tag('exc_pw')}"
     model_text_1 = f"looking, {slack(p.tag('model_text'))}"
     final = f"done, {jwt(p.tag('final'))} / clientSecret: {p.tag('final_kv')}"
-    state = Profile(
-        password=f"s3cret-{p.tag('state_pw')}",
-        token=42,
-        openai_api_key=f"o-{p.tag('state_key')}",
-        notes={"refreshToken": f"r-{p.tag('state_refresh')}", "free": bearer(p.tag("state"))},
-    )
+    # A run may not start with a secret in its state (it could not be resumed), so the
+    # tool puts them there mid-run: every later frontier keeps them masked.
+    state = Profile(token=42)
+    secret_state = {
+        "password": f"s3cret-{p.tag('state_pw')}",
+        "openai_api_key": f"o-{p.tag('state_key')}",
+        "notes": {"refreshToken": f"r-{p.tag('state_refresh')}", "free": bearer(p.tag("state"))},
+    }
 
     @tool(side_effects=False)
     def search(
@@ -297,6 +299,8 @@ def everything_run() -> Everything:
         """Search (read-only); stores a secret in the typed state too."""
         sent.append(("search", query))
         ctx.state.visits += 1
+        for name, value in secret_state.items():
+            setattr(ctx.state, name, value)
         return {"found": 2}
 
     @tool(side_effects=False)

@@ -105,6 +105,7 @@ EXPECTED = {
     "ScriptedTurn",
     "SchemaMismatchError",
     "StaleFenceError",
+    "StateRedactedError",
     "StorePermissionError",
     "StoreReplyLostError",
     "StoreUnavailableError",

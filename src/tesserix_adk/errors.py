@@ -29,6 +29,7 @@ reading the attribute, never by matching on names.
     │   ├── RunFailedError              the run ended ``failed``; it is not carried on
     │   ├── ReplayNotResumableError     a replay is carried on only by the replay itself
     │   ├── CarriedByWorkflowError      a workflow engine (Temporal) carries the run
+    │   ├── StateRedactedError          the stored state lost a secret to redaction
     │   └── RunStoppedError             stopped at a boundary on request (retryable)
     └── LeaseError
         ├── LeaseHeldError            another holder has the lease (.holder)
@@ -66,6 +67,7 @@ __all__ = [
     "RunStoppedError",
     "SchemaMismatchError",
     "StaleFenceError",
+    "StateRedactedError",
     "StorePermissionError",
     "StoreReplyLostError",
     "StoreUnavailableError",
@@ -273,6 +275,12 @@ class CarriedByWorkflowError(ResumeError):
     """The run is carried by a workflow engine (its Temporal workflow), which alone carries
     it on: the kit's own resume and workers leave it alone (never retryable). A run whose
     workflow closed is carried on by starting a new one (``tesserix submit --temporal``)."""
+
+
+class StateRedactedError(ResumeError):
+    """The run's state, as its frontier (or submission) keeps it, had a secret masked: a
+    resumed run's tools would be handed the mask as if it were the value, so it is not
+    carried on (never retryable). Keep credentials out of the state."""
 
 
 class RunStoppedError(ResumeError):

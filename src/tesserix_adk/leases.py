@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
+from tesserix_adk.checkpoint.redaction import Masked
 from tesserix_adk.errors import ConfigurationError, LeaseLostError
 from tesserix_adk.stores.protocols import LeaseStore, RunLease
 
@@ -102,7 +103,7 @@ async def _hand_back(store: LeaseStore, tenant: str, run_id: str, holder: str) -
         if current is not None and current.holder == holder:
             await store.release(current)
     except Exception as exc:  # it lapses by the store's clock
-        _log.warning("handing back the lease of run %s failed: %r", run_id, exc)
+        _log.warning("handing back the lease of run %s failed: %r", run_id, Masked(exc))
 
 
 class Leaseholder:
@@ -221,7 +222,7 @@ class Leaseholder:
             except LeaseLostError:
                 return
             except Exception as exc:  # a store blip: try again until the deadline says no
-                _log.warning("renewing lease on run %s failed: %r", self.lease.run_id, exc)
+                _log.warning("renewing lease on run %s failed: %r", self.lease.run_id, Masked(exc))
                 if self._monotonic() >= self.deadline:
                     self._lost = exc
                     return
@@ -286,7 +287,7 @@ class Leaseholder:
             return
         exc = None if release.cancelled() else release.exception()
         if exc is not None:
-            _log.warning("releasing lease on run %s failed: %r", self.lease.run_id, exc)
+            _log.warning("releasing lease on run %s failed: %r", self.lease.run_id, Masked(exc))
 
     async def _settled(self, future: asyncio.Future[None]) -> bool:
         """Whether ``future`` ends within ``close_timeout``; if not, it is kept (and its

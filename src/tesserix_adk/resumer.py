@@ -6,6 +6,7 @@ taken before anything is read, so the worker that loses the race never sees the 
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass
 
@@ -21,19 +22,35 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.leases import LeasePolicy
 from tesserix_adk.messages import Message
-from tesserix_adk.stores.protocols import HistoryStore, IdempotencyStore, LeaseStore, RunLease
+from tesserix_adk.run.cancelling import CancelRequest, cancel_requested
+from tesserix_adk.run.ids import check_ids
+from tesserix_adk.run.resume import refuse_carried_by_workflow, refuse_uncarriable
+from tesserix_adk.stores.bundle import Stores
+from tesserix_adk.stores.protocols import (
+    ApprovalStore,
+    HistoryStore,
+    IdempotencyStore,
+    LeaseStore,
+    Ledger,
+    RunLease,
+)
 
 __all__ = ["CarriedRun", "Resumer"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CarriedRun:
-    """A run this worker now holds: its lease, frontier, plan and transcript."""
+    """A run this worker now holds: its lease, frontier, plan and transcript.
+
+    ``cancel`` is the run's cancel request when one stands (asked while its last holder
+    carried it, which died before its next boundary): the driver sends nothing more and
+    ends the run cancelled, so the plan then offers nothing to dispatch."""
 
     lease: RunLease
     checkpoint: Checkpoint
     plan: ResumePlan
     messages: tuple[Message, ...]
+    cancel: CancelRequest | None = None
 
 
 class Resumer:
@@ -47,7 +64,12 @@ class Resumer:
         idempotency: IdempotencyStore,
         *,
         policy: LeasePolicy | None = None,
+        ledger: Ledger | None = None,
+        approvals: ApprovalStore | None = None,
     ) -> None:
+        """``ledger`` and ``approvals``, when the run has them, are sealed at each takeover
+        too, so a superseded holder can neither charge nor ask for approval
+        (``from_stores`` passes every store)."""
         if history is not None and checkpoints.history is not history:
             raise ConfigurationError(
                 "the history store is configured once, on the Checkpointer; pass the same one"
@@ -55,13 +77,41 @@ class Resumer:
         self.checkpoints = checkpoints
         self.leases = leases
         self.idempotency = idempotency
+        self.ledger = ledger
+        self.approvals = approvals
         self.policy = policy or LeasePolicy()
+
+    @classmethod
+    def from_stores(
+        cls,
+        stores: Stores,
+        *,
+        checkpoints: Checkpointer | None = None,
+        policy: LeasePolicy | None = None,
+    ) -> Resumer:
+        """A resumer over a bundle of stores (``open_stores``), sealing all of them."""
+        if checkpoints is None:
+            checkpoints = Checkpointer(stores.checkpoints, history=stores.history)
+        return cls(
+            checkpoints,
+            stores.leases,
+            stores.history,
+            stores.idempotency,
+            policy=policy,
+            ledger=stores.ledger,
+            approvals=stores.approvals,
+        )
 
     async def resume(self, run_id: str, *, tenant: str, worker: str) -> CarriedRun:
         """Take the run for ``worker`` (``ResumeConflictError`` if someone holds it).
 
-        The caller owns the returned lease: renew it (``Leaseholder``) and release it.
+        The caller owns the returned lease: renew it (``Leaseholder``) and release it. A
+        run the kit must not carry on is refused as the runner's resume refuses it (a
+        tombstone, a run that ended failed, an unfinished replay, a run a workflow engine
+        carries, a state that lost a secret to masking), the lease handed back; ids no
+        store can keep are refused before anything is written (``ConfigurationError``).
         """
+        check_ids(tenant=tenant, run_id=run_id)
         holder = f"{worker}-{secrets.token_hex(6)}"
         try:
             lease = await self.leases.acquire(tenant, run_id, holder, self.policy.ttl)
@@ -70,7 +120,14 @@ class Resumer:
                 f"run {run_id!r} is held by {exc.holder or 'another worker'}", holder=exc.holder
             ) from exc
         try:
-            for store in (self.checkpoints.store, self.checkpoints.history, self.idempotency):
+            sealed = (
+                self.checkpoints.store,
+                self.checkpoints.history,
+                self.idempotency,
+                self.ledger,
+                self.approvals,
+            )
+            for store in sealed:
                 if store is not None:
                     await store.seal(tenant, run_id, lease.fence)
             cp = await self.checkpoints.latest(tenant, run_id)
@@ -82,9 +139,18 @@ class Resumer:
                 raise CheckpointTooLargeError(
                     f"run {run_id!r} cannot be carried on: {cp.reason}", retryable=False
                 )
+            refuse_carried_by_workflow(cp)
+            refuse_uncarriable(cp)
             plan = await plan_resume(cp, self.idempotency)
+            cancel = None
+            if not cp.status.finished:
+                cancel = await cancel_requested(self.idempotency, tenant, run_id)
+            if cancel is not None:
+                plan = dataclasses.replace(plan, to_dispatch=())
             messages = await self.checkpoints.messages(cp)
         except BaseException:
             await self.leases.release(lease)
             raise
-        return CarriedRun(lease=lease, checkpoint=cp, plan=plan, messages=tuple(messages))
+        return CarriedRun(
+            lease=lease, checkpoint=cp, plan=plan, messages=tuple(messages), cancel=cancel
+        )

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import state_from_json
 from tesserix_adk.checkpoint.payload.submission import decode_submission
+from tesserix_adk.checkpoint.redaction import Masked
 from tesserix_adk.errors import (
     AdkError,
     CarriedByWorkflowError,
@@ -45,6 +46,7 @@ from tesserix_adk.errors import (
     RunStoppedError,
     SchemaMismatchError,
     StaleFenceError,
+    StateRedactedError,
     StorePermissionError,
 )
 from tesserix_adk.run.invoking import error_text
@@ -72,6 +74,7 @@ _PARK = (
     CheckpointTooLargeError,
     RunFailedError,
     ReplayNotResumableError,
+    StateRedactedError,
     ConfigurationError,
 )
 # The store's own trouble, not the run's: the worker stops instead of parking the run.
@@ -187,7 +190,9 @@ class Worker(Parking):
                         raise
                     blips += 1  # the store is down for a while: keep the worker
                     delay = self.backoff.delay(blips - 1, self._rng)
-                    _log.warning("finding work failed (%r); trying again in %.1f s", exc, delay)
+                    _log.warning(
+                        "finding work failed (%r); trying again in %.1f s", Masked(exc), delay
+                    )
                     await self._nap(delay)
                     continue
                 if self.exit_when_idle and not (started or self._running or self._later):
@@ -382,7 +387,9 @@ class Worker(Parking):
         except (SchemaMismatchError, StorePermissionError):
             return _Whose.store
         except Exception as failed:
-            _log.warning("checking the store's schema failed (%r): asked again later", failed)
+            _log.warning(
+                "checking the store's schema failed (%r): asked again later", Masked(failed)
+            )
             return _Whose.unknown
         return _Whose.run
 
@@ -405,7 +412,7 @@ class Worker(Parking):
             # worker's to carry, nor to park; the workflow takes the decision itself.
             if counted:
                 await self._give_back(item)
-            _log.info("run %s: left to its workflow (%s)", where, exc)
+            _log.info("run %s: left to its workflow (%s)", where, Masked(exc))
             with contextlib.suppress(Exception):  # else seen again, and left again
                 await self.work.done(item.tenant, item.run_id)
             return Carried.elsewhere
@@ -430,7 +437,7 @@ class Worker(Parking):
             # given back, and the worker stops with the store's sentence.
             if counted:
                 await self._give_back(item)
-            _log.error("run %s: %s; the worker stops", where, exc)
+            _log.error("run %s: %s; the worker stops", where, Masked(exc))
             self._fatal = self._fatal or store_wide
             self._draining.set()
             return Carried.stopped
@@ -448,7 +455,7 @@ class Worker(Parking):
             )
         delay = self.backoff.delay(item.attempts, self._rng)
         reason = self.runner.redactor.text(error_text(exc))
-        _log.warning("run %s: %s; trying again in %.1f s", where, reason, delay)
+        _log.warning("run %s: %s; trying again in %.1f s", where, Masked(reason), delay)
         try:
             await self.work.want(
                 item.tenant,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from tesserix_adk.checkpoint.redaction import Masked
 from tesserix_adk.errors import (
     AdkError,
     CheckpointFormatError,
@@ -133,7 +134,7 @@ class Parking:
             listing = await listed_past_damage(self.work, None, WorkState.parked)
             parked = [i for i in listing.items if i.state is WorkState.parked]
         except Exception as exc:
-            _log.warning("could not look at the parked runs: %r", exc)
+            _log.warning("could not look at the parked runs: %r", Masked(exc))
             return
         for item in parked:
             agent = self.agents.get(item.agent)
@@ -146,10 +147,10 @@ class Parking:
                     why = f"parked by a worker of another revision; it is {agent.revision}'s"
                 else:
                     continue
-                _log.info("run %s/%s: %s; looking again", *_where(item), why)
+                _log.info("run %s/%s: %s; looking again", *_where(item), Masked(why))
                 await self._unpark_counting(item)
             except Exception as exc:
-                _log.warning("could not look at parked run %s/%s: %r", *_where(item), exc)
+                _log.warning("could not look at parked run %s/%s: %r", *_where(item), Masked(exc))
 
     async def _unpark_counting(self, item: WorkItem) -> None:
         """Unpark ``item`` with its count going on, one more: a run old and new workers hand
@@ -210,7 +211,7 @@ class Parking:
         except NOT_TAKEN as exc:
             return self._held_elsewhere(item, exc)
         except Exception as exc:  # the store's trouble: the run is looked at again later
-            _log.warning("run %s/%s: could not be held to park it: %r", *_where(item), exc)
+            _log.warning("run %s/%s: could not be held to park it: %r", *_where(item), Masked(exc))
             return self._held_elsewhere(item, exc)
 
     def _held_elsewhere(self, item: WorkItem, exc: Exception | str) -> Carried:
@@ -262,7 +263,9 @@ class Parking:
                 reason="its calls were settled while it was being parked",
             )
         except Exception as exc2:  # it stays parked: an operator's next action wakes it
-            _log.warning("run %s/%s: could not look again: %r", item.tenant, item.run_id, exc2)
+            _log.warning(
+                "run %s/%s: could not look again: %r", item.tenant, item.run_id, Masked(exc2)
+            )
 
     async def _park(self, item: WorkItem, reason: str) -> Carried:
         return await self._park_as(item, reason, "parked")
@@ -270,11 +273,13 @@ class Parking:
     async def _park_as(self, item: WorkItem, reason: str, why: str) -> Carried:
         """Park the run; ``why`` (an error's type name) is what the metric tells apart."""
         reason = self.runner.redactor.text(reason)
-        _log.warning("run %s/%s: parked: %s", item.tenant, item.run_id, reason)
+        _log.warning("run %s/%s: parked: %s", item.tenant, item.run_id, Masked(reason))
         try:
             await self.work.park(item.tenant, item.run_id, agent=item.agent, reason=reason)
         except Exception as exc:  # it is still due: parked next time round
-            _log.warning("run %s/%s: could not be parked: %r", item.tenant, item.run_id, exc)
+            _log.warning(
+                "run %s/%s: could not be parked: %r", item.tenant, item.run_id, Masked(exc)
+            )
             return Carried.parked
         if self.telemetry is not None:
             self.telemetry.parked(item.agent, why)

@@ -937,8 +937,9 @@ def _to_old(value: Any) -> Any:
         fields = {
             f.name: _to_old(getattr(value, f.name))
             for f in dataclasses.fields(value)
-            # A field added since (carried_by) is left out where it is None, as it was.
-            if f.init and (f.name in known or getattr(value, f.name) is not None)
+            # A field added since (carried_by, state_redacted) is left out where it is at its
+            # default, as it was.
+            if f.init and (f.name in known or getattr(value, f.name) not in (None, False))
         }
         return cls(**fields)
     if isinstance(value, tuple):
@@ -1014,6 +1015,10 @@ def test_a_checkpointer_stores_the_same_bytes_as_before(
     messages = tuple(data.draw(st.lists(_MESSAGE, max_size=6)))
     cuts = sorted(data.draw(st.lists(st.integers(0, len(messages)), min_size=1, max_size=3)))
     frontiers = [data.draw(_frontier(messages[:cut], step)) for step, cut in enumerate(cuts, 1)]
+    # A state that loses a secret to masking is written in a later format (its frontier
+    # says so, and no run is carried on from it): compared here in its masked form, which
+    # both write as it is.
+    frontiers = [dataclasses.replace(f, state=Redactor().value(f.state)) for f in frontiers]
     with_history = data.draw(st.booleans())
     max_bytes = data.draw(st.sampled_from([1024 * 1024, 1024 * 1024, 1500, 400]))
     off_loop = data.draw(st.sampled_from([None, True, False]))
@@ -1045,6 +1050,8 @@ def test_a_frontier_encoded_naming_a_transcript_is_the_old_replaced_one(
 ) -> None:
     messages = tuple(data.draw(st.lists(_MESSAGE, max_size=3)))
     frontier = data.draw(_frontier(messages, 3))
+    # As above: a state masked once is written as it is, in the old format too.
+    frontier = dataclasses.replace(frontier, state=Redactor().value(frontier.state))
     if data.draw(st.booleans()):
         frontier = dataclasses.replace(frontier, messages=None)
     named = HistoryHandle(

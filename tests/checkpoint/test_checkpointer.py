@@ -34,6 +34,7 @@ from tesserix_adk import (
 )
 from tesserix_adk.checkpoint.payload import (
     CARRIER_FORMAT,
+    MASKED_STATE_FORMAT,
     Boundary,
     Carrier,
     Checkpoint,
@@ -199,11 +200,11 @@ async def _overwrite(store: MemoryCheckpointStore, payload: bytes) -> None:
     ("mangle", "error"),
     [
         (
-            lambda p: resealed(p, lambda b: b.update(format=CARRIER_FORMAT + 1)),
+            lambda p: resealed(p, lambda b: b.update(format=MASKED_STATE_FORMAT + 1)),
             CheckpointFormatError,
         ),
         (
-            lambda p: json.dumps({**json.loads(p), "format": CARRIER_FORMAT + 1}).encode(),
+            lambda p: json.dumps({**json.loads(p), "format": MASKED_STATE_FORMAT + 1}).encode(),
             CheckpointFormatError,
         ),
         (lambda p: json.dumps(json.loads(p)).encode(), CheckpointCorruptError),

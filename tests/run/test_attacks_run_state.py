@@ -30,6 +30,8 @@ from tesserix_adk.errors import (
     AdkError,
     CheckpointError,
     CheckpointTooLargeError,
+    ConfigurationError,
+    StateRedactedError,
 )
 from tesserix_adk.stores.urls import open_stores
 from tesserix_adk.testing.faults import SimulatedCrash
@@ -73,9 +75,11 @@ AGENT_MODULE = textwrap.dedent(
 
     @tool
     def book(flight: str, ctx: ToolContext) -> str:
-        """Book a seat on a flight (uses the run's API token)."""
+        """Book a seat on a flight (fetches the run's API token the first time)."""
         note(tool="book", flight=flight, token=ctx.state.api_token,
              booked=list(ctx.state.booked))
+        if not ctx.state.api_token:
+            ctx.state.api_token = os.environ["STATE_TOKEN"]
         ctx.state.booked.append(flight)
         return f"booked {flight}"
 
@@ -94,21 +98,26 @@ AGENT_MODULE = textwrap.dedent(
         [("book", {"flight": "LH2"})],
         "done",
     ]
+    # The token is in the state at a frontier before the death.
+    SECRET_TURNS = [
+        [("book", {"flight": "LH1"})],
+        [("book", {"flight": "LH2"}), ("settle", {})],
+        [("book", {"flight": "LH3"})],
+        "done",
+    ]
 
 
     async def main(phase, url, run_id):
         async with open_stores(url) as stores:
+            turns = SECRET_TURNS if os.environ.get("STATE_TURNS") == "secret" else TURNS
             runner = AgentRunner.from_stores(
-                ScriptedProvider(TURNS), stores,
+                ScriptedProvider(turns), stores,
                 lease_policy=LeasePolicy(ttl=1.5, renew_within=0.5),
             )
             result = {}
             try:
                 if phase == "run":
-                    run = await runner.run(
-                        agent, "go", tenant="acme", run_id=run_id,
-                        state=Trip(api_token=os.environ["STATE_TOKEN"]),
-                    )
+                    run = await runner.run(agent, "go", tenant="acme", run_id=run_id, state=Trip())
                 else:
                     for _ in range(100):
                         try:
@@ -134,9 +143,10 @@ AGENT_MODULE = textwrap.dedent(
 )
 
 
-def _process(tmp: Path, url: str, phase: str, run_id: str, *, die: bool) -> Any:
+def _process(tmp: Path, url: str, phase: str, run_id: str, *, die: bool, turns: str = "") -> Any:
     env = {
         **os.environ,
+        "STATE_TURNS": turns,
         "STATE_LOG": str(tmp / "calls.jsonl"),
         "STATE_TOKEN": TOKEN,
         "STATE_DIE": "1" if die else "0",
@@ -151,20 +161,24 @@ def _process(tmp: Path, url: str, phase: str, run_id: str, *, die: bool) -> Any:
     )
 
 
-def _killed_then_resumed(tmp: Path, url: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _killed_then_resumed(
+    tmp: Path, url: str, turns: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The trip run killed (SIGKILL) mid-turn in one process, resumed in another: every
     call the tools received, and what the resuming process reports."""
     (tmp / "trip_agent.py").write_text(AGENT_MODULE)
     run_id = f"trip-{uuid.uuid4().hex[:8]}"
-    first = _process(tmp, url, "run", run_id, die=True)
+    first = _process(tmp, url, "run", run_id, die=True, turns=turns)
     assert first.returncode == -9, (first.returncode, first.stderr[-2000:])
-    second = _process(tmp, url, "resume", run_id, die=False)
+    second = _process(tmp, url, "resume", run_id, die=False, turns=turns)
     assert second.returncode == 0, second.stderr[-3000:]
     lines = (tmp / "calls.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines], json.loads(second.stdout.strip().splitlines()[-1])
 
 
-def _scenario(backend: str, tmp_path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _scenario(
+    backend: str, tmp_path: Path, turns: str = ""
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     with held_open(store_url(backend, tmp_path)) as url:
 
         async def apply() -> None:
@@ -172,7 +186,7 @@ def _scenario(backend: str, tmp_path: Path) -> tuple[list[dict[str, Any]], dict[
                 await stores.create_schema()
 
         asyncio.run(apply())
-        return _killed_then_resumed(tmp_path, url)
+        return _killed_then_resumed(tmp_path, url, turns)
 
 
 # --- 1. real SIGKILL mid-turn: the completed call is never made twice (holds) -------------
@@ -226,32 +240,54 @@ def test_the_resumed_state_keeps_what_a_completed_call_wrote_into_it(
     assert latest["state"]["booked"] == ["LH1", "LH2"], latest
 
 
-# --- 3. a secret in the state: masked in the store, then handed to a tool as real --------
+# --- 3. a secret in the state: masked in the store, so never handed to a tool as real ---
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "DEFECT MEDIUM: after a crash the resumed run's ctx.state holds the redacted "
-        "placeholder ('[redacted:token]') and a side-effecting tool is sent with it as if "
-        "it were the credential; nothing refuses or flags the masked state"
-    ),
-)
+def test_a_run_never_starts_with_a_secret_in_its_state(tmp_path: Path) -> None:
+    """Stored, the state would be masked, and a run carried on after a crash would hand its
+    tools the mask: refused before anything is sent or kept, naming where, not what."""
+    sent: list[str] = []
+
+    class Trip(pydantic.BaseModel):
+        api_token: str = ""
+
+    @tool
+    def book(ctx: ToolContext) -> str:
+        """Book."""
+        sent.append(ctx.state.api_token)
+        return "ok"
+
+    agent = Agent("trip", "Book.", [book], state_schema=Trip)
+
+    async def go() -> None:
+        async with fresh_stores("sqlite", tmp_path) as stores:
+            runner = AgentRunner.from_stores(ScriptedProvider([[("book", {})], "done"]), stores)
+            with pytest.raises(ConfigurationError) as refused:
+                await runner.run(agent, "go", tenant=T, run_id="t", state=Trip(api_token=TOKEN))
+            assert "api_token" in str(refused.value) and TOKEN not in str(refused.value)
+            assert await runner.checkpoints.latest(T, "t") is None
+            assert stores.work is not None and await stores.work.input(T, "t") is None
+
+    asyncio.run(go())
+    assert sent == []
+
+
 @pytest.mark.redis
 def test_a_resumed_tool_is_never_handed_a_masked_state_value_as_real(tmp_path: Path) -> None:
-    calls, resumed = _scenario("redis", tmp_path)
-    after_crash = [c for c in calls if c["tool"] == "book" and c["flight"] == "LH2"]
-    # Either the resume refuses (typed) and sends nothing more, or the tool gets the real
-    # credential: never the mask standing in for it.
-    if "error" in resumed:
-        assert after_crash == [], (resumed, calls)
-        return
-    assert [c["token"] for c in after_crash] == [TOKEN], calls
+    """A tool put the credential into the state; the process died (SIGKILL) at a later turn.
+    Every frontier since holds the mask, so the resume refuses, typed, and sends nothing."""
+    calls, resumed = _scenario("redis", tmp_path, "secret")
+    assert [c["flight"] for c in calls] == ["LH1", "LH2"], calls
+    assert calls[1]["token"] == TOKEN  # the first process had the real one
+    assert resumed.get("error") == "StateRedactedError", resumed
+    assert TOKEN not in resumed["message"]
+    assert "[redacted:" in json.dumps(resumed["latest"]["state"])
 
 
 def test_the_secret_in_the_state_never_reaches_the_store(tmp_path: Path) -> None:
-    calls, resumed = _scenario("sqlite", tmp_path)
-    assert calls[0]["token"] == TOKEN  # the first process had the real one
+    calls, resumed = _scenario("sqlite", tmp_path, "secret")
+    assert calls[1]["token"] == TOKEN  # the first process had the real one
+    assert resumed.get("error") == "StateRedactedError", resumed
     raw = (tmp_path / "adk.sqlite3").read_bytes()
     wal = tmp_path / "adk.sqlite3-wal"
     if wal.exists():
@@ -264,24 +300,21 @@ def test_the_secret_in_the_state_never_reaches_the_store(tmp_path: Path) -> None
 
 
 class Vault(pydantic.BaseModel):
-    pin: pydantic.SecretStr
+    pin: pydantic.SecretStr | None = None
     step: int = 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "DEFECT MEDIUM: a state_schema field typed SecretStr is checkpointed as the literal "
-        "'**********' (pydantic's mode='json' dump) and a resumed tool gets "
-        "SecretStr('**********') as the password, sent as if real"
-    ),
-)
 async def test_a_secretstr_in_the_state_is_never_resumed_as_its_mask(tmp_path: Path) -> None:
+    """pydantic writes a ``SecretStr`` as ``'**********'``: a run does not start with one in
+    its state, and one a tool put there mid-run stops the resume, typed, so the tool is
+    never handed ``SecretStr('**********')`` as the password."""
     seen: list[str] = []
 
     @tool
     def login(ctx: ToolContext) -> str:
-        """Log in with the run's password."""
+        """Log in with the run's password (fetched the first time)."""
+        if ctx.state.pin is None:
+            ctx.state.pin = pydantic.SecretStr("pw-Real-123")
         seen.append(ctx.state.pin.get_secret_value())
         ctx.state.step += 1
         return "in"
@@ -289,18 +322,24 @@ async def test_a_secretstr_in_the_state_is_never_resumed_as_its_mask(tmp_path: P
     agent = Agent("vault", "Log in twice.", [login], state_schema=Vault)
     turns = [[("login", {})], [("login", {})], "done"]
     async with fresh_stores("sqlite", tmp_path) as stores:
+        with pytest.raises(ConfigurationError) as refused:
+            await AgentRunner.from_stores(ScriptedProvider(turns), stores).run(
+                agent, "go", tenant=T, run_id="v0", state=Vault(pin="pw-Real-123")
+            )
+        assert "pin" in str(refused.value) and seen == []
         runner = faulty_runner(
-            stores, ScriptedProvider(turns), crash_before=at("after_tool_result", 0)
+            stores, ScriptedProvider(turns), crash_before=at("after_tool_result", 1)
         )
         with pytest.raises(SimulatedCrash):
-            await runner.run(agent, "go", tenant=T, run_id="v", state=Vault(pin="pw-Real-123"))
+            await runner.run(agent, "go", tenant=T, run_id="v", state=Vault())
+        assert seen == ["pw-Real-123", "pw-Real-123"]
         again = AgentRunner.from_stores(ScriptedProvider(turns), stores)
-        try:
+        with pytest.raises(StateRedactedError) as stopped:
             await again.resume(agent, "v", tenant=T)
-        except AdkError:
-            assert seen == ["pw-Real-123"]  # refused, typed: nothing sent with the mask
-            return
-    assert seen == ["pw-Real-123", "pw-Real-123"], seen
+        assert stopped.value.retryable is False
+        latest = await again.checkpoints.latest(T, "v")
+        assert latest is not None and latest.state_redacted
+    assert seen == ["pw-Real-123", "pw-Real-123"]
 
 
 # --- 5. a state a tool made invalid: the caller is told "completed", the store "running" --

@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from pydantic import TypeAdapter, ValidationError
-
 from tesserix_adk.checkpoint.payload import (
     DEFAULT_MAX_BYTES,
     Boundary,
@@ -27,7 +25,8 @@ from tesserix_adk.checkpoint.payload import (
     resolve_observation,
     tombstone_payload,
 )
-from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.checkpoint.redaction import Masked, Redactor
+from tesserix_adk.checkpoint.state_json import state_from_json, state_to_json
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
@@ -294,7 +293,10 @@ class Checkpointer:
             raise
         except Exception as exc:
             _log.error(
-                "tombstone for run %s step %s not written: %r", frontier.run_id, frontier.step, exc
+                "tombstone for run %s step %s not written: %r",
+                frontier.run_id,
+                frontier.step,
+                Masked(exc),
             )
 
     def _failed(self, frontier: Checkpoint, exc: Exception) -> None:
@@ -414,37 +416,6 @@ def _same_handle(stored: HistoryHandle, expected: HistoryHandle) -> None:
             f"the history store answered an append with prefix {stored.count}/{stored.digest}, "
             f"not the {expected.count}/{expected.digest} the frontier names"
         )
-
-
-def state_to_json(state: Any, schema: type[Any] | None) -> Any:
-    """The run state as JSON data, validated by ``schema`` when there is one.
-
-    Validation runs on the JSON form, so a model mutated into an invalid shape is caught;
-    the result is a deep copy, so later mutation never rewrites a stored step.
-    """
-    if state is None:
-        return None
-    try:
-        data = TypeAdapter(type(state) if schema is None else schema).dump_python(
-            state, mode="json"
-        )
-        if schema is not None:
-            TypeAdapter(schema).validate_python(data)
-    except ValidationError as exc:
-        raise CheckpointError(f"the run state does not validate: {exc}") from exc
-    except Exception as exc:
-        raise CheckpointError(f"the run state is not JSON-serialisable: {exc}") from exc
-    return data
-
-
-def state_from_json(data: Any, schema: type[Any] | None) -> Any:
-    """The run state read back, validated the same way it was on save."""
-    if data is None or schema is None:
-        return data
-    try:
-        return TypeAdapter(schema).validate_python(data)
-    except ValidationError as exc:
-        raise CheckpointCorruptError(f"the stored run state does not validate: {exc}") from exc
 
 
 # Above this many characters of new content, a frontier is redacted and encoded in a worker

@@ -41,6 +41,7 @@ from tesserix_adk.errors import (
     RevisionMismatchError,
     RunFailedError,
     StaleFenceError,
+    StateRedactedError,
     StoreUnavailableError,
 )
 
@@ -87,6 +88,7 @@ _MUST_NOT = (
     RunFailedError,
     ReplayNotResumableError,
     CarriedByWorkflowError,
+    StateRedactedError,
 )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.redaction import Masked
 from tesserix_adk.cli.failures import UsageError
 from tesserix_adk.providers.base import Provider
 
@@ -76,7 +77,7 @@ async def _close(provider: Any) -> None:
             await result
     except Exception as exc:  # the command's outcome stands; a client that will not close
         # only leaks until the process ends.
-        _log.warning("closing the model provider failed: %s", exc)
+        _log.warning("closing the model provider failed: %s", Masked(exc))
 
 
 def _load_provider(

@@ -18,7 +18,7 @@ from tesserix_adk.checkpoint.payload import (
     OutstandingCall,
     PendingApproval,
 )
-from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.checkpoint.redaction import Masked, Redactor
 from tesserix_adk.errors import (
     CheckpointCorruptError,
     CheckpointTooLargeError,
@@ -135,7 +135,9 @@ async def _refuse_too_large(parts: RunParts, run: RunState, request: ApprovalReq
             run.tenant, request.id, approved=False, by=KIT_DECIDER, note=why
         )
     except Exception as exc:  # the refusal below is what matters; the request stays
-        _log.warning("run %s: approval request %s not withdrawn: %r", run.run_id, request.id, exc)
+        _log.warning(
+            "run %s: approval request %s not withdrawn: %r", run.run_id, request.id, Masked(exc)
+        )
     raise CheckpointTooLargeError(why, retryable=False) from error
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.checkpoint.redaction import Masked, Redactor
 from tesserix_adk.errors import (
     AdkError,
     ResumeConflictError,
@@ -171,7 +171,9 @@ class RunClaim:
                 self.taken_by = exc.holder or "another worker"
                 return
             except Exception as exc:  # it expires on its own; only work is at stake
-                _log.warning("renewing the resume claim of run %s failed: %r", self.run_id, exc)
+                _log.warning(
+                    "renewing the resume claim of run %s failed: %r", self.run_id, Masked(exc)
+                )
 
     def abandon(self) -> None:
         """Stop renewing and leave the claim to expire, as a dead process would."""
@@ -193,7 +195,7 @@ class RunClaim:
                 self.store.release(self.key, tenant=self.tenant, holder=self.holder), 5.0
             )
         except Exception as exc:
-            _log.warning("releasing the resume claim failed: %r", exc)
+            _log.warning("releasing the resume claim failed: %r", Masked(exc))
 
 
 @dataclass(slots=True, kw_only=True)

@@ -18,6 +18,7 @@ from tesserix_adk.checkpoint.payload import (
     OutstandingCall,
     PendingApproval,
 )
+from tesserix_adk.checkpoint.redaction import Masked
 from tesserix_adk.errors import AdkError, CheckpointTooLargeError, StoreUnavailableError
 from tesserix_adk.run import grouping
 from tesserix_adk.run.attempt import Attempt
@@ -69,7 +70,7 @@ async def write_frontier(
         # on with nothing of it kept while its last frontier says it is running.
         error = redacted_error(exc, parts.redactor)
         checkpoints.last_error = error
-        _log.error("run %s: state not checkpointed: %s", run.run_id, error)
+        _log.error("run %s: state not checkpointed: %s", run.run_id, Masked(error))
         raise error from None
     held = attempt.group
     off_loop = None if held is None else checkpoints.encodes_off_loop(frontier, run.cursor)

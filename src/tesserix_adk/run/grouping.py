@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from tesserix_adk.checkpoint.redaction import Masked
 from tesserix_adk.errors import AdkError, StoreReplyLostError, StoreUnavailableError
 from tesserix_adk.run.events import RunEvent
 from tesserix_adk.run.recording import to_the_end
@@ -128,7 +129,7 @@ async def begin(groups: GroupedWrites | None, attempt: Attempt) -> None:
     except Exception as exc:
         # Grouping only saves commits: without it every write commits on its own, as
         # always (an outcome in hand is then still recorded).
-        _log.warning("writes not grouped: opening a write group failed: %r", exc)
+        _log.warning("writes not grouped: opening a write group failed: %r", Masked(exc))
         return
     attempt.group = PendingGroup(group=group)
 
@@ -156,7 +157,7 @@ async def commit(attempt: Attempt) -> None:
             await to_the_end(_called_off(attempt, pending, failure))
         raise
     except AdkError as exc:
-        _log.warning("a write group failed to commit: %s", exc)
+        _log.warning("a write group failed to commit: %s", Masked(exc))
         first = await _cleaned_up(pending, exc)
         if first is not None:
             raise first from exc

@@ -26,6 +26,7 @@ from tesserix_adk.checkpoint.payload import (
     CheckpointStatus,
     OutstandingCall,
 )
+from tesserix_adk.checkpoint.redaction import Masked
 from tesserix_adk.errors import (
     AdkError,
     ConfigurationError,
@@ -333,7 +334,7 @@ async def _call_model(parts: RunParts, run: RunState, attempt: Attempt) -> Model
         if exc.retryable:
             raise
         reason = parts.redactor.text(error_text(exc))
-        _log.error("run %s failed on a non-retryable model error: %s", run.run_id, reason)
+        _log.error("run %s failed on a non-retryable model error: %s", run.run_id, Masked(reason))
         return reason
     except (OSError, TimeoutError) as exc:
         # Connection resets, refused connections and timeouts outside the SDK's own

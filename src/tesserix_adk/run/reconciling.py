@@ -18,7 +18,7 @@ from typing import Any
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.payload import record_tag
 from tesserix_adk.checkpoint.planning import PlannedCall, ResumePlan
-from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.checkpoint.redaction import Masked, Redactor
 from tesserix_adk.errors import AdkError
 from tesserix_adk.leases import NEVER_RAN_MARGIN, never_ran_wait
 from tesserix_adk.messages import ToolCall, ToolOutcome
@@ -299,5 +299,5 @@ async def _other_run_ended(leases: LeaseStore | None, tenant: str, run_id: str) 
             return None
         return await leases.ended_ago(tenant, run_id)
     except AdkError as exc:
-        _log.warning("the lease of run %s could not be read (%s)", run_id, exc)
+        _log.warning("the lease of run %s could not be read (%s)", run_id, Masked(exc))
         return None

@@ -23,6 +23,7 @@ from tesserix_adk.checkpoint.payload import (
     record_tag,
     recorded_outcome,
 )
+from tesserix_adk.checkpoint.redaction import Masked
 from tesserix_adk.errors import (
     AdkError,
     StoreReplyLostError,
@@ -185,7 +186,7 @@ async def release_unsent(parts: RunParts, run: RunState, attempt: Attempt, key: 
             )
         )
     except Exception as exc:  # then it stays in flight, and a resume says so
-        _log.warning("dropping the unsent claim %s failed: %r", key, exc)
+        _log.warning("dropping the unsent claim %s failed: %r", key, Masked(exc))
 
 
 async def read_back(parts: RunParts, run: RunState, key: str) -> IdempotencyRecord | None:
@@ -194,7 +195,7 @@ async def read_back(parts: RunParts, run: RunState, key: str) -> IdempotencyReco
         try:
             found = await parts.idempotency.lookup([key], tenant=run.tenant)
         except Exception as exc:
-            _log.warning("reading back %s failed: %r", key, exc)
+            _log.warning("reading back %s failed: %r", key, Masked(exc))
             await asyncio.sleep(_BACKOFF[attempt_no])
             continue
         return found.get(key)

@@ -48,7 +48,7 @@ async def replay_from(
 ) -> Run:
     """``AgentRunner.replay``: the step carried forward as a new run of ``runner``."""
     checkpoints = runner._require_checkpoints()
-    check_stubs(agent, stubs, live)
+    named_live = check_stubs(agent, stubs, live)
     if isinstance(from_step, bool) or not isinstance(from_step, int):
         raise ConfigurationError(f"from_step must be a step number, got {from_step!r}")
     runner._check_agent(agent)
@@ -58,6 +58,7 @@ async def replay_from(
         tenant=tenant,
         from_step=from_step,
         stubs=stubs,
+        live=named_live,
     )
     messages = await checkpoints.messages(cp)
     spent_before = await _spent_before(checkpoints, cp)
@@ -102,10 +103,13 @@ async def _refuse_taken(runner: AgentRunner, tenant: str, run_id: str) -> None:
         raise ConfigurationError(f"run {run_id!r} already exists; a replay starts a run of its own")
 
 
-def check_stubs(agent: Agent, stubs: Mapping[str, Callable[..., Any]], live: Sequence[str]) -> None:
+def check_stubs(
+    agent: Agent, stubs: Mapping[str, Callable[..., Any]], live: Sequence[str]
+) -> set[str]:
     """Refuse, before anything runs, a replay that could reach the world unstubbed: every
     stub callable, ``live`` a collection of the agent's tool names (one string would match
-    the names it merely contains), and every side-effecting tool stubbed or named live."""
+    the names it merely contains), and every side-effecting tool stubbed or named live.
+    The names ``live`` holds (it is read once)."""
     if not isinstance(stubs, Mapping):
         raise ConfigurationError("stubs must map tool names to callables")
     unknown = set(stubs) - set(agent.tools)
@@ -130,6 +134,7 @@ def check_stubs(agent: Agent, stubs: Mapping[str, Callable[..., Any]], live: Seq
             "replay refused: side-effecting tool(s) "
             f"{', '.join(unguarded)} are neither stubbed nor named in live"
         )
+    return names
 
 
 def _tool_names(live: object) -> set[str]:
@@ -151,6 +156,7 @@ def usable_step(
     tenant: str,
     from_step: int,
     stubs: Mapping[str, Callable[..., Any]],
+    live: set[str],
 ) -> Checkpoint:
     """The step to replay from, or why it cannot be."""
     if cp is None:
@@ -166,6 +172,12 @@ def usable_step(
         raise ConfigurationError(
             f"step {from_step} holds call(s) to {', '.join(masked)} whose arguments were "
             "redacted; stub them to replay (a live tool would get masked arguments)"
+        )
+    if cp.state_redacted and live:
+        raise ConfigurationError(
+            f"step {from_step}'s state held a secret, which the stores keep masked; stub "
+            f"{', '.join(sorted(live))} to replay it (a live tool would get the mask as if it "
+            "were the value)"
         )
     return cp
 

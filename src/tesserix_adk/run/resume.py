@@ -17,6 +17,7 @@ from tesserix_adk.errors import (
     ReplayNotResumableError,
     RevisionMismatchError,
     RunFailedError,
+    StateRedactedError,
 )
 from tesserix_adk.run.attempt import AheadCall, Attempt
 from tesserix_adk.run.state import RunState
@@ -27,6 +28,7 @@ __all__ = [
     "note_ahead",
     "nothing_ran_since_approval_asked",
     "refuse_carried_by_workflow",
+    "refuse_uncarriable",
     "refuse_unresumable",
     "restore",
     "resumable",
@@ -74,8 +76,8 @@ def note_ahead(attempt: Attempt, plan: ResumePlan) -> None:
 
 
 def refuse_unresumable(cp: Checkpoint, agent: Agent) -> None:
-    """Refuse a tombstone, a changed agent, a run that ended ``failed``, or a replay that
-    did not finish."""
+    """Refuse a tombstone, a changed agent, a run that ended ``failed``, an unfinished run
+    whose stored state lost a secret to masking, or a replay that did not finish."""
     if cp.is_tombstone:
         raise CheckpointTooLargeError(
             f"run {cp.run_id!r} cannot be carried on: its frontier at step {cp.step} was "
@@ -87,8 +89,20 @@ def refuse_unresumable(cp: Checkpoint, agent: Agent) -> None:
             f"run {cp.run_id!r} was checkpointed by agent {cp.agent_name!r} revision "
             f"{cp.agent_revision}; this agent is revision {agent.revision}"
         )
+    refuse_uncarriable(cp)
+
+
+def refuse_uncarriable(cp: Checkpoint) -> None:
+    """Refuse, whatever the agent, a run that ended ``failed``, an unfinished run whose
+    stored state lost a secret to masking, or a replay that did not finish."""
     if cp.status is CheckpointStatus.failed:
         raise RunFailedError(f"run {cp.run_id!r} ended failed at step {cp.step}")
+    if cp.state_redacted and not cp.status.finished:
+        raise StateRedactedError(
+            f"run {cp.run_id!r} cannot be carried on: its state at step {cp.step} held a "
+            "secret, which every store keeps masked, so its tools would be handed the mask "
+            "as if it were the value; keep credentials out of the run's state"
+        )
     if unfinished_replay(cp):
         raise ReplayNotResumableError(
             f"run {cp.run_id!r} is a replay of {cp.replay_of} that stopped at step {cp.step}; "
@@ -120,6 +134,7 @@ def resumable(cp: Checkpoint, agent: Agent) -> bool:
         not cp.is_tombstone
         and cp.agent_revision == agent.revision
         and cp.status is not CheckpointStatus.failed
+        and not (cp.state_redacted and not cp.status.finished)
         and not unfinished_replay(cp)
     )
 

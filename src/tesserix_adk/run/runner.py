@@ -25,7 +25,8 @@ from tesserix_adk.checkpoint.planning import (
     plan_without_frontier,
     refuse_if_undecidable,
 )
-from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.checkpoint.redaction import Masked, Redactor
+from tesserix_adk.checkpoint.state_json import keepable_state
 from tesserix_adk.errors import (
     CheckpointError,
     CheckpointTooLargeError,
@@ -209,7 +210,8 @@ class AgentRunner:
         Submitting an id the run already has (submitted, started or finished) is a no-op
         that returns it, so a client that retries its request makes one run. The input is
         stored redacted, like everything the kit stores. An input no frontier could hold
-        (over ``max_bytes``) is refused, ``CheckpointTooLargeError``, nothing recorded.
+        (over ``max_bytes``) is refused, ``CheckpointTooLargeError``, nothing recorded, and so
+        is a state no frontier can keep whole (``ConfigurationError``, as for ``run``).
         """
         self._check_agent(agent)
         work = self._require_work()
@@ -220,6 +222,9 @@ class AgentRunner:
         messages = without_secret_ids(as_messages(input), self.redactor)
         if self.checkpoints is not None:
             self.checkpoints.check_input(messages)
+        keepable_state(
+            state, agent.state_schema, self.redactor, refused=f"run {run_id!r} not submitted"
+        )
         data = self._submission(agent, messages, state)
         await work.submit(tenant, run_id, agent=agent.name, input=data)
         return run_id
@@ -242,7 +247,9 @@ class AgentRunner:
         ``RunStoppedError`` (a draining worker), to be carried on later.
         ``on_event(event)`` is told each event as ``stream`` would yield it, from the run's
         own task (or a sync tool's thread), so it must not block; ``RunFinished`` is not
-        among them (``run`` returns it).
+        among them (``run`` returns it). A ``state`` no frontier can keep whole (it does not
+        validate, is not JSON, or holds a secret the stores would keep masked) is refused
+        before anything starts (``ConfigurationError``).
         """
         attempt = Attempt(
             holder=new_holder(self.worker), stop=stop, events=on_event, redactor=self.redactor
@@ -288,15 +295,9 @@ class AgentRunner:
         run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=messages)
         run.state = state
         if self.checkpoints is not None:
-            try:
-                state_to_json(state, agent.state_schema)
-            except CheckpointError as exc:
-                # Every frontier keeps the state: a run none of them could hold would go on
-                # (sending calls) with nothing of it kept, invisible to an operator.
-                said = self.redactor.text(str(exc))  # a validation error quotes the value
-                raise ConfigurationError(
-                    f"run {run_id!r} not started: {said} (a run's state is checkpointed with it)"
-                ) from None
+            keepable_state(
+                state, agent.state_schema, self.redactor, refused=f"run {run_id!r} not started"
+            )
         async with self._holding(attempt, tenant, run_id):
             if self.checkpoints is not None:
                 existing = await self.checkpoints.store.latest(tenant, run_id)
@@ -539,7 +540,10 @@ class AgentRunner:
             data = self._submission(run.agent, run.messages, run.state)
         except CheckpointError as exc:
             _log.warning(
-                "run %s/%s: its input is not kept for a worker: %s", run.tenant, run.run_id, exc
+                "run %s/%s: its input is not kept for a worker: %s",
+                run.tenant,
+                run.run_id,
+                Masked(exc),
             )
             return
         if await self.work.submit(run.tenant, run.run_id, agent=run.agent.name, input=data):

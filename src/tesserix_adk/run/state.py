@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.checkpoint.checkpointer import TranscriptCursor, state_to_json
+from tesserix_adk.checkpoint.checkpointer import TranscriptCursor
 from tesserix_adk.checkpoint.payload import (
     Boundary,
     Carrier,
@@ -23,6 +23,7 @@ from tesserix_adk.checkpoint.payload import (
     OutstandingCall,
     PendingApproval,
 )
+from tesserix_adk.checkpoint.state_json import secret_typed, state_to_json
 from tesserix_adk.messages import Message, Usage
 from tesserix_adk.run.result import Run, RunStatus
 from tesserix_adk.stores.protocols import ApprovalRequest
@@ -70,6 +71,7 @@ class RunState:
         output: str | None,
     ) -> Checkpoint:
         """The frontier for the next step (``state_to_json`` may raise a typed error)."""
+        state = state_to_json(self.state, self.agent.state_schema)
         return Checkpoint(
             tenant=self.tenant,
             run_id=self.run_id,
@@ -86,7 +88,9 @@ class RunState:
             grants=tuple(self.grants),
             usage=self.usage,
             micros=self.spent,
-            state=state_to_json(self.state, self.agent.state_schema),
+            state=state,
+            # The redactor's own masks are found as the frontier is encoded.
+            state_redacted=secret_typed(self.state, state, self.agent.state_schema),
             steps_used=self.steps_used,
             replay_of=self.replay_of,
             output=output,

@@ -8,7 +8,7 @@ other way round.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import TracebackType
 
 from tesserix_adk.stores.protocols import (
@@ -40,11 +40,18 @@ class Stores:
     approvals: ApprovalStore
     # The runs that want a worker (``tesserix worker``); ``None`` on a backend without one.
     work: WorkIndex | None = None
-    url: str = ""
+    url: str = field(default="", repr=False)  # shown by __repr__ with its password masked
     on_create_schema: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
     on_verify: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
     on_close: Sequence[Callable[[], Awaitable[None]]] = field(default=(), repr=False)
     schema: str | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        # A URL can hold a password; ``urls`` builds on this module, so it is imported here.
+        from tesserix_adk.stores.urls import redact_url
+
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return f"Stores({shown}, url={redact_url(self.url)!r})"
 
     async def create_schema(self) -> None:
         """Apply the backend's schema; idempotent. A no-op for backends without one."""

@@ -40,6 +40,7 @@ from tesserix_adk.checkpoint.payload.frontier import (
 )
 from tesserix_adk.checkpoint.payload.frontier_codec import (
     CARRIER_FORMAT,
+    MASKED_STATE_FORMAT,
     decode_checkpoint,
     encode_checkpoint,
     tombstone_payload,
@@ -65,6 +66,7 @@ from tesserix_adk.checkpoint.payload.transcript import (
 
 __all__ = [
     "CARRIER_FORMAT",
+    "MASKED_STATE_FORMAT",
     "CHECKPOINT_FORMAT",
     "DEFAULT_MAX_BYTES",
     "MAX_NESTING",

@@ -110,9 +110,11 @@ class Checkpoint:
     wants to see first). Where the transcript lives in a ``HistoryStore``, an entry it holds
     word for word is stored as its position there (``content_at``) instead of a copy:
     ``Checkpointer.observation`` reads it back whole. ``state`` is the agent's typed state
-    as JSON. ``carried_by`` names the workflow engine that carries the run
-    (``Carrier.temporal``); ``None`` for a run the kit carries itself. The kit's own resume
-    and workers leave such a run to its engine.
+    as JSON; ``state_redacted`` says it lost a value to masking (a secret the redactor
+    masked, or a pydantic secret type), so no run is carried on from it. ``carried_by``
+    names the workflow engine that carries the run (``Carrier.temporal``); ``None`` for a
+    run the kit carries itself. The kit's own resume and workers leave such a run to its
+    engine.
     """
 
     format: int = CHECKPOINT_FORMAT
@@ -133,6 +135,7 @@ class Checkpoint:
     usage: Usage = field(default_factory=Usage)
     micros: int = 0
     state: Any = None
+    state_redacted: bool = False
     steps_used: int = 0
     replay_of: str | None = None
     output: str | None = None

@@ -46,12 +46,23 @@ from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.messages import ToolCall, Usage
 from tesserix_adk.stores.protocols import HistoryHandle
 
-__all__ = ["CARRIER_FORMAT", "decode_checkpoint", "encode_checkpoint", "tombstone_payload"]
+__all__ = [
+    "CARRIER_FORMAT",
+    "MASKED_STATE_FORMAT",
+    "decode_checkpoint",
+    "encode_checkpoint",
+    "tombstone_payload",
+]
 
 CARRIER_FORMAT = 4
 """The format of a frontier that names its carrier (``carried_by``, a Temporal run): a kit
 that reads only up to format 3 refuses it (``CheckpointFormatError``) instead of taking a
 run its workflow carries for one of its own. Other frontiers keep their format."""
+
+MASKED_STATE_FORMAT = 5
+"""The format of a frontier whose state lost a value to masking (``state_redacted``): a
+kit that reads only up to format 4 refuses it instead of handing its tools the mask. Such
+a frontier names its carrier, if it has one, in this format too."""
 
 
 def encode_checkpoint(
@@ -89,7 +100,11 @@ def encode_checkpoint(
         if history is not None and cp.messages is not None and len(cp.messages) == history.count
         else None,
     )
-    if cp.carried_by is not None:
+    state, masked = redactor.masks(_bounded(cp.state, "the run state"))
+    masked = masked or cp.state_redacted
+    if masked:
+        fmt = MASKED_STATE_FORMAT
+    elif cp.carried_by is not None:
         fmt = CARRIER_FORMAT
     else:
         fmt = NAMING_FORMAT if observation_refers(observation) else CHECKPOINT_FORMAT
@@ -124,7 +139,7 @@ def encode_checkpoint(
             "output_tokens": cp.usage.output_tokens,
             "micros": cp.micros,
         },
-        "state": redactor.value(_bounded(cp.state, "the run state")),
+        "state": state,
         "steps_used": cp.steps_used,
         "replay_of": cp.replay_of,
         "output": None if cp.output is None else redactor.text(cp.output),
@@ -133,6 +148,8 @@ def encode_checkpoint(
     }
     if cp.carried_by is not None:
         body["carried_by"] = str(cp.carried_by)
+    if masked:
+        body["state_redacted"] = True
     handle = cp.history_handle if history is None else history
     if handle is not None:
         body["history"] = {"count": handle.count, "digest": handle.digest}
@@ -172,9 +189,9 @@ def decode_checkpoint(
     fmt = raw.get("format")
     if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
         raise CheckpointCorruptError(f"{what} has no valid format")
-    if fmt > CARRIER_FORMAT:
+    if fmt > MASKED_STATE_FORMAT:
         raise CheckpointFormatError(
-            f"{what} has format {fmt}, newer than the {CARRIER_FORMAT} this kit reads; "
+            f"{what} has format {fmt}, newer than the {MASKED_STATE_FORMAT} this kit reads; "
             "resume it with a newer tesserix-adk"
         )
     if sealed and fmt < 2:
@@ -241,9 +258,15 @@ def _from_json(raw: Mapping[str, Any], fmt: int) -> Checkpoint:
             reason=_str(raw["reason"]),
         )
     required = _FRONTIER_KEYS | (_LATER_FRONTIER_KEYS if fmt >= 2 else set())
-    carrier = {"carried_by"} if fmt >= CARRIER_FORMAT else set()
+    # Format 4 is written for a carried run only; format 5 for a masked state, carried or not.
+    carrier = {"carried_by"} if fmt == CARRIER_FORMAT else set()
+    masked = {"state_redacted"} if fmt >= MASKED_STATE_FORMAT else set()
     allowed = _FRONTIER_KEYS | _LATER_FRONTIER_KEYS | {"messages"}
-    _fields(raw, required | carrier, allowed | carrier, "a frontier")
+    if fmt >= MASKED_STATE_FORMAT:
+        allowed |= {"carried_by"}
+    _fields(raw, required | carrier | masked, allowed | carrier | masked, "a frontier")
+    if masked and raw["state_redacted"] is not True:
+        raise ValueError("a format 5 frontier says its state was not masked")
     agent = _fields(raw["agent"], {"name", "revision"}, where="the agent")
     history = raw["history"]
     handle = (
@@ -296,12 +319,13 @@ def _from_json(raw: Mapping[str, Any], fmt: int) -> Checkpoint:
         ),
         micros=_int(usage["micros"]),
         state=raw["state"],
+        state_redacted=bool(masked),
         steps_used=_int(raw["steps_used"]),
         replay_of=_opt_str(raw["replay_of"]),
         output=_opt_str(raw.get("output")),
         written_at=written_at,
         observation=raw.get("observation"),
-        carried_by=Carrier(_str(raw["carried_by"])) if fmt >= CARRIER_FORMAT else None,
+        carried_by=Carrier(_str(raw["carried_by"])) if "carried_by" in raw else None,
     )
 
 

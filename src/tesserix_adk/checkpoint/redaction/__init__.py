@@ -28,6 +28,6 @@ patterns given in ``extra_patterns`` run on Python's backtracking engine as writ
 
 from __future__ import annotations
 
-from tesserix_adk.checkpoint.redaction.redactor import Redactor, default_redactor
+from tesserix_adk.checkpoint.redaction.redactor import Masked, Redactor, default_redactor
 
-__all__ = ["Redactor", "default_redactor"]
+__all__ = ["Masked", "Redactor", "default_redactor"]

@@ -164,6 +164,12 @@ class Redactor:
             return data
         return self._walk(data, None)[0]
 
+    def masks(self, data: Any) -> tuple[Any, bool]:
+        """``value(data)`` and whether it masked anything, in one walk."""
+        if not self.enabled:
+            return data, False
+        return self._walk(data, None)
+
     def changed(self, data: Any) -> bool:
         """Whether redaction masks anything in ``data`` (a tuple becoming a list is no change)."""
         if not self.enabled:
@@ -341,3 +347,27 @@ class Redactor:
 def default_redactor() -> Redactor:
     """A redactor with the built-in patterns only."""
     return Redactor()
+
+
+class Masked:
+    """A value for a log line (``_log.warning("... %r", Masked(exc))``): its ``str`` or
+    ``repr`` with every secret masked by the built-in patterns, worked out only when the
+    line is written. A store's error can quote its URL, password and all."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return default_redactor().text(_said(str, self.value))
+
+    def __repr__(self) -> str:
+        return default_redactor().text(_said(repr, self.value))
+
+
+def _said(how: Callable[[object], str], value: object) -> str:
+    try:
+        return how(value)
+    except Exception:
+        return f"(a {type(value).__name__} whose text cannot be read)"

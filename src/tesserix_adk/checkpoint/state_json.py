@@ -1,0 +1,179 @@
+"""A run's state as the stores keep it: its JSON form, validated by the agent's
+``state_schema``, and where that form loses a value a resumed run would need.
+
+A secret in the state is masked before it is stored, as everything is, and a pydantic
+secret type (``SecretStr``, ``SecretBytes``, ``Secret[...]``) is written by pydantic itself
+as ``'**********'``. Either way the stored state no longer holds the value: a run restored
+from it would hand its tools the mask as if it were the credential. ``lost_values`` names
+where, so the kit refuses such a run instead of carrying it on with a guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Secret, SecretBytes, SecretStr, TypeAdapter, ValidationError
+
+from tesserix_adk.checkpoint.payload.envelope import _bounded
+from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.errors import CheckpointCorruptError, CheckpointError, ConfigurationError
+
+__all__ = [
+    "describe_lost",
+    "keepable_state",
+    "lost_values",
+    "secret_typed",
+    "state_from_json",
+    "state_to_json",
+]
+
+# What pydantic writes for a secret type in JSON mode.
+_PYDANTIC_MASK = "**********"
+_SECRET_TYPES = (SecretStr, SecretBytes, Secret)
+# Places named, at most: enough for an operator to find them.
+_NAMED = 5
+
+
+def state_to_json(state: Any, schema: type[Any] | None) -> Any:
+    """The run state as JSON data, validated by ``schema`` when there is one.
+
+    Validation runs on the JSON form, so a model mutated into an invalid shape is caught;
+    the result is a deep copy, so later mutation never rewrites a stored step.
+    """
+    if state is None:
+        return None
+    try:
+        data = TypeAdapter(type(state) if schema is None else schema).dump_python(
+            state, mode="json"
+        )
+        if schema is not None:
+            TypeAdapter(schema).validate_python(data)
+    except ValidationError as exc:
+        raise CheckpointError(f"the run state does not validate: {exc}") from exc
+    except Exception as exc:
+        raise CheckpointError(f"the run state is not JSON-serialisable: {exc}") from exc
+    return data
+
+
+def state_from_json(data: Any, schema: type[Any] | None) -> Any:
+    """The run state read back, validated the same way it was on save."""
+    if data is None or schema is None:
+        return data
+    try:
+        return TypeAdapter(schema).validate_python(data)
+    except ValidationError as exc:
+        raise CheckpointCorruptError(f"the stored run state does not validate: {exc}") from exc
+
+
+def keepable_state(
+    state: Any, schema: type[Any] | None, redactor: Redactor, *, refused: str
+) -> Any:
+    """The state's JSON form, checked before a run starts: ``ConfigurationError`` (its text
+    opening with ``refused``) for a state no frontier can hold, or one that would lose a
+    value once stored. Every frontier keeps the state: a run none of them could hold would
+    go on (sending calls) with nothing of it kept, and one whose stored state lost a secret
+    could only be carried on by handing its tools the mask."""
+    try:
+        data = state_to_json(state, schema)
+        lost = lost_values(state, data, schema, redactor)
+    except CheckpointError as exc:
+        said = redactor.text(str(exc))  # a validation error quotes the value
+        raise ConfigurationError(
+            f"{refused}: {said} (a run's state is checkpointed with it)"
+        ) from None
+    if lost:
+        raise ConfigurationError(
+            f"{refused}: its state holds a secret at {describe_lost(lost)}, which every store "
+            "keeps masked, so a run carried on after a crash would hand its tools the mask; "
+            "give tools their credentials from their own configuration, not the run's state"
+        )
+    return data
+
+
+def lost_values(state: Any, data: Any, schema: type[Any] | None, redactor: Redactor) -> list[str]:
+    """Where ``data`` (``state_to_json(state, schema)``) loses a value once stored: masked
+    by ``redactor``, or a pydantic secret type. Paths such as ``api_token`` or
+    ``creds.keys[1]`` (a key that is itself a secret is named by its mask); never values.
+    Empty when the stored state is the state. ``CheckpointTooLargeError`` for data that
+    nests too deep to be walked."""
+    if data is None:
+        return []
+    lost: list[str] = []
+    _masked(data, redactor.value(_bounded(data, "the run state")), "", lost)
+    _secret_typed(state, data, schema, lost)
+    return lost
+
+
+def secret_typed(state: Any, data: Any, schema: type[Any] | None) -> bool:
+    """Whether ``data`` (``state_to_json(state, schema)``) holds a pydantic secret type's
+    mask in place of its value (the redactor's masks are found where it runs)."""
+    lost: list[str] = []
+    _secret_typed(state, data, schema, lost)
+    return bool(lost)
+
+
+def describe_lost(lost: list[str]) -> str:
+    """``lost`` as a phrase: ``api_token and pin`` (at most a few named)."""
+    named = [p or "the whole state" for p in dict.fromkeys(lost)]
+    more = len(named) - _NAMED
+    shown = ", ".join(named[:_NAMED])
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _join(path: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+def _masked(before: Any, after: Any, path: str, lost: list[str]) -> None:
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        if len(before) != len(after):  # two keys masked to one
+            lost.append(path)
+            return
+        for (key, item), (shown, masked) in zip(before.items(), after.items(), strict=True):
+            where = _join(path, shown)
+            if key != shown:
+                lost.append(where)
+            else:
+                _masked(item, masked, where, lost)
+        return
+    if isinstance(before, list | tuple) and isinstance(after, list | tuple):
+        for i, (item, masked) in enumerate(zip(before, after, strict=True)):
+            _masked(item, masked, _join(path, i), lost)
+        return
+    if before != after:
+        lost.append(path)
+
+
+def _holds(data: Any, text: str) -> bool:
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if item == text:
+            return True
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def _secret_typed(state: Any, data: Any, schema: type[Any] | None, lost: list[str]) -> None:
+    # Only data holding pydantic's mask is dumped again, keeping its objects, to tell a
+    # secret type from a string that reads the same.
+    if state is not None and _holds(data, _PYDANTIC_MASK):
+        dumped = TypeAdapter(type(state) if schema is None else schema).dump_python(state)
+        _secrets_in(dumped, "", lost)
+
+
+def _secrets_in(value: Any, path: str, lost: list[str]) -> None:
+    if isinstance(value, _SECRET_TYPES):
+        lost.append(path)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _secrets_in(item, _join(path, key), lost)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _secrets_in(item, _join(path, i), lost)
