@@ -4,7 +4,7 @@ the started run's model and tools are handed, damaged submissions and the CLI's 
 
 SQLite throughout; PostgreSQL where a real server matters (processes racing a start).
 
-Defects (strict xfails):
+Defects found, each fixed (their tests pass now):
 - a retried ``submit`` of an id already submitted with another input, state or agent
   answers with the id as if recorded; what it carried is dropped, nothing said (and
   ``tesserix submit --json`` prints the other agent's name);
@@ -134,11 +134,6 @@ def _agent_module(tmp_path: Path) -> str:
 # --- 1. a retried submit ---------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: a retried submit of an id already submitted with another input, "
-    "state or agent answers with the id as if recorded, and what it carried is silently dropped",
-)
 @pytest.mark.parametrize("differs", ["input", "state", "agent"])
 async def test_a_retried_submit_that_differs_is_refused_not_silently_dropped(
     differs: str, tmp_path: Path
@@ -196,11 +191,6 @@ async def test_an_identical_retry_and_another_tenants_same_id_each_start_from_th
             assert latest is not None and latest.status.value == "completed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: `tesserix submit --json` of an id submitted for another agent exits 0 "
-    "and names the agent it was given, not the one the run will be started with",
-)
 async def test_cli_submit_again_with_another_agent_does_not_name_that_agent(
     tmp_path: Path,
 ) -> None:
@@ -218,11 +208,6 @@ async def test_cli_submit_again_with_another_agent_does_not_name_that_agent(
 # --- 2. starting a submitted run ----------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: runner.run of a submitted id under another agent is carried under "
-    "that agent (its side-effecting tool sent); the submission's agent never runs",
-)
 async def test_run_of_a_submitted_id_under_another_agent_is_refused(tmp_path: Path) -> None:
     async with _site(tmp_path) as (_url, stores):
         airline, sent = Airline(), []
@@ -237,11 +222,6 @@ async def test_run_of_a_submitted_id_under_another_agent_is_refused(tmp_path: Pa
         assert isinstance(outcome, RunStartedError), outcome
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: submit accepts a state no frontier can hold; a worker then books with "
-    "every frontier a tombstone, the run's answer kept nowhere",
-)
 async def test_submit_refuses_a_state_no_frontier_could_hold(tmp_path: Path) -> None:
     async with _site(tmp_path) as (_url, stores):
         airline = Airline()
@@ -522,11 +502,6 @@ async def test_a_damaged_submission_is_parked_typed_kept_and_refused_in_one_sent
         assert code == 0, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: inspect of a run parked for a damaged submission says "
-    "`tesserix run --resume` starts it; run --resume refuses it (exit 4)",
-)
 async def test_inspect_of_a_damaged_submission_does_not_promise_that_run_resume_starts_it(
     tmp_path: Path,
 ) -> None:

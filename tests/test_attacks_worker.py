@@ -32,7 +32,12 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.cli.main import main as tesserix
-from tesserix_adk.errors import CheckpointTooLargeError, ConfigurationError, StoreUnavailableError
+from tesserix_adk.errors import (
+    CheckpointTooLargeError,
+    ConfigurationError,
+    RunStartedError,
+    StoreUnavailableError,
+)
 from tesserix_adk.run import reconciling
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.stores.bundle import Stores
@@ -276,12 +281,19 @@ async def test_submit_the_same_id_concurrently_makes_one_run() -> None:
     stores, airline = _stores(), Airline()
     agent = _agent(airline)
     got = await asyncio.gather(
-        *(_runner(stores).submit(agent, f"book {i}", tenant=T, run_id="r1") for i in range(8))
+        *(_runner(stores).submit(agent, "book", tenant=T, run_id="r1") for _ in range(8))
     )
     assert set(got) == {"r1"}
-    assert stores.work is not None and len(await stores.work.items(T)) == 1
+    # Other requests under that id at once: one is recorded, every other one is told.
+    others = await asyncio.gather(
+        *(_runner(stores).submit(agent, f"book {i}", tenant=T, run_id="r2") for i in range(8)),
+        return_exceptions=True,
+    )
+    assert others.count("r2") == 1
+    assert all(isinstance(o, RunStartedError) for o in others if o != "r2"), others
+    assert stores.work is not None and len(await stores.work.items(T)) == 2
     await _work_until_idle(stores, agent)
-    assert len(airline.bookings) == 1
+    assert len(airline.bookings) == 2
 
 
 async def test_submit_after_cancel_does_not_revive_the_run() -> None:

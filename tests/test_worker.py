@@ -35,7 +35,7 @@ from tesserix_adk.checkpoint.payload import Carrier, CheckpointStatus, encode_ch
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.cli import frontier_main
 from tesserix_adk.cli.failures import exit_code_for
-from tesserix_adk.errors import CarriedByWorkflowError
+from tesserix_adk.errors import CarriedByWorkflowError, RunStartedError
 from tesserix_adk.run.attempt import run_claim_key
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import MemoryWorkIndex
@@ -114,8 +114,11 @@ async def test_submit_twice_makes_one_run_which_a_worker_finishes() -> None:
     agent = _agent(airline)
     runner = _runner(stores)
     first = await runner.submit(agent, "book", tenant=T, run_id="r1")
-    again = await runner.submit(agent, "book again", tenant=T, run_id="r1")
+    again = await runner.submit(agent, "book", tenant=T, run_id="r1")
     assert first == again == "r1"
+    # Another request under that id is told it was not recorded, not dropped unsaid.
+    with pytest.raises(RunStartedError):
+        await runner.submit(agent, "book again", tenant=T, run_id="r1")
     worker = await _work_until_idle(stores, agent)
     assert [how for _, how in worker.carried] == [Carried.finished]
     assert len(airline.bookings) == 1
@@ -540,7 +543,7 @@ async def test_an_operator_sees_why_a_run_is_parked() -> None:
 async def test_starting_a_run_that_already_started_says_resume_it_and_is_retryable() -> None:
     """The resume-or-start race: a start that lost it did nothing and is told to resume
     (a ResumeConflictError, exit 3), not that it is misconfigured."""
-    from tesserix_adk.errors import ConfigurationError, ResumeConflictError, RunStartedError
+    from tesserix_adk.errors import ConfigurationError, ResumeConflictError
 
     stores, airline = _stores(), Airline()
     agent = _agent(airline)

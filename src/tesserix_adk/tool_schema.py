@@ -41,6 +41,12 @@ def arguments_model(
             f"tool {name!r} is an async generator: calling it runs nothing; make it a "
             "coroutine (async def ... return) or a plain function"
         )
+    if _method_in_class_body(fn, sig):
+        raise ConfigurationError(
+            f"tool {name!r} is a method in its class body: the model would be asked for "
+            "`self`; make a tool of the bound method instead (`tool(shop.charge)`), or a "
+            "staticmethod"
+        )
     # A partial's bound keywords are fixed by its author: the signature lists them as
     # parameters with defaults, and the model must not be offered (or allowed) to change them.
     fixed = _fixed_keywords(fn)
@@ -76,6 +82,16 @@ def arguments_model(
             f"tool {name!r} has parameters the kit cannot describe to a model: {exc}"
         ) from exc
     return cast(type[BaseModel], model), has_ctx, schema
+
+
+def _method_in_class_body(fn: Callable[..., Any], sig: inspect.Signature) -> bool:
+    """A plain function defined in a class body (``Shop.charge``, not one nested in a
+    function) whose first parameter is ``self`` or ``cls``: ``@tool`` on a method."""
+    if not inspect.isfunction(fn):
+        return False
+    parents = fn.__qualname__.split(".")[:-1]
+    first = next(iter(sig.parameters), None)
+    return bool(parents) and parents[-1] != "<locals>" and first in ("self", "cls")
 
 
 def check_flags(

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import threading
 
+from tesserix_adk.checkpoint.redaction import Masked
 from tesserix_adk.run.events import AttemptResumed, FrontierWritten, RunEvent
 from tesserix_adk.stores.protocols import WorkIndex, WorkItem
 
@@ -69,7 +70,7 @@ class TakeProgress:
                 "run %s/%s: could not start its count of attempts again: %r",
                 item.tenant,
                 item.run_id,
-                exc,
+                Masked(exc),
             )
 
     async def settled(self) -> None:

@@ -8,6 +8,7 @@ mean another worker carries the run now and this one must stop at once.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -231,13 +232,19 @@ class Checkpointer:
         cursor.handle = expected
         cursor.persisted = len(frontier_messages)
 
-    def check_input(self, messages: Sequence[Message]) -> None:
+    def check_input(self, messages: Sequence[Message], state: Any = None) -> None:
         """``CheckpointTooLargeError`` (not retryable) for a run's input no frontier could
-        hold: a message over ``max_bytes``, or, with the transcript inline (no history
-        store), messages that together are. Such a run would be carried with tombstones
-        only, its answer kept nowhere."""
+        hold: a message over ``max_bytes``, a state (its JSON form) that is, or, with the
+        transcript inline (no history store), messages and state that together are. Such a
+        run would be carried with tombstones only, its answer kept nowhere."""
         entries = [encode_message(m, self.redactor) for m in messages]
-        sizes = [len(e) for e in entries] if self.history is not None else [sum(map(len, entries))]
+        # Every frontier holds the state: its most compact JSON is a floor on its share.
+        kept = json.dumps(self.redactor.value(state), ensure_ascii=False, separators=(",", ":"))
+        held = len(kept.encode()) if state is not None else 0
+        if self.history is not None:
+            sizes = [len(e) for e in entries] + [held]
+        else:
+            sizes = [sum(map(len, entries)) + held]
         for size in sizes:
             if size > self.max_bytes:
                 raise CheckpointTooLargeError(

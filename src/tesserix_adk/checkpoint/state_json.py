@@ -28,8 +28,6 @@ __all__ = [
     "state_to_json",
 ]
 
-# What pydantic writes for a secret type in JSON mode.
-_PYDANTIC_MASK = "**********"
 _SECRET_TYPES = (SecretStr, SecretBytes, Secret)
 # Places named, at most: enough for an operator to find them.
 _NAMED = 5
@@ -101,15 +99,15 @@ def lost_values(state: Any, data: Any, schema: type[Any] | None, redactor: Redac
         return []
     lost: list[str] = []
     _masked(data, redactor.value(_bounded(data, "the run state")), "", lost)
-    _secret_typed(state, data, schema, lost)
+    _secret_typed(state, schema, lost)
     return lost
 
 
-def secret_typed(state: Any, data: Any, schema: type[Any] | None) -> bool:
-    """Whether ``data`` (``state_to_json(state, schema)``) holds a pydantic secret type's
-    mask in place of its value (the redactor's masks are found where it runs)."""
+def secret_typed(state: Any, schema: type[Any] | None) -> bool:
+    """Whether ``state`` holds a pydantic secret type, which its JSON form holds only as
+    its mask (the redactor's masks are found where it runs)."""
     lost: list[str] = []
-    _secret_typed(state, data, schema, lost)
+    _secret_typed(state, schema, lost)
     return bool(lost)
 
 
@@ -147,23 +145,10 @@ def _masked(before: Any, after: Any, path: str, lost: list[str]) -> None:
         lost.append(path)
 
 
-def _holds(data: Any, text: str) -> bool:
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if item == text:
-            return True
-        if isinstance(item, Mapping):
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return False
-
-
-def _secret_typed(state: Any, data: Any, schema: type[Any] | None, lost: list[str]) -> None:
-    # Only data holding pydantic's mask is dumped again, keeping its objects, to tell a
-    # secret type from a string that reads the same.
-    if state is not None and _holds(data, _PYDANTIC_MASK):
+def _secret_typed(state: Any, schema: type[Any] | None, lost: list[str]) -> None:
+    # The state dumped keeping its objects: a secret type shows as itself wherever it is
+    # (a set's member, a mapping's key), whatever text its JSON form would carry.
+    if state is not None:
         dumped = TypeAdapter(type(state) if schema is None else schema).dump_python(state)
         _secrets_in(dumped, "", lost)
 
@@ -173,7 +158,13 @@ def _secrets_in(value: Any, path: str, lost: list[str]) -> None:
         lost.append(path)
     elif isinstance(value, Mapping):
         for key, item in value.items():
+            if isinstance(key, _SECRET_TYPES):
+                lost.append(_join(path, "<a key>"))
+                continue
             _secrets_in(item, _join(path, key), lost)
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
             _secrets_in(item, _join(path, i), lost)
+    elif isinstance(value, set | frozenset):
+        for item in value:
+            _secrets_in(item, _join(path, "<a member>"), lost)

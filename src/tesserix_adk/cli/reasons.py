@@ -7,7 +7,12 @@ from collections.abc import Iterable
 
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.checkpoint.planning import ResumePlan, left_open
-from tesserix_adk.errors import CheckpointCorruptError, NoCheckpointError, RevisionMismatchError
+from tesserix_adk.errors import (
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    NoCheckpointError,
+    RevisionMismatchError,
+)
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.entries import damage, shown_entry
 from tesserix_adk.stores.bundle import Stores
@@ -58,6 +63,15 @@ async def no_frontier(stores: Stores, tenant: str, run_id: str) -> NoCheckpointE
             said += (
                 f"; it was submitted and cancelled ({cancelled.describe()}) before its first "
                 "checkpoint: nothing will start it"
+            )
+        elif parked is not None and any(
+            parked_for(parked, e) for e in (CheckpointCorruptError, CheckpointFormatError)
+        ):
+            # The submission itself cannot be read: `run --resume` refuses it as well.
+            said += (
+                "; it was submitted and parked before its first checkpoint "
+                f"({parked.reason}): nothing can start it from that submission; cancel it "
+                "(`tesserix cancel`) and submit its input again under a new run id"
             )
         elif parked is not None:
             said += (

@@ -186,7 +186,7 @@ async def _settled(
             "recorded, and the call is planned again",
             run_id,
             pc.describe(),
-            exc,
+            Masked(exc),
         )
         return False
     return True

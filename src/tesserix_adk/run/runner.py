@@ -208,7 +208,9 @@ class AgentRunner:
         """Record a run durably as submitted, for a worker to start; its id.
 
         Submitting an id the run already has (submitted, started or finished) is a no-op
-        that returns it, so a client that retries its request makes one run. The input is
+        that returns it, so a client that retries its request makes one run; a submission
+        of that id for another agent, or with another input or state, while it waits for a
+        worker is refused (``RunStartedError``), since the worker starts the first. The input is
         stored redacted, like everything the kit stores. An input no frontier could hold
         (over ``max_bytes``) is refused, ``CheckpointTooLargeError``, nothing recorded, and so
         is a state no frontier can keep whole (``ConfigurationError``, as for ``run``).
@@ -220,13 +222,14 @@ class AgentRunner:
         if self.checkpoints is not None and await self.checkpoints.store.latest(tenant, run_id):
             return run_id
         messages = without_secret_ids(as_messages(input), self.redactor)
+        refused = f"run {run_id!r} not submitted"
+        kept = keepable_state(state, agent.state_schema, self.redactor, refused=refused)
         if self.checkpoints is not None:
-            self.checkpoints.check_input(messages)
-        keepable_state(
-            state, agent.state_schema, self.redactor, refused=f"run {run_id!r} not submitted"
-        )
+            self.checkpoints.check_input(messages, kept)
         data = self._submission(agent, messages, state)
-        await work.submit(tenant, run_id, agent=agent.name, input=data)
+        if not await work.submit(tenant, run_id, agent=agent.name, input=data):
+            # Submitted before: the same request again is a no-op; another one is said.
+            await self._same_submission(agent, tenant, run_id, data, "submitted")
         return run_id
 
     async def run(
@@ -548,21 +551,44 @@ class AgentRunner:
             return
         if await self.work.submit(run.tenant, run.run_id, agent=run.agent.name, input=data):
             return
-        # Submitted before: a worker starting it brings that input; another one would have
-        # the run carried on one input or the other depending on whether this process dies.
-        stored = await self.work.input(run.tenant, run.run_id)
+        await self._same_submission(run.agent, run.tenant, run.run_id, data, "started")
+
+    async def _same_submission(
+        self, agent: Agent, tenant: str, run_id: str, data: bytes, verb: str
+    ) -> None:
+        """``RunStartedError`` unless the run's submission, made before, is for ``agent``
+        with the input ``data`` holds: a worker starts it from that submission, so another
+        one here would have the run carried on one input (or agent) or the other depending
+        on whether this process dies, or be dropped unsaid."""
+        assert self.work is not None
+        entry = await self.work.entry(tenant, run_id)
+        if entry is not None and entry.agent != agent.name:
+            raise RunStartedError(
+                f"run {run_id!r} was submitted for agent {entry.agent!r}, not {agent.name!r}: "
+                f"not {verb}; a worker starts it with that agent (use a new run id for this one)"
+            )
+        stored = await self.work.input(tenant, run_id)
         if stored is None or stored == data:
             return
         # A worker starting it passes the submission's messages, which come through
         # ``without_secret_ids`` once more here (a replaced call id is replaced again): the
         # stored ones are compared as they would come through.
-        kept = decode_submission(stored)
+        kept, mine = decode_submission(stored), decode_submission(data)
         again = without_secret_ids(kept.messages, self.redactor)
-        state = state_from_json(kept.state, run.agent.state_schema)
-        if self._submission(run.agent, again, state) != data:
+        same_messages = encode_submission(again, None, self.redactor) == encode_submission(
+            mine.messages, None, self.redactor
+        )
+        # States are compared as the schema reads them: a set is dumped in its own
+        # iteration order, which another process (another hash seed) may not share.
+        same_state = kept.state == mine.state or (
+            agent.state_schema is not None
+            and state_from_json(kept.state, agent.state_schema)
+            == state_from_json(mine.state, agent.state_schema)
+        )
+        if not (same_messages and same_state):
             raise RunStartedError(
-                f"run {run.run_id!r} was submitted with another input; a worker starts it "
-                "from that submission (start a new run for this input)"
+                f"run {run_id!r} was submitted with another input: not {verb}; a worker starts "
+                "it from that submission (use a new run id for this input)"
             )
 
     def _submission(self, agent: Agent, messages: Sequence[Message], state: Any) -> bytes:

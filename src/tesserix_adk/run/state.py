@@ -90,7 +90,7 @@ class RunState:
             micros=self.spent,
             state=state,
             # The redactor's own masks are found as the frontier is encoded.
-            state_redacted=secret_typed(self.state, state, self.agent.state_schema),
+            state_redacted=secret_typed(self.state, self.agent.state_schema),
             steps_used=self.steps_used,
             replay_of=self.replay_of,
             output=output,
