@@ -60,6 +60,10 @@ async def restore(
         # The ledger's figures, not the frontier's: a call charged right before a death
         # is counted there only.
         run.spent, run.usage = await ledger_totals(ledger, run.tenant, run.run_id)
+        if run.spent < cp.micros:
+            # The ledger holds less than the frontier saw it hold: it lost charges (a
+            # store that forgets keys). The budget counts what is known spent, not less.
+            run.spent, run.usage = cp.micros, cp.usage
     else:
         run.spent = cp.micros
 

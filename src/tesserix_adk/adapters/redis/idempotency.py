@@ -308,8 +308,36 @@ class RedisIdempotencyStore(_FencedRedisStore):
         with _driver_errors(f"looking up {len(wanted)} idempotency key(s)"):
             owners = await self._owners(tenant, wanted)
             located = [(owner, key) for key, owner in zip(wanted, owners, strict=True) if owner]
-            records = await self._fetch(located)
+            read = (
+                await read_hashes_with_clocks(
+                    self._client, [self._record_key(tag, key) for tag, key in located]
+                )
+                if located
+                else []
+            )
+            gone = [loc for loc, (fields, _) in zip(located, read, strict=True) if not fields]
+            await self._refuse_lost(gone)
+        records = [_record(fields) for fields, now in read if fields and not _lapsed(fields, now)]
         return {record.key: record for record in records if record.tenant == tenant}
+
+    async def _refuse_lost(self, gone: Sequence[tuple[str, str]]) -> None:
+        """``CheckpointCorruptError`` for a record its run's record set still names: the kit
+        drops the two together (a released claim), so the store lost it (an eviction, a
+        key deleted, a server restored from an older copy). Read as no record, its call
+        would be sent again though it may have run."""
+        if not gone:
+            return
+        async with self._client.pipeline(transaction=False) as pipe:
+            for tag, key in gone:
+                pipe.sismember(self._keys.tagged(tag, "idem:keys"), _enc(key))
+            named = await pipe.execute()
+        lost = [key for (_, key), listed in zip(gone, named, strict=True) if listed]
+        if lost:
+            raise CheckpointCorruptError(
+                f"the idempotency record of {lost[0]!r} is gone though its run still lists "
+                "it: the store lost it (evicted, deleted, or restored from an older copy), "
+                "so nobody can say whether that call ran; nothing is sent"
+            )
 
     async def records(self, tenant: str, run_id: str) -> list[IdempotencyRecord]:
         """Every live record of the run, by (iteration, since, key); the run claim first."""

@@ -11,6 +11,12 @@ if current[1] and now < tonumber(current[2]) then
   if current[4] == ARGV[3] then return {'ok', current[3], current[2], current[5] or ''} end
   return {'held', current[1]}
 end
+-- Never below the fence the lease itself last named: a counter the server lost (evicted,
+-- deleted) would otherwise hand a fence out twice, and the old holder's writes pass.
+local named = tonumber(current[3]) or 0
+if (tonumber(redis.call('GET', KEYS[2])) or 0) < named then
+  redis.call('SET', KEYS[2], named)
+end
 local fence = redis.call('INCR', KEYS[2])
 local deadline = now + tonumber(ARGV[2])
 -- A lapsed lease ended at its deadline, a released one when it was released (its deadline
