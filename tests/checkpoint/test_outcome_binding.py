@@ -7,13 +7,23 @@ outcomes and copies one from another run's record.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tesserix_adk.checkpoint.payload import decode_outcome, encode_outcome, record_tag
-from tesserix_adk.checkpoint.payload.envelope import seal
-from tesserix_adk.checkpoint.payload.outcomes import BOUND_FORMAT
+from tesserix_adk.checkpoint.payload import (
+    OutcomeState,
+    decode_outcome,
+    encode_outcome,
+    outcome_state,
+    record_tag,
+    recorded_outcome,
+)
+from tesserix_adk.checkpoint.payload.envelope import seal, unseal
+from tesserix_adk.checkpoint.payload.outcomes import BOUND_FORMAT, STATE_FORMAT
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.messages import ToolOutcome
@@ -76,6 +86,67 @@ def test_a_record_name_out_of_place_is_corrupt(body: dict[str, object]) -> None:
 
 
 def test_a_newer_format_is_refused_as_newer() -> None:
-    data = seal({"format": BOUND_FORMAT + 1, "content": "x", "is_error": False, "record": "a"})
+    data = seal({"format": STATE_FORMAT + 1, "content": "x", "is_error": False, "record": "a"})
     with pytest.raises(CheckpointFormatError):
         decode_outcome(data, "c1")
+
+
+# --- the run's state kept with a call's outcome ----------------------------------------------
+
+
+def test_an_outcome_keeps_the_runs_state_redacted_and_marks_a_lost_secret() -> None:
+    tag = record_tag("acme", "k1")
+    outcome = ToolOutcome(call_id="c1", content="booked", is_error=False)
+    plain = recorded_outcome(
+        outcome, Redactor(), record=tag, state=OutcomeState(state={"booked": ["LH1"]})
+    ).payload
+    assert json.loads(plain)["format"] == STATE_FORMAT
+    assert decode_outcome(plain, "c1", record=tag) == outcome
+    assert outcome_state(plain, record=tag) == OutcomeState(state={"booked": ["LH1"]})
+    masked = recorded_outcome(
+        outcome, Redactor(), record=tag, state=OutcomeState(state={"api_token": "tok-real-9"})
+    ).payload
+    assert b"tok-real-9" not in masked
+    kept = outcome_state(masked, record=tag)
+    assert kept is not None and kept.redacted and kept.state == {"api_token": "[redacted:token]"}
+    typed = recorded_outcome(
+        outcome, Redactor(), record=tag, state=OutcomeState(state={"pin": "x"}, redacted=True)
+    ).payload
+    assert outcome_state(typed, record=tag) == OutcomeState(state={"pin": "x"}, redacted=True)
+    # Without a state, or for no record, the outcome is as before and keeps none.
+    bare = recorded_outcome(outcome, Redactor(), record=tag).payload
+    assert json.loads(bare)["format"] == BOUND_FORMAT and outcome_state(bare) is None
+    unbound = recorded_outcome(outcome, Redactor(), state=OutcomeState(state={})).payload
+    assert outcome_state(unbound) is None
+
+
+def test_a_large_result_is_replaced_but_the_state_is_still_kept() -> None:
+    tag = record_tag("acme", "k1")
+    big = ToolOutcome(call_id="c1", content="x" * 5000, is_error=False)
+    kept = recorded_outcome(
+        big, Redactor(), max_bytes=1000, record=tag, state=OutcomeState(state={"n": 1})
+    )
+    assert kept.replaced and outcome_state(kept.payload, record=tag) == OutcomeState({"n": 1})
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda b: b.pop("state"), id="state-dropped"),
+        pytest.param(lambda b: b.update(state_redacted=False), id="mark-false"),
+        pytest.param(lambda b: b.update(format=BOUND_FORMAT), id="format-3-with-state"),
+        pytest.param(lambda b: b.pop("record"), id="names-no-record"),
+    ],
+)
+def test_an_outcome_whose_kept_state_does_not_hold_is_corrupt(change: Any) -> None:
+    tag = record_tag("acme", "k1")
+    outcome = ToolOutcome(call_id="c1", content="ok", is_error=False)
+    payload = recorded_outcome(
+        outcome, Redactor(), record=tag, state=OutcomeState(state={"a": 1}, redacted=True)
+    ).payload
+    body, _ = unseal(payload, what="x")
+    change(body)
+    with pytest.raises(CheckpointCorruptError):
+        outcome_state(seal(body))
+    with pytest.raises(CheckpointCorruptError):
+        decode_outcome(seal(body), "c1")

@@ -10,6 +10,7 @@ where, so the kit refuses such a run instead of carrying it on with a guess.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,21 +38,61 @@ def state_to_json(state: Any, schema: type[Any] | None) -> Any:
     """The run state as JSON data, validated by ``schema`` when there is one.
 
     Validation runs on the JSON form, so a model mutated into an invalid shape is caught;
-    the result is a deep copy, so later mutation never rewrites a stored step.
+    the result is a deep copy, so later mutation never rewrites a stored step. Without a
+    schema, a set is written in one order (its members' JSON, sorted), so the same state
+    gives the same JSON in every process: a set's own order follows its hash seed.
     """
     if state is None:
         return None
     try:
-        data = TypeAdapter(type(state) if schema is None else schema).dump_python(
-            state, mode="json"
-        )
-        if schema is not None:
+        if schema is None:
+            data = _untyped_json(state)
+        else:
+            data = TypeAdapter(schema).dump_python(state, mode="json")
             TypeAdapter(schema).validate_python(data)
     except ValidationError as exc:
         raise CheckpointError(f"the run state does not validate: {exc}") from exc
     except Exception as exc:
         raise CheckpointError(f"the run state is not JSON-serialisable: {exc}") from exc
     return data
+
+
+def _untyped_json(state: Any) -> Any:
+    """``state`` as JSON data by its own type, its sets (if any) in one order."""
+    adapter = TypeAdapter(type(state))
+    kept = adapter.dump_python(state)
+    if not _holds_set(kept):
+        return adapter.dump_python(state, mode="json")
+    return TypeAdapter(Any).dump_python(_sets_sorted(kept), mode="json")
+
+
+def _holds_set(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, set | frozenset):
+            return True
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def _sets_sorted(value: Any) -> Any:
+    if isinstance(value, set | frozenset):
+        members = [_sets_sorted(item) for item in value]
+        return sorted(members, key=_order_of)
+    if isinstance(value, Mapping):
+        return {key: _sets_sorted(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_sets_sorted(item) for item in value]
+    return value
+
+
+def _order_of(member: Any) -> str:
+    as_json = TypeAdapter(Any).dump_python(member, mode="json")
+    return json.dumps(as_json, sort_keys=True, default=str)
 
 
 def state_from_json(data: Any, schema: type[Any] | None) -> Any:

@@ -66,6 +66,7 @@ from tesserix_adk.run.recording import (
     redacted_record,
     release_unsent,
     returned_outcome,
+    state_now,
     to_the_end,
     told,
 )
@@ -427,7 +428,9 @@ async def _redacted_and_completed(
     group where the attempt folds, committed with the next call's claim or, the turn's
     last, with its ``after_tool_result`` frontier."""
     assert oc.key is not None
-    recorded = await redacted_record(parts, outcome, record=record_tag(run.tenant, oc.key))
+    recorded = await redacted_record(
+        parts, outcome, record=record_tag(run.tenant, oc.key), state=state_now(run)
+    )
     kept.append(recorded)
     await grouping.begin(parts.groups, attempt)
     await complete(parts, run, attempt, tool, oc, recorded.payload)

@@ -18,14 +18,17 @@ from typing import TypeVar
 
 from tesserix_adk.checkpoint.checkpointer import OFF_LOOP_BYTES, text_weight
 from tesserix_adk.checkpoint.payload import (
+    OutcomeState,
     OutstandingCall,
     RecordedOutcome,
     record_tag,
     recorded_outcome,
 )
 from tesserix_adk.checkpoint.redaction import Masked
+from tesserix_adk.checkpoint.state_json import secret_typed, state_to_json
 from tesserix_adk.errors import (
     AdkError,
+    CheckpointError,
     StoreReplyLostError,
     StoreUnavailableError,
     ToolOutcomeUnknownError,
@@ -47,6 +50,7 @@ __all__ = [
     "redacted_record",
     "release_unsent",
     "returned_outcome",
+    "state_now",
     "to_the_end",
     "told",
 ]
@@ -203,16 +207,22 @@ async def read_back(parts: RunParts, run: RunState, key: str) -> IdempotencyReco
 
 
 async def redacted_record(
-    parts: RunParts, outcome: ToolOutcome, *, record: str | None = None
+    parts: RunParts,
+    outcome: ToolOutcome,
+    *,
+    record: str | None = None,
+    state: OutcomeState | None = None,
 ) -> RecordedOutcome:
     """The outcome as the record keeps it, naming ``record`` (its ``record_tag``) when
-    given; a large one is redacted in a worker thread so the event loop keeps renewing
-    leases meanwhile."""
-    if text_weight(outcome.content) > OFF_LOOP_BYTES:
-        return await asyncio.to_thread(
-            functools.partial(recorded_outcome, outcome, parts.redactor, record=record)
-        )
-    return recorded_outcome(outcome, parts.redactor, record=record)
+    given, with the run's ``state``; a large one is redacted in a worker thread so the
+    event loop keeps renewing leases meanwhile."""
+    encode = functools.partial(
+        recorded_outcome, outcome, parts.redactor, record=record, state=state
+    )
+    weight = text_weight(outcome.content) + (0 if state is None else text_weight(state.state))
+    if weight > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(encode)
+    return encode()
 
 
 async def told(parts: RunParts, outcome: ToolOutcome) -> ToolOutcome:
@@ -231,9 +241,26 @@ async def record(
     outcome: ToolOutcome,
 ) -> RecordedOutcome:
     assert oc.key is not None
-    recorded = await redacted_record(parts, outcome, record=record_tag(run.tenant, oc.key))
+    recorded = await redacted_record(
+        parts, outcome, record=record_tag(run.tenant, oc.key), state=state_now(run)
+    )
     await complete(parts, run, attempt, tool, oc, recorded.payload)
     return recorded
+
+
+def state_now(run: RunState) -> OutcomeState | None:
+    """The run's state as the call's record keeps it: what the tool wrote into it after
+    the last frontier, which a resume replaying this call restores. ``None`` for a run
+    without state, or one whose state no frontier can hold (the run stops at its next
+    frontier for that; the call's record is written all the same)."""
+    if run.state is None:
+        return None
+    schema = run.agent.state_schema
+    try:
+        data = state_to_json(run.state, schema)
+        return OutcomeState(state=data, redacted=secret_typed(run.state, schema))
+    except CheckpointError:
+        return None
 
 
 async def to_the_end(awaitable: Awaitable[T], *, grace: float | None = None) -> T:

@@ -8,6 +8,9 @@ from tesserix_adk.checkpoint.payload import (
     Boundary,
     Checkpoint,
     CheckpointStatus,
+    OutcomeState,
+    outcome_state,
+    record_tag,
     resolve_observation,
 )
 from tesserix_adk.checkpoint.planning import ResumePlan
@@ -19,10 +22,11 @@ from tesserix_adk.errors import (
     RunFailedError,
     StateRedactedError,
 )
+from tesserix_adk.messages import Usage
 from tesserix_adk.run.attempt import AheadCall, Attempt
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.capabilities import ledger_totals
-from tesserix_adk.stores.protocols import Ledger
+from tesserix_adk.stores.protocols import IdempotencyStore, Ledger
 
 __all__ = [
     "note_ahead",
@@ -43,14 +47,27 @@ async def restore(
     attempt: Attempt,
     cp: Checkpoint,
     plan: ResumePlan,
+    idempotency: IdempotencyStore,
 ) -> None:
-    """Fill ``run`` from the frontier and ``attempt`` from the plan."""
+    """Fill ``run`` from the frontier and ``attempt`` from the plan: the state is the one
+    the run's last call completed since the frontier recorded, if any (its tool may have
+    written into it; the call is replayed, not run again), else the frontier's."""
     run.messages = await checkpoints.messages(cp)
     run.iteration = cp.iteration
     run.step = cp.step
     run.steps_used = cp.steps_used
     run.usage = cp.usage
     run.state = state_from_json(cp.state, run.agent.state_schema)
+    since = await state_since(idempotency, run, plan)
+    if since is not None:
+        if since.redacted:
+            raise StateRedactedError(
+                f"run {run.run_id!r} cannot be carried on: its state, as its last completed "
+                "call recorded it, held a secret, which every store keeps masked, so its "
+                "tools would be handed the mask as if it were the value; keep credentials "
+                "out of the run's state"
+            )
+        run.state = state_from_json(since.state, run.agent.state_schema)
     run.grants = list(cp.grants)
     run.replay_of = cp.replay_of
     run.observation = resolve_observation(cp.observation, run.messages)
@@ -62,10 +79,45 @@ async def restore(
         run.spent, run.usage = await ledger_totals(ledger, run.tenant, run.run_id)
         if run.spent < cp.micros:
             # The ledger holds less than the frontier saw it hold: it lost charges (a
-            # store that forgets keys). The budget counts what is known spent, not less.
-            run.spent, run.usage = cp.micros, cp.usage
+            # store that forgets keys). What is known spent is charged back, so the budget
+            # and every later charge count from there, not from less.
+            missing = Usage(
+                input_tokens=max(0, cp.usage.input_tokens - run.usage.input_tokens),
+                output_tokens=max(0, cp.usage.output_tokens - run.usage.output_tokens),
+            )
+            await ledger.charge(
+                run.tenant, run.run_id, cp.micros - run.spent, missing, fence=attempt.fence
+            )
+            run.spent, run.usage = cp.micros, run.usage + missing
     else:
         run.spent = cp.micros
+
+
+async def state_since(
+    idempotency: IdempotencyStore, run: RunState, plan: ResumePlan
+) -> OutcomeState | None:
+    """The state the run's calls completed since the frontier recorded: that of the one
+    completed last (by the store's clock) of those that recorded one. Only this run's own
+    completions count: a record of a business key another run completed holds that run's
+    state. An outcome the plan read without its bytes is read once more."""
+    own = [
+        p.record
+        for p in plan.completed
+        if p.record is not None
+        and p.record.completed_at is not None
+        and p.record.holding_run == run.run_id
+    ]
+    for rec in sorted(own, key=lambda r: r.completed_at or 0.0, reverse=True):
+        outcome = rec.outcome
+        if outcome is None:
+            again = (await idempotency.lookup([rec.key], tenant=run.tenant)).get(rec.key)
+            outcome = None if again is None else again.outcome
+        if outcome is None:
+            continue
+        kept = outcome_state(bytes(outcome), record=record_tag(run.tenant, rec.key))
+        if kept is not None:
+            return kept
+    return None
 
 
 def note_ahead(attempt: Attempt, plan: ResumePlan) -> None:

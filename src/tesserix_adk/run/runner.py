@@ -219,9 +219,18 @@ class AgentRunner:
         work = self._require_work()
         run_id = f"run_{secrets.token_hex(8)}" if run_id is None else run_id
         check_ids(tenant=tenant, run_id=run_id)
-        if self.checkpoints is not None and await self.checkpoints.store.latest(tenant, run_id):
-            return run_id
+        started = self.checkpoints is not None and await self.checkpoints.store.latest(
+            tenant, run_id
+        )
         messages = without_secret_ids(as_messages(input), self.redactor)
+        if started:
+            # Under way: the same request again is a no-op; another one (told apart by the
+            # submission the run was started from, where it kept one) is said.
+            if await work.input(tenant, run_id) is not None:
+                with contextlib.suppress(CheckpointError):
+                    data = self._submission(agent, messages, state)
+                    await self._same_submission(agent, tenant, run_id, data, "submitted")
+            return run_id
         refused = f"run {run_id!r} not submitted"
         kept = keepable_state(state, agent.state_schema, self.redactor, refused=refused)
         if self.checkpoints is not None:
@@ -298,9 +307,10 @@ class AgentRunner:
         run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=messages)
         run.state = state
         if self.checkpoints is not None:
-            keepable_state(
-                state, agent.state_schema, self.redactor, refused=f"run {run_id!r} not started"
-            )
+            refused = f"run {run_id!r} not started"
+            kept = keepable_state(state, agent.state_schema, self.redactor, refused=refused)
+            # A state no frontier could hold would leave only tombstones (submit says so too).
+            self.checkpoints.check_input([], kept)
         async with self._holding(attempt, tenant, run_id):
             if self.checkpoints is not None:
                 existing = await self.checkpoints.store.latest(tenant, run_id)
@@ -449,7 +459,7 @@ class AgentRunner:
                     await carried_elsewhere(plan, self.leases, tenant=tenant, run_id=run_id)
                 refuse_if_undecidable(plan)
             run = RunState(agent=agent, tenant=tenant, run_id=run_id, messages=[])
-            await restore(checkpoints, self.ledger, run, attempt, cp, plan)
+            await restore(checkpoints, self.ledger, run, attempt, cp, plan, self.idempotency)
             await self._wanted(tenant, run_id, agent)
             return await self._settled(
                 await carry_on(self._parts, run, attempt, cp, cancelled=cancelled), attempt
@@ -570,14 +580,10 @@ class AgentRunner:
         stored = await self.work.input(tenant, run_id)
         if stored is None or stored == data:
             return
-        # A worker starting it passes the submission's messages, which come through
-        # ``without_secret_ids`` once more here (a replaced call id is replaced again): the
-        # stored ones are compared as they would come through.
+        # Not the same bytes: compared as read back (a replaced call id is replaced again,
+        # on both sides alike) and as the schema reads the state.
         kept, mine = decode_submission(stored), decode_submission(data)
-        again = without_secret_ids(kept.messages, self.redactor)
-        same_messages = encode_submission(again, None, self.redactor) == encode_submission(
-            mine.messages, None, self.redactor
-        )
+        same_messages = self._as_started(kept.messages) == self._as_started(mine.messages)
         # States are compared as the schema reads them: a set is dumped in its own
         # iteration order, which another process (another hash seed) may not share.
         same_state = kept.state == mine.state or (
@@ -590,6 +596,12 @@ class AgentRunner:
                 f"run {run_id!r} was submitted with another input: not {verb}; a worker starts "
                 "it from that submission (use a new run id for this input)"
             )
+
+    def _as_started(self, messages: Sequence[Message]) -> bytes:
+        """Messages read back from a submission as a run started from them would hold them
+        (they come through ``without_secret_ids`` once more), encoded: two submissions'
+        messages compared this way went through it the same number of times."""
+        return encode_submission(without_secret_ids(messages, self.redactor), None, self.redactor)
 
     def _submission(self, agent: Agent, messages: Sequence[Message], state: Any) -> bytes:
         """A run's input as a submission keeps it: redacted, its state as the frontier

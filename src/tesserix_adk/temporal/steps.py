@@ -105,7 +105,7 @@ async def model_turn(runner: AgentRunner, agent: Agent, step: ModelStep, holder:
             if cp.status.finished:
                 return _ended(cp.status.value, cp.output, cp.iteration)
             plan = await plan_resume(cp, runner.idempotency)
-            await restore(checkpoints, runner.ledger, run, attempt, cp, plan)
+            await restore(checkpoints, runner.ledger, run, attempt, cp, plan, runner.idempotency)
             # A frontier an earlier carrier wrote (a closed execution, or a kit process
             # whose run this execution adopts: no carrier named): that carrier may have
             # sent a call no key records: never again.

@@ -76,6 +76,13 @@ def driver_errors(action: str) -> Iterator[Call]:
         ) from exc
     except pg_errors.InsufficientPrivilege as exc:
         raise StorePermissionError(f"PostgreSQL refused {action}: {exc}") from exc
+    except pg_errors.ReadOnlySqlTransaction as exc:
+        # A read-only database (default_transaction_read_only, a hot standby): the store's
+        # matter, as a refused grant is; a worker stops instead of trying for ever.
+        raise StorePermissionError(
+            f"PostgreSQL refused {action}: the database is read-only here ({exc}); point the "
+            "kit at a writable primary"
+        ) from exc
     except pg_errors.InvalidSchemaName as exc:
         raise SchemaMismatchError(f"PostgreSQL refused {action}: {exc}") from exc
     except (

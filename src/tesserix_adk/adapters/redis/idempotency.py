@@ -321,17 +321,21 @@ class RedisIdempotencyStore(_FencedRedisStore):
         return {record.key: record for record in records if record.tenant == tenant}
 
     async def _refuse_lost(self, gone: Sequence[tuple[str, str]]) -> None:
-        """``CheckpointCorruptError`` for a record its run's record set still names: the kit
-        drops the two together (a released claim), so the store lost it (an eviction, a
-        key deleted, a server restored from an older copy). Read as no record, its call
-        would be sent again though it may have run."""
+        """``CheckpointCorruptError`` for a record its run's record set or iteration index
+        still names: the kit drops the three together (a released claim), so the store lost
+        it (an eviction, a key deleted, a server restored from an older copy). Read as no
+        record, its call would be sent again though it may have run."""
         if not gone:
             return
         async with self._client.pipeline(transaction=False) as pipe:
             for tag, key in gone:
                 pipe.sismember(self._keys.tagged(tag, "idem:keys"), _enc(key))
+                pipe.zscore(self._keys.tagged(tag, "idem:iter"), _enc(key))
             named = await pipe.execute()
-        lost = [key for (_, key), listed in zip(gone, named, strict=True) if listed]
+        # Either of the run's two indexes naming it will do: the claim wrote both.
+        lost = [
+            key for i, (_, key) in enumerate(gone) if named[2 * i] or named[2 * i + 1] is not None
+        ]
         if lost:
             raise CheckpointCorruptError(
                 f"the idempotency record of {lost[0]!r} is gone though its run still lists "

@@ -51,9 +51,11 @@ from tesserix_adk.checkpoint.payload.observation import (
     resolve_observation,
 )
 from tesserix_adk.checkpoint.payload.outcomes import (
+    OutcomeState,
     RecordedOutcome,
     decode_outcome,
     encode_outcome,
+    outcome_state,
     record_tag,
     recorded_outcome,
 )
@@ -78,11 +80,13 @@ __all__ = [
     "Grant",
     "OutstandingCall",
     "PendingApproval",
+    "OutcomeState",
     "RecordedOutcome",
     "decode_checkpoint",
     "decode_message",
     "decode_messages",
     "decode_outcome",
+    "outcome_state",
     "encode_checkpoint",
     "encode_message",
     "encode_outcome",

@@ -11,6 +11,11 @@ An outcome written for a record names it (``record_tag``: a digest of its tenant
 format ``BOUND_FORMAT``), so one read back under another record (outcomes swapped between
 two records, or copied from another run's) is corrupt, never another call's answer. An
 outcome from before (format 2) names none and is read as it is.
+
+A run's call recorded with the run's state as it stood when the call completed (format
+``STATE_FORMAT``, ``outcome_state``) lets a resume restore what the tool wrote into
+``ctx.state`` after the last frontier: the call itself is replayed from its record, never
+run again.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from tesserix_adk.checkpoint.payload.envelope import (
     CHECKPOINT_FORMAT,
     DEFAULT_MAX_BYTES,
     MAX_NESTING,
+    _bounded,
     _sealed_within,
     _versioned_up_to,
     seal,
@@ -35,9 +41,12 @@ from tesserix_adk.messages import ToolOutcome
 
 __all__ = [
     "BOUND_FORMAT",
+    "STATE_FORMAT",
+    "OutcomeState",
     "RecordedOutcome",
     "decode_outcome",
     "encode_outcome",
+    "outcome_state",
     "record_tag",
     "recorded_outcome",
 ]
@@ -45,6 +54,20 @@ __all__ = [
 BOUND_FORMAT = 3
 """The format of an outcome that names its record; a release before it refuses one with
 ``CheckpointFormatError`` and leaves it untouched."""
+
+
+STATE_FORMAT = 4
+"""The format of an outcome that also keeps its run's state (``state``, and
+``state_redacted`` when that state lost a secret to masking); it names its record too."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeState:
+    """The run's state as it stood when the call completed (JSON, redacted), and whether
+    it lost a secret to masking (then no run is carried on from it)."""
+
+    state: Any
+    redacted: bool = False
 
 
 def record_tag(tenant: str, key: str) -> str:
@@ -85,9 +108,11 @@ def recorded_outcome(
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     record: str | None = None,
+    state: OutcomeState | None = None,
 ) -> RecordedOutcome:
     """Encode ``outcome`` (redacted) for the idempotency store, within ``max_bytes``, naming
-    ``record`` (its ``record_tag``) when given.
+    ``record`` (its ``record_tag``) when given, with the run's ``state`` (redacted here;
+    only with ``record``), which ``max_bytes`` does not count: every frontier holds it too.
 
     Over the cap, or nested deeper than ``MAX_NESTING``, the result is not truncated: it
     is replaced by an ``is_error`` outcome telling the model the call completed and its
@@ -108,6 +133,8 @@ def recorded_outcome(
             f"the result of this call was too large to keep: it nests deeper than the limit "
             f"of {MAX_NESTING} levels. The call completed; its result is not available.",
             {"reason": "too_deep", "max_nesting": MAX_NESTING},
+            state,
+            redactor,
         )
     if len(payload) > max_bytes:
         over = len(payload) - max_bytes
@@ -118,6 +145,17 @@ def recorded_outcome(
             f"bytes over the cap of {max_bytes}. The call completed; its result is not "
             "available.",
             {"reason": "too_large", "bytes": len(payload), "max_bytes": max_bytes},
+            state,
+            redactor,
+        )
+    if state is not None and record is not None:
+        payload = seal(
+            {
+                **_head(record),
+                "content": content,
+                "is_error": outcome.is_error,
+                **_kept_state(state, redactor),
+            }
         )
     return RecordedOutcome(
         payload=payload,
@@ -125,8 +163,32 @@ def recorded_outcome(
     )
 
 
-def _replaced(call_id: str, record: str | None, text: str, why: dict[str, Any]) -> RecordedOutcome:
-    payload = seal({**_head(record), "content": text, "is_error": True, "replaced": why})
+def _kept_state(state: OutcomeState, redactor: Redactor) -> dict[str, Any]:
+    """The members that keep ``state`` in an outcome (its format, its state, its mark);
+    none for a state too deep to keep: the call's record must be written whatever its
+    state (a frontier refuses that state anyway)."""
+    try:
+        kept, masked = redactor.masks(_bounded(state.state, "the run state"))
+    except CheckpointTooLargeError:
+        return {}
+    members: dict[str, Any] = {"format": STATE_FORMAT, "state": kept}
+    if masked or state.redacted:
+        members["state_redacted"] = True
+    return members
+
+
+def _replaced(
+    call_id: str,
+    record: str | None,
+    text: str,
+    why: dict[str, Any],
+    state: OutcomeState | None = None,
+    redactor: Redactor | None = None,
+) -> RecordedOutcome:
+    body = {**_head(record), "content": text, "is_error": True, "replaced": why}
+    if state is not None and record is not None and redactor is not None:
+        body.update(_kept_state(state, redactor))
+    payload = seal(body)
     return RecordedOutcome(
         payload=payload,
         outcome=ToolOutcome(call_id=call_id, content=text, is_error=True),
@@ -150,11 +212,26 @@ def decode_outcome(data: bytes, call_id: str, *, record: str | None = None) -> T
     """Read a recorded outcome back as the answer to ``call_id``; ``CheckpointCorruptError``
     if it cannot be read or does not verify, or names another record than ``record`` (the
     ``record_tag`` of the record it was read from; ``None``: not checked)."""
-    raw, sealed, fmt = _versioned_up_to(data, "a recorded outcome", BOUND_FORMAT)
+    body, _ = _body(data, record)
+    return ToolOutcome(call_id=call_id, content=body["content"], is_error=body["is_error"])
+
+
+def outcome_state(data: bytes, *, record: str | None = None) -> OutcomeState | None:
+    """The run's state a recorded outcome keeps (``None`` for one that keeps none); the
+    same checks as ``decode_outcome``."""
+    body, fmt = _body(data, record)
+    if fmt != STATE_FORMAT:
+        return None
+    return OutcomeState(state=body["state"], redacted=body.get("state_redacted", False))
+
+
+def _body(data: bytes, record: str | None) -> tuple[dict[str, Any], int | None]:
+    """A recorded outcome's members, verified (see ``decode_outcome``), and its format."""
+    raw, sealed, fmt = _versioned_up_to(data, "a recorded outcome", STATE_FORMAT)
     named = raw.pop("record", None)
     if named is not None and type(named) is not str:
         raise CheckpointCorruptError("a recorded outcome names its record wrongly")
-    if (fmt == BOUND_FORMAT) != (named is not None):
+    if (fmt in (BOUND_FORMAT, STATE_FORMAT)) != (named is not None):
         raise CheckpointCorruptError(
             f"a recorded outcome of format {fmt} {'names no' if named is None else 'names a'} "
             "record"
@@ -165,12 +242,17 @@ def decode_outcome(data: bytes, call_id: str, *, record: str | None = None) -> T
             "moved or copied after it was written"
         )
     try:
-        allowed = {"content", "is_error", "replaced"} if sealed else {"content", "is_error"}
-        body = _fields(raw, {"content", "is_error"}, allowed, "a recorded outcome")
+        required = {"content", "is_error"}
+        allowed = required | ({"replaced"} if sealed else set())
+        if fmt == STATE_FORMAT:
+            required |= {"state"}
+            allowed |= {"state", "state_redacted"}
+        body = _fields(raw, required, allowed, "a recorded outcome")
         if "replaced" in body:
             _str(_obj(body["replaced"]).get("reason"))
-        return ToolOutcome(
-            call_id=call_id, content=body["content"], is_error=_bool(body["is_error"])
-        )
+        _bool(body["is_error"])
+        if "state_redacted" in body and body["state_redacted"] is not True:
+            raise ValueError("it marks its state unmasked")
+        return body, fmt
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointCorruptError(f"a recorded outcome cannot be decoded: {exc}") from exc

@@ -12,10 +12,15 @@ if current[1] and now < tonumber(current[2]) then
   return {'held', current[1]}
 end
 -- Never below the fence the lease itself last named: a counter the server lost (evicted,
--- deleted) would otherwise hand a fence out twice, and the old holder's writes pass.
-local named = tonumber(current[3]) or 0
-if (tonumber(redis.call('GET', KEYS[2])) or 0) < named then
-  redis.call('SET', KEYS[2], named)
+-- deleted) would otherwise hand a fence out twice, and the old holder's writes pass. Only a
+-- whole number a kit could have written counts: anything else in that field (damage) is
+-- left out, never copied into the counter, which INCR could then no longer raise.
+local named = current[3]
+if named and string.match(named, '^%d+$') and #named <= 15 then
+  local counter = redis.call('GET', KEYS[2])
+  if not (counter and string.match(counter, '^%d+$') and tonumber(counter) >= tonumber(named)) then
+    redis.call('SET', KEYS[2], named)
+  end
 end
 local fence = redis.call('INCR', KEYS[2])
 local deadline = now + tonumber(ARGV[2])

@@ -3,13 +3,21 @@
 -- previous_end is set from the row the upsert locked (its latest version), so it is the
 -- end of the lease just before this one even when another holder took and released the
 -- run while this statement waited for the row.
+-- The next fence is above every fence the run's stores have seen too: a lease row lost (a
+-- DELETE, a table restored on its own from an older dump) must never hand out again a fence
+-- a holder still carries.
 -- Parameters: tenant, run_id, holder, ttl.
 -- Returns: The new fence, expires_at and previous_end; no row if the lease is live.
+WITH seen AS (
+    SELECT COALESCE(max(fence), 0) AS fence FROM adk_fences
+    WHERE store IN ('checkpoints', 'history', 'idempotency', 'ledger', 'approvals')
+      AND tenant = %(tenant)s AND run_id = %(run_id)s
+)
 INSERT INTO adk_run_leases AS l (tenant, run_id, fence, holder, expires_at, previous_end)
-VALUES (%(tenant)s, %(run_id)s, 1, %(holder)s,
+VALUES (%(tenant)s, %(run_id)s, (SELECT fence FROM seen) + 1, %(holder)s,
         clock_timestamp() + make_interval(secs => %(ttl)s::float8), NULL)
 ON CONFLICT (tenant, run_id) DO UPDATE SET
-    fence = l.fence + 1,
+    fence = GREATEST(l.fence, (SELECT fence FROM seen)) + 1,
     holder = EXCLUDED.holder,
     expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8),
     previous_end = l.expires_at
