@@ -202,7 +202,10 @@ async def test_cli_submit_again_with_another_agent_does_not_name_that_agent(
         code, out, err = await acli(url, *argv, "--agent", f"{module}:mailer")
         entry = await stores.work.entry(T, "r")  # type: ignore[union-attr]
         assert entry is not None and entry.agent == "booking"
-        assert code != 0 or json.loads(out)["agent"] == "booking", (code, out, err)
+        # Refused: a conflict no retry resolves (exit 4, not 3's "retry later").
+        assert code == 4, (code, out, err)
+        said = (out + err).strip()
+        assert "'booking'" in said and "Traceback" not in said, said
 
 
 # --- 2. starting a submitted run ----------------------------------------------------------

@@ -201,6 +201,9 @@ def _code_of(exc: BaseException) -> ExitCode:
         return ExitCode.USAGE
     if isinstance(exc, NoCheckpointError):
         return ExitCode.NOTHING_CHECKPOINTED
+    if isinstance(exc, ResumeConflictError) and not exc.retryable:
+        # A conflict no retry resolves: another input or agent under an id submitted before.
+        return ExitCode.MUST_NOT_CARRY_ON
     if isinstance(exc, _HELD):
         return ExitCode.HELD
     if isinstance(exc, (*_MUST_NOT, Refused)):

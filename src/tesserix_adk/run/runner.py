@@ -16,9 +16,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
-from tesserix_adk.checkpoint.checkpointer import Checkpointer, state_from_json, state_to_json
+from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
-from tesserix_adk.checkpoint.payload.submission import decode_submission, encode_submission
 from tesserix_adk.checkpoint.planning import (
     ResumePlan,
     plan_resume,
@@ -63,6 +62,7 @@ from tesserix_adk.run.resume import (
 from tesserix_adk.run.screening import without_secret_ids
 from tesserix_adk.run.state import RunState, as_messages
 from tesserix_adk.run.streaming import stream_run
+from tesserix_adk.run.submitting import same_submission, submission
 from tesserix_adk.stores.protocols import (
     ApprovalStore,
     CommitsWithNext,
@@ -228,17 +228,20 @@ class AgentRunner:
             # submission the run was started from, where it kept one) is said.
             if await work.input(tenant, run_id) is not None:
                 with contextlib.suppress(CheckpointError):
-                    data = self._submission(agent, messages, state)
-                    await self._same_submission(agent, tenant, run_id, data, "submitted")
+                    data = submission(agent, messages, state, self.redactor)
+                    await same_submission(
+                        work, self.redactor, agent, tenant, run_id, data, "submitted"
+                    )
             return run_id
         refused = f"run {run_id!r} not submitted"
         kept = keepable_state(state, agent.state_schema, self.redactor, refused=refused)
         if self.checkpoints is not None:
             self.checkpoints.check_input(messages, kept)
-        data = self._submission(agent, messages, state)
+        data = submission(agent, messages, state, self.redactor)
         if not await work.submit(tenant, run_id, agent=agent.name, input=data):
             # Submitted before: the same request again is a no-op; another one is said.
-            await self._same_submission(agent, tenant, run_id, data, "submitted")
+            said = (agent, tenant, run_id, data, "submitted")
+            await same_submission(work, self.redactor, *said)
         return run_id
 
     async def run(
@@ -550,7 +553,7 @@ class AgentRunner:
         if self.work is None:
             return
         try:
-            data = self._submission(run.agent, run.messages, run.state)
+            data = submission(run.agent, run.messages, run.state, self.redactor)
         except CheckpointError as exc:
             _log.warning(
                 "run %s/%s: its input is not kept for a worker: %s",
@@ -561,52 +564,9 @@ class AgentRunner:
             return
         if await self.work.submit(run.tenant, run.run_id, agent=run.agent.name, input=data):
             return
-        await self._same_submission(run.agent, run.tenant, run.run_id, data, "started")
-
-    async def _same_submission(
-        self, agent: Agent, tenant: str, run_id: str, data: bytes, verb: str
-    ) -> None:
-        """``RunStartedError`` unless the run's submission, made before, is for ``agent``
-        with the input ``data`` holds: a worker starts it from that submission, so another
-        one here would have the run carried on one input (or agent) or the other depending
-        on whether this process dies, or be dropped unsaid."""
-        assert self.work is not None
-        entry = await self.work.entry(tenant, run_id)
-        if entry is not None and entry.agent != agent.name:
-            raise RunStartedError(
-                f"run {run_id!r} was submitted for agent {entry.agent!r}, not {agent.name!r}: "
-                f"not {verb}; a worker starts it with that agent (use a new run id for this one)"
-            )
-        stored = await self.work.input(tenant, run_id)
-        if stored is None or stored == data:
-            return
-        # Not the same bytes: compared as read back (a replaced call id is replaced again,
-        # on both sides alike) and as the schema reads the state.
-        kept, mine = decode_submission(stored), decode_submission(data)
-        same_messages = self._as_started(kept.messages) == self._as_started(mine.messages)
-        # States are compared as the schema reads them: a set is dumped in its own
-        # iteration order, which another process (another hash seed) may not share.
-        same_state = kept.state == mine.state or (
-            agent.state_schema is not None
-            and state_from_json(kept.state, agent.state_schema)
-            == state_from_json(mine.state, agent.state_schema)
+        await same_submission(
+            self.work, self.redactor, run.agent, run.tenant, run.run_id, data, "started"
         )
-        if not (same_messages and same_state):
-            raise RunStartedError(
-                f"run {run_id!r} was submitted with another input: not {verb}; a worker starts "
-                "it from that submission (use a new run id for this input)"
-            )
-
-    def _as_started(self, messages: Sequence[Message]) -> bytes:
-        """Messages read back from a submission as a run started from them would hold them
-        (they come through ``without_secret_ids`` once more), encoded: two submissions'
-        messages compared this way went through it the same number of times."""
-        return encode_submission(without_secret_ids(messages, self.redactor), None, self.redactor)
-
-    def _submission(self, agent: Agent, messages: Sequence[Message], state: Any) -> bytes:
-        """A run's input as a submission keeps it: redacted, its state as the frontier
-        keeps it (``CheckpointError`` for one that cannot be)."""
-        return encode_submission(messages, state_to_json(state, agent.state_schema), self.redactor)
 
     async def _wanted(self, tenant: str, run_id: str, agent: Agent) -> None:
         """The run is being carried: if its carrier dies, a worker carries it on. (A worker
