@@ -26,7 +26,7 @@ from tesserix_adk.messages import Usage
 from tesserix_adk.run.attempt import AheadCall, Attempt
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.capabilities import ledger_totals
-from tesserix_adk.stores.protocols import IdempotencyStore, Ledger
+from tesserix_adk.stores.protocols import IdempotencyRecord, IdempotencyStore, Ledger
 
 __all__ = [
     "note_ahead",
@@ -58,7 +58,7 @@ async def restore(
     run.steps_used = cp.steps_used
     run.usage = cp.usage
     run.state = state_from_json(cp.state, run.agent.state_schema)
-    since = await state_since(idempotency, run, plan)
+    since = await state_since(idempotency, run, plan, cp.iteration)
     if since is not None:
         if since.redacted:
             raise StateRedactedError(
@@ -94,20 +94,25 @@ async def restore(
 
 
 async def state_since(
-    idempotency: IdempotencyStore, run: RunState, plan: ResumePlan
+    idempotency: IdempotencyStore, run: RunState, plan: ResumePlan, iteration: int
 ) -> OutcomeState | None:
-    """The state the run's calls completed since the frontier recorded: that of the one
-    completed last (by the store's clock) of those that recorded one. Only this run's own
-    completions count: a record of a business key another run completed holds that run's
-    state. An outcome the plan read without its bytes is read once more."""
-    own = [
-        p.record
-        for p in plan.completed
-        if p.record is not None
-        and p.record.completed_at is not None
-        and p.record.holding_run == run.run_id
-    ]
-    for rec in sorted(own, key=lambda r: r.completed_at or 0.0, reverse=True):
+    """The state the run's calls completed since the frontier (at ``iteration``) recorded:
+    that of the one completed last of those that recorded one. Only this run's own calls
+    of the frontier's turn or later count: a business key another run completed holds that
+    run's state, and one this run completed in an earlier turn (asked for again, replayed)
+    holds an older state than the frontier's. Completions at the same moment of the
+    store's clock are told apart by turn, then by the order the plan lists them in. An
+    outcome the plan read without its bytes is read once more."""
+    own: list[tuple[float, int, int, IdempotencyRecord]] = []
+    for position, p in enumerate(plan.completed):
+        rec = p.record
+        if rec is None or rec.completed_at is None or rec.holding_run != run.run_id:
+            continue
+        turn = rec.iteration if rec.holder_run is None else rec.holder_iteration
+        if turn is None or turn < iteration:
+            continue
+        own.append((rec.completed_at, turn, position, rec))
+    for *_, rec in sorted(own, key=lambda o: o[:3], reverse=True):
         outcome = rec.outcome
         if outcome is None:
             again = (await idempotency.lookup([rec.key], tenant=run.tenant)).get(rec.key)
