@@ -58,7 +58,8 @@ async def restore(
     run.steps_used = cp.steps_used
     run.usage = cp.usage
     run.state = state_from_json(cp.state, run.agent.state_schema)
-    since = await state_since(idempotency, run, plan, cp.iteration)
+    # A run without state has none a call could have changed (and no read is spent on it).
+    since = None if run.state is None else await state_since(idempotency, run, plan, cp.iteration)
     if since is not None:
         if since.redacted:
             raise StateRedactedError(
