@@ -71,7 +71,7 @@ from tesserix_adk.checkpoint.payload import (
 )
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.cli import frontier_main, resume_main
-from tesserix_adk.errors import CheckpointCorruptError
+from tesserix_adk.errors import CheckpointCorruptError, RunStartedError
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import MemoryWorkIndex
 from tesserix_adk.testing.faults import SimulatedCrash
@@ -194,7 +194,10 @@ async def test_a_cancelled_carried_run_keeps_its_carrier_and_reads_back() -> Non
 async def test_the_kits_submit_of_a_carried_runs_id_queues_nothing() -> None:
     stores, airline = _stores(), Airline()
     agent, _ = await _carried_waiting(stores, airline)
-    assert await _runner(stores).submit(agent, "book again", tenant=T, run_id="r1") == "r1"
+    assert await _runner(stores).submit(agent, "book", tenant=T, run_id="r1") == "r1"
+    # Another input under the id is told, not dropped unsaid (and queues nothing either).
+    with pytest.raises(RunStartedError):
+        await _runner(stores).submit(agent, "book again", tenant=T, run_id="r1")
     assert stores.work is not None
     assert await stores.work.due(limit=10) == []
 
