@@ -209,8 +209,8 @@ class AgentRunner:
 
         Submitting an id the run already has (submitted, started or finished) is a no-op
         that returns it, so a client that retries its request makes one run; a submission
-        of that id for another agent, or with another input or state, while it waits for a
-        worker is refused (``RunStartedError``), since the worker starts the first. The input is
+        of that id for another agent, or with another input or state, is refused
+        (``RunStartedError``, not retryable): the run goes on from the first. The input is
         stored redacted, like everything the kit stores. An input no frontier could hold
         (over ``max_bytes``) is refused, ``CheckpointTooLargeError``, nothing recorded, and so
         is a state no frontier can keep whole (``ConfigurationError``, as for ``run``).
@@ -240,8 +240,7 @@ class AgentRunner:
         data = submission(agent, messages, state, self.redactor)
         if not await work.submit(tenant, run_id, agent=agent.name, input=data):
             # Submitted before: the same request again is a no-op; another one is said.
-            said = (agent, tenant, run_id, data, "submitted")
-            await same_submission(work, self.redactor, *said)
+            await same_submission(work, self.redactor, agent, tenant, run_id, data, "submitted")
         return run_id
 
     async def run(
