@@ -352,7 +352,12 @@ async def test_a_start_sigkilled_before_its_first_frontier_is_started_once_by_ra
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-c", script, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
-        out, err = await asyncio.wait_for(child.communicate(), 30)
+        try:
+            out, err = await asyncio.wait_for(child.communicate(), 30)
+        finally:
+            if child.returncode is None:  # it never died: no worker left polling after us
+                child.kill()
+                await child.wait()
         assert child.returncode == -signal.SIGKILL, (out, err[-2000:])
         assert b"dying" in out
         assert await stores.checkpoints.latest(T, "r") is None
