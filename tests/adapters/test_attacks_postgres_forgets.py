@@ -25,10 +25,11 @@ Found and fixed (their tests pass now): rows of adk_run_leases deleted (or the t
 restored older) started the fence again at 1, so a live holder's fence was handed out again
 and both passed the gate (``leases/acquire.sql`` now starts above every fence the run's
 stores have seen); a worker on a read-only database retried for ever instead of stopping
-(a read-only refusal is ``StorePermissionError`` now).
+(a read-only refusal is ``StorePermissionError`` now); a run whose adk_work row was deleted
+was never carried on and not listed as stuck (``runs --stuck`` now lists a running run
+nobody holds that the work index does not hold, saying how to put it back).
 
-Left (strict xfail): a run whose adk_work row was deleted is never carried on and not
-listed as stuck. And one limit of the design (README guarantee 8): a completed call's
+Left: one limit of the design (README guarantee 8, a strict xfail): a completed call's
 adk_idempotency row deleted or truncated goes out again.
 """
 
@@ -406,14 +407,6 @@ def test_adk_history_restored_alone_from_an_older_dump_is_refused_typed_and_by_t
     assert sent == ["1", "2"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "DEFECT MEDIUM: a run whose adk_work row was deleted by hand (its frontier mid-run, "
-        "its lease lapsed) is never carried on by a worker, and tesserix runs --stuck says "
-        "'no runs' while runs lists it 'running': lost silently"
-    ),
-)
 def test_a_run_whose_work_row_was_deleted_is_carried_on_or_listed_as_stuck(
     pg_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

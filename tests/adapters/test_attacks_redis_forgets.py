@@ -21,11 +21,12 @@ Found, and fixed (their tests pass now): a completed call's record unlinked whil
 run's own record set still names it went out again (now ``CheckpointCorruptError``: the
 store lost it); a lost ledger let a resumed run spend its budget again although its
 frontier records the spend (a resume now counts the larger); a lost fence counter handed out
-again the fence the lease hash still names (``acquire.lua`` now starts above it).
+again the fence the lease hash still names (``acquire.lua`` now starts above it); a run
+whose work entry was lost was never carried on while ``runs --stuck`` said "no runs" (it
+now lists a running run nobody holds that the work index does not hold).
 
-Left (strict xfails): a run whose work entry was lost is dropped by the next worker poll
-and never carried on, while ``runs --stuck`` says "no runs"; a server switched to
-``allkeys-lru`` after the stores' first check is never noticed. And one limit of the design
+Left (strict xfail): a server switched to ``allkeys-lru`` after the stores' first check is
+never noticed. And one limit of the design
 (README guarantee 8): every key of a completed call's record lost together, the call reads
 as never claimed and goes out again.
 """
@@ -380,14 +381,6 @@ async def test_a_decided_approval_request_lost_is_corrupt_and_sends_nothing(
     assert sent == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "DEFECT MEDIUM: a run whose :work entry was lost (its frontier mid-run, no lease) is "
-        "dropped from the due index by the next worker poll and never carried on, while "
-        "tesserix runs --stuck says 'no runs' (work_due.lua drops the member silently)"
-    ),
-)
 def test_a_run_whose_work_entry_was_lost_is_carried_on_or_listed_as_stuck(
     server: RedisServer, prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

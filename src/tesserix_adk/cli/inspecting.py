@@ -12,12 +12,19 @@ import argparse
 from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
-from tesserix_adk.checkpoint.payload import Checkpoint
+from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_as_told
 from tesserix_adk.cli.describe import describe
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import claim_json, emit, key_digest, lease_json, when
-from tesserix_adk.cli.reasons import carriable, failure_reason, no_frontier, parked_item
+from tesserix_adk.cli.reasons import (
+    blocked,
+    carriable,
+    failure_reason,
+    no_frontier,
+    parked_item,
+    unindexed,
+)
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import (
     CheckpointCorruptError,
@@ -110,6 +117,10 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
             f"parked: {escaped(parked.reason or '')}; a worker takes it again once you resolve, "
             "approve or cancel\n"
         )
+    if lease is None and cp.status is CheckpointStatus.running:
+        lost = blocked(cp, None, None, unindexed=await unindexed(stores, args.tenant, args.run))
+        if lost is not None:
+            out.write(f"{lost}\n")
     if unreadable is not None:
         raise _cannot_be_carried_on(unreadable)
     return ExitCode.CARRIED_ON

@@ -7,8 +7,9 @@ what stands out (calls in flight, the live lease, why it is parked or cannot be 
 on). A header heads the table on a terminal (``--header``/``--no-header`` decide
 elsewhere), so a script reading rows gets rows; ``--json`` gives the same as objects.
 ``--stuck`` keeps parked runs, runs with calls in flight and no live lease, and runs that
-cannot be carried on (failed, a refused frontier, or pinned to another agent revision:
-the revision they need is named; with ``--agent module:attr`` the current one too).
+cannot be carried on (failed, a refused frontier, pinned to another agent revision: the
+revision they need is named, with ``--agent module:attr`` the current one too; or running,
+unheld and missing from the work index, which no worker finds).
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ async def _rows(
     checkpointer = Checkpointer.from_stores(stores)
     rows: list[dict[str, Any]] = []
     listed = await run_listing(stores.checkpoints).runs(args.tenant)
-    parked, damaged = await parked_entries(stores, args.tenant, listed)
+    entries = await parked_entries(stores, args.tenant, listed)
     for run_id in listed:
         try:
             cp = await checkpointer.latest(args.tenant, run_id)
@@ -177,8 +178,8 @@ async def _rows(
         try:
             lease = await stores.leases.current(args.tenant, run_id)
             records = await stores.idempotency.records(args.tenant, run_id)
-            if run_id in damaged:
-                raise CheckpointCorruptError(damaged[run_id])
+            if run_id in entries.damaged:
+                raise CheckpointCorruptError(entries.damaged[run_id])
         except CheckpointCorruptError as exc:
             # One run's damaged row hides no other run: it is listed as a damaged frontier is.
             rows.append({**_UNREADABLE, "run_id": run_id, "reason": damage(exc)})
@@ -186,11 +187,12 @@ async def _rows(
         in_flight = sum(
             1 for r in records if r.tool is not None and r.status is RecordStatus.in_flight
         )
-        park = parked.get(run_id)
+        park = entries.parked.get(run_id)
         # A run that ended may have left a call in doubt (cancelled while its reply was
         # lost): it waits for `tesserix resolve` as an unfinished one does.
         left = open_calls(records, finished=cp.status.finished, frontier=cp)
-        stuck = blocked(cp, park, revision)
+        unindexed = lease is None and entries.unindexed(run_id)
+        stuck = blocked(cp, park, revision, unindexed=unindexed)
         if args.stuck and not waits(
             parked=park is not None, open_calls=left, lease=lease, blocked=stuck
         ):

@@ -99,6 +99,17 @@ async def parked_item(stores: Stores, tenant: str, run_id: str) -> WorkItem | No
     return shown_entry(item) if item is not None and item.state is WorkState.parked else None
 
 
+async def unindexed(stores: Stores, tenant: str, run_id: str) -> bool:
+    """Whether the store keeps a work index that holds no entry for the run (``blocked``'s
+    ``unindexed``); ``False`` when its entry cannot be read (named elsewhere)."""
+    if stores.work is None:
+        return False
+    try:
+        return await stores.work.entry(tenant, run_id) is None
+    except CheckpointCorruptError:
+        return False
+
+
 def open_calls(
     records: Iterable[IdempotencyRecord], *, finished: bool, frontier: Checkpoint | None = None
 ) -> int:
@@ -146,10 +157,14 @@ def waits(*, parked: bool, open_calls: int, lease: RunLease | None, blocked: str
     return parked or (open_calls > 0 and lease is None) or blocked is not None
 
 
-def blocked(cp: Checkpoint, parked: WorkItem | None, revision: str | None) -> str | None:
+def blocked(
+    cp: Checkpoint, parked: WorkItem | None, revision: str | None, *, unindexed: bool = False
+) -> str | None:
     """Why no worker carries the run on, in words, or ``None``: it failed, its frontier
-    was refused, it was parked, or it is pinned to another revision than ``revision`` (the
-    current agent's, when known) and needs ``tesserix run --resume --accept-revision``."""
+    was refused, it was parked, it is pinned to another revision than ``revision`` (the
+    current agent's, when known) and needs ``tesserix run --resume --accept-revision``, or
+    it is ``unindexed``: nobody holds it and the work index holds no entry for it, so no
+    worker ever finds it (the entry was lost: an evicting Redis, a row deleted by hand)."""
     if cp.status is CheckpointStatus.failed:
         return f"failed: {failure_reason(cp)}"
     if cp.is_tombstone:
@@ -158,6 +173,13 @@ def blocked(cp: Checkpoint, parked: WorkItem | None, revision: str | None) -> st
         return None  # its workflow carries it (or reports it stuck), never a kit worker
     if cp.status.finished:
         return None
+    if unindexed and cp.status is CheckpointStatus.running:
+        # A run waiting on a person is told to the index again by the decision itself.
+        return (
+            "no worker will find it: the work index holds no entry for it (lost, or it was "
+            "run by a runner without one); carry it on with `tesserix run --resume RUN "
+            "--tenant T --agent MODULE:ATTR`, which puts the entry back"
+        )
     refused_revision = parked is not None and parked_for(parked, RevisionMismatchError)
     if revision is not None and cp.agent_revision == revision:
         if refused_revision:

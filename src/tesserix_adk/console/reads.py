@@ -143,7 +143,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
     # A run that cannot be read is shown whatever the filter (its status or agent cannot
     # be told), as `tesserix runs` shows it: it waits for a person, as a parked one does.
     listed = await run_listing(stores.checkpoints).runs(tenant)
-    parked, damaged = await parked_entries(stores, tenant, listed)
+    entries = await parked_entries(stores, tenant, listed)
     for run_id in listed:
         try:
             cp = await checkpointer.latest(tenant, run_id)
@@ -155,13 +155,13 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
         try:
             records = await stores.idempotency.records(tenant, run_id)
             lease = await stores.leases.current(tenant, run_id)
-            if run_id in damaged:
-                raise CheckpointCorruptError(damaged[run_id])
+            if run_id in entries.damaged:
+                raise CheckpointCorruptError(entries.damaged[run_id])
         except CheckpointCorruptError as exc:
             # One run's damaged row hides no other run, as a damaged frontier does not.
             shown.append(RunSummary(run_id, unreadable=damage(exc)))
             continue
-        park = parked.get(run_id)
+        park = entries.parked.get(run_id)
         summary = RunSummary(
             run_id,
             agent=cp.agent_name,
@@ -175,7 +175,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             lease=lease,
             parked=None if park is None else (park.reason or ""),
             pending_approval=None if cp.pending_approval is None else cp.pending_approval.id,
-            blocked=blocked(cp, park, None),
+            blocked=blocked(cp, park, None, unindexed=lease is None and entries.unindexed(run_id)),
             finished=cp.status.finished,
         )
         if where.status and summary.status != where.status:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
+from dataclasses import dataclass, field
 
 from tesserix_adk.checkpoint.redaction import default_redactor
 from tesserix_adk.errors import CheckpointCorruptError
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import WorkItem, WorksAroundDamage, WorkState
 
-__all__ = ["damage", "parked_entries", "shown_entry"]
+__all__ = ["TenantEntries", "damage", "parked_entries", "shown_entry"]
 
 
 def damage(exc: BaseException | str) -> str:
@@ -29,42 +30,68 @@ def shown_entry(item: WorkItem) -> WorkItem:
     return dataclasses.replace(item, reason=default_redactor().text(item.reason))
 
 
-async def parked_entries(
-    stores: Stores, tenant: str, run_ids: Collection[str]
-) -> tuple[dict[str, WorkItem], dict[str, str]]:
-    """The tenant's parked entries by run, and why the entries of any of ``run_ids`` that
-    cannot be read cannot be: from listings that go on past damage (``WorksAroundDamage``);
-    from an index without, one listing of the parked when every entry reads, else each of
-    ``run_ids`` read alone (``WorkIndex.entry``), so the damage is named where it is."""
+@dataclass(frozen=True, slots=True)
+class TenantEntries:
+    """A tenant's work index as the operators' listings read it: the parked entries by
+    run; why the entries of the runs asked about that cannot be read cannot be; and the
+    runs with an entry in any state (``None``: no work index is kept)."""
+
+    parked: dict[str, WorkItem] = field(default_factory=dict)
+    damaged: dict[str, str] = field(default_factory=dict)
+    indexed: frozenset[str] | None = None
+
+    def unindexed(self, run_id: str) -> bool:
+        """Whether the index is kept and holds no entry for ``run_id`` (lost, or never
+        written): no worker finds that run however long it waits."""
+        return (
+            self.indexed is not None and run_id not in self.indexed and (run_id not in self.damaged)
+        )
+
+
+async def parked_entries(stores: Stores, tenant: str, run_ids: Collection[str]) -> TenantEntries:
+    """The tenant's entries as ``TenantEntries``: from listings that go on past damage
+    (``WorksAroundDamage``); from an index without, one listing of every state when every
+    entry reads, else each of ``run_ids`` read alone (``WorkIndex.entry``), so the damage is
+    named where it is."""
     if stores.work is None:
-        return {}, {}
+        return TenantEntries()
     if isinstance(stores.work, WorksAroundDamage):
         # Every state: a damaged entry is its run's whatever state it was in.
         waiting = await stores.work.listing(tenant)
         done = await stores.work.listing(tenant, state=WorkState.done)
         wanted = set(run_ids)
-        return (
+        return TenantEntries(
             {i.run_id: shown_entry(i) for i in waiting.items if i.state is WorkState.parked},
             {
                 d.run_id: f"its work index entry cannot be read: {damage(d.why)}"
                 for d in (*waiting.damaged, *done.damaged)
                 if d.run_id in wanted
             },
+            frozenset(i.run_id for i in (*waiting.items, *done.items)),
         )
     try:
-        parked = await stores.work.items(tenant, state=WorkState.parked)
+        waiting_items = await stores.work.items(tenant)
+        done_items = await stores.work.items(tenant, state=WorkState.done)
     except CheckpointCorruptError:
         pass
     else:
-        return {i.run_id: shown_entry(i) for i in parked}, {}
-    found: dict[str, WorkItem] = {}
+        return TenantEntries(
+            {i.run_id: shown_entry(i) for i in waiting_items if i.state is WorkState.parked},
+            {},
+            frozenset(i.run_id for i in (*waiting_items, *done_items)),
+        )
+    parked: dict[str, WorkItem] = {}
     damaged: dict[str, str] = {}
+    indexed: set[str] = set()
     for run_id in run_ids:
         try:
             item = await stores.work.entry(tenant, run_id)
         except CheckpointCorruptError as exc:
             damaged[run_id] = f"its work index entry cannot be read: {damage(exc)}"
             continue
-        if item is not None and item.state is WorkState.parked:
-            found[run_id] = shown_entry(item)
-    return found, damaged
+        if item is None:
+            continue
+        indexed.add(run_id)
+        if item.state is WorkState.parked:
+            parked[run_id] = shown_entry(item)
+    return TenantEntries(parked, damaged, frozenset(indexed))
