@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
@@ -24,7 +25,11 @@ from tesserix_adk.leases import LeasePolicy
 from tesserix_adk.messages import Message
 from tesserix_adk.run.cancelling import CancelRequest, cancel_requested
 from tesserix_adk.run.ids import check_ids
-from tesserix_adk.run.resume import refuse_carried_by_workflow, refuse_uncarriable
+from tesserix_adk.run.resume import (
+    carried_state,
+    refuse_carried_by_workflow,
+    refuse_uncarriable,
+)
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import (
     ApprovalStore,
@@ -42,15 +47,20 @@ __all__ = ["CarriedRun", "Resumer"]
 class CarriedRun:
     """A run this worker now holds: its lease, frontier, plan and transcript.
 
-    ``cancel`` is the run's cancel request when one stands (asked while its last holder
-    carried it, which died before its next boundary): the driver sends nothing more and
-    ends the run cancelled, so the plan then offers nothing to dispatch."""
+    ``state`` is the run's state to carry on, as stored (JSON; validate it with the
+    agent's ``state_schema``): the frontier's, or the one a call that completed after the
+    frontier was written recorded (its tool may have changed it; ``checkpoint.state`` is
+    the frontier's alone). ``cancel`` is the run's cancel request when one stands (asked
+    while its last holder carried it, which died before its next boundary): the driver
+    sends nothing more and ends the run cancelled, so the plan then offers nothing to
+    dispatch."""
 
     lease: RunLease
     checkpoint: Checkpoint
     plan: ResumePlan
     messages: tuple[Message, ...]
     cancel: CancelRequest | None = None
+    state: Any = None
 
 
 class Resumer:
@@ -142,6 +152,7 @@ class Resumer:
             refuse_carried_by_workflow(cp)
             refuse_uncarriable(cp)
             plan = await plan_resume(cp, self.idempotency)
+            state = await carried_state(self.idempotency, tenant, run_id, cp, plan)
             cancel = None
             if not cp.status.finished:
                 cancel = await cancel_requested(self.idempotency, tenant, run_id)
@@ -152,5 +163,10 @@ class Resumer:
             await self.leases.release(lease)
             raise
         return CarriedRun(
-            lease=lease, checkpoint=cp, plan=plan, messages=tuple(messages), cancel=cancel
+            lease=lease,
+            checkpoint=cp,
+            plan=plan,
+            messages=tuple(messages),
+            cancel=cancel,
+            state=state,
         )

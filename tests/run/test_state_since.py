@@ -12,8 +12,9 @@ import pydantic
 import pytest
 
 from run.helpers import at, faulty_runner, fresh_stores
-from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ToolContext, tool
+from tesserix_adk import Agent, AgentRunner, Resumer, ScriptedProvider, ToolContext, tool
 from tesserix_adk.checkpoint.payload import outcome_state, record_tag
+from tesserix_adk.errors import StateRedactedError
 from tesserix_adk.testing.faults import SimulatedCrash
 
 T = "acme"
@@ -87,3 +88,48 @@ async def test_another_runs_completion_under_a_shared_key_does_not_become_this_r
         # "a" was the other run's call (replayed here, never run); its state is not ours.
         assert await _final_state(again, "mine") == {"items": ["m", "b"]}
     assert ran == [("a", ["x"]), ("b", ["m"])]
+
+
+@pytest.mark.parametrize("where", ["memory", "sqlite"])
+async def test_the_resumer_hands_a_driver_the_state_a_completed_calls_tool_left(
+    where: str, tmp_path: Path
+) -> None:
+    """A driver of its own (``Resumer``) is handed the same state a runner's resume
+    restores: ``CarriedRun.state``, not only the frontier's."""
+    ran: list[tuple[str, list[str]]] = []
+    agent = _agent(ran)
+    async with fresh_stores(where, tmp_path) as stores:
+        crashing = faulty_runner(
+            stores, ScriptedProvider(TURNS), crash_before=at("after_tool_result", 0)
+        )
+        with pytest.raises(SimulatedCrash):
+            await crashing.run(agent, "go", tenant=T, run_id="r", state=Basket())
+        carried = await Resumer.from_stores(stores).resume("r", tenant=T, worker="mine")
+        await stores.leases.release(carried.lease)
+    assert carried.checkpoint.state == {"items": []}  # the frontier's, before "a" ran
+    assert carried.state == {"items": ["a"]}
+    assert ran == [("a", [])]
+
+
+async def test_the_resumer_refuses_a_kept_state_that_lost_a_secret(tmp_path: Path) -> None:
+    class Holder(pydantic.BaseModel):
+        token: str = ""
+
+    @tool
+    def login(ctx: ToolContext) -> str:
+        """Log in (a side effect): keeps a token in the state."""
+        ctx.state.token = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+        return "logged in"
+
+    agent = Agent("holder", "Log in.", [login], state_schema=Holder)
+    script = [[("login", {})], "done"]
+    async with fresh_stores("sqlite", tmp_path) as stores:
+        crashing = faulty_runner(
+            stores, ScriptedProvider(script), crash_before=at("after_tool_result", 0)
+        )
+        with pytest.raises(SimulatedCrash):
+            await crashing.run(agent, "go", tenant=T, run_id="r", state=Holder())
+        with pytest.raises(StateRedactedError):
+            await Resumer.from_stores(stores).resume("r", tenant=T, worker="mine")
+        # The lease was handed back: the next taker is not kept waiting.
+        assert await stores.leases.current(T, "r") is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer, TranscriptCursor, state_from_json
 from tesserix_adk.checkpoint.payload import (
@@ -29,6 +31,7 @@ from tesserix_adk.stores.capabilities import ledger_totals
 from tesserix_adk.stores.protocols import IdempotencyRecord, IdempotencyStore, Ledger
 
 __all__ = [
+    "carried_state",
     "note_ahead",
     "nothing_ran_since_approval_asked",
     "refuse_carried_by_workflow",
@@ -57,18 +60,8 @@ async def restore(
     run.step = cp.step
     run.steps_used = cp.steps_used
     run.usage = cp.usage
-    run.state = state_from_json(cp.state, run.agent.state_schema)
-    # A run without state has none a call could have changed (and no read is spent on it).
-    since = None if run.state is None else await state_since(idempotency, run, plan, cp.iteration)
-    if since is not None:
-        if since.redacted:
-            raise StateRedactedError(
-                f"run {run.run_id!r} cannot be carried on: its state, as its last completed "
-                "call recorded it, held a secret, which every store keeps masked, so its "
-                "tools would be handed the mask as if it were the value; keep credentials "
-                "out of the run's state"
-            )
-        run.state = state_from_json(since.state, run.agent.state_schema)
+    state = await carried_state(idempotency, run.tenant, run.run_id, cp, plan)
+    run.state = state_from_json(state, run.agent.state_schema)
     run.grants = list(cp.grants)
     run.replay_of = cp.replay_of
     run.observation = resolve_observation(cp.observation, run.messages)
@@ -94,8 +87,31 @@ async def restore(
         run.spent = cp.micros
 
 
+async def carried_state(
+    idempotency: IdempotencyStore, tenant: str, run_id: str, cp: Checkpoint, plan: ResumePlan
+) -> Any:
+    """The run's state to carry on from ``cp``, as stored (JSON): the one the run's last
+    call completed since the frontier recorded (``state_since``; its tool may have written
+    into it, and the call is replayed, not run again), else the frontier's. A run without
+    state has none a call could have changed (and no read is spent on it).
+    ``StateRedactedError`` when the state recorded lost a secret to masking."""
+    if cp.state is None:
+        return None
+    since = await state_since(idempotency, tenant, run_id, plan, cp.iteration)
+    if since is None:
+        return cp.state
+    if since.redacted:
+        raise StateRedactedError(
+            f"run {run_id!r} cannot be carried on: its state, as its last completed call "
+            "recorded it, held a secret, which every store keeps masked, so its tools would "
+            "be handed the mask as if it were the value; keep credentials out of the run's "
+            "state"
+        )
+    return since.state
+
+
 async def state_since(
-    idempotency: IdempotencyStore, run: RunState, plan: ResumePlan, iteration: int
+    idempotency: IdempotencyStore, tenant: str, run_id: str, plan: ResumePlan, iteration: int
 ) -> OutcomeState | None:
     """The state the run's calls completed since the frontier (at ``iteration``) recorded:
     that of the one completed last of those that recorded one. Only this run's own calls
@@ -107,7 +123,7 @@ async def state_since(
     own: list[tuple[float, int, int, IdempotencyRecord]] = []
     for position, p in enumerate(plan.completed):
         rec = p.record
-        if rec is None or rec.completed_at is None or rec.holding_run != run.run_id:
+        if rec is None or rec.completed_at is None or rec.holding_run != run_id:
             continue
         turn = rec.iteration if rec.holder_run is None else rec.holder_iteration
         if turn is None or turn < iteration:
@@ -116,11 +132,11 @@ async def state_since(
     for *_, rec in sorted(own, key=lambda o: o[:3], reverse=True):
         outcome = rec.outcome
         if outcome is None:
-            again = (await idempotency.lookup([rec.key], tenant=run.tenant)).get(rec.key)
+            again = (await idempotency.lookup([rec.key], tenant=tenant)).get(rec.key)
             outcome = None if again is None else again.outcome
         if outcome is None:
             continue
-        kept = outcome_state(bytes(outcome), record=record_tag(run.tenant, rec.key))
+        kept = outcome_state(bytes(outcome), record=record_tag(tenant, rec.key))
         if kept is not None:
             return kept
     return None
