@@ -12,7 +12,7 @@ import argparse
 from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
-from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
+from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_as_told
 from tesserix_adk.cli.describe import describe
 from tesserix_adk.cli.failures import ExitCode
@@ -21,9 +21,9 @@ from tesserix_adk.cli.reasons import (
     blocked,
     carriable,
     failure_reason,
+    lost_to_workers,
     no_frontier,
     parked_item,
-    unindexed,
 )
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import (
@@ -117,10 +117,8 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
             f"parked: {escaped(parked.reason or '')}; a worker takes it again once you resolve, "
             "approve or cancel\n"
         )
-    if lease is None and cp.status is CheckpointStatus.running:
-        lost = blocked(cp, None, None, unindexed=await unindexed(stores, args.tenant, args.run))
-        if lost is not None:
-            out.write(f"{lost}\n")
+    if await lost_to_workers(stores, args.tenant, cp, lease):
+        out.write(f"{blocked(cp, None, None, unindexed=True)}\n")
     if unreadable is not None:
         raise _cannot_be_carried_on(unreadable)
     return ExitCode.CARRIED_ON

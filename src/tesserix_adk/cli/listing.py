@@ -8,8 +8,8 @@ on). A header heads the table on a terminal (``--header``/``--no-header`` decide
 elsewhere), so a script reading rows gets rows; ``--json`` gives the same as objects.
 ``--stuck`` keeps parked runs, runs with calls in flight and no live lease, and runs that
 cannot be carried on (failed, a refused frontier, pinned to another agent revision: the
-revision they need is named, with ``--agent module:attr`` the current one too; or running,
-unheld and missing from the work index, which no worker finds).
+revision they need is named, with ``--agent module:attr`` the current one too; or wanting
+a worker, unheld, with nothing in the work index a worker takes: ``lost_to_workers``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import CheckpointStatus
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import emit, lease_json, when
-from tesserix_adk.cli.reasons import blocked, failure_reason, open_calls, waits
+from tesserix_adk.cli.reasons import blocked, failure_reason, lost_to_workers, open_calls, waits
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.run.entries import damage, parked_entries
@@ -191,8 +191,8 @@ async def _rows(
         # A run that ended may have left a call in doubt (cancelled while its reply was
         # lost): it waits for `tesserix resolve` as an unfinished one does.
         left = open_calls(records, finished=cp.status.finished, frontier=cp)
-        unindexed = lease is None and entries.unindexed(run_id)
-        stuck = blocked(cp, park, revision, unindexed=unindexed)
+        lost = await lost_to_workers(stores, args.tenant, cp, lease, entries)
+        stuck = blocked(cp, park, revision, unindexed=lost)
         if args.stuck and not waits(
             parked=park is not None, open_calls=left, lease=lease, blocked=stuck
         ):

@@ -14,9 +14,15 @@ from tesserix_adk.errors import (
     RevisionMismatchError,
 )
 from tesserix_adk.run.cancelling import cancel_requested
-from tesserix_adk.run.entries import damage, shown_entry
+from tesserix_adk.run.entries import TenantEntries, damage, shown_entry
 from tesserix_adk.stores.bundle import Stores
-from tesserix_adk.stores.protocols import IdempotencyRecord, RunLease, WorkItem, WorkState
+from tesserix_adk.stores.protocols import (
+    ApprovalStatus,
+    IdempotencyRecord,
+    RunLease,
+    WorkItem,
+    WorkState,
+)
 from tesserix_adk.worker_parking import parked_for
 
 __all__ = [
@@ -99,15 +105,39 @@ async def parked_item(stores: Stores, tenant: str, run_id: str) -> WorkItem | No
     return shown_entry(item) if item is not None and item.state is WorkState.parked else None
 
 
-async def unindexed(stores: Stores, tenant: str, run_id: str) -> bool:
-    """Whether the store keeps a work index that holds no entry for the run (``blocked``'s
-    ``unindexed``); ``False`` when its entry cannot be read (named elsewhere)."""
-    if stores.work is None:
+async def lost_to_workers(
+    stores: Stores,
+    tenant: str,
+    cp: Checkpoint,
+    lease: RunLease | None,
+    entries: TenantEntries | None = None,
+) -> bool:
+    """Whether no worker will ever find the run (``blocked``'s ``unindexed``): nobody
+    holds it, its frontier wants a worker (running, or waiting on an approval already
+    decided) and the work index holds nothing a worker takes for it (no entry, or one
+    marked ``done``: a lost entry, a row deleted, an older index restored). ``entries``:
+    the tenant's, as a listing read them; the run's own entry is read again here, since a
+    resume may have put it back meanwhile."""
+    if lease is not None or stores.work is None or cp.carried_by is not None:
+        return False
+    if entries is not None and not entries.taken_by_no_worker(cp.run_id):
+        return False
+    if cp.status is CheckpointStatus.waiting_approval:
+        if cp.pending_approval is None or stores.approvals is None:
+            return False
+        try:
+            request = await stores.approvals.get(tenant, cp.pending_approval.id)
+        except CheckpointCorruptError:
+            return False  # a damaged request is named where the run's page reads it
+        if request is None or request.status is ApprovalStatus.pending:
+            return False  # it waits for a person, who wakes it by deciding
+    elif cp.status is not CheckpointStatus.running:
         return False
     try:
-        return await stores.work.entry(tenant, run_id) is None
+        item = await stores.work.entry(tenant, cp.run_id)
     except CheckpointCorruptError:
-        return False
+        return False  # a damaged entry is named as such
+    return item is None or item.state is WorkState.done
 
 
 def open_calls(
@@ -163,8 +193,7 @@ def blocked(
     """Why no worker carries the run on, in words, or ``None``: it failed, its frontier
     was refused, it was parked, it is pinned to another revision than ``revision`` (the
     current agent's, when known) and needs ``tesserix run --resume --accept-revision``, or
-    it is ``unindexed``: nobody holds it and the work index holds no entry for it, so no
-    worker ever finds it (the entry was lost: an evicting Redis, a row deleted by hand)."""
+    it is ``unindexed``: no worker ever finds it (``lost_to_workers``)."""
     if cp.status is CheckpointStatus.failed:
         return f"failed: {failure_reason(cp)}"
     if cp.is_tombstone:
@@ -173,12 +202,16 @@ def blocked(
         return None  # its workflow carries it (or reports it stuck), never a kit worker
     if cp.status.finished:
         return None
-    if unindexed and cp.status is CheckpointStatus.running:
-        # A run waiting on a person is told to the index again by the decision itself.
+    if unindexed:
+        why = (
+            "its approval was decided, but the work index was not told"
+            if cp.status is CheckpointStatus.waiting_approval
+            else "the work index holds no entry a worker takes for it"
+        )
         return (
-            "no worker will find it: the work index holds no entry for it (lost, or it was "
-            "run by a runner without one); carry it on with `tesserix run --resume RUN "
-            "--tenant T --agent MODULE:ATTR`, which puts the entry back"
+            f"no worker will find it: {why} (an entry lost or marked done, or a runner "
+            "without the index); carry it on with `tesserix run --resume RUN --tenant T "
+            "--agent MODULE:ATTR`, which puts the entry back"
         )
     refused_revision = parked is not None and parked_for(parked, RevisionMismatchError)
     if revision is not None and cp.agent_revision == revision:

@@ -15,7 +15,7 @@ from typing import Any
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_as_told
-from tesserix_adk.cli.reasons import blocked, open_calls, told_from, waits
+from tesserix_adk.cli.reasons import blocked, lost_to_workers, open_calls, told_from, waits
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
@@ -162,6 +162,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             shown.append(RunSummary(run_id, unreadable=damage(exc)))
             continue
         park = entries.parked.get(run_id)
+        lost = await lost_to_workers(stores, tenant, cp, lease, entries)
         summary = RunSummary(
             run_id,
             agent=cp.agent_name,
@@ -175,7 +176,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             lease=lease,
             parked=None if park is None else (park.reason or ""),
             pending_approval=None if cp.pending_approval is None else cp.pending_approval.id,
-            blocked=blocked(cp, park, None, unindexed=lease is None and entries.unindexed(run_id)),
+            blocked=blocked(cp, park, None, unindexed=lost),
             finished=cp.status.finished,
         )
         if where.status and summary.status != where.status:

@@ -34,18 +34,19 @@ def shown_entry(item: WorkItem) -> WorkItem:
 class TenantEntries:
     """A tenant's work index as the operators' listings read it: the parked entries by
     run; why the entries of the runs asked about that cannot be read cannot be; and the
-    runs with an entry in any state (``None``: no work index is kept)."""
+    state of each run's entry (``None``: no work index is kept)."""
 
     parked: dict[str, WorkItem] = field(default_factory=dict)
     damaged: dict[str, str] = field(default_factory=dict)
-    indexed: frozenset[str] | None = None
+    states: dict[str, WorkState] | None = None
 
-    def unindexed(self, run_id: str) -> bool:
-        """Whether the index is kept and holds no entry for ``run_id`` (lost, or never
-        written): no worker finds that run however long it waits."""
-        return (
-            self.indexed is not None and run_id not in self.indexed and (run_id not in self.damaged)
-        )
+    def taken_by_no_worker(self, run_id: str) -> bool:
+        """Whether the index is kept and holds nothing a worker takes for ``run_id``: no
+        entry (lost, or never written) or one marked ``done``. (A damaged entry is named
+        on its own.)"""
+        if self.states is None or run_id in self.damaged:
+            return False
+        return self.states.get(run_id, WorkState.done) is WorkState.done
 
 
 async def parked_entries(stores: Stores, tenant: str, run_ids: Collection[str]) -> TenantEntries:
@@ -67,7 +68,7 @@ async def parked_entries(stores: Stores, tenant: str, run_ids: Collection[str]) 
                 for d in (*waiting.damaged, *done.damaged)
                 if d.run_id in wanted
             },
-            frozenset(i.run_id for i in (*waiting.items, *done.items)),
+            {i.run_id: i.state for i in (*done.items, *waiting.items)},
         )
     try:
         waiting_items = await stores.work.items(tenant)
@@ -78,11 +79,11 @@ async def parked_entries(stores: Stores, tenant: str, run_ids: Collection[str]) 
         return TenantEntries(
             {i.run_id: shown_entry(i) for i in waiting_items if i.state is WorkState.parked},
             {},
-            frozenset(i.run_id for i in (*waiting_items, *done_items)),
+            {i.run_id: i.state for i in (*done_items, *waiting_items)},
         )
     parked: dict[str, WorkItem] = {}
     damaged: dict[str, str] = {}
-    indexed: set[str] = set()
+    states: dict[str, WorkState] = {}
     for run_id in run_ids:
         try:
             item = await stores.work.entry(tenant, run_id)
@@ -91,7 +92,7 @@ async def parked_entries(stores: Stores, tenant: str, run_ids: Collection[str]) 
             continue
         if item is None:
             continue
-        indexed.add(run_id)
+        states[run_id] = item.state
         if item.state is WorkState.parked:
             parked[run_id] = shown_entry(item)
-    return TenantEntries(parked, damaged, frozenset(indexed))
+    return TenantEntries(parked, damaged, states)
