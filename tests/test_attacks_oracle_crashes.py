@@ -23,13 +23,14 @@ when they share a key), read-only and idempotent calls are sent again instead, a
 second resumer is told the run is held (``ResumeConflictError``, or ``LeaseHeldError`` for
 a second ``run()`` before any frontier), and a resumer that died leaves its resume claim
 to lapse (README: held off for ``resume_claim_ttl``), never sends anything twice.
-Found: DEFECT LOW, two calls of one parallel turn under one business key: when the
-first call's claim fails, the second (waiting on it in ``run/dispatch.py`` ``call_tool``)
-is still sent, with its own arguments, after the turn failed; the resume replays that
-outcome for the model's first call (the world got the second call's charge, the first is
-told it), which one call at a time never does
+Found, and fixed (its test passes now): DEFECT LOW, two calls of one parallel turn under
+one business key: when the first call's claim failed, the second (waiting on it in
+``run/dispatch.py`` ``call_tool``) was still sent, with its own arguments, after the turn
+failed; the resume replayed that outcome for the model's first call (the world got the
+second call's charge, the first was told it), which one call at a time never does
 (``test_a_shared_key_in_a_failed_parallel_turn_keeps_the_models_first_call``). Hypothesis
-found it first with a simulated death at the first call's claim.
+found it first with a simulated death at the first call's claim. The second call now fails
+as the first did, unsent; the property no longer leaves such turns out.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from typing import Any
 import hypothesis.strategies as st
 import pydantic
 import pytest
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import HealthCheck, event, given, settings
 
 from run.helpers import fresh_stores
 from tesserix_adk import (
@@ -397,11 +398,6 @@ async def _check(
     return world, out
 
 
-def _shares_a_key_in_turn(turn: list[tuple[str, dict[str, Any]]]) -> bool:
-    charges = {(a["order"], a["amount"]) for n, a in turn if n == "charge"}
-    return len({order for order, _ in charges}) < len(charges)
-
-
 SCRIPTS = st.lists(st.lists(CALLS, min_size=1, max_size=3), min_size=1, max_size=4)
 
 
@@ -420,10 +416,6 @@ SCRIPTS = st.lists(st.lists(CALLS, min_size=1, max_size=3), min_size=1, max_size
 def test_crashed_runs_resume_to_the_oracles_world_transcript_and_state(
     script: Script, parallel: int, crashes: list[int], race: bool, backend: str
 ) -> None:
-    # The defect pinned below (a business key two calls of one parallel turn share, with
-    # other arguments) is left out here, so the property stays green on what holds.
-    assume(parallel == 1 or not any(_shares_a_key_in_turn(turn) for turn in script))
-
     async def go() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             async with fresh_stores(backend, Path(tmp)) as stores:
@@ -436,15 +428,6 @@ def test_crashed_runs_resume_to_the_oracles_world_transcript_and_state(
 # -- pinned examples ----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: two calls of one parallel turn under one business key: the first "
-    "call's claim fails (StoreUnavailableError) and the second, waiting on it in "
-    "run/dispatch.py call_tool (attempt.sending), is still sent, with its own arguments, "
-    "after the turn failed; the resume then replays that outcome for the first call, so "
-    "the world got the second call's charge and the model is told it for the first, "
-    "unlike parallel_tool_calls=1",
-)
 async def test_a_shared_key_in_a_failed_parallel_turn_keeps_the_models_first_call() -> None:
     charged: list[tuple[str, int]] = []
 

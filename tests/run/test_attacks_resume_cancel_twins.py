@@ -167,7 +167,10 @@ async def test_a_twins_failed_claim_never_drops_its_siblings_claim_that_went_out
         later = AgentRunner.from_stores(ScriptedProvider([[turn[0]], "done"]), stores)
         with contextlib.suppress(IndeterminateToolCallError):
             await later.run(agent, "go", tenant=T, run_id="tw2")
-    assert broken == [how]
+    # The twin waits on its sibling under the key and, the sibling having failed, fails as
+    # it did without claiming (``dispatch.call_tool``, since a later attack): the broken
+    # claim is never reached. What this test guards holds either way.
+    assert broken == []
     # The sibling's claim kept in flight, and the seat never booked a second time.
     assert ([r.call_id for r in left], desk.sent) == (["call_0_0"], ["1A/x"])
 

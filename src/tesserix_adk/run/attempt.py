@@ -218,6 +218,9 @@ class Attempt:
     stop: Callable[[], str | None] | None = None
     # Keys this attempt is sending right now, each set once its call has its outcome.
     sending: dict[str, asyncio.Event] = field(default_factory=dict)
+    # Keys whose call this attempt failed to carry through (its claim refused, the store
+    # down, a death): a call waiting on one of them must not go out in its place.
+    failed_keys: dict[str, BaseException] = field(default_factory=dict)
     # Keys under which this attempt sent a call: its own claim found still in flight under
     # one (a twin after its sibling lost the reply) is a call that may have happened.
     sent_keys: set[str] = field(default_factory=set)

@@ -255,14 +255,21 @@ async def call_tool(
     object, twice in a parallel turn) go one after the other: the claim is the attempt's
     own either way, so only this keeps the second from being sent beside the first; it
     then finds the first's outcome recorded and replays it, or, the first's outcome
-    unknown (its claim still in flight), is refused as in doubt."""
+    unknown (its claim still in flight), is refused as in doubt. The first having failed
+    (its claim refused, the store down), the second is not sent either: it fails as the
+    first did, as in a turn of one call at a time, which stops at the first failure."""
     if oc.key is None:
         return await _call_tool(parts, run, attempt, tool, oc)
     while (busy := attempt.sending.get(oc.key)) is not None:
         await busy.wait()
+    if (failed := attempt.failed_keys.get(oc.key)) is not None:
+        raise failed
     done = attempt.sending[oc.key] = asyncio.Event()
     try:
         return await _call_tool(parts, run, attempt, tool, oc)
+    except BaseException as exc:
+        attempt.failed_keys[oc.key] = exc
+        raise
     finally:
         del attempt.sending[oc.key]
         done.set()
