@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tesserix_adk import Agent, tool
+from tesserix_adk import Agent, ScriptedTurn, tool
 
 BOOK_TURNS: list[Any] = [
     [("search_flights", {"origin": "FRA", "dest": "JFK"})],
@@ -78,3 +78,21 @@ def fake_booking(flight: str) -> dict[str, str]:
     """A stub for book_seat (``--stub book_seat=booking:fake_booking``)."""
     STUB_CALLS.append({"flight": flight})
     return {"booking": "STUB", "flight": flight}
+
+
+def seat_booking(
+    sent: list[str], seats: int, *, cost: int = 0, budget: int | None = None
+) -> tuple[Agent, list[Any]]:
+    """An agent whose model books seat 1, then 2, ... up to ``seats``, then says done, each
+    model turn costing ``cost``; ``sent`` records every booking that reached the airline."""
+
+    @tool
+    def book(seat: str) -> str:
+        sent.append(seat)
+        return f"booked {seat}"
+
+    script: list[Any] = [
+        ScriptedTurn(calls=[("book", {"seat": str(n)})], cost_micros=cost)
+        for n in range(1, seats + 1)
+    ]
+    return Agent("g", "book", tools=[book], budget_micros=budget), [*script, "done"]

@@ -32,16 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from redis.asyncio import Redis
 
 from adapters.throwaway import RedisServer, redis_server
+from booking import seat_booking
 from run.helpers import Asks, at, faulty_runner, fresh_stores
 from tesserix_adk import (
     Agent,
@@ -49,7 +48,6 @@ from tesserix_adk import (
     LeasePolicy,
     Message,
     ScriptedProvider,
-    ScriptedTurn,
     ToolCall,
     tool,
 )
@@ -83,35 +81,8 @@ def prefix() -> str:
     return f"afternoon-{uuid.uuid4().hex[:10]}:"
 
 
-def _url(server: RedisServer, prefix: str) -> str:
-    return f"{server.url}?prefix={prefix}"
-
-
-@asynccontextmanager
-async def _client(server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(server.url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
-def _booking(sent: list[str], *, cost: int = 0, budget: int | None = None) -> tuple[Agent, Any]:
-    """Books seat 1, then 2, then 3, each model turn costing ``cost``; ``sent`` records
-    every booking that reached the airline."""
-
-    @tool
-    def book(seat: str) -> str:
-        sent.append(seat)
-        return f"booked {seat}"
-
-    script = [
-        ScriptedTurn(calls=[("book", {"seat": "1"})], cost_micros=cost),
-        ScriptedTurn(calls=[("book", {"seat": "2"})], cost_micros=cost),
-        ScriptedTurn(calls=[("book", {"seat": "3"})], cost_micros=cost),
-        "done",
-    ]
-    return Agent("g", "book", tools=[book], budget_micros=budget), script
+def _booking(sent: list[str], **agent: Any) -> tuple[Agent, Any]:
+    return seat_booking(sent, 3, **agent)
 
 
 async def _crashing(stores: Stores, run_id: str, sent: list[str], crash: Any, **agent: Any) -> None:
@@ -149,7 +120,7 @@ async def _ledger_lost_then_charged_again(
     charged 100 and the process died before its frontier; resumed again, budget 200."""
     sent: list[str] = []
     money = {"cost": 100, "budget": 200}
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         await _crashing(stores, "r", sent, at("after_tool_result", 0), **money)
         if lose:
             assert await client.unlink(f"{prefix}{{{T}:r}}:ledger") == 1
@@ -186,7 +157,7 @@ async def test_a_damaged_lease_fence_does_not_poison_the_counter_for_ever(
     server: RedisServer, prefix: str
 ) -> None:
     lease_key = f"{prefix}{{{T}:r}}:lease"
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         first = await stores.leases.acquire(T, "r", "a", 30)
         await stores.leases.release(first)
         await client.hset(lease_key, "fence", "7.5")
@@ -210,7 +181,7 @@ async def test_a_lease_fence_that_is_no_number_or_negative_still_gives_a_rising_
     server: RedisServer, prefix: str, named: str
 ) -> None:
     lease_key = f"{prefix}{{{T}:r}}:lease"
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         first = await stores.leases.acquire(T, "r", "a", 30)
         await stores.leases.release(first)
         await client.hset(lease_key, "fence", named)
@@ -225,7 +196,7 @@ async def test_a_lost_counter_and_a_lease_hash_naming_a_lower_fence_than_seen_st
     """The counter lost, the lease hash naming fence 1 while the checkpoint store saw 3:
     the fence handed out (2) is below what the store saw, and its writes are refused."""
     tag = f"{prefix}{{{T}:r}}"
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         for holder in ("a", "b", "c"):
             lease = await stores.leases.acquire(T, "r", holder, 30)
             await stores.checkpoints.put(
@@ -475,7 +446,7 @@ async def test_a_completed_calls_key_index_lost_never_sends_it_again(
     server: RedisServer, prefix: str
 ) -> None:
     sent: list[str] = []
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         await _crashing(stores, "r", sent, at("after_tool_result", 0))
         assert sent == ["1"]
         index = [k async for k in client.scan_iter(match=f"{prefix}idem-key:*")]
@@ -504,7 +475,7 @@ async def test_records_from_of_a_run_whose_listed_record_was_lost_says_so(
     set and iteration index still name it: ``lookup`` says the store lost it; so must the
     read of the records ahead of a frontier, not answer "no call ahead"."""
 
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         idem = stores.idempotency
         flags = ToolFlags(side_effects=True, idempotent=False)
         await idem.claim(
@@ -537,7 +508,7 @@ async def test_a_released_ttl_claim_and_a_taken_over_key_are_no_record_not_corru
     """No false alarm: a ttl claim legitimately released (its record and its place in the
     run's set dropped together), and a custom key run B claimed while run A held it, A
     then releasing it: each reads as no record, for either run."""
-    async with open_stores(_url(server, prefix)) as stores:
+    async with open_stores(server.stores_url(prefix)) as stores:
         idem = stores.idempotency
         await idem.claim(
             "k-ttl",
@@ -590,7 +561,7 @@ async def test_a_record_and_its_record_set_lost_while_the_iteration_index_names_
     store lost a record, and seat 1 must not be booked again."""
     sent: list[str] = []
     tag = f"{prefix}{{{T}:r}}"
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         await _crashing(stores, "r", sent, at("after_tool_result", 0))
         records = [k async for k in client.scan_iter(match=f"{tag}:idem:rec:*")]
         assert len(records) == 1

@@ -35,14 +35,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Iterator
+from contextlib import suppress
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from adapters.throwaway import RedisServer, redis_server
+from booking import seat_booking
 from run.helpers import at, faulty_runner
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, ScriptedTurn, Worker, tool
 from tesserix_adk.cli.failures import ExitCode
@@ -80,34 +81,8 @@ def prefix() -> str:
     return f"forgets-{uuid.uuid4().hex[:10]}:"
 
 
-def _url(server: RedisServer, prefix: str) -> str:
-    return f"{server.url}?prefix={prefix}"
-
-
-@asynccontextmanager
-async def _client(server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(server.url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
-def _booking(sent: list[str], *, cost: int = 0, budget: int | None = None) -> tuple[Agent, Any]:
-    """An agent whose model books seat 1, then seat 2, then says done; ``sent`` records
-    every booking that reached the airline."""
-
-    @tool
-    def book(seat: str) -> str:
-        sent.append(seat)
-        return f"booked {seat}"
-
-    script = [
-        ScriptedTurn(calls=[("book", {"seat": "1"})], cost_micros=cost),
-        ScriptedTurn(calls=[("book", {"seat": "2"})], cost_micros=cost),
-        "done",
-    ]
-    return Agent("g", "book", tools=[book], budget_micros=budget), script
+def _booking(sent: list[str], **agent: Any) -> tuple[Agent, Any]:
+    return seat_booking(sent, 2, **agent)
 
 
 async def _died_after_booking_one(
@@ -149,7 +124,7 @@ async def test_a_completed_calls_record_lost_while_its_indexes_name_it_is_never_
     server: RedisServer, prefix: str
 ) -> None:
     sent: list[str] = []
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         await _died_after_booking_one(stores, "r", sent)
         records = [k for k in await _keys_of(client, prefix, "r") if ":idem:rec:" in k]
         assert len(records) == 1
@@ -174,7 +149,7 @@ async def test_a_completed_call_whose_every_record_key_was_lost_goes_out_again_a
     server: RedisServer, prefix: str
 ) -> None:
     sent: list[str] = []
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         await _died_after_booking_one(stores, "r", sent)
         lost = [k for k in await _keys_of(client, prefix, "r") if ":idem:" in k]
         lost += [k.decode() async for k in client.scan_iter(match=f"{prefix}idem-key:*")]
@@ -192,7 +167,7 @@ async def test_a_lost_transcript_refuses_the_resume_typed_and_sends_nothing(
     server: RedisServer, prefix: str, lost: str
 ) -> None:
     sent: list[str] = []
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         await _died_after_booking_one(stores, "r", sent)
         assert await client.unlink(f"{prefix}{{{T}:r}}:{lost}") == 1
         with pytest.raises(HistoryUnavailableError):
@@ -207,10 +182,10 @@ def test_inspect_and_runs_of_a_run_whose_transcript_was_evicted(
     server: RedisServer, prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     sent: list[str] = []
-    url = _url(server, prefix)
+    url = server.stores_url(prefix)
 
     async def setup() -> None:
-        async with open_stores(url) as stores, _client(server) as client:
+        async with open_stores(url) as stores, server.client() as client:
             await _died_after_booking_one(stores, "r", sent)
             await client.unlink(f"{prefix}{{{T}:r}}:history:items")
 
@@ -228,7 +203,7 @@ async def test_a_lost_frontier_is_no_checkpoint_and_starting_again_replays_the_b
     server: RedisServer, prefix: str
 ) -> None:
     sent: list[str] = []
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         await _died_after_booking_one(stores, "r", sent)
         assert await client.unlink(f"{prefix}{{{T}:r}}:cp:frontier") == 1
         with pytest.raises(NoCheckpointError):
@@ -248,7 +223,7 @@ async def test_a_lost_ledger_does_not_give_a_resumed_run_its_budget_again(
     server: RedisServer, prefix: str
 ) -> None:
     sent: list[str] = []
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         await _died_after_booking_one(stores, "r", sent, cost=100, budget=100)
         # Kept, the budget is spent and the resume books nothing more.
         assert await client.unlink(f"{prefix}{{{T}:r}}:ledger") == 1
@@ -265,7 +240,7 @@ async def test_a_kept_ledger_stops_the_resumed_run_at_its_budget(
 ) -> None:
     """The control for the test above: the same run, its ledger kept."""
     sent: list[str] = []
-    async with open_stores(_url(server, prefix)) as stores:
+    async with open_stores(server.stores_url(prefix)) as stores:
         await _died_after_booking_one(stores, "r", sent, cost=100, budget=100)
         run = await _resume(stores, "r", sent, cost=100, budget=100)
     assert sent == ["1"]
@@ -278,7 +253,7 @@ async def test_a_kept_ledger_stops_the_resumed_run_at_its_budget(
 async def test_a_lost_fence_counter_never_hands_out_a_fence_the_lease_still_names(
     server: RedisServer, prefix: str
 ) -> None:
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         first = await stores.leases.acquire(T, "r", "worker-a", 0.2)
         await stores.checkpoints.put(T, "r", b"a-1", step=1, fence=first.fence)
         await asyncio.sleep(0.3)
@@ -300,7 +275,7 @@ async def test_a_lost_fence_counter_never_hands_out_a_fence_the_lease_still_name
 async def test_a_lost_lease_hash_alone_still_raises_the_fence(
     server: RedisServer, prefix: str
 ) -> None:
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         first = await stores.leases.acquire(T, "r", "worker-a", 30)
         assert await client.unlink(f"{prefix}{{{T}:r}}:lease") == 1
         second = await stores.leases.acquire(T, "r", "worker-b", 30)
@@ -320,7 +295,7 @@ async def test_a_lost_lease_and_counter_below_the_seen_fences_refuse_until_they_
     counter, so the run carries on once it is past, every booking once."""
     sent: list[str] = []
     run_tag = f"{prefix}{{{T}:r}}"
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         await _died_after_booking_one(stores, "r", sent)
         for _ in range(2):  # two takeovers: every store has seen fence 3
             await client.unlink(f"{run_tag}:lease")
@@ -363,7 +338,7 @@ async def test_a_decided_approval_request_lost_is_corrupt_and_sends_nothing(
             "done",
         ]
 
-    async with open_stores(_url(server, prefix)) as stores, _client(server) as client:
+    async with open_stores(server.stores_url(prefix)) as stores, server.client() as client:
         agent, script = agent_and_script()
         runner = AgentRunner.from_stores(ScriptedProvider(script), stores)
         run = await runner.run(agent, "go", tenant=T, run_id="r")
@@ -385,11 +360,11 @@ def test_a_run_whose_work_entry_was_lost_is_carried_on_or_listed_as_stuck(
     server: RedisServer, prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     sent: list[str] = []
-    url = _url(server, prefix)
+    url = server.stores_url(prefix)
     run_tag = f"{prefix}{{{T}:r}}"
 
     async def lose_and_work() -> None:
-        async with open_stores(url) as stores, _client(server) as client:
+        async with open_stores(url) as stores, server.client() as client:
             await _died_after_booking_one(stores, "r", sent)
             assert await client.hget(f"{run_tag}:work", "state") == b"wanted"
             # The dead holder's lease lapsed (gone), and so did the run's work entry.
@@ -426,7 +401,7 @@ def test_an_allkeys_server_is_refused_by_the_cli_in_one_sentence(
 @pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-random"])
 async def test_an_allkeys_server_is_refused_before_any_lease_or_claim(policy: str) -> None:
     with redis_server(*AOF_ALWAYS, "--maxmemory-policy", policy) as evicting:
-        async with open_stores(evicting.url) as stores, _client(evicting) as client:
+        async with open_stores(evicting.url) as stores, evicting.client() as client:
             with pytest.raises(ConfigurationError, match=policy):
                 await stores.leases.acquire(T, "r", "w", 30)
             with pytest.raises(ConfigurationError, match=policy):
@@ -437,7 +412,7 @@ async def test_an_allkeys_server_is_refused_before_any_lease_or_claim(policy: st
 async def test_volatile_lru_under_memory_pressure_evicts_other_keys_never_the_kits() -> None:
     with redis_server(*AOF_ALWAYS, "--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru") as s:
         sent: list[str] = []
-        async with open_stores(s.url) as stores, _client(s) as client:
+        async with open_stores(s.url) as stores, s.client() as client:
             await _died_after_booking_one(stores, "r", sent)
             before = {k: await client.dump(k) for k in await _keys_of(client, "adk:", "r")}
             blob = b"x" * 20_000
@@ -463,7 +438,7 @@ async def test_volatile_lru_under_memory_pressure_evicts_other_keys_never_the_ki
 async def test_a_server_switched_to_allkeys_eviction_while_running_is_noticed() -> None:
     with redis_server(*AOF_ALWAYS) as s:
         sent: list[str] = []
-        async with open_stores(s.url) as stores, _client(s) as client:
+        async with open_stores(s.url) as stores, s.client() as client:
             booking, script = _booking(sent)
             first = await AgentRunner.from_stores(ScriptedProvider(script), stores).run(
                 booking, "go", tenant=T, run_id="before"
@@ -492,7 +467,7 @@ def test_a_flushed_server_says_nothing_is_checkpointed_never_a_fresh_run(
         url = f"{volatile.url}?allow_volatile=true"
 
         async def setup() -> None:
-            async with open_stores(url) as stores, _client(volatile) as client:
+            async with open_stores(url) as stores, volatile.client() as client:
                 await _died_after_booking_one(stores, "r", sent)
                 await client.flushdb()
                 with pytest.raises(NoCheckpointError):

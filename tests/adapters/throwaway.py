@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 import pytest
+from redis.asyncio import Redis
 
 
 def free_port() -> int:
@@ -34,6 +35,19 @@ class RedisServer:
     url: str
     port: int
     process: subprocess.Popen[bytes]
+
+    def stores_url(self, prefix: str) -> str:
+        """The stores' URL on this server, their keys under ``prefix``."""
+        return f"{self.url}?prefix={prefix}"
+
+    @asynccontextmanager
+    async def client(self) -> AsyncIterator[Redis]:
+        """A plain client of this server (the test's own view of its keys), closed after."""
+        client = Redis.from_url(self.url)
+        try:
+            yield client
+        finally:
+            await client.aclose()
 
     def kill(self) -> None:
         """SIGKILL: the server dies at once, mid-whatever it was doing."""
