@@ -8,9 +8,10 @@ mean another worker carries the run now and this one must stop at once.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -430,14 +431,44 @@ def _same_handle(stored: HistoryHandle, expected: HistoryHandle) -> None:
 OFF_LOOP_BYTES = 16 * 1024
 
 
-def text_weight(value: Any) -> int:
-    """A cheap estimate of how much text redacting ``value`` goes through (a value too
-    deep to print, or holding an int too long to, counts as heavy: it is handled in a
-    thread)."""
-    try:
-        return len(str(value))
-    except (RecursionError, ValueError):
-        return OFF_LOOP_BYTES + 1
+def text_weight(value: Any, *, past: int = OFF_LOOP_BYTES) -> int:
+    """A cheap estimate of how much text redacting ``value`` goes through, counted only
+    until it is over ``past``: JSON data (text, numbers, lists, tuples, dicts) is walked
+    item by item, so a result of millions of items costs the event loop no more than one
+    just over the line; anything else is its ``str`` (a value too deep to print, or holding
+    an int too long to, counts as heavy: it is handled in a thread)."""
+    total = 0
+    pending: list[Iterator[Any]] = [iter((value,))]
+    while pending:
+        item: Any = next(pending[-1], _DONE)
+        if item is _DONE:
+            pending.pop()
+            continue
+        kind = type(item)
+        if kind is str:
+            total += len(item) + 2
+        elif item is None or kind is bool or kind is float:
+            total += 5
+        elif kind is int:
+            # A huge int is printed in a thread, never counted digit by digit here.
+            total += 20 if -(10**18) < item < 10**18 else past + 1
+        elif kind is list or kind is tuple:
+            total += 2
+            pending.append(iter(item))
+        elif kind is dict:
+            total += 2
+            pending.append(itertools.chain.from_iterable(item.items()))
+        else:
+            try:
+                total += len(str(item))
+            except (RecursionError, ValueError):
+                return past + 1
+        if total > past:
+            return total
+    return total
+
+
+_DONE = object()
 
 
 def _weight(messages: Sequence[Message], frontier: Checkpoint) -> int:

@@ -4,6 +4,7 @@ or error as the call's outcome."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import json
@@ -68,7 +69,7 @@ async def invoke(
         else:
             with outside_scope():
                 result = await tool.invoke(call.arguments, ctx, guard=guard)
-        return ToolOutcome(call_id=call.id, content=result_content(result))
+        return ToolOutcome(call_id=call.id, content=await converted(result))
     except ToolOutcomeUnknownError as exc:
         # Sent, and whether it took effect is unknown: told to the model as an error it
         # would be asked for again under a new key. Its claim stays in flight, for the
@@ -103,6 +104,35 @@ def error_text(exc: BaseException) -> str:
         except Exception:
             said = "(its text cannot be read)"
     return f"{type(exc).__name__}: {said}"
+
+
+# Results converted on the event loop: a text, a number, or a small flat list or dict of
+# them, whose conversion is cheap for sure. Anything else (a tool's own objects, whose
+# ``str`` may take any time; millions of items) is converted in a worker thread, so the
+# event loop keeps renewing leases meanwhile.
+_SCALARS = (str, int, float, bool, type(None))
+_FLAT = 64
+
+
+def _cheap(result: Any) -> bool:
+    kind = type(result)
+    if kind in _SCALARS:
+        return True
+    if kind is list or kind is tuple:
+        return len(result) <= _FLAT and all(type(v) in _SCALARS for v in result)
+    if kind is dict:
+        return len(result) <= _FLAT and all(
+            type(k) is str and type(v) in _SCALARS for k, v in result.items()
+        )
+    return False
+
+
+async def converted(result: Any) -> Any:
+    """``result_content(result)``, in a worker thread unless it is plainly cheap."""
+    if _cheap(result):
+        return result_content(result)
+    with outside_scope():
+        return await asyncio.to_thread(result_content, result)
 
 
 def result_content(result: Any) -> Any:
