@@ -13,7 +13,8 @@ Defects (strict xfails):
   bytes: ``to_jsonable_python`` raises ``UnicodeDecodeError`` after the tool ran, and the
   model is told ``is_error`` "UnicodeDecodeError: ..." of a call that succeeded (a model
   then asks again: a second booking under a new key).
-* A result dict with keys ``1`` and ``"1"``: one value silently replaces the other.
+* A result dict with keys ``1`` and ``"1"``: one value silently replaced the other. Fixed:
+  such a dict is written as a list of its ``[key, value]`` pairs (``invoking._unclashed``).
 * A tool result of many small items (6M ints, ~12 MB): ``to_jsonable_python`` (invoking)
   and ``text_weight``'s ``str()`` (recording) ran on the event loop, so no renewal
   happened for about a second and the holder lost its lease, though a small result ran
@@ -195,10 +196,6 @@ def test_a_tool_returning_binary_bytes_is_not_told_as_a_failure(tmp_path: Path, 
     assert not message.is_error, message.content
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a result dict with keys 1 and '1' keeps one of the two values, silently",
-)
 def test_a_result_with_colliding_keys_keeps_both_values(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
     run, _ = asyncio.run(_one_call(url, {1: "seat-one", "1": "seat-uno"}))

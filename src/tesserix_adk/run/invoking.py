@@ -141,15 +141,49 @@ def result_content(result: Any) -> Any:
     its result is odd. Bytes are their UTF-8 text, or base64 text when they are not UTF-8
     (an image), and an int past Python's limit for text is its hex text, value by value in
     the dicts, lists, tuples and sets that hold them; inside other objects (a dataclass),
-    one value that is not UTF-8 makes all their bytes base64 (URL-safe)."""
+    one value that is not UTF-8 makes all their bytes base64 (URL-safe). A dict whose keys
+    would be written alike (``1`` and ``"1"``: JSON keys are text) is written as a list of
+    its ``[key, value]`` pairs, so no value is lost."""
     try:
-        content = to_jsonable_python(result, fallback=str)
+        content = to_jsonable_python(_unclashed(result, set()), fallback=str)
     except Exception:
         content = _written_otherwise(result)
     if isinstance(content, int) and not isinstance(content, bool):
         # Alone, as text: the model is told it alike first and from its record.
         return int_as_text(content)
     return content
+
+
+def _unclashed(value: Any, path: set[int]) -> Any:
+    """``value`` with each dict (in the plain containers that hold it) whose keys JSON
+    would write alike made a list of ``[key, value]`` pairs; ``value`` itself, the same
+    object, when nothing clashes (the common case costs a walk and no copy)."""
+    if not isinstance(value, (Mapping, list, tuple, set, frozenset)) or id(value) in path:
+        return value
+    path.add(id(value))
+    try:
+        if isinstance(value, Mapping):
+            given = list(value.items())
+            items = [(k, _unclashed(v, path)) for k, v in given]
+            if not all(type(k) is str for k, _ in given) and _keys_clash(value):
+                return [[k, v] for k, v in items]
+            if all(a[1] is b[1] for a, b in zip(items, given, strict=True)):
+                return value
+            return dict(items)
+        inner = [_unclashed(v, path) for v in value]
+        if all(a is b for a, b in zip(inner, value, strict=True)):
+            return value
+        return inner
+    finally:
+        path.discard(id(value))
+
+
+def _keys_clash(mapping: Mapping[Any, Any]) -> bool:
+    try:
+        written = to_jsonable_python(dict.fromkeys(mapping), fallback=str)
+    except Exception:
+        return False  # written otherwise, key by key (``_as_key``)
+    return isinstance(written, dict) and len(written) < len(mapping)
 
 
 def _written_otherwise(result: Any) -> Any:

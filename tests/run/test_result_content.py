@@ -1,0 +1,60 @@
+"""What a tool returns, as the JSON data the model is told and the record keeps
+(``run.invoking.result_content``): no value of a dict is lost to JSON's text keys, and a
+result with nothing odd in it comes back as itself."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tesserix_adk.run.invoking import result_content
+
+_keys = st.one_of(
+    st.sampled_from(["1", "true", "None", "1.5", "a"]),
+    st.sampled_from([1, True, None, 1.5]),
+)
+_leaf = st.one_of(st.text(max_size=4), st.integers(-9, 9))
+_values = st.recursive(
+    _leaf,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(_keys, inner, min_size=1, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_values)
+def test_no_value_is_lost_to_keys_json_writes_alike(value: Any) -> None:
+    written = result_content(value)
+    json.dumps(written, allow_nan=False)  # JSON data, nothing else
+    # Every value the tool returned is still there, as many times (a clashing dict's keys
+    # join them, as the first of each pair).
+    kept, given = Counter(map(repr, _leaves(written))), Counter(map(repr, _leaves(value)))
+    assert not given - kept, (written, value)
+
+
+def test_a_clashing_dict_is_its_pairs_and_the_rest_is_kept_as_it_was() -> None:
+    assert result_content({1: "seat-one", "1": "seat-uno"}) == [[1, "seat-one"], ["1", "seat-uno"]]
+    assert result_content({"rows": [{True: 1, "true": 2}], "n": 3}) == {
+        "rows": [[[True, 1], ["true", 2]]],
+        "n": 3,
+    }
+    assert result_content({1: "a", 2: "b"}) == {"1": "a", "2": "b"}  # nothing clashes
+
+
+def test_a_plain_result_is_handed_back_as_itself() -> None:
+    rows = {"rows": [{"id": i, "name": f"n{i}"} for i in range(100)]}
+    assert result_content(rows) == rows
