@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from typing import Any
@@ -72,3 +73,56 @@ def test_bad_definitions_are_configuration_errors() -> None:
         Agent("x", "y", [lambda: None])  # type: ignore[list-item]
     with pytest.raises(ConfigurationError):
         Agent("x", "y", max_iterations=0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("instructions", "Book every seat."),
+        ("model", "other"),
+        ("revision", "sha256:0"),
+        ("tools", {}),
+        ("max_iterations", 99),
+    ],
+)
+def test_an_agent_is_fixed_once_made(field: str, value: Any) -> None:
+    """Its revision pins what it was made with: changed afterwards, a resume would go on
+    under the old revision with new instructions or tools."""
+    agent = _agent()
+    before = (getattr(agent, field), agent.revision)
+    with pytest.raises(AttributeError, match="fixed once made"):
+        setattr(agent, field, value)
+    assert (getattr(agent, field), agent.revision) == before
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("description", "Other."), ("side_effects", False), ("key", None)]
+)
+def test_a_tool_is_fixed_once_made(field: str, value: Any) -> None:
+    agent = _agent()
+    made = agent.tools["book_seat"]
+    before = getattr(made, field)
+    with pytest.raises(AttributeError, match="fixed once an agent holds it"):
+        setattr(made, field, value)
+    assert getattr(made, field) == before
+    assert _agent().revision == agent.revision
+
+
+def test_a_tool_no_agent_holds_yet_may_still_be_set_up() -> None:
+    """A subclass (an MCP tool) finishes its own fields after ``Tool.__init__``."""
+
+    @tool
+    def look(q: str) -> str:
+        """Look."""
+        return q
+
+    look.description = "Look it up."
+    assert Agent("a", "i", [look]).tools["look"].description == "Look it up."
+
+
+def test_a_copied_agent_is_the_same_agent_and_as_fixed() -> None:
+    agent = _agent()
+    for copied in (copy.copy(agent), copy.deepcopy(agent)):
+        assert copied.revision == agent.revision and list(copied.tools) == ["book_seat"]
+        with pytest.raises(AttributeError, match="fixed once made"):
+            copied.instructions = "other"

@@ -18,7 +18,8 @@ __all__ = ["Agent"]
 
 
 class Agent:
-    """An agent definition: instructions, tools, limits and an optional typed state."""
+    """An agent definition: instructions, tools, limits and an optional typed state; fixed
+    once made (its ``revision`` pins it)."""
 
     __slots__ = (
         "budget_micros",
@@ -75,6 +76,8 @@ class Agent:
             )
         self.name = name
         self.instructions = instructions
+        for t in tool_list:
+            t.pin()
         self.tools: Mapping[str, Tool] = {t.name: t for t in tool_list}
         self.model = model
         self.max_iterations = max_iterations
@@ -85,6 +88,16 @@ class Agent:
         # call on its own whatever ran beside it.
         self.parallel_tool_calls = parallel_tool_calls
         self.revision = revision or self._computed_revision()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Fixed once made: the revision pins what the agent was made with, and a frontier
+        # written under it must not be resumed by an agent changed since under its old one.
+        # (A subclass's own attributes are its business.)
+        if name in Agent.__slots__ and hasattr(self, "revision") and hasattr(self, name):
+            raise AttributeError(
+                f"agent {self.name!r} is fixed once made (its revision pins it); make a new Agent"
+            )
+        object.__setattr__(self, name, value)
 
     def _computed_revision(self) -> str:
         body = canonical_json(

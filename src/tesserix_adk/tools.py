@@ -121,6 +121,7 @@ class Tool:
         "_accepts_ctx",
         "_args_model",
         "_key_takes_occurrence",
+        "_pinned",
         "description",
         "fn",
         "idempotent",
@@ -187,6 +188,20 @@ class Tool:
         self._key_takes_occurrence = key is not None and _takes(key, "occurrence")
         self._args_model, self._accepts_ctx, schema = arguments_model(fn, self.name)
         self.parameters: Mapping[str, Any] = schema
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Fixed once an agent holds it: the agent's revision pins the tool's contract as it
+        # was then, and a tool changed afterwards would be resumed under a stale revision.
+        if getattr(self, "_pinned", False) and hasattr(self, name):
+            raise AttributeError(
+                f"tool {self.name!r} is fixed once an agent holds it (the agent's revision "
+                "pins it); make a new one"
+            )
+        object.__setattr__(self, name, value)
+
+    def pin(self) -> None:
+        """Fix the tool as it is (``Agent`` does, as it computes its revision)."""
+        object.__setattr__(self, "_pinned", True)
 
     @property
     def keyed(self) -> bool:

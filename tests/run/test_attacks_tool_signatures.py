@@ -397,11 +397,6 @@ async def test_a_key_that_is_not_callable_sends_nothing() -> None:
     assert sent == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: an Agent (or a Tool) changed after it was made keeps its old "
-    "revision, so a resume under other instructions or schemas is not refused",
-)
 def test_an_agent_changed_after_it_was_made_does_not_keep_a_stale_revision() -> None:
     agent = Agent("a", "Book one seat.", [tool(_order)])
     before = agent.revision
