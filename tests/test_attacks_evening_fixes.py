@@ -16,19 +16,19 @@ recorded completed); a run cancelled while its result is converted never sends t
 again and gives its lease back; the ``Resumer`` never hands another run's state as this
 run's.
 
-Found:
+Found, and fixed (their tests pass now):
 
-* MEDIUM: one text of about 25 MB returned by a tool (a plainly cheap result) loses a
-  ``ttl=0.5`` lease: its redaction goes to a worker thread (``run/recording.redacted_record``)
+* MEDIUM: one text of about 25 MB returned by a tool (a plainly cheap result) lost a
+  ``ttl=0.5`` lease: its redaction went to a worker thread (``run/recording.redacted_record``)
   but the redactor's regexes (``checkpoint/redaction``) each scan the whole text in one C
-  call holding the GIL, so the event loop cannot renew for seconds (a thread does not free
-  the loop from work that never releases the GIL).
-* MEDIUM: a run cancelled while its tool's result is converted in the worker thread
-  (``run/invoking.converted``'s ``asyncio.to_thread``, a new await after the tool returned)
-  leaves the call in doubt (claim in flight; a resume refuses it
-  ``IndeterminateToolCallError``), though the kit held the result: a sync tool cancelled
-  while it runs is waited for and recorded (``tools._until_the_thread_returns``,
-  ``ThreadReturned``), the conversion is not shielded alike.
+  call holding the GIL, so the event loop could not renew for seconds. A result whose text
+  alone is over twice the record's cap is now replaced unscanned (it could never be kept:
+  ``payload/outcomes._least_bytes``).
+* MEDIUM: a run cancelled while its tool's result was converted in the worker thread
+  (``run/invoking.converted``, a new await after the tool returned) left the call in doubt,
+  though the kit held the result. The conversion now waits for its thread when cancelled
+  and raises ``ThreadReturned`` with the content, which the dispatch unit records, as for a
+  sync tool cancelled while it runs.
 """
 
 from __future__ import annotations
@@ -83,12 +83,6 @@ async def _run_under_short_lease(value: Any) -> Any:
 # ==========================================================================================
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: one ~25 MB text result (plainly cheap) loses a ttl=0.5 lease: "
-    "run/recording.redacted_record redacts it in a thread, but checkpoint/redaction's regexes "
-    "hold the GIL for a whole-text scan, so no renewal runs for seconds",
-)
 def test_a_large_text_result_keeps_the_lease() -> None:
     run = asyncio.run(_run_under_short_lease("x" * 25_000_000))
     assert not isinstance(run, Exception), run
@@ -114,12 +108,6 @@ class _Slow:
         return "receipt-1"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: cancelled while run/invoking.converted converts a returned result "
-    "in asyncio.to_thread (unshielded, unlike tools._until_the_thread_returns), the call is "
-    "left in flight and a resume refuses it in doubt, though its result was held",
-)
 async def test_a_run_cancelled_while_its_result_is_converted_records_the_call() -> None:
     sent: list[str] = []
     entered, gate = threading.Event(), threading.Event()
@@ -138,6 +126,8 @@ async def test_a_run_cancelled_while_its_result_is_converted_records_the_call() 
             first = AgentRunner.from_stores(ScriptedProvider(script), stores)
             task = asyncio.ensure_future(first.run(agent, "go", tenant=T, run_id="r"))
             assert await asyncio.to_thread(entered.wait, 10)
+            # The thread is let go shortly after the cancel: the cancel waits for it.
+            asyncio.get_running_loop().call_later(0.2, gate.set)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -155,7 +145,7 @@ async def test_a_run_cancelled_while_its_result_is_converted_records_the_call() 
 
 
 async def test_a_run_cancelled_while_its_result_is_converted_never_sends_it_twice() -> None:
-    """What holds today: the call is not sent again, the resume refuses it as in doubt."""
+    """Whatever the resume finds, the call is not sent again and the lease goes back."""
     sent: list[str] = []
     entered, gate = threading.Event(), threading.Event()
 
@@ -173,6 +163,8 @@ async def test_a_run_cancelled_while_its_result_is_converted_never_sends_it_twic
             first = AgentRunner.from_stores(ScriptedProvider(script), stores)
             task = asyncio.ensure_future(first.run(agent, "go", tenant=T, run_id="r"))
             assert await asyncio.to_thread(entered.wait, 10)
+            # The thread is let go shortly after the cancel: the cancel waits for it.
+            asyncio.get_running_loop().call_later(0.2, gate.set)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

@@ -332,7 +332,7 @@ async def call_maybe_async(
     if _is_async(fn):
         return await cast(Callable[..., Awaitable[Any]], fn)(**kwargs)
     if thread:
-        result = await _until_the_thread_returns(functools.partial(_in_thread, fn, kwargs, guard))
+        result = await until_the_thread_returns(functools.partial(_in_thread, fn, kwargs, guard))
     else:
         result = fn(**kwargs)
     if inspect.isawaitable(result):
@@ -360,7 +360,7 @@ class ThreadReturned(asyncio.CancelledError):
         self.done = done
 
 
-async def _until_the_thread_returns(call: Callable[[], Any]) -> Any:
+async def until_the_thread_returns(call: Callable[[], Any]) -> Any:
     """``call()`` in a worker thread. A thread cannot be cancelled: cancelled meanwhile,
     this still waits for it to return before the cancellation goes on (as
     ``ThreadReturned``, carrying what it returned), so the run keeps its lease (and its

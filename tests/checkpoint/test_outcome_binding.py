@@ -150,3 +150,31 @@ def test_an_outcome_whose_kept_state_does_not_hold_is_corrupt(change: Any) -> No
         outcome_state(seal(body))
     with pytest.raises(CheckpointCorruptError):
         decode_outcome(seal(body), "c1")
+
+
+def test_a_result_far_past_the_cap_is_replaced_without_being_scanned() -> None:
+    """Scanning megabytes of text holds the interpreter (the regular expressions keep the
+    GIL): a result whose text alone is over twice the cap, which masking could never bring
+    under it, is replaced unscanned; one just over the cap is still scanned, then replaced."""
+    scanned: list[int] = []
+
+    class Counting(Redactor):
+        def value(self, data: Any) -> Any:
+            scanned.append(1)
+            return super().value(data)
+
+        def text(self, value: str) -> str:
+            scanned.append(1)
+            return super().text(value)
+
+    redactor = Counting()
+    far = recorded_outcome(
+        ToolOutcome(call_id="c", content={"rows": ["x" * 1000] * 2500}),
+        redactor,
+        max_bytes=1_000_000,
+    )
+    assert far.replaced and "too large" in str(far.outcome.content) and scanned == []
+    near = recorded_outcome(
+        ToolOutcome(call_id="c", content="x" * 1_500_000), redactor, max_bytes=1_000_000
+    )
+    assert near.replaced and scanned

@@ -4,9 +4,9 @@ or error as the call's outcome."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import copy
+import functools
 import json
 import logging
 from collections.abc import Mapping
@@ -19,7 +19,14 @@ from tesserix_adk.errors import AdkError, ToolOutcomeUnknownError
 from tesserix_adk.messages import ToolCall, ToolOutcome, int_as_text
 from tesserix_adk.run.attempt import Attempt
 from tesserix_adk.stores.grouping import outside_scope
-from tesserix_adk.tools import NotStarted, Tool, ToolContext, accepts_ctx, call_maybe_async
+from tesserix_adk.tools import (
+    NotStarted,
+    Tool,
+    ToolContext,
+    accepts_ctx,
+    call_maybe_async,
+    until_the_thread_returns,
+)
 
 __all__ = ["NotSent", "error_text", "invoke", "result_content"]
 
@@ -128,11 +135,13 @@ def _cheap(result: Any) -> bool:
 
 
 async def converted(result: Any) -> Any:
-    """``result_content(result)``, in a worker thread unless it is plainly cheap."""
+    """``result_content(result)``, in a worker thread unless it is plainly cheap. Cancelled
+    meanwhile, it waits for the thread and raises ``ThreadReturned`` carrying the content,
+    so the call's outcome, already in hand, is recorded rather than left in doubt."""
     if _cheap(result):
         return result_content(result)
     with outside_scope():
-        return await asyncio.to_thread(result_content, result)
+        return await until_the_thread_returns(functools.partial(result_content, result))
 
 
 def result_content(result: Any) -> Any:

@@ -21,6 +21,8 @@ run again.
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +122,21 @@ def recorded_outcome(
     whatever ``max_bytes`` is, since a completed call must be recorded as completed.
     """
     content: Any
+    scanned_at_most = max(_UNSCANNED_OVER * max_bytes, _SCANNED_ANYWAY)
+    least = _least_bytes(outcome.content, past=scanned_at_most)
+    if least > scanned_at_most:
+        # Far past the cap: replaced without being redacted first. Masking cannot bring
+        # it under, and scanning it would hold the interpreter (the regular expressions
+        # keep the GIL) for seconds, stopping the event loop's lease renewals meanwhile.
+        return _replaced(
+            outcome.call_id,
+            record,
+            f"the result of this call was too large to keep: more than {least} bytes, over "
+            f"the cap of {max_bytes}. The call completed; its result is not available.",
+            {"reason": "too_large", "bytes": least, "max_bytes": max_bytes},
+            state,
+            redactor,
+        )
     try:
         content = redact_outcome_content(outcome.content, redactor)
         payload = _sealed_within(
@@ -161,6 +178,35 @@ def recorded_outcome(
         payload=payload,
         outcome=ToolOutcome(call_id=outcome.call_id, content=content, is_error=outcome.is_error),
     )
+
+
+# A result whose text alone is this many times the cap (and over a mebibyte: scanning
+# less takes a fraction of a second) is replaced unscanned.
+_UNSCANNED_OVER = 2
+_SCANNED_ANYWAY = 1024 * 1024
+_END = object()
+
+
+def _least_bytes(value: Any, *, past: int) -> int:
+    """A lower bound of the bytes ``value`` takes as JSON (each text at least its length
+    and its quotes, anything else at least one byte), counted only until over ``past``."""
+    total = 0
+    pending: list[Iterator[Any]] = [iter((value,))]
+    while pending and total <= past:
+        item = next(pending[-1], _END)
+        if item is _END:
+            pending.pop()
+        elif isinstance(item, str):
+            total += len(item) + 2
+        elif isinstance(item, (list, tuple)):
+            total += 2
+            pending.append(iter(item))
+        elif isinstance(item, dict):
+            total += 2
+            pending.append(itertools.chain.from_iterable(item.items()))
+        else:
+            total += 1
+    return total
 
 
 def _kept_state(state: OutcomeState, redactor: Redactor) -> dict[str, Any]:
