@@ -120,6 +120,22 @@ def test_a_tool_no_agent_holds_yet_may_still_be_set_up() -> None:
     assert Agent("a", "i", [look]).tools["look"].description == "Look it up."
 
 
+def test_an_agents_tools_cannot_be_swapped_in_place() -> None:
+    agent = _agent()
+
+    @tool
+    def other(x: str) -> str:
+        """Other."""
+        return x
+
+    with pytest.raises(TypeError):
+        agent.tools["book_seat"] = other  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        agent.tools.pop("book_seat")  # type: ignore[attr-defined]
+    assert list(agent.tools) == ["book_seat"] and agent.tools.get("nope") is None
+    assert dict(agent.tools) == {"book_seat": agent.tools["book_seat"]}
+
+
 def test_a_copied_agent_is_the_same_agent_and_as_fixed() -> None:
     agent = _agent()
     for copied in (copy.copy(agent), copy.deepcopy(agent)):

@@ -8,7 +8,7 @@ frontier written under one revision is refused by an agent with another.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from tesserix_adk.errors import ConfigurationError
@@ -78,7 +78,7 @@ class Agent:
         self.instructions = instructions
         for t in tool_list:
             t.pin()
-        self.tools: Mapping[str, Tool] = {t.name: t for t in tool_list}
+        self.tools: Mapping[str, Tool] = _Tools({t.name: t for t in tool_list})
         self.model = model
         self.max_iterations = max_iterations
         self.budget_micros = budget_micros
@@ -123,6 +123,32 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, revision={self.revision[:15]}…)"
+
+
+class _Tools(Mapping[str, Tool]):
+    """An agent's tools by name, read-only: its revision pins them (a plain mapping that
+    copies and compares as a dict does)."""
+
+    __slots__ = ("_by_name",)
+
+    def __init__(self, by_name: dict[str, Tool]) -> None:
+        self._by_name = by_name
+
+    def __getitem__(self, name: str) -> Tool:
+        return self._by_name[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The tool named ``name``, or ``default``."""
+        return self._by_name.get(name, default)
+
+    def __repr__(self) -> str:
+        return repr(self._by_name)
 
 
 def _whole(value: object, *, least: int) -> bool:
