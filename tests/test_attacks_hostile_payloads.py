@@ -14,7 +14,7 @@ Defects (strict xfails):
   model is told ``is_error`` "UnicodeDecodeError: ..." of a call that succeeded (a model
   then asks again: a second booking under a new key).
 * A result dict with keys ``1`` and ``"1"``: one value silently replaced the other. Fixed:
-  such a dict is written as a list of its ``[key, value]`` pairs (``invoking._unclashed``).
+  a key that is not text and clashes is written with its type (``invoking._unclashed``).
 * A tool result of many small items (6M ints, ~12 MB): ``to_jsonable_python`` (invoking)
   and ``text_weight``'s ``str()`` (recording) ran on the event loop, so no renewal
   happened for about a second and the holder lost its lease, though a small result ran

@@ -16,30 +16,36 @@ a field deleted and set again, copies, subclasses, a tool shared by two agents, 
 before a tool is handed to an agent.
 
 Held: a run cancelled while a parallel turn's result is converted records that call
-completed on SQLite (its secret masked), and a resume sends nothing again; a cancelled
+completed on SQLite (its secret masked), and a resume sends nothing again; an unkeyed
+read cancelled so is sent again on resume, the lease given back; a cancelled
 conversion records what an uninterrupted run records; results just under and over the
 unscanned line (and over a small ``max_bytes``) keep no secret; ``_least_bytes`` never
 counts more than the JSON written; a clashing dict in a cycle completes; ``show --json``
-of a run whose result became pairs works; copies keep the revision, a tool may be held by
-two agents, a tool's fields may be set until an agent holds it, and a subclass's own
-attributes stay its business.
+of a run whose result became pairs works; an agent's ``tools`` cannot be swapped, added
+to or removed from in place (a plain dict at 20f35fd, which let the revision go stale; made
+a read-only mapping in the working tree while this attack ran); copies keep the revision,
+a tool may be held by two agents, a tool's fields may be set until an agent holds it, and
+a subclass's own attributes stay its business.
 
-Found:
+Found, and fixed (their tests pass now):
 
 * HIGH: a result dict whose keys clash (``1`` and ``"1"``) and that holds a ``password``
-  key is written as ``[key, value]`` pairs (``run/invoking._unclashed``), and the redactor
-  masks by key only in mappings (``checkpoint/redaction/redactor._walk``): the password's
-  value is stored raw in the idempotency record and the transcript.
+  key was written as ``[key, value]`` pairs (``run/invoking._unclashed``), and the redactor
+  masks by key only in mappings: the password's value was stored raw (found in the SQLite
+  store's bytes). Such a dict stays a dict now: text keys as they are, each other clashing
+  key written with its type (``"1 (int)"``).
 * MEDIUM: a clashing dict that pydantic cannot write as it came (a bytes value that is not
-  UTF-8) goes to ``run/invoking._written_otherwise``, which works on the original result,
-  not the unclashed one: one of the clashing values is lost.
-* LOW: a clashing dict inside a dataclass or a pydantic model is not walked
-  (``_unclashed`` looks in plain containers only): a value is lost, though README says a
-  dict whose keys would be written alike loses no value.
-* LOW: a tool's ``parameters`` (its schema, what the model is told) changed in place keeps
-  the agent's revision (``tools.py``: the schema dict is held as built, mutable).
-* LOW: ``del agent.model`` then setting it passes ``Agent.__setattr__`` (it asks whether the
-  field is set); the same for a pinned tool (no ``__delattr__`` on either).
+  UTF-8) went to ``run/invoking._written_otherwise`` with the original result: one of the
+  clashing values was lost. It is handed the unclashed one now.
+* LOW: ``del agent.model`` then setting it passed ``Agent.__setattr__``; the same for a
+  pinned tool. Both refuse a delete now.
+
+Left (strict xfails, LOW):
+
+* a clashing dict inside a dataclass or a pydantic model is not walked (``_unclashed``
+  looks in plain containers only): a value is lost;
+* a tool's ``parameters`` (its schema, what the model is told) changed in place keeps the
+  agent's revision (``tools.py``: the schema dict is held as built, mutable).
 """
 
 from __future__ import annotations
@@ -206,6 +212,39 @@ async def test_a_clashing_result_cancelled_in_conversion_is_recorded_as_a_live_o
     assert (kept.content, kept.is_error) == (expected.content, expected.is_error)
 
 
+async def test_an_unkeyed_read_cancelled_in_its_conversion_is_sent_again_on_resume() -> None:
+    """No record to keep it in: the resume sends the read again (safe: no side effects),
+    and the lease goes back."""
+    sent: list[str] = []
+    entered, gate = threading.Event(), threading.Event()
+
+    @tool(side_effects=False, key=None)
+    def look(seat: str) -> Any:
+        """Look at a seat."""
+        sent.append(seat)
+        return {"seat": _Slow(entered, gate)}
+
+    agent = Agent("a", "x", [look])
+    script = [[("look", {"seat": "1A"})], "ok"]
+    try:
+        async with open_stores("memory://") as stores:
+            await stores.create_schema()
+            first = AgentRunner.from_stores(ScriptedProvider(script), stores)
+            task = asyncio.ensure_future(first.run(agent, "go", tenant=T, run_id="r"))
+            assert await asyncio.to_thread(entered.wait, 10)
+            asyncio.get_running_loop().call_later(0.2, gate.set)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await stores.leases.current(T, "r") is None
+            again = AgentRunner.from_stores(ScriptedProvider(script), stores)
+            run = await again.resume(agent, "r", tenant=T)
+    finally:
+        gate.set()
+    assert run.status is RunStatus.completed
+    assert sent == ["1A", "1A"]
+
+
 # ==========================================================================================
 # c747fd5 (b): replaced unscanned past max(2 x cap, 1 MiB)
 # ==========================================================================================
@@ -258,12 +297,6 @@ def test_the_least_bytes_never_counts_more_than_is_written(value: Any) -> None:
 # ==========================================================================================
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT HIGH: a result dict whose keys clash is written as [key, value] pairs "
-    "(run/invoking._unclashed), and checkpoint/redaction/redactor._walk masks by key only in "
-    "mappings: the value under 'password' is stored raw",
-)
 async def test_a_password_in_a_clashing_dict_is_not_stored_raw(tmp_path: Path) -> None:
     _, run = await _run_once(tmp_path, {"password": SECRET, 1: "a", "1": "b"})
     assert run.status is RunStatus.completed
@@ -277,12 +310,6 @@ async def test_a_password_in_a_plain_dict_is_not_stored_raw(tmp_path: Path) -> N
     assert SECRET.encode() not in _stored_bytes(tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: a clashing dict pydantic cannot write as it came (bytes not UTF-8) "
-    "goes to run/invoking._written_otherwise, which works on the original result, not the "
-    "unclashed one: a value is lost",
-)
 @pytest.mark.parametrize(
     ("value", "each"),
     [
@@ -327,7 +354,7 @@ def test_a_clashing_dict_in_a_cycle_is_written_and_keeps_its_values() -> None:
     assert "kept-a" in written and "kept-b" in written
 
 
-async def test_show_json_of_a_run_whose_result_became_pairs(tmp_path: Path) -> None:
+async def test_show_json_of_a_run_whose_result_had_clashing_keys(tmp_path: Path) -> None:
     url, run = await _run_once(tmp_path, {1: "kept-a", "1": "kept-b", "x": [1, {2: 3}]})
     assert run.status is RunStatus.completed
     code, out, err = await asyncio.to_thread(
@@ -383,11 +410,6 @@ def test_a_tools_parameters_changed_in_place_do_not_keep_the_old_revision() -> N
     assert agent.revision == Agent("a", "x", [booking]).revision
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: Agent/Tool __setattr__ (agent.py, tools.py) allow setting a field "
-    "that was deleted first: no __delattr__ guards it",
-)
 @pytest.mark.parametrize("target", ["agent", "tool"])
 def test_a_field_deleted_then_set_is_refused(target: str) -> None:
     booking = Tool(_book, name="book")

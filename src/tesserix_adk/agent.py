@@ -99,6 +99,11 @@ class Agent:
             )
         object.__setattr__(self, name, value)
 
+    def __delattr__(self, name: str) -> None:
+        if name in Agent.__slots__ and hasattr(self, "revision"):
+            raise AttributeError(f"agent {self.name!r} is fixed once made; make a new Agent")
+        object.__delattr__(self, name)
+
     def _computed_revision(self) -> str:
         body = canonical_json(
             {

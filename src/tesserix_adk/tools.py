@@ -199,6 +199,11 @@ class Tool:
             )
         object.__setattr__(self, name, value)
 
+    def __delattr__(self, name: str) -> None:
+        if getattr(self, "_pinned", False):
+            raise AttributeError(f"tool {self.name!r} is fixed once an agent holds it")
+        object.__delattr__(self, name)
+
     def pin(self) -> None:
         """Fix the tool as it is (``Agent`` does, as it computes its revision)."""
         object.__setattr__(self, "_pinned", True)

@@ -40,17 +40,24 @@ def _leaves(value: Any) -> list[Any]:
 def test_no_value_is_lost_to_keys_json_writes_alike(value: Any) -> None:
     written = result_content(value)
     json.dumps(written, allow_nan=False)  # JSON data, nothing else
-    # Every value the tool returned is still there, as many times (a clashing dict's keys
-    # join them, as the first of each pair).
+    # Every value the tool returned is still there, as many times.
     kept, given = Counter(map(repr, _leaves(written))), Counter(map(repr, _leaves(value)))
     assert not given - kept, (written, value)
 
 
-def test_a_clashing_dict_is_its_pairs_and_the_rest_is_kept_as_it_was() -> None:
-    assert result_content({1: "seat-one", "1": "seat-uno"}) == [[1, "seat-one"], ["1", "seat-uno"]]
+def test_a_clashing_key_is_written_with_its_type_and_text_keys_stay_as_they_are() -> None:
+    assert result_content({1: "seat-one", "1": "seat-uno"}) == {
+        "1": "seat-uno",
+        "1 (int)": "seat-one",
+    }
     assert result_content({"rows": [{True: 1, "true": 2}], "n": 3}) == {
-        "rows": [[[True, 1], ["true", 2]]],
+        "rows": [{"true": 2, "true (bool)": 1}],
         "n": 3,
+    }
+    assert result_content({True: 1, "true": 2, "true (bool)": 3}) == {
+        "true": 2,
+        "true (bool)": 3,
+        "true (bool) #2": 1,
     }
     assert result_content({1: "a", 2: "b"}) == {"1": "a", "2": "b"}  # nothing clashes
 

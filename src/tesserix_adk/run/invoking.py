@@ -150,13 +150,17 @@ def result_content(result: Any) -> Any:
     its result is odd. Bytes are their UTF-8 text, or base64 text when they are not UTF-8
     (an image), and an int past Python's limit for text is its hex text, value by value in
     the dicts, lists, tuples and sets that hold them; inside other objects (a dataclass),
-    one value that is not UTF-8 makes all their bytes base64 (URL-safe). A dict whose keys
-    would be written alike (``1`` and ``"1"``: JSON keys are text) is written as a list of
-    its ``[key, value]`` pairs, so no value is lost."""
+    one value that is not UTF-8 makes all their bytes base64 (URL-safe). In a dict whose
+    keys would be written alike (``1`` and ``"1"``: JSON keys are text), each key that is
+    not text and clashes is written with its type (``"1 (int)"``), so no value is lost."""
     try:
-        content = to_jsonable_python(_unclashed(result, set()), fallback=str)
+        prepared = _unclashed(result, set())
     except Exception:
-        content = _written_otherwise(result)
+        prepared = result  # a mapping that cannot be walked: written as pydantic can
+    try:
+        content = to_jsonable_python(prepared, fallback=str)
+    except Exception:
+        content = _written_otherwise(prepared)
     if isinstance(content, int) and not isinstance(content, bool):
         # Alone, as text: the model is told it alike first and from its record.
         return int_as_text(content)
@@ -165,7 +169,9 @@ def result_content(result: Any) -> Any:
 
 def _unclashed(value: Any, path: set[int]) -> Any:
     """``value`` with each dict (in the plain containers that hold it) whose keys JSON
-    would write alike made a list of ``[key, value]`` pairs; ``value`` itself, the same
+    would write alike given keys that no longer clash: text keys stay as they are (a
+    redactor masks by key name, so ``password`` must stay ``password``), and each other
+    key that clashes is written with its type (``"1 (int)"``). ``value`` itself, the same
     object, when nothing clashes (the common case costs a walk and no copy)."""
     if not isinstance(value, (Mapping, list, tuple, set, frozenset)) or id(value) in path:
         return value
@@ -175,7 +181,7 @@ def _unclashed(value: Any, path: set[int]) -> Any:
             given = list(value.items())
             items = [(k, _unclashed(v, path)) for k, v in given]
             if not all(type(k) is str for k, _ in given) and _keys_clash(value):
-                return [[k, v] for k, v in items]
+                return _keys_apart(items)
             if all(a[1] is b[1] for a, b in zip(items, given, strict=True)):
                 return value
             return dict(items)
@@ -193,6 +199,22 @@ def _keys_clash(mapping: Mapping[Any, Any]) -> bool:
     except Exception:
         return False  # written otherwise, key by key (``_as_key``)
     return isinstance(written, dict) and len(written) < len(mapping)
+
+
+def _keys_apart(items: list[tuple[Any, Any]]) -> dict[str, Any]:
+    """``items`` as a dict of text keys, none lost: text keys as they are, then each other
+    key as JSON writes it, or, taken already, with its type (and a count if need be)."""
+    kept: dict[str, Any] = {k: v for k, v in items if type(k) is str}
+    for key, v in items:
+        if type(key) is str:
+            continue
+        written = str(next(iter(to_jsonable_python({key: None}, fallback=str))))
+        name, n = written, 1
+        while name in kept:
+            name = f"{written} ({type(key).__name__})" + ("" if n == 1 else f" #{n}")
+            n += 1
+        kept[name] = v
+    return kept
 
 
 def _written_otherwise(result: Any) -> Any:

@@ -125,9 +125,10 @@ def recorded_outcome(
     scanned_at_most = max(_UNSCANNED_OVER * max_bytes, _SCANNED_ANYWAY)
     least = _least_bytes(outcome.content, past=scanned_at_most)
     if least > scanned_at_most:
-        # Far past the cap: replaced without being redacted first. Masking cannot bring
-        # it under, and scanning it would hold the interpreter (the regular expressions
-        # keep the GIL) for seconds, stopping the event loop's lease renewals meanwhile.
+        # Far past the cap: replaced without being redacted first. Only masking most of it
+        # away could bring it under (then the model is told it was too large, and nothing
+        # of it is kept), and scanning it would hold the interpreter (the regular
+        # expressions keep the GIL) for seconds, stopping the lease renewals meanwhile.
         return _replaced(
             outcome.call_id,
             record,
