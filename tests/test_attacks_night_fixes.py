@@ -33,7 +33,7 @@ Found, and fixed (their tests pass now):
   key was written as ``[key, value]`` pairs (``run/invoking._unclashed``), and the redactor
   masks by key only in mappings: the password's value was stored raw (found in the SQLite
   store's bytes). Such a dict stays a dict now: text keys as they are, each other clashing
-  key written with its type (``"1 (int)"``).
+  key written with its type (``"(int) 1"``).
 * MEDIUM: a clashing dict that pydantic cannot write as it came (a bytes value that is not
   UTF-8) went to ``run/invoking._written_otherwise`` with the original result: one of the
   clashing values was lost. It is handed the unclashed one now.

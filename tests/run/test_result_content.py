@@ -4,6 +4,7 @@ result with nothing odd in it comes back as itself."""
 
 from __future__ import annotations
 
+import enum
 import json
 from collections import Counter
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.run.invoking import result_content
 
 _keys = st.one_of(
@@ -48,16 +50,16 @@ def test_no_value_is_lost_to_keys_json_writes_alike(value: Any) -> None:
 def test_a_clashing_key_is_written_with_its_type_and_text_keys_stay_as_they_are() -> None:
     assert result_content({1: "seat-one", "1": "seat-uno"}) == {
         "1": "seat-uno",
-        "1 (int)": "seat-one",
+        "(int) 1": "seat-one",
     }
     assert result_content({"rows": [{True: 1, "true": 2}], "n": 3}) == {
-        "rows": [{"true": 2, "true (bool)": 1}],
+        "rows": [{"true": 2, "(bool) true": 1}],
         "n": 3,
     }
     assert result_content({True: 1, "true": 2, "true (bool)": 3}) == {
         "true": 2,
         "true (bool)": 3,
-        "true (bool) #2": 1,
+        "(bool) true": 1,
     }
     assert result_content({1: "a", 2: "b"}) == {"1": "a", "2": "b"}  # nothing clashes
 
@@ -65,3 +67,32 @@ def test_a_clashing_key_is_written_with_its_type_and_text_keys_stay_as_they_are(
 def test_a_plain_result_is_handed_back_as_itself() -> None:
     rows = {"rows": [{"id": i, "name": f"n{i}"} for i in range(100)]}
     assert result_content(rows) == rows
+
+
+class _Named(enum.Enum):
+    """Keys JSON writes as their value: ``_Named.password`` is written ``"password"``."""
+
+    password = "password"
+    api_key = "api_key"
+    token = "token"
+    authorization = "authorization"
+    client_secret = "client_secret"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from([m.value for m in _Named]),
+    make=st.sampled_from(["bytes", "enum"]),
+    first=st.booleans(),
+)
+def test_a_secret_under_a_clashing_key_is_masked_as_under_its_text_key(
+    name: str, make: str, first: bool
+) -> None:
+    """A key that clashes with a text key is renamed so that its name still ends as the
+    text key's does: the redactor, which masks by how a key's name ends, masks both."""
+    other: Any = name.encode() if make == "bytes" else _Named(name)
+    pairs = [(name, "hunter2-under-text"), (other, "hunter2-under-other")]
+    value = dict(pairs if first else pairs[::-1])
+    written = Redactor().value(result_content(value))
+    assert "hunter2" not in json.dumps(written), written
+    assert len(written) == 2

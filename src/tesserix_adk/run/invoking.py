@@ -152,7 +152,7 @@ def result_content(result: Any) -> Any:
     the dicts, lists, tuples and sets that hold them; inside other objects (a dataclass),
     one value that is not UTF-8 makes all their bytes base64 (URL-safe). In a dict whose
     keys would be written alike (``1`` and ``"1"``: JSON keys are text), each key that is
-    not text and clashes is written with its type (``"1 (int)"``), so no value is lost."""
+    not text and clashes is written after its type (``"(int) 1"``), so no value is lost."""
     try:
         prepared = _unclashed(result, set())
     except Exception:
@@ -171,7 +171,7 @@ def _unclashed(value: Any, path: set[int]) -> Any:
     """``value`` with each dict (in the plain containers that hold it) whose keys JSON
     would write alike given keys that no longer clash: text keys stay as they are (a
     redactor masks by key name, so ``password`` must stay ``password``), and each other
-    key that clashes is written with its type (``"1 (int)"``). ``value`` itself, the same
+    key that clashes is written after its type (``"(int) 1"``). ``value`` itself, the same
     object, when nothing clashes (the common case costs a walk and no copy)."""
     if not isinstance(value, (Mapping, list, tuple, set, frozenset)) or id(value) in path:
         return value
@@ -203,7 +203,7 @@ def _keys_clash(mapping: Mapping[Any, Any]) -> bool:
 
 def _keys_apart(items: list[tuple[Any, Any]]) -> dict[str, Any]:
     """``items`` as a dict of text keys, none lost: text keys as they are, then each other
-    key as JSON writes it, or, taken already, with its type (and a count if need be)."""
+    key as JSON writes it, or, taken already, after its type (and a count if need be)."""
     kept: dict[str, Any] = {k: v for k, v in items if type(k) is str}
     for key, v in items:
         if type(key) is str:
@@ -211,7 +211,8 @@ def _keys_apart(items: list[tuple[Any, Any]]) -> dict[str, Any]:
         written = str(next(iter(to_jsonable_python({key: None}, fallback=str))))
         name, n = written, 1
         while name in kept:
-            name = f"{written} ({type(key).__name__})" + ("" if n == 1 else f" #{n}")
+            # The type goes first: a redactor masks by how a key's name ends (``password``).
+            name = ("" if n == 1 else f"#{n} ") + f"({type(key).__name__}) {written}"
             n += 1
         kept[name] = v
     return kept
