@@ -4,16 +4,21 @@ result with nothing odd in it comes back as itself."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
+import threading
 from collections import Counter
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tesserix_adk import Agent, AgentRunner, ScriptedProvider, open_stores, tool
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.run.invoking import result_content
+from tesserix_adk.stores.protocols import RecordStatus
 
 _keys = st.one_of(
     st.sampled_from(["1", "true", "None", "1.5", "a"]),
@@ -96,3 +101,52 @@ def test_a_secret_under_a_clashing_key_is_masked_as_under_its_text_key(
     written = Redactor().value(result_content(value))
     assert "hunter2" not in json.dumps(written), written
     assert len(written) == 2
+
+
+class _Witness:
+    """A value pydantic cannot write: its ``str`` notes whether it ran on the event loop's
+    thread (where millions of them would hold up lease renewals)."""
+
+    def __init__(self, seen: list[bool]) -> None:
+        self.seen = seen
+
+    def __str__(self) -> str:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self.seen.append(False)
+        else:
+            self.seen.append(True)
+        return "w"
+
+
+async def test_a_result_a_cancelled_sync_tool_returned_is_converted_off_the_loop() -> None:
+    """Cancelled while a sync tool runs, the run waits for its thread and records what it
+    returned: converted in a thread too, as a live call's result is."""
+    seen: list[bool] = []
+    entered, gate = threading.Event(), threading.Event()
+
+    @tool(key=lambda **kw: "order-1")
+    def book(seat: str) -> Any:
+        """Book a seat (a side effect)."""
+        entered.set()
+        gate.wait(10)
+        return {"many": [_Witness(seen)] * 3}
+
+    try:
+        async with open_stores("memory://") as stores:
+            await stores.create_schema()
+            runner = AgentRunner.from_stores(ScriptedProvider([[("book", {"seat": "1"})]]), stores)
+            task = asyncio.ensure_future(
+                runner.run(Agent("a", "x", [book]), "go", tenant="t", run_id="r")
+            )
+            assert await asyncio.to_thread(entered.wait, 10)
+            asyncio.get_running_loop().call_later(0.1, gate.set)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            [record] = await stores.idempotency.records("t", "r")
+    finally:
+        gate.set()
+    assert record.status is RecordStatus.completed
+    assert seen and not any(seen), seen

@@ -237,6 +237,19 @@ def _unsent(run: RunState, attempt: Attempt, oc: OutstandingCall, error: AdkErro
     )
 
 
+async def _record_returned(
+    parts: RunParts,
+    run: RunState,
+    attempt: Attempt,
+    tool: Tool,
+    oc: OutstandingCall,
+    cancelled: ThreadReturned,
+) -> None:
+    returned = await returned_outcome(oc.call, cancelled)
+    if returned is not None:
+        await record(parts, run, attempt, tool, oc, returned)
+
+
 async def call_tool(
     parts: RunParts,
     run: RunState,
@@ -395,10 +408,8 @@ async def _call_tool(
         # Cancelled while a sync tool ran, and its thread has returned: what it did is
         # known, so it is recorded (to the end, however often cancelled) and the
         # cancellation goes on, rather than leaving the call in doubt.
-        returned = returned_outcome(oc.call, cancelled)
-        if returned is not None:
-            with contextlib.suppress(Exception):
-                await to_the_end(record(parts, run, attempt, tool, oc, returned))
+        with contextlib.suppress(Exception):
+            await to_the_end(_record_returned(parts, run, attempt, tool, oc, cancelled))
         raise
     # The outcome is in hand: redacted and recorded to the end, however often the run is
     # cancelled meanwhile, with no cancellation point between the tool's return and its

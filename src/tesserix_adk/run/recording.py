@@ -35,7 +35,7 @@ from tesserix_adk.errors import (
 )
 from tesserix_adk.messages import ToolCall, ToolOutcome
 from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.run.invoking import error_text, result_content
+from tesserix_adk.run.invoking import converted, error_text
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import IdempotencyRecord, RecordStatus, ToolFlags
@@ -285,12 +285,13 @@ async def to_the_end(awaitable: Awaitable[T], *, grace: float | None = None) -> 
         raise
 
 
-def returned_outcome(call: ToolCall, cancelled: ThreadReturned) -> ToolOutcome | None:
-    """The outcome a sync tool's thread returned after its call was cancelled; ``None``
-    when it is unknown (a lost reply) or the thread died another way."""
+async def returned_outcome(call: ToolCall, cancelled: ThreadReturned) -> ToolOutcome | None:
+    """The outcome a sync tool's thread returned after its call was cancelled (converted
+    off the event loop when it is not plainly cheap, as a live call's is); ``None`` when it
+    is unknown (a lost reply) or the thread died another way."""
     error = cancelled.done.exception()
     if error is None:
-        return ToolOutcome(call_id=call.id, content=result_content(cancelled.done.result()))
+        return ToolOutcome(call_id=call.id, content=await converted(cancelled.done.result()))
     if isinstance(error, ToolOutcomeUnknownError) or not isinstance(error, Exception):
         return None
     return ToolOutcome(call_id=call.id, content=error_text(error), is_error=True)
