@@ -22,29 +22,31 @@ secret-named key stays masked, in SQLite's bytes, the spans, the log lines and `
 model, the record and the resumed model see the same keys; ``SecretStr`` values are written
 as their mask; JSON text's duplicate secret keys are all masked.
 
-Found:
+Found, and fixed (their tests pass now):
 
-* HIGH: a mapping that is not a ``dict`` (``httpx.Headers``, a tool's ``return
-  resp.headers``) is handed to pydantic as it is (``run/invoking._unclashed`` returns it
-  unchanged when nothing clashes) and written as its ``str``; with a repeated header that is
-  ``Headers([('x-api-key', '…'), …])``, name and value as a pair in a tuple, which the
-  redactor does not mask: the API key is stored raw (SQLite, Redis and PostgreSQL).
-* MEDIUM: the same, for a ``Mapping`` of one's own: it is written as
-  ``<… object at 0x…>`` and every value is lost, while the same mapping with one clashing
-  key is written as a dict (``_unclashed`` makes a dict only then).
-* MEDIUM: a clashing key written after its type gets longer (``"(bytes) "``, ``"#2 "``),
-  and a key name over 128 characters is never taken for a credential
-  (``redaction/keys._MAX_KEY``): a text key of 121-128 characters ending ``_password`` is
-  masked, its bytes twin ``(bytes) …_password`` is stored raw (``_keys_apart``).
-* MEDIUM: two keys that are secrets themselves (``sk-proj-…``) mask to the same
-  placeholder, and ``Redactor._walk`` writes the second over the first: the record keeps one
-  value of two, while the transcript keeps both (JSON text with a duplicate key) and the
-  live model was told both.
-* LOW: one key pydantic cannot write (bytes that are not UTF-8, an int past the digit limit)
-  turns the clash check off for its whole dict (``_keys_clash`` returns ``False``), and the
-  dict is written key by key (``_written_otherwise``), where ``1`` and ``"1"`` still
-  clash: a value is lost; so is one under a text key equal to the base64 of a bytes key.
-* LOW: a clashing dict in a ``deque`` (or a generator) is not walked (``_unclashed`` looks in
+* HIGH (older than this stop's changes): a mapping that is not a ``dict``
+  (``httpx.Headers``, a tool's ``return resp.headers``) was handed to pydantic as it was and
+  written as its ``str``; with a repeated header that is ``Headers([('x-api-key', '…'),
+  …])``, name and value as a pair in a tuple, which the redactor does not mask: the API key
+  was stored raw (SQLite, Redis and PostgreSQL). Such a mapping is now written as its items
+  (``run/invoking._unclashed``), so each value sits under its key.
+* MEDIUM: the same, for a ``Mapping`` of one's own: it was written as
+  ``<… object at 0x…>`` and every value was lost.
+* MEDIUM: a clashing key written after its type got longer (``"(bytes) "``, ``"#2 "``), and a
+  key name over 128 characters is never taken for a credential: a bytes twin of a
+  121-128-character ``…_password`` key was stored raw. A renamed key now keeps the end of
+  its name within 128 characters (``_keys_apart``).
+* MEDIUM: two keys that are secrets themselves (``sk-proj-…``) masked to the same
+  placeholder, and ``Redactor._walk`` wrote the second over the first: the record kept one
+  value of two. The second is now kept under the mask with ``#2``.
+
+Left (strict xfails, LOW):
+
+* one key pydantic cannot write (bytes that are not UTF-8, an int past the digit limit)
+  turns the clash check off for its whole dict, and the dict is written key by key
+  (``_written_otherwise``), where ``1`` and ``"1"`` still clash: a value is lost; so is one
+  under a text key equal to the base64 of a bytes key.
+* a clashing dict in a ``deque`` (or a generator) is not walked (``_unclashed`` looks in
   dicts, lists, tuples and sets), and pydantic writes it as a list: a value is lost.
 """
 
@@ -469,12 +471,6 @@ async def _backend(where: str, tmp_path: Path) -> AsyncIterator[tuple[str, Any]]
             yield services.schema_url(schema), postgres_dump
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT HIGH: a Mapping that is not a dict (httpx.Headers) is written as its str "
-    "(run/invoking._unclashed hands it to pydantic unchanged); a repeated header makes it "
-    "name/value tuples, which the redactor does not mask: x-api-key stored raw",
-)
 @pytest.mark.parametrize("where", BACKENDS)
 async def test_response_headers_with_a_repeated_name_keep_a_secret_header_masked(
     where: str, tmp_path: Path
@@ -512,12 +508,6 @@ class Settings(Mapping[str, Any]):
         return len(self._data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: a Mapping of one's own is written as '<Settings object at 0x…>' "
-    "(every value lost), though the same mapping with a clashing key is written as a dict "
-    "(run/invoking._unclashed makes a dict only when a key clashes)",
-)
 def test_a_mapping_that_is_not_a_dict_is_written_as_its_items() -> None:
     clashing = result_content(Settings({"seat": "14C", 1: "one", "1": "uno"}))
     assert clashing == {"seat": "14C", "1": "uno", "(int) 1": "one"}  # a dict: held
@@ -532,12 +522,6 @@ def test_a_mapping_that_is_not_a_dict_is_written_as_its_items() -> None:
 # ==========================================================================================
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: a clashing key written after its type ('(bytes) …_password', "
-    "run/invoking._keys_apart) can pass 128 characters, past which redaction/keys._key_kind "
-    "takes no key for a credential: the text key is masked, its bytes twin stored raw",
-)
 async def test_a_renamed_key_near_the_key_length_limit_keeps_its_secret_masked(
     tmp_path: Path,
 ) -> None:
@@ -556,12 +540,6 @@ async def test_a_renamed_key_near_the_key_length_limit_keeps_its_secret_masked(
 # ==========================================================================================
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: two keys that are secrets (sk-proj-…) mask to the same "
-    "placeholder and Redactor._walk writes the second over the first: the record keeps one "
-    "value of two, the transcript and the live model both",
-)
 async def test_two_secret_keys_masked_alike_lose_no_value(tmp_path: Path) -> None:
     first, second = "sk-proj-" + "A1b2C3d4" * 5, "sk-proj-" + "Z9y8X7w6" * 5
     url = f"sqlite:///{tmp_path / 'adk.sqlite3'}"

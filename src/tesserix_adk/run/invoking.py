@@ -180,9 +180,13 @@ def _unclashed(value: Any, path: set[int]) -> Any:
         if isinstance(value, Mapping):
             given = list(value.items())
             items = [(k, _unclashed(v, path)) for k, v in given]
-            if not all(type(k) is str for k, _ in given) and _keys_clash(value):
+            if not all(type(k) is str for k, _ in given) and _keys_clash(given):
                 return _keys_apart(items)
-            if all(a[1] is b[1] for a, b in zip(items, given, strict=True)):
+            unchanged = all(a[1] is b[1] for a, b in zip(items, given, strict=True))
+            # A mapping that is not a dict (response headers, a settings object) is written
+            # as its items, keys and all: pydantic would write it as its ``str``, where a
+            # redactor finds no key to mask a secret by.
+            if unchanged and type(value) is dict:
                 return value
             return dict(items)
         inner = [_unclashed(v, path) for v in value]
@@ -193,12 +197,16 @@ def _unclashed(value: Any, path: set[int]) -> Any:
         path.discard(id(value))
 
 
-def _keys_clash(mapping: Mapping[Any, Any]) -> bool:
+def _keys_clash(items: list[tuple[Any, Any]]) -> bool:
     try:
-        written = to_jsonable_python(dict.fromkeys(mapping), fallback=str)
+        written = to_jsonable_python(dict.fromkeys(k for k, _ in items), fallback=str)
     except Exception:
         return False  # written otherwise, key by key (``_as_key``)
-    return isinstance(written, dict) and len(written) < len(mapping)
+    return isinstance(written, dict) and len(written) < len(items)
+
+
+# The longest key a redactor reads as a credential's name (``redaction.keys``).
+_KEY_NAME_MAX = 128
 
 
 def _keys_apart(items: list[tuple[Any, Any]]) -> dict[str, Any]:
@@ -211,8 +219,11 @@ def _keys_apart(items: list[tuple[Any, Any]]) -> dict[str, Any]:
         written = str(next(iter(to_jsonable_python({key: None}, fallback=str))))
         name, n = written, 1
         while name in kept:
-            # The type goes first: a redactor masks by how a key's name ends (``password``).
-            name = ("" if n == 1 else f"#{n} ") + f"({type(key).__name__}) {written}"
+            # The type goes first: a redactor masks by how a key's name ends (``password``),
+            # and only a name short enough to be one (so a long one keeps its end).
+            tag = ("" if n == 1 else f"#{n} ") + f"({type(key).__name__}) "
+            room = max(_KEY_NAME_MAX - len(tag), 1) if len(written) <= _KEY_NAME_MAX else None
+            name = tag + (written if room is None else written[-room:])
             n += 1
         kept[name] = v
     return kept
