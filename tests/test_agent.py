@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 from typing import Any
@@ -142,3 +143,19 @@ def test_a_copied_agent_is_the_same_agent_and_as_fixed() -> None:
         assert copied.revision == agent.revision and list(copied.tools) == ["book_seat"]
         with pytest.raises(AttributeError, match="fixed once made"):
             copied.instructions = "other"
+
+
+def test_a_pinned_tools_schema_is_read_only_all_the_way_down_and_still_json() -> None:
+    agent = _agent()
+    schema = agent.tools["book_seat"].parameters
+    for change in (
+        lambda: schema.__setitem__("type", "array"),
+        lambda: schema["properties"]["flight"].update(type="integer"),
+        lambda: schema["required"].append("x"),
+        lambda: schema["properties"].pop("flight"),
+    ):
+        with pytest.raises(TypeError, match="fixed once an agent holds it"):
+            change()
+    assert json.loads(json.dumps(schema)) == schema
+    assert copy.deepcopy(agent).tools["book_seat"].parameters == schema
+    assert _agent().revision == agent.revision

@@ -39,13 +39,14 @@ Found, and fixed (their tests pass now):
   clashing values was lost. It is handed the unclashed one now.
 * LOW: ``del agent.model`` then setting it passed ``Agent.__setattr__``; the same for a
   pinned tool. Both refuse a delete now.
+* LOW: a tool's ``parameters`` (its schema, what the model is told) changed in place kept
+  the agent's revision. Pinned, the schema is read-only all the way down now
+  (``tool_schema.read_only``).
 
-Left (strict xfails, LOW):
+Left (strict xfail, LOW):
 
 * a clashing dict inside a dataclass or a pydantic model is not walked (``_unclashed``
-  looks in plain containers only): a value is lost;
-* a tool's ``parameters`` (its schema, what the model is told) changed in place keeps the
-  agent's revision (``tools.py``: the schema dict is held as built, mutable).
+  looks in plain containers only): a value is lost.
 """
 
 from __future__ import annotations
@@ -395,11 +396,6 @@ def test_an_agents_tools_changed_in_place_do_not_keep_the_old_revision(how: str)
     assert agent.revision == now.revision
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: a pinned tool's parameters (tools.py, a mutable dict) changed in "
-    "place change what the model is told while the agent's revision stays the old one",
-)
 def test_a_tools_parameters_changed_in_place_do_not_keep_the_old_revision() -> None:
     booking = Tool(_book, name="book")
     agent = Agent("a", "x", [booking])

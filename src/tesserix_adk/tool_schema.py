@@ -166,3 +166,36 @@ def _unpassable(param: inspect.Parameter) -> str | None:
         # read back instead of the value the model sent (a method such as json is not).
         return f"named {param.name} (pydantic's own name)"
     return None
+
+
+def read_only(value: Any) -> Any:
+    """``value`` (a JSON schema) with its dicts and lists made read-only, all the way down:
+    what a tool's revision pins cannot be changed in place. They are still a ``dict`` and a
+    ``list`` to whatever reads them (an SDK, ``json``), and copy as themselves."""
+    if isinstance(value, dict):
+        return _ReadOnlyDict({k: read_only(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return _ReadOnlyList(read_only(v) for v in value)
+    return value
+
+
+def _refused(*_: Any, **__: Any) -> Any:
+    raise TypeError("a tool's schema is fixed once an agent holds it; make a new tool")
+
+
+class _ReadOnlyDict(dict[str, Any]):
+    __slots__ = ()
+    __setitem__ = __delitem__ = __ior__ = _refused
+    clear = pop = popitem = setdefault = update = _refused
+
+    def __reduce__(self) -> Any:
+        return (_ReadOnlyDict, (dict(self),))
+
+
+class _ReadOnlyList(list[Any]):
+    __slots__ = ()
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refused
+    append = extend = insert = pop = remove = clear = sort = reverse = _refused
+
+    def __reduce__(self) -> Any:
+        return (_ReadOnlyList, (list(self),))

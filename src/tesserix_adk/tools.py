@@ -25,7 +25,7 @@ from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import ToolCall
 from tesserix_adk.reconcile import Reconciler
 from tesserix_adk.tool_schema import CTX as _CTX
-from tesserix_adk.tool_schema import arguments_model, check_flags
+from tesserix_adk.tool_schema import arguments_model, check_flags, read_only
 
 __all__ = [
     "KeyFunction",
@@ -205,8 +205,11 @@ class Tool:
         object.__delattr__(self, name)
 
     def pin(self) -> None:
-        """Fix the tool as it is (``Agent`` does, as it computes its revision)."""
-        object.__setattr__(self, "_pinned", True)
+        """Fix the tool as it is (``Agent`` does, as it computes its revision): its fields
+        and its schema, which becomes read-only all the way down."""
+        if not getattr(self, "_pinned", False):
+            object.__setattr__(self, "parameters", read_only(self.parameters))
+            object.__setattr__(self, "_pinned", True)
 
     @property
     def keyed(self) -> bool:
