@@ -15,6 +15,7 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.checkpoint.redaction.keys import MAX_KEY_NAME
 from tesserix_adk.errors import AdkError, ToolOutcomeUnknownError
 from tesserix_adk.messages import ToolCall, ToolOutcome, int_as_text
 from tesserix_adk.run.attempt import Attempt
@@ -205,10 +206,6 @@ def _keys_clash(items: list[tuple[Any, Any]]) -> bool:
     return isinstance(written, dict) and len(written) < len(items)
 
 
-# The longest key a redactor reads as a credential's name (``redaction.keys``).
-_KEY_NAME_MAX = 128
-
-
 def _keys_apart(items: list[tuple[Any, Any]]) -> dict[str, Any]:
     """``items`` as a dict of text keys, none lost: text keys as they are, then each other
     key as JSON writes it, or, taken already, after its type (and a count if need be)."""
@@ -222,7 +219,7 @@ def _keys_apart(items: list[tuple[Any, Any]]) -> dict[str, Any]:
             # The type goes first: a redactor masks by how a key's name ends (``password``),
             # and only a name short enough to be one (so a long one keeps its end).
             tag = ("" if n == 1 else f"#{n} ") + f"({type(key).__name__}) "
-            room = max(_KEY_NAME_MAX - len(tag), 1) if len(written) <= _KEY_NAME_MAX else None
+            room = max(MAX_KEY_NAME - len(tag), 1) if len(written) <= MAX_KEY_NAME else None
             name = tag + (written if room is None else written[-room:])
             n += 1
         kept[name] = v

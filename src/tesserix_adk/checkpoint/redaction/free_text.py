@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import string
 
-from tesserix_adk.checkpoint.redaction.keys import _MAX_KEY, _key_kind
+from tesserix_adk.checkpoint.redaction.keys import MAX_KEY_NAME, _key_kind
 from tesserix_adk.checkpoint.redaction.patterns import _PLACEHOLDER, _PLACEHOLDER_TEXT
 
 # The last word of a credential-like key right before ``:`` or ``=``; the whole key is then
@@ -34,7 +34,7 @@ _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 _KEY_HINTS = ("pass", "pwd", "secret", "token", "key", "auth", "cookie", "credential")
 _HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 _KEY_CHAR_SET = frozenset(string.ascii_letters + string.digits + "_.-")
-_KEY_CHARS = re.compile(rf"[A-Za-z0-9_.\-]{{0,{_MAX_KEY}}}")
+_KEY_CHARS = re.compile(rf"[A-Za-z0-9_.\-]{{0,{MAX_KEY_NAME}}}")
 _DOUBLE_QUOTED = re.compile(r'[^"\\\n]*+(?:\\.[^"\\\n]*+)*+')
 _SINGLE_QUOTED = re.compile(r"[^'\\\n]*+(?:\\.[^'\\\n]*+)*+")
 _ESCAPED_QUOTED = re.compile(r'[^"\\\n]*+(?:\\[^"\n][^"\\\n]*+)*+')
@@ -121,7 +121,7 @@ def _mask_key_values(text: str) -> str:
         if m.start() < done:
             continue
         # The key's other words, read backwards from the one the pattern found.
-        floor = max(done, m.start() - _MAX_KEY)
+        floor = max(done, m.start() - MAX_KEY_NAME)
         head = text[floor : m.start()][::-1]
         key_start = m.start() - _KEY_CHARS.match(head).end()  # type: ignore[union-attr]
         if key_start == floor > done and text[floor - 1] in _KEY_CHAR_SET:

@@ -16,7 +16,7 @@ import re
 from functools import lru_cache
 
 # A key longer than this is never taken for a credential name (and is never worth caching).
-_MAX_KEY = 128
+MAX_KEY_NAME = 128
 
 # --- sensitive key names ----------------------------------------------------------------
 
@@ -154,6 +154,6 @@ def _kind_of(name: str) -> str | None:
 
 def _key_kind(key: str) -> str | None:
     """The kind a key masks as (``accessToken`` → ``token``), or ``None`` for an ordinary key."""
-    if len(key) > _MAX_KEY or len(key) < 3:
+    if len(key) > MAX_KEY_NAME or len(key) < 3:
         return None
     return _named_kind(key)
