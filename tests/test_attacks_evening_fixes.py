@@ -40,10 +40,10 @@ from typing import Any
 import pydantic
 import pytest
 
+from hostile_results import run_under_short_lease
 from tesserix_adk import (
     Agent,
     AgentRunner,
-    LeasePolicy,
     Resumer,
     RunStatus,
     ScriptedProvider,
@@ -58,40 +58,20 @@ from tesserix_adk.testing.faults import SimulatedCrash
 T = "t"
 
 
-async def _run_under_short_lease(value: Any) -> Any:
-    @tool(side_effects=False)
-    def listing(n: str) -> Any:
-        """List everything."""
-        return value
-
-    async with open_stores("memory://") as stores:
-        await stores.create_schema()
-        runner = AgentRunner.from_stores(
-            ScriptedProvider([[("listing", {"n": "1"})], "ok"]),
-            stores,
-            lease_policy=LeasePolicy(ttl=0.5, renew_within=0.25),
-        )
-        try:
-            run = await runner.run(Agent("a", "x", [listing]), "go", tenant=T, run_id="r")
-        except Exception as exc:
-            return exc
-        return run
-
-
 # ==========================================================================================
 # 19008dc: converted off the loop
 # ==========================================================================================
 
 
 def test_a_large_text_result_keeps_the_lease() -> None:
-    run = asyncio.run(_run_under_short_lease("x" * 25_000_000))
+    run = asyncio.run(run_under_short_lease("x" * 25_000_000))
     assert not isinstance(run, Exception), run
     assert run.status is RunStatus.completed
 
 
 def test_a_flat_result_of_big_ints_and_floats_completes_under_a_short_lease() -> None:
     value = [10**4200 + i for i in range(60)] + [1.5, float("inf"), -0.0, 10**18]
-    run = asyncio.run(_run_under_short_lease(value))
+    run = asyncio.run(run_under_short_lease(value))
     assert not isinstance(run, Exception), run
     assert run.status is RunStatus.completed
 

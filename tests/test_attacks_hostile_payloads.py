@@ -47,10 +47,10 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import booking
+from hostile_results import Witness, run_under_short_lease
 from tesserix_adk import (
     Agent,
     AgentRunner,
-    LeasePolicy,
     Message,
     ModelRequest,
     ModelResponse,
@@ -211,52 +211,15 @@ def _wide_and_deep(items: int) -> dict[str, Any]:
     return {"many": [0] * items, "deep": deep}
 
 
-async def _run_under_short_lease(value: Any) -> Any:
-    @tool(side_effects=False)
-    def listing(n: str) -> Any:
-        """List everything."""
-        return value
-
-    async with open_stores("memory://") as stores:
-        await stores.create_schema()
-        runner = AgentRunner.from_stores(
-            ScriptedProvider([[("listing", {"n": "1"})], "ok"]),
-            stores,
-            lease_policy=LeasePolicy(ttl=0.5, renew_within=0.25),
-        )
-        try:
-            return await runner.run(Agent("a", "x", [listing]), "go", tenant="t", run_id="r")
-        except Exception as exc:
-            return exc
-
-
-class _Witness:
-    """A value pydantic cannot write: its ``str`` (the fallback) notes whether it ran on
-    the thread of a running event loop, where a result of millions of such items holds
-    the loop (and its lease renewals) for as long as they take."""
-
-    def __init__(self, seen: list[bool]) -> None:
-        self.seen = seen
-
-    def __str__(self) -> str:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            self.seen.append(False)
-        else:
-            self.seen.append(True)
-        return "w"
-
-
 def test_a_tool_result_is_converted_off_the_event_loop() -> None:
     seen: list[bool] = []
-    run = asyncio.run(_run_under_short_lease({"many": [_Witness(seen)] * 3}))
+    run = asyncio.run(run_under_short_lease({"many": [Witness(seen)] * 3}))
     assert not isinstance(run, Exception) and run.status is RunStatus.completed, run
     assert seen and not any(seen), seen
 
 
 def test_a_deep_result_under_a_short_lease_completes() -> None:
-    run = asyncio.run(_run_under_short_lease(_wide_and_deep(10)))
+    run = asyncio.run(run_under_short_lease(_wide_and_deep(10)))
     assert not isinstance(run, Exception) and run.status is RunStatus.completed, run
 
 

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hostile_results import Witness
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, open_stores, tool
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.run.invoking import result_content
@@ -103,23 +104,6 @@ def test_a_secret_under_a_clashing_key_is_masked_as_under_its_text_key(
     assert len(written) == 2
 
 
-class _Witness:
-    """A value pydantic cannot write: its ``str`` notes whether it ran on the event loop's
-    thread (where millions of them would hold up lease renewals)."""
-
-    def __init__(self, seen: list[bool]) -> None:
-        self.seen = seen
-
-    def __str__(self) -> str:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            self.seen.append(False)
-        else:
-            self.seen.append(True)
-        return "w"
-
-
 async def test_a_result_a_cancelled_sync_tool_returned_is_converted_off_the_loop() -> None:
     """Cancelled while a sync tool runs, the run waits for its thread and records what it
     returned: converted in a thread too, as a live call's result is."""
@@ -131,7 +115,7 @@ async def test_a_result_a_cancelled_sync_tool_returned_is_converted_off_the_loop
         """Book a seat (a side effect)."""
         entered.set()
         gate.wait(10)
-        return {"many": [_Witness(seen)] * 3}
+        return {"many": [Witness(seen)] * 3}
 
     try:
         async with open_stores("memory://") as stores:
