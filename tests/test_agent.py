@@ -83,7 +83,6 @@ def test_bad_definitions_are_configuration_errors() -> None:
         ("model", "other"),
         ("revision", "sha256:0"),
         ("tools", {}),
-        ("max_iterations", 99),
     ],
 )
 def test_an_agent_is_fixed_once_made(field: str, value: Any) -> None:
@@ -159,3 +158,13 @@ def test_a_pinned_tools_schema_is_read_only_all_the_way_down_and_still_json() ->
     assert json.loads(json.dumps(schema)) == schema
     assert copy.deepcopy(agent).tools["book_seat"].parameters == schema
     assert _agent().revision == agent.revision
+
+
+def test_the_limits_the_revision_does_not_pin_can_be_set() -> None:
+    """A run may be resumed with other limits, so they are not fixed."""
+    agent = _agent()
+    before = agent.revision
+    agent.max_iterations = 3
+    agent.parallel_tool_calls = 2
+    agent.budget_micros = 10
+    assert (agent.max_iterations, agent.parallel_tool_calls, agent.revision) == (3, 2, before)

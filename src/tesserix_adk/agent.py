@@ -18,8 +18,9 @@ __all__ = ["Agent"]
 
 
 class Agent:
-    """An agent definition: instructions, tools, limits and an optional typed state; fixed
-    once made (its ``revision`` pins it)."""
+    """An agent definition: instructions, tools, limits and an optional typed state. What
+    its ``revision`` pins (name, instructions, model, tools) is fixed once made; the limits
+    are not."""
 
     __slots__ = (
         "budget_micros",
@@ -90,17 +91,17 @@ class Agent:
         self.revision = revision or self._computed_revision()
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # Fixed once made: the revision pins what the agent was made with, and a frontier
-        # written under it must not be resumed by an agent changed since under its old one.
-        # (A subclass's own attributes are its business.)
-        if name in Agent.__slots__ and hasattr(self, "revision") and hasattr(self, name):
+        # What the revision pins is fixed once made: a frontier written under it must not
+        # be resumed by an agent changed since under its old revision. Limits are not
+        # pinned (a run may be resumed with others), nor a subclass's own attributes.
+        if name in _PINNED and hasattr(self, "revision") and hasattr(self, name):
             raise AttributeError(
                 f"agent {self.name!r} is fixed once made (its revision pins it); make a new Agent"
             )
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
-        if name in Agent.__slots__ and hasattr(self, "revision"):
+        if name in _PINNED and hasattr(self, "revision"):
             raise AttributeError(f"agent {self.name!r} is fixed once made; make a new Agent")
         object.__delattr__(self, name)
 
@@ -128,6 +129,10 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, revision={self.revision[:15]}…)"
+
+
+# The fields the revision is computed from (and the revision itself).
+_PINNED = frozenset({"name", "instructions", "model", "tools", "revision"})
 
 
 class _Tools(Mapping[str, Tool]):

@@ -171,7 +171,8 @@ def _unpassable(param: inspect.Parameter) -> str | None:
 def read_only(value: Any) -> Any:
     """``value`` (a JSON schema) with its dicts and lists made read-only, all the way down:
     what a tool's revision pins cannot be changed in place. They are still a ``dict`` and a
-    ``list`` to whatever reads them (an SDK, ``json``), and copy as themselves."""
+    ``list`` to whatever reads them (an SDK, ``json``), and a copy of them (``copy``,
+    ``deepcopy``, ``pickle``) is a plain one, which a provider may adapt as it likes."""
     if isinstance(value, dict):
         return _ReadOnlyDict({k: read_only(v) for k, v in value.items()})
     if isinstance(value, list):
@@ -189,7 +190,7 @@ class _ReadOnlyDict(dict[str, Any]):
     clear = pop = popitem = setdefault = update = _refused
 
     def __reduce__(self) -> Any:
-        return (_ReadOnlyDict, (dict(self),))
+        return (dict, (dict(self),))
 
 
 class _ReadOnlyList(list[Any]):
@@ -198,4 +199,4 @@ class _ReadOnlyList(list[Any]):
     append = extend = insert = pop = remove = clear = sort = reverse = _refused
 
     def __reduce__(self) -> Any:
-        return (_ReadOnlyList, (list(self),))
+        return (list, (list(self),))

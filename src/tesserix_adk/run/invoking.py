@@ -159,7 +159,7 @@ def result_content(result: Any) -> Any:
     except Exception:
         prepared = result  # a mapping that cannot be walked: written as pydantic can
     try:
-        content = to_jsonable_python(prepared, fallback=str)
+        content = to_jsonable_python(prepared, fallback=_unknown)
     except Exception:
         content = _written_otherwise(prepared)
     if isinstance(content, int) and not isinstance(content, bool):
@@ -179,7 +179,7 @@ def _unclashed(value: Any, path: set[int]) -> Any:
     path.add(id(value))
     try:
         if isinstance(value, Mapping):
-            given = list(value.items())
+            given = list(value.items()) if type(value) is dict else _grouped(value)
             items = [(k, _unclashed(v, path)) for k, v in given]
             if not all(type(k) is str for k, _ in given) and _keys_clash(given):
                 return _keys_apart(items)
@@ -196,6 +196,31 @@ def _unclashed(value: Any, path: set[int]) -> Any:
         return inner
     finally:
         path.discard(id(value))
+
+
+def _grouped(mapping: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
+    """The items of a mapping that is not a dict, a key its items repeat (a multidict:
+    query parameters, headers) holding the list of its values, in their order. A multidict
+    whose ``items`` gives one value a key (starlette's, httpx's) gives every one through
+    ``multi_items``."""
+    every = getattr(mapping, "multi_items", None)
+    pairs = every() if callable(every) else mapping.items()
+    values: dict[Any, list[Any]] = {}
+    for key, value in pairs:
+        values.setdefault(key, []).append(value)
+    return [(k, vs[0] if len(vs) == 1 else vs) for k, vs in values.items()]
+
+
+def _unknown(value: Any) -> Any:
+    """What pydantic is handed for a value it cannot write: a mapping (one inside a
+    dataclass or a model too) as its items, so each value sits under its key, where a
+    redactor masks it by name and none is lost; anything else as its ``str``."""
+    if isinstance(value, Mapping):
+        try:
+            return _unclashed(value, set())
+        except Exception:
+            pass
+    return str(value)
 
 
 def _keys_clash(items: list[tuple[Any, Any]]) -> bool:
@@ -232,9 +257,9 @@ def _written_otherwise(result: Any) -> Any:
     try:
         prepared = _as_text(result, set())
         try:
-            return to_jsonable_python(prepared, fallback=str)
+            return to_jsonable_python(prepared, fallback=_unknown)
         except UnicodeDecodeError:
-            return to_jsonable_python(prepared, fallback=str, bytes_mode="base64")
+            return to_jsonable_python(prepared, fallback=_unknown, bytes_mode="base64")
     except Exception:
         return _last_text(result)
 

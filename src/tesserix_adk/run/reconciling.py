@@ -24,7 +24,7 @@ from tesserix_adk.leases import NEVER_RAN_MARGIN, never_ran_wait
 from tesserix_adk.messages import ToolCall, ToolOutcome
 from tesserix_adk.reconcile import Reconciled, ReconciledAs
 from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.run.invoking import error_text, result_content
+from tesserix_adk.run.invoking import converted, error_text
 from tesserix_adk.run.parts import RunParts
 from tesserix_adk.run.recording import redacted_record
 from tesserix_adk.stores.grouping import outside_scope
@@ -92,7 +92,7 @@ async def reconcile_in_doubt(
         elif answer.found is ReconciledAs.completed:
             try:
                 # What the tool would have returned, made JSON data as its own result is.
-                content = result_content(answer.content)
+                content = await converted(answer.content)
                 outcome = ToolOutcome(call_id=pc.call_id or "", content=content)
                 # Off the event loop when large, as a tool's own result is.
                 encoded = (

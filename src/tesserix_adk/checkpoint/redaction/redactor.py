@@ -335,11 +335,12 @@ class Redactor:
                     new_key = self._text(key, 0)
                     changed = changed or new_key != key
                     item_kind = _key_kind(key) or kind
-                    # Two keys that are secrets themselves may mask alike: kept apart, so
-                    # the record loses no value the transcript (JSON text) still holds.
-                    count = 2
-                    while new_key != key and new_key in out:
-                        new_key = f"{self._text(key, 0)} #{count}"
+                    # Two keys that are secrets themselves may mask alike, or one mask
+                    # like a key beside it: kept apart, so the record loses no value the
+                    # transcript (JSON text) still holds.
+                    masked, count = new_key, 2
+                    while new_key in out:
+                        new_key = f"{masked} #{count}"
                         count += 1
                 out[new_key], item_changed = self._walk(item, item_kind)
                 changed = changed or item_changed
