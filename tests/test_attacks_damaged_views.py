@@ -1,6 +1,6 @@
 """What an on-call engineer sees when one run's rows are damaged by hand (a bad restore, a
 hand ``UPDATE``, a Redis ``HSET``/``DEL``/``SET``), after the listings learnt to read the
-parked entries run by run (``run.entries.parked_entries``, ``stores.rows.listed_items``).
+parked entries run by run (``run.entries.tenant_entries``, ``stores.rows.listed_items``).
 
 Real ``tesserix`` commands (in process), the console (``TestClient``) and ``Worker``s over a
 SQLite file, the test Redis (a key prefix of its own) and PostgreSQL (a schema of its own),

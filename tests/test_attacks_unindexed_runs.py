@@ -210,7 +210,7 @@ def test_a_run_resumed_while_the_listing_reads_is_not_said_to_be_missing(
             await stores.create_schema()
             await _died(stores, sent)
             await _lose(backend, url)
-            real = reads.parked_entries
+            real = reads.tenant_entries
 
             async def then_resumed(*args: Any) -> Any:
                 read = await real(*args)
@@ -224,7 +224,7 @@ def test_a_run_resumed_while_the_listing_reads_is_not_said_to_be_missing(
                     )
                 return read
 
-            monkeypatch.setattr(reads, "parked_entries", then_resumed)
+            monkeypatch.setattr(reads, "tenant_entries", then_resumed)
             listed = await _console_stuck(stores)
             assert await stores.work.entry(T, "r") is not None
             assert await _status(stores) == "running"

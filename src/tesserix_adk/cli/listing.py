@@ -26,7 +26,7 @@ from tesserix_adk.cli.jsonout import emit, lease_json, when
 from tesserix_adk.cli.reasons import blocked, failure_reason, lost_to_workers, open_calls, waits
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
-from tesserix_adk.run.entries import damage, parked_entries
+from tesserix_adk.run.entries import damage, tenant_entries
 from tesserix_adk.run.unstarted import unstarted_runs
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import run_listing
@@ -160,7 +160,7 @@ async def _rows(
     checkpointer = Checkpointer.from_stores(stores)
     rows: list[dict[str, Any]] = []
     listed = await run_listing(stores.checkpoints).runs(args.tenant)
-    entries = await parked_entries(stores, args.tenant, listed)
+    entries = await tenant_entries(stores, args.tenant, listed)
     for run_id in listed:
         try:
             cp = await checkpointer.latest(args.tenant, run_id)

@@ -23,7 +23,7 @@ from tesserix_adk.errors import (
     ConfigurationError,
 )
 from tesserix_adk.messages import Message, Usage
-from tesserix_adk.run.entries import damage, parked_entries, shown_entry
+from tesserix_adk.run.entries import damage, shown_entry, tenant_entries
 from tesserix_adk.run.unstarted import Unstarted, unstarted_runs
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.capabilities import ledger_totals, run_listing, step_history
@@ -143,7 +143,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
     # A run that cannot be read is shown whatever the filter (its status or agent cannot
     # be told), as `tesserix runs` shows it: it waits for a person, as a parked one does.
     listed = await run_listing(stores.checkpoints).runs(tenant)
-    entries = await parked_entries(stores, tenant, listed)
+    entries = await tenant_entries(stores, tenant, listed)
     for run_id in listed:
         try:
             cp = await checkpointer.latest(tenant, run_id)

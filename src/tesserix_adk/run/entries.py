@@ -13,7 +13,7 @@ from tesserix_adk.errors import CheckpointCorruptError
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import WorkItem, WorksAroundDamage, WorkState
 
-__all__ = ["TenantEntries", "damage", "parked_entries", "shown_entry"]
+__all__ = ["TenantEntries", "damage", "tenant_entries", "shown_entry"]
 
 
 def damage(exc: BaseException | str) -> str:
@@ -49,7 +49,7 @@ class TenantEntries:
         return self.states.get(run_id, WorkState.done) is WorkState.done
 
 
-async def parked_entries(stores: Stores, tenant: str, run_ids: Collection[str]) -> TenantEntries:
+async def tenant_entries(stores: Stores, tenant: str, run_ids: Collection[str]) -> TenantEntries:
     """The tenant's entries as ``TenantEntries``: from listings that go on past damage
     (``WorksAroundDamage``); from an index without, one listing of every state when every
     entry reads, else each of ``run_ids`` read alone (``WorkIndex.entry``), so the damage is
