@@ -159,13 +159,40 @@ def result_content(result: Any) -> Any:
     except Exception:
         prepared = result  # a mapping that cannot be walked: written as pydantic can
     try:
-        content = to_jsonable_python(prepared, fallback=_unknown)
+        content = _in_pieces(prepared, 0)
     except Exception:
         content = _written_otherwise(prepared)
     if isinstance(content, int) and not isinstance(content, bool):
         # Alone, as text: the model is told it alike first and from its record.
         return int_as_text(content)
     return content
+
+
+# One call into pydantic-core keeps the GIL for its whole length (about half a second for
+# a million rows), so the event loop's lease renewals wait even while a worker thread
+# converts: a long list is converted this many items at a time.
+_PIECE = 10_000
+
+
+def _in_pieces(value: Any, depth: int) -> Any:
+    """``to_jsonable_python(value)``, a long list (at the top, or under a dict's key a few
+    levels down) a piece at a time, so that other threads run between the pieces."""
+    kind = type(value)
+    if depth < 3 and (kind is list or kind is tuple) and len(value) > _PIECE:
+        out: list[Any] = []
+        for start in range(0, len(value), _PIECE):
+            piece = list(value[start : start + _PIECE])
+            out.extend(to_jsonable_python(piece, fallback=_unknown))
+        return out
+    if depth < 3 and kind is dict and any(type(v) in (list, tuple, dict) for v in value.values()):
+        return {_written_key(k): _in_pieces(v, depth + 1) for k, v in value.items()}
+    return to_jsonable_python(value, fallback=_unknown)
+
+
+def _written_key(key: Any) -> str:
+    if type(key) is str:
+        return key
+    return str(next(iter(to_jsonable_python({key: None}, fallback=_unknown))))
 
 
 def _unclashed(value: Any, path: set[int]) -> Any:
@@ -204,7 +231,10 @@ def _grouped(mapping: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
     whose ``items`` gives one value a key (starlette's, httpx's) gives every one through
     ``multi_items``."""
     every = getattr(mapping, "multi_items", None)
-    pairs = every() if callable(every) else mapping.items()
+    try:
+        pairs = every() if callable(every) else mapping.items()
+    except Exception:
+        pairs = mapping.items()  # a multidict that reads one way only
     values: dict[Any, list[Any]] = {}
     for key, value in pairs:
         values.setdefault(key, []).append(value)
@@ -306,5 +336,7 @@ def _as_key(key: Any, path: set[int]) -> Any:
 
 def _stub_result(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return {**value, "stub": True}
+        # Its items as a multidict gives them, each value kept; the stub mark beside them.
+        items = list(value.items()) if type(value) is dict else _grouped(value)
+        return {**dict(items), "stub": True}
     return {"stub": True, "value": value}

@@ -2,6 +2,7 @@
 validation messages.
 
 A credential-named key masks its value in free text too (``password=…``, ``"token": "…"``,
+``('x-api-key', '…')``,
 ``Authorization: Basic …`` keeps the scheme). A pydantic ``input_value=…`` is masked whole
 when its field is named like a secret or anything in it is a secret (pydantic cuts long
 values short, so a partial mask would leave the tail). Both scans are linear: they anchor on
@@ -24,8 +25,12 @@ from tesserix_adk.checkpoint.redaction.patterns import _PLACEHOLDER, _PLACEHOLDE
 _KEY_WORD = re.compile(
     r"(?P<word>(?:pass(?:word|wd|phrase)|pwd|secret|token|api[_-]?key"
     r"|(?:secret|private|access)[_-]?key|authorization|cookie|credential)s?)"
-    # A separator may end the name (``DB_PASSWORD_=``), as it may a key in data.
-    r"[_.-]{0,8}+(?P<close>\\?[\"'])?[ \t]{0,16}+(?P<sep>[:=])(?![:=])[ \t]{0,16}+"
+    # A separator may end the name (``DB_PASSWORD_=``), as it may a key in data. A quoted
+    # key may also be followed by a comma and a quoted value: a ``('x-api-key', '…')`` pair,
+    # as the text of headers, a multidict or ``dict.items()`` writes one.
+    r"[_.-]{0,8}+(?P<close>\\?[\"'])?[ \t]{0,16}+"
+    r"(?:(?P<sep>[:=])(?![:=])|(?(close),(?=[ \t]{0,16}+[bBrRuU]{0,2}[\"'])|(?!)))"
+    r"[ \t]{0,16}+"
 )
 # A whole number ending the value (a space, a delimiter or the end after it): a count,
 # after a plural ``tokens``. ``123456789:AAH…`` (a bot token) is no count.
