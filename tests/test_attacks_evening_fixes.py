@@ -63,6 +63,9 @@ T = "t"
 # ==========================================================================================
 
 
+# A 0.5 s lease against other processes' load: in the ADK_SLOW=1 run (README, Testing);
+# tests/run/test_result_content.py checks the pieces themselves in every run.
+@pytest.mark.slow
 def test_a_large_text_result_keeps_the_lease() -> None:
     run = asyncio.run(run_under_short_lease("x" * 25_000_000))
     assert not isinstance(run, Exception), run

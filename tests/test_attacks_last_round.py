@@ -452,6 +452,9 @@ def test_a_clashing_dict_inside_an_object_pydantic_walks_loses_no_value(
 # --- the lease while a large result is converted -----------------------------------------
 
 
+# A 0.5 s lease against other processes' load: in the ADK_SLOW=1 run (README, Testing);
+# tests/run/test_result_content.py checks the pieces themselves in every run.
+@pytest.mark.slow
 def test_a_million_rows_converted_in_a_thread_keep_the_lease() -> None:
     rows = [(7, "seat", 1.5)] * 1_500_000  # rows of a query: one tuple repeated, to spare memory
     ran = asyncio.run(run_under_short_lease(rows))

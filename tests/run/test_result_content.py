@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hostile_results import Witness
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, open_stores, tool
 from tesserix_adk.checkpoint.redaction import Redactor
+from tesserix_adk.run import invoking
 from tesserix_adk.run.invoking import result_content
 from tesserix_adk.stores.protocols import RecordStatus
 
@@ -134,3 +135,33 @@ async def test_a_result_a_cancelled_sync_tool_returned_is_converted_off_the_loop
         gate.set()
     assert record.status is RecordStatus.completed
     assert seen and not any(seen), seen
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["flat", "pages", "huge-dict", "four-levels-down"],
+)
+def test_a_result_of_many_values_is_converted_in_pieces(
+    shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One call into pydantic-core keeps the GIL for its whole length, so a result of
+    hundreds of thousands of values goes to it in pieces of about ``_PIECE`` values,
+    however they nest, and comes back the same as in one call."""
+    row = (7, "seat", 1.5)
+    value: Any = {
+        "flat": [row] * 300_000,
+        "pages": [[row] * 1_000] * 300,
+        "huge-dict": dict.fromkeys([f"k{i}" for i in range(300_000)], 1.5),
+        "four-levels-down": {"a": {"b": {"c": {"d": [row] * 300_000}}}},
+    }[shape]
+    sizes: list[int] = []
+    one_call = invoking.to_jsonable_python
+
+    def counted(data: Any, **kwargs: Any) -> Any:
+        sizes.append(invoking._items(data, 10**9))
+        return one_call(data, **kwargs)
+
+    monkeypatch.setattr(invoking, "to_jsonable_python", counted)
+    written = result_content(value)
+    assert len(sizes) > 10 and max(sizes) <= 2 * invoking._PIECE, (len(sizes), max(sizes))
+    assert written == one_call(value, fallback=str)

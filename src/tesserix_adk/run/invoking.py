@@ -9,7 +9,7 @@ import copy
 import functools
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pydantic_core import to_jsonable_python
@@ -159,7 +159,7 @@ def result_content(result: Any) -> Any:
     except Exception:
         prepared = result  # a mapping that cannot be walked: written as pydantic can
     try:
-        content = _in_pieces(prepared, 0)
+        content = _in_pieces(prepared)
     except Exception:
         content = _written_otherwise(prepared)
     if isinstance(content, int) and not isinstance(content, bool):
@@ -170,23 +170,72 @@ def result_content(result: Any) -> Any:
 
 # One call into pydantic-core keeps the GIL for its whole length (about half a second for
 # a million rows), so the event loop's lease renewals wait even while a worker thread
-# converts: a long list is converted this many items at a time.
+# converts: a result of more items than this is converted a piece of about as many at a
+# time, however its items are nested.
 _PIECE = 10_000
 
 
-def _in_pieces(value: Any, depth: int) -> Any:
-    """``to_jsonable_python(value)``, a long list (at the top, or under a dict's key a few
-    levels down) a piece at a time, so that other threads run between the pieces."""
+def _in_pieces(value: Any) -> Any:
+    """``to_jsonable_python(value)``, in pieces of about ``_PIECE`` items when it holds
+    more, so that other threads run between the pieces."""
+    if _items(value, _PIECE) <= _PIECE:
+        return to_jsonable_python(value, fallback=_unknown)
     kind = type(value)
-    if depth < 3 and (kind is list or kind is tuple) and len(value) > _PIECE:
+    if kind is list or kind is tuple:
         out: list[Any] = []
-        for start in range(0, len(value), _PIECE):
-            piece = list(value[start : start + _PIECE])
-            out.extend(to_jsonable_python(piece, fallback=_unknown))
+        for batch, big in _batches(value):
+            if big:
+                out.append(_in_pieces(batch[0]))
+            else:
+                out.extend(to_jsonable_python(batch, fallback=_unknown))
         return out
-    if depth < 3 and kind is dict and any(type(v) in (list, tuple, dict) for v in value.values()):
-        return {_written_key(k): _in_pieces(v, depth + 1) for k, v in value.items()}
+    if kind is dict:
+        return {_written_key(k): _in_pieces(v) for k, v in value.items()}
     return to_jsonable_python(value, fallback=_unknown)
+
+
+def _batches(values: Any) -> Iterator[tuple[list[Any], bool]]:
+    """``values`` as lists of about ``_PIECE`` items in all, each with whether it is one
+    value holding more than that alone (converted in pieces of its own)."""
+    batch: list[Any] = []
+    held = 0
+    for value in values:
+        count = _items(value, _PIECE)
+        if count > _PIECE:
+            if batch:
+                yield batch, False
+                batch, held = [], 0
+            yield [value], True
+            continue
+        if held + count > _PIECE and batch:
+            yield batch, False
+            batch, held = [], 0
+        batch.append(value)
+        held += count
+    if batch:
+        yield batch, False
+
+
+def _items(value: Any, past: int) -> int:
+    """How many values ``value`` holds in its lists, tuples and dicts (itself counted),
+    counted only until over ``past``."""
+    total = 0
+    pending: list[Iterator[Any]] = [iter((value,))]
+    while pending and total <= past:
+        item: Any = next(pending[-1], _END)
+        if item is _END:
+            pending.pop()
+            continue
+        total += 1
+        kind = type(item)
+        if kind is list or kind is tuple:
+            pending.append(iter(item))
+        elif kind is dict:
+            pending.append(iter(item.values()))
+    return total
+
+
+_END = object()
 
 
 def _written_key(key: Any) -> str:

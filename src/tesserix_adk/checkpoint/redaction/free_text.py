@@ -29,7 +29,8 @@ _KEY_WORD = re.compile(
     # key may also be followed by a comma and a quoted value: a ``('x-api-key', '…')`` pair,
     # as the text of headers, a multidict or ``dict.items()`` writes one.
     r"[_.-]{0,8}+(?P<close>\\?[\"'])?[ \t]{0,16}+"
-    r"(?:(?P<sep>[:=])(?![:=])|(?(close),(?=[ \t]{0,16}+[bBrRuU]{0,2}[\"'])|(?!)))"
+    r"(?:(?P<sep>[:=])(?![:=])|(?(close)(?P<comma>,)[ \t\r\n]{0,16}+"
+    r"(?=(?:bytearray\(|bytes\()?[bBrRuU]{0,2}\\?[\"'])|(?!)))"
     r"[ \t]{0,16}+"
 )
 # A whole number ending the value (a space, a delimiter or the end after it): a count,
@@ -48,6 +49,8 @@ _UNQUOTED = re.compile(r"[^\s,;&\"'()\[\]{}<>]*+")
 # quote after it opens the value, as a repr of bytes under a credential key writes it.
 _STRING_PREFIX = re.compile(r"(?:bytearray\(|bytes\()?[bBrRuUfF][bBrRfF]?(?=[\"'])")
 _TO_LINE_END = re.compile(r"[^\r\n]*+")
+# The opening quote of a literal right after another (only space between).
+_NEXT_LITERAL = re.compile(r"[ \t\r\n]{1,16}+([\"'])")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,20}+ ++(?=\S)")
 _JSON_LITERAL = re.compile(r"(?:-?[0-9][0-9.eE+-]*+|true|false|null)(?![A-Za-z0-9_])")
 
@@ -187,6 +190,10 @@ def _value_span(
         end = body.match(text, pos + 1).end()  # type: ignore[union-attr]
         if end == pos + 1 or text.startswith(_PLACEHOLDER_TEXT, pos + 1):
             return None
+        # A value written as literals that continue it (``'Token '\n  '…'``, as pprint
+        # wraps a long one): the rest of them is the value too.
+        while (more := _NEXT_LITERAL.match(text, end + 1)) is not None and more.group(1) == quote:
+            end = body.match(text, more.end()).end()  # type: ignore[union-attr]
         return pos + 1, end
     if quote in _CLOSES and _STRUCTURE_START.match(text, pos):
         # A list or object (``"token": ["…"]`` in an error's JSON): all of it, as a

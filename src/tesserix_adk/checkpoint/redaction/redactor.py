@@ -288,15 +288,34 @@ class Redactor:
         done = 0
         # Per open container: whether it is an object, and the kind its strings inherit.
         stack: list[tuple[bool, str | None]] = []
+        # Per open array: its items so far, the credential kind its first string names, and
+        # its second item when a string (a ``["x-api-key", "…"]`` pair masks it at ``]``).
+        pairs: list[list[Any]] = []
         value_kind: str | None = None  # the kind of the key whose value comes next
         for m in _JSON_TOKEN.finditer(text):
             token = m.group(0)
             in_object, inherited = stack[-1] if stack else (False, None)
             if token in ("{", "["):
+                if not in_object and pairs:
+                    pairs[-1][0] += 1
                 stack.append((token == "{", value_kind if in_object else inherited))
+                if token == "[":
+                    pairs.append([0, None, None])
                 continue
             if token in ("}", "]"):
                 stack.pop()
+                if token == "]":
+                    count, kind, second = pairs.pop()
+                    if (
+                        count == 2
+                        and kind is not None
+                        and second is not None
+                        and second.start() >= done
+                        and second.group(0) != '""'
+                    ):
+                        out.append(text[done : second.start()])
+                        out.append(json.dumps(f"[redacted:{kind}]"))
+                        done = second.end()
                 continue
             decoded = json.loads(token) if "\\" in token else token[1:-1]
             if in_object and _JSON_COLON.match(text, m.end()):
@@ -305,6 +324,13 @@ class Redactor:
             else:
                 kind = value_kind if in_object else inherited
                 masked = self._mask_under(kind, decoded, depth + 1, inside)
+                if not in_object and pairs:
+                    level = pairs[-1]
+                    level[0] += 1
+                    if level[0] == 1:
+                        level[1] = _key_kind(decoded)
+                    elif level[0] == 2 and masked == decoded:
+                        level[2] = m
             if masked != decoded:
                 out.append(text[done : m.start()])
                 out.append(json.dumps(masked, ensure_ascii=False))
@@ -346,9 +372,23 @@ class Redactor:
                 changed = changed or item_changed
             return out, changed
         if isinstance(data, list | tuple):
+            pair_kind = _pair_kind(data)
+            if pair_kind is not None:
+                # A (name, value) pair, as headers' items or a header list hold one: the
+                # value is masked as it would be under that name in a mapping.
+                name, name_changed = self._walk(data[0], kind)
+                value, value_changed = self._walk(data[1], pair_kind)
+                return [name, value], name_changed or value_changed
             items = [self._walk(item, kind) for item in data]
             return [item for item, _ in items], any(c for _, c in items)
         return data, False
+
+
+def _pair_kind(data: list[Any] | tuple[Any, ...]) -> str | None:
+    """The credential kind a ``[name, value]`` pair's name gives its value, or ``None``."""
+    if len(data) != 2 or not isinstance(data[0], str) or isinstance(data[1], list | tuple):
+        return None
+    return _key_kind(data[0])
 
 
 def default_redactor() -> Redactor:
