@@ -165,3 +165,23 @@ def test_a_result_of_many_values_is_converted_in_pieces(
     written = result_content(value)
     assert len(sizes) > 10 and max(sizes) <= 2 * invoking._PIECE, (len(sizes), max(sizes))
     assert written == one_call(value, fallback=str)
+
+
+_PAIR_NAMES = st.sampled_from(["x-api-key", "Authorization", "token", "accept", "user"])
+_PAIR_VALUES = st.one_of(
+    st.text(min_size=1, max_size=6),
+    st.integers(0, 9),
+    st.dictionaries(st.sampled_from(["a", "b"]), st.text(max_size=3), max_size=2),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(pairs=st.lists(st.tuples(_PAIR_NAMES, _PAIR_VALUES).map(list), max_size=4))
+def test_pairs_are_masked_alike_as_data_and_as_json_text(pairs: list[Any]) -> None:
+    """A record keeps a result as data; the transcript keeps it as JSON text: a
+    ``[name, value]`` pair is masked the same in both, so a resumed model is told what the
+    record holds."""
+    redactor = Redactor()
+    as_data = redactor.value(pairs)
+    as_text = json.loads(redactor.text(json.dumps(pairs)))
+    assert as_data == as_text

@@ -385,8 +385,9 @@ class Redactor:
 
 
 def _pair_kind(data: list[Any] | tuple[Any, ...]) -> str | None:
-    """The credential kind a ``[name, value]`` pair's name gives its value, or ``None``."""
-    if len(data) != 2 or not isinstance(data[0], str) or isinstance(data[1], list | tuple):
+    """The credential kind a ``[name, value]`` pair's name gives its text value, or
+    ``None``: only text, as the JSON-text walker masks the same pair in a transcript."""
+    if len(data) != 2 or not isinstance(data[0], str) or not isinstance(data[1], str):
         return None
     return _key_kind(data[0])
 
