@@ -21,6 +21,8 @@ at 1,500-5,000 examples per test; every class found is below, with a strict xfai
 
 Excluded from the properties, exactly (each predicate below names its class):
 
+* A list of two texts whose first names a credential: README says its second is masked
+  (a ``[name, value]`` pair, as headers' items hold one), which the oracle does not model.
 * README's limits: a passphrase's later words (``key: value`` lines check one-word
   values only), a repr of JSON text (``error_repr_of_json`` with a structure under a
   credential key holding a quote, backslash, bracket or non-ASCII string), a name ending
@@ -373,7 +375,20 @@ def limit_repr_of_json_text(form: str, value: Any) -> bool:
     )
 
 
+def holds_a_pair(value: Any) -> bool:
+    """A list of two texts whose first names a credential (``["x-api-key", "…"]``): its
+    second is masked as under that name (README), which the oracle does not model."""
+    if isinstance(value, dict):
+        return any(holds_a_pair(v) for v in value.values())
+    if isinstance(value, list):
+        pair = len(value) == 2 and all(isinstance(v, str) for v in value)
+        return (pair and _key_kind(value[0]) is not None) or any(map(holds_a_pair, value))
+    return False
+
+
 def excluded(form: str, value: Any) -> str | None:
+    if holds_a_pair(value):
+        return "README: a [name, value] pair whose name is a credential's masks its value"
     if limit_repr_of_json_text(form, value):
         return "README: a repr of JSON text"
     if form == "query" and any(name.endswith(".PWD") for name, _ in flat(value)):
@@ -423,6 +438,8 @@ def test_rendered_data_is_masked_by_the_oracle(form: str, value: dict[str, Any])
 @settings(max_examples=200, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=data)
 def test_value_agrees_with_the_oracle(value: dict[str, Any]) -> None:
+    if holds_a_pair(value):
+        return  # README: a pair masks its value (tests/run/test_result_content.py)
     out = R.value(value)
     assert leaked(json.dumps(out)) == []
     for at, under, s in leaves(value):

@@ -152,6 +152,8 @@ def _mask_key_values(text: str) -> str:
         )
         if span is None:
             continue
+        if m.group("comma") is not None and not _a_pair(text, key_start, span[1]):
+            continue  # a name and a comma inside a longer list or an object: no pair
         start, end = span
         out.append(text[done:start])
         out.append(f"[redacted:{kind}]")
@@ -160,6 +162,18 @@ def _mask_key_values(text: str) -> str:
         return text
     out.append(text[done:])
     return "".join(out)
+
+
+# Around a pair: its opening before the name's quote, its close after the value's.
+_PAIR_OPEN = re.compile(r"[\[(][ \t\r\n]{0,16}+[bBrRuU]{0,2}\\?[\"']\Z")
+_PAIR_CLOSE = re.compile(r"\\?[\"'][ \t\r\n]{0,16}+,?[ \t\r\n]{0,16}+[\])]")
+
+
+def _a_pair(text: str, key_start: int, value_end: int) -> bool:
+    """Whether the name at ``key_start`` and the value ending at ``value_end`` are the two
+    items of a pair: ``('x-api-key', '…')``, ``["x-api-key", "…"]``."""
+    before = text[max(0, key_start - 20) : key_start]
+    return _PAIR_OPEN.search(before) is not None and bool(_PAIR_CLOSE.match(text, value_end))
 
 
 _ESCAPE = re.compile(r"x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.", re.DOTALL)
