@@ -43,14 +43,15 @@ Found, and fixed (their tests pass now):
 * LOW: a multidict whose ``multi_items`` raises is read through ``items``; a replay stub's
   multidict keeps every value of a repeated key (``_stub_result``).
 
-Left (strict xfails):
+Found, and fixed later (``run/result_data``: ``_object_unclashed``, ``_key_name``):
 
 * MEDIUM ``test_a_clashing_dict_inside_an_object_pydantic_walks_loses_no_value``: a dict
   whose keys JSON writes alike (``1`` and ``"1"``) inside a dataclass or a pydantic model
-  is written by pydantic itself: one value is lost (the night attack's LOW, by another
-  road).
-* LOW: a dict with one key whose ``str`` and ``repr`` both raise is written as ``<a dict
-  that cannot be written as text>``: every other value is lost.
+  was written by pydantic itself: one value was lost (the night attack's LOW, by another
+  road). Such an object is walked as pydantic walks it, in Python mode, keys kept apart.
+* LOW: a dict with one key whose ``str`` and ``repr`` both raise was written as ``<a dict
+  that cannot be written as text>``: every other value was lost. That key alone is now
+  written as what it is.
 """
 
 from __future__ import annotations
@@ -428,14 +429,6 @@ class Model(BaseModel):
     codes: dict[Any, Any]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "DEFECT MEDIUM: a dict whose keys JSON writes alike (1 and '1') inside a dataclass or "
-        "a pydantic model is written by pydantic itself (run/invoking._unclashed walks only "
-        "plain containers, _unknown sees only mappings pydantic cannot write): a value lost"
-    ),
-)
 @pytest.mark.parametrize("holder", ["dataclass", "pydantic-model"])
 def test_a_clashing_dict_inside_an_object_pydantic_walks_loses_no_value(
     holder: str, tmp_path: Path
@@ -486,17 +479,7 @@ class Unwritable:
     "which",
     [
         "multi-items-raise",
-        pytest.param(
-            "one-unwritable-key",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=(
-                    "DEFECT LOW: a dict with one key whose str and repr raise is written as "
-                    "'<a dict that cannot be written as text>': every other value silently "
-                    "lost (run/invoking._written_otherwise)"
-                ),
-            ),
-        ),
+        "one-unwritable-key",
     ],
 )
 def test_a_mapping_readable_one_way_loses_no_value(which: str, tmp_path: Path) -> None:

@@ -43,10 +43,11 @@ Found, and fixed (their tests pass now):
   the agent's revision. Pinned, the schema is read-only all the way down now
   (``tool_schema.read_only``).
 
-Left (strict xfail, LOW):
+Found, and fixed later (LOW):
 
-* a clashing dict inside a dataclass or a pydantic model is not walked (``_unclashed``
-  looks in plain containers only): a value is lost.
+* a clashing dict inside a dataclass or a pydantic model was not walked (``_unclashed``
+  looked in plain containers only): a value was lost. ``run/result_data._object_unclashed``
+  walks it as pydantic does.
 """
 
 from __future__ import annotations
@@ -336,12 +337,6 @@ class _Model(pydantic.BaseModel):
     m: dict[Any, Any]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: a clashing dict inside a dataclass or pydantic model is not walked "
-    "(run/invoking._unclashed: plain containers only): a value is lost, though README says "
-    "no value is lost",
-)
 @pytest.mark.parametrize("holder", [_Held, _Model], ids=["dataclass", "pydantic"])
 def test_a_clashing_dict_inside_an_object_loses_no_value(holder: Any) -> None:
     written = json.dumps(result_content(holder(m={1: "kept-a", "1": "kept-b"})), default=str)

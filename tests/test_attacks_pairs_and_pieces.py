@@ -89,8 +89,9 @@ from tesserix_adk import (
 )
 from tesserix_adk.checkpoint.redaction.redactor import default_redactor
 from tesserix_adk.cli.main import main as cli_main
-from tesserix_adk.run import invoking
-from tesserix_adk.run.invoking import int_as_text, result_content
+from tesserix_adk.messages import int_as_text
+from tesserix_adk.run import result_data
+from tesserix_adk.run.result_data import result_content
 
 T = "pairs"
 SECRET = "Zq8vLm3xNp7TkW2rYb5cHd9f"  # no pattern knows it: only its key says it is one
@@ -311,13 +312,13 @@ def test_an_approved_call_whose_argument_looks_like_a_pair_is_refused_clearly(
 def _one_call(result: Any) -> Any:
     """``result_content`` as it was before the pieces: one ``to_jsonable_python`` call."""
     try:
-        prepared = invoking._unclashed(result, set())
+        prepared = result_data._unclashed(result, set())
     except Exception:
         prepared = result
     try:
-        content = to_jsonable_python(prepared, fallback=invoking._unknown)
+        content = to_jsonable_python(prepared, fallback=result_data._unknown)
     except Exception:
-        content = invoking._written_otherwise(prepared)
+        content = result_data._written_otherwise(prepared)
     if isinstance(content, int) and not isinstance(content, bool):
         return int_as_text(content)
     return content
@@ -391,19 +392,19 @@ _VALUES = st.recursive(
 @settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_VALUES)
 def test_in_pieces_agrees_with_the_one_call_conversion(value: Any) -> None:
-    before = invoking._PIECE
-    invoking._PIECE = 3  # pieces of three: small data crosses them
+    before = result_data._PIECE
+    result_data._PIECE = 3  # pieces of three: small data crosses them
     try:
         got = result_content(value)
     finally:
-        invoking._PIECE = before
+        result_data._PIECE = before
     assert _canon(got) == _canon(_one_call(value))
 
 
 def test_cycles_and_list_subclasses_agree_with_the_one_call_conversion(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(invoking, "_PIECE", 3)
+    monkeypatch.setattr(result_data, "_PIECE", 3)
     looped: list[Any] = [1, 2, 3, 4, 5, 6, 7]
     looped.append(looped)
     holder: dict[str, Any] = {"rows": [Opaque(1)] * 7}

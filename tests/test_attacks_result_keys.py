@@ -40,14 +40,15 @@ Found, and fixed (their tests pass now):
   placeholder, and ``Redactor._walk`` wrote the second over the first: the record kept one
   value of two. The second is now kept under the mask with ``#2``.
 
-Left (strict xfails, LOW):
+Found, and fixed later (LOW, ``run/result_data``):
 
 * one key pydantic cannot write (bytes that are not UTF-8, an int past the digit limit)
-  turns the clash check off for its whole dict, and the dict is written key by key
-  (``_written_otherwise``), where ``1`` and ``"1"`` still clash: a value is lost; so is one
-  under a text key equal to the base64 of a bytes key.
-* a clashing dict in a ``deque`` (or a generator) is not walked (``_unclashed`` looks in
-  dicts, lists, tuples and sets), and pydantic writes it as a list: a value is lost.
+  turned the clash check off for its whole dict, and the dict was written key by key
+  (``_written_otherwise``), where ``1`` and ``"1"`` still clashed: a value was lost; so was
+  one under a text key equal to the base64 of a bytes key. Such a key now counts as one
+  that clashes, and is written by ``_key_name``.
+* a clashing dict in a ``deque`` (or a generator) was not walked, and pydantic writes it as
+  a list: a value was lost. ``_unclashed`` reads deques and iterators too.
 """
 
 from __future__ import annotations
@@ -564,12 +565,6 @@ async def test_two_secret_keys_masked_alike_lose_no_value(tmp_path: Path) -> Non
 # ==========================================================================================
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: one key pydantic cannot write (bytes not UTF-8, an int past the digit "
-    "limit) makes run/invoking._keys_clash answer False for the whole dict; written key by "
-    "key (_written_otherwise), 1 and '1' still clash and a value is lost",
-)
 @pytest.mark.parametrize(
     "odd", [pytest.param(b"\xff\xfe", id="bytes"), pytest.param(10**5000, id="huge-int")]
 )
@@ -578,21 +573,11 @@ def test_a_key_pydantic_cannot_write_leaves_the_clash_check_on(odd: Any) -> None
     assert sorted(_leaves(written)) == ["odd", "seat-one", "seat-uno"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: a bytes key that is not UTF-8 is written as base64 "
-    "(run/invoking._as_key) over a text key spelled the same: a value is lost",
-)
 def test_a_base64_written_key_does_not_overwrite_a_text_key() -> None:
     written = result_content({b"\xff": "from-bytes", "/w==": "from-text"})
     assert sorted(_leaves(written)) == ["from-bytes", "from-text"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: run/invoking._unclashed walks dicts, lists, tuples and sets only; a "
-    "clashing dict in a deque (or a generator), which pydantic writes as a list, loses a value",
-)
 @pytest.mark.parametrize("holder", ["deque", "generator"])
 def test_a_clashing_dict_in_a_deque_or_generator_loses_no_value(holder: str) -> None:
     rows = [{1: "seat-one", "1": "seat-uno"}]

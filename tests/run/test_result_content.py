@@ -1,56 +1,81 @@
 """What a tool returns, as the JSON data the model is told and the record keeps
-(``run.invoking.result_content``): no value of a dict is lost to JSON's text keys, and a
+(``run.result_data.result_content``): no value of a dict is lost to JSON's text keys, and a
 result with nothing odd in it comes back as itself."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import json
 import threading
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from hostile_results import Witness
 from tesserix_adk import Agent, AgentRunner, ScriptedProvider, open_stores, tool
 from tesserix_adk.checkpoint.redaction import Redactor
-from tesserix_adk.run import invoking
+from tesserix_adk.run import result_data
 from tesserix_adk.run.invoking import result_content
 from tesserix_adk.stores.protocols import RecordStatus
 
 _keys = st.one_of(
-    st.sampled_from(["1", "true", "None", "1.5", "a"]),
-    st.sampled_from([1, True, None, 1.5]),
+    st.sampled_from(["1", "true", "None", "1.5", "a", "/w==", "[1, 2]", "1,2"]),
+    # Keys pydantic writes as that text, and keys it cannot write at all (bytes that are
+    # not UTF-8, an int past Python's digit limit for text, a frozenset).
+    st.sampled_from([1, True, None, 1.5, b"1", b"\xff", (1, 2), frozenset({1})]),
+    st.builds(lambda: 10**5000),  # built, not sampled: hypothesis cannot print it
 )
 _leaf = st.one_of(st.text(max_size=4), st.integers(-9, 9))
+
+
+@dataclasses.dataclass
+class _Box:
+    held: Any
+
+
+class _ModelBox(BaseModel):
+    held: Any
+
+
 _values = st.recursive(
     _leaf,
     lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(_keys, inner, min_size=1, max_size=4)
+        st.lists(inner, max_size=3),
+        st.dictionaries(_keys, inner, min_size=1, max_size=4),
+        # Holders pydantic walks itself: a dict inside them loses no value either.
+        st.builds(_Box, inner),
+        st.builds(lambda v: _ModelBox(held=v), inner),
+        st.builds(lambda vs: deque(vs), st.lists(inner, max_size=3)),
     ),
     max_leaves=12,
 )
 
 
 def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, (_Box, _ModelBox)):
+        return _leaves(value.held)
     if isinstance(value, dict):
         return [leaf for v in value.values() for leaf in _leaves(v)]
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, deque)):
         return [leaf for v in value for leaf in _leaves(v)]
     return [value]
 
 
 @settings(max_examples=300, deadline=None)
-@given(value=_values)
-def test_no_value_is_lost_to_keys_json_writes_alike(value: Any) -> None:
-    written = result_content(value)
+@given(value=_values, yielded=st.booleans())
+def test_no_value_is_lost_to_keys_json_writes_alike(value: Any, yielded: bool) -> None:
+    given = Counter(map(repr, _leaves(value)))
+    # A generator is written as the list of what it yields, read once.
+    written = result_content(iter([value]) if yielded else value)
     json.dumps(written, allow_nan=False)  # JSON data, nothing else
     # Every value the tool returned is still there, as many times.
-    kept, given = Counter(map(repr, _leaves(written))), Counter(map(repr, _leaves(value)))
+    kept = Counter(map(repr, _leaves(written)))
     assert not given - kept, (written, value)
 
 
@@ -155,15 +180,15 @@ def test_a_result_of_many_values_is_converted_in_pieces(
         "four-levels-down": {"a": {"b": {"c": {"d": [row] * 300_000}}}},
     }[shape]
     sizes: list[int] = []
-    one_call = invoking.to_jsonable_python
+    one_call = result_data.to_jsonable_python
 
     def counted(data: Any, **kwargs: Any) -> Any:
-        sizes.append(invoking._items(data, 10**9))
+        sizes.append(result_data._items(data, 10**9))
         return one_call(data, **kwargs)
 
-    monkeypatch.setattr(invoking, "to_jsonable_python", counted)
+    monkeypatch.setattr(result_data, "to_jsonable_python", counted)
     written = result_content(value)
-    assert len(sizes) > 10 and max(sizes) <= 2 * invoking._PIECE, (len(sizes), max(sizes))
+    assert len(sizes) > 10 and max(sizes) <= 2 * result_data._PIECE, (len(sizes), max(sizes))
     assert written == one_call(value, fallback=str)
 
 

@@ -1,0 +1,355 @@
+"""What a tool returned, as the JSON data a call's outcome holds: converted off the event
+loop unless plainly cheap, in pieces when large, and with no value lost to JSON's text keys
+(a dict whose keys would be written alike, one that is not a dict, one inside a dataclass
+or a model)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import json
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import SchemaSerializer, core_schema, to_jsonable_python
+
+from tesserix_adk.checkpoint.redaction.keys import MAX_KEY_NAME
+from tesserix_adk.messages import int_as_text
+from tesserix_adk.stores.grouping import outside_scope
+from tesserix_adk.tools import until_the_thread_returns
+
+__all__ = ["converted", "mapping_items", "result_content"]
+
+
+# Results converted on the event loop: a text, a number, or a small flat list or dict of
+# them, whose conversion is cheap for sure. Anything else (a tool's own objects, whose
+# ``str`` may take any time; millions of items) is converted in a worker thread, so the
+# event loop keeps renewing leases meanwhile.
+_SCALARS = (str, int, float, bool, type(None))
+_FLAT = 64
+
+
+def _cheap(result: Any) -> bool:
+    kind = type(result)
+    if kind in _SCALARS:
+        return True
+    if kind is list or kind is tuple:
+        return len(result) <= _FLAT and all(type(v) in _SCALARS for v in result)
+    if kind is dict:
+        return len(result) <= _FLAT and all(
+            type(k) is str and type(v) in _SCALARS for k, v in result.items()
+        )
+    return False
+
+
+async def converted(result: Any) -> Any:
+    """``result_content(result)``, in a worker thread unless it is plainly cheap. Cancelled
+    meanwhile, it waits for the thread and raises ``ThreadReturned`` carrying the content,
+    so the call's outcome, already in hand, is recorded rather than left in doubt."""
+    if _cheap(result):
+        return result_content(result)
+    with outside_scope():
+        return await until_the_thread_returns(functools.partial(result_content, result))
+
+
+def result_content(result: Any) -> Any:
+    """What a tool returned, as JSON data (``to_jsonable_python``; what it cannot write,
+    as its ``str``): the call completed, and the model must not be told it failed because
+    its result is odd. Bytes are their UTF-8 text, or base64 text when they are not UTF-8
+    (an image), and an int past Python's limit for text is its hex text, value by value in
+    the dicts, lists, tuples and sets that hold them; inside other objects (a dataclass),
+    one value that is not UTF-8 makes all their bytes base64 (URL-safe). In a dict whose
+    keys would be written alike (``1`` and ``"1"``: JSON keys are text), each key that is
+    not text and clashes is written after its type (``"(int) 1"``), so no value is lost."""
+    try:
+        prepared = _unclashed(result, set())
+    except Exception:
+        prepared = result  # a mapping that cannot be walked: written as pydantic can
+    try:
+        content = _in_pieces(prepared)
+    except Exception:
+        content = _written_otherwise(prepared)
+    if isinstance(content, int) and not isinstance(content, bool):
+        # Alone, as text: the model is told it alike first and from its record.
+        return int_as_text(content)
+    return content
+
+
+# One call into pydantic-core keeps the GIL for its whole length (about half a second for
+# a million rows), so the event loop's lease renewals wait even while a worker thread
+# converts: a result of more items than this is converted a piece of about as many at a
+# time, however its items are nested.
+_PIECE = 10_000
+
+
+def _in_pieces(value: Any) -> Any:
+    """``to_jsonable_python(value)``, in pieces of about ``_PIECE`` items when it holds
+    more, so that other threads run between the pieces."""
+    if _items(value, _PIECE) <= _PIECE:
+        return to_jsonable_python(value, fallback=_unknown)
+    kind = type(value)
+    if kind is list or kind is tuple:
+        out: list[Any] = []
+        for batch, big in _batches(value):
+            if big:
+                out.append(_in_pieces(batch[0]))
+            else:
+                out.extend(to_jsonable_python(batch, fallback=_unknown))
+        return out
+    if kind is dict:
+        return {_written_key(k): _in_pieces(v) for k, v in value.items()}
+    return to_jsonable_python(value, fallback=_unknown)
+
+
+def _batches(values: Any) -> Iterator[tuple[list[Any], bool]]:
+    """``values`` as lists of about ``_PIECE`` items in all, each with whether it is one
+    value holding more than that alone (converted in pieces of its own)."""
+    batch: list[Any] = []
+    held = 0
+    for value in values:
+        count = _items(value, _PIECE)
+        if count > _PIECE:
+            if batch:
+                yield batch, False
+                batch, held = [], 0
+            yield [value], True
+            continue
+        if held + count > _PIECE and batch:
+            yield batch, False
+            batch, held = [], 0
+        batch.append(value)
+        held += count
+    if batch:
+        yield batch, False
+
+
+def _items(value: Any, past: int) -> int:
+    """How many values ``value`` holds in its lists, tuples and dicts (itself counted),
+    counted only until over ``past``."""
+    total = 0
+    pending: list[Iterator[Any]] = [iter((value,))]
+    while pending and total <= past:
+        item: Any = next(pending[-1], _END)
+        if item is _END:
+            pending.pop()
+            continue
+        total += 1
+        kind = type(item)
+        if kind is list or kind is tuple:
+            pending.append(iter(item))
+        elif kind is dict:
+            pending.append(iter(item.values()))
+    return total
+
+
+_END = object()
+
+
+def _written_key(key: Any) -> str:
+    """A dict key as JSON writes it (text keys as they are), or, a key pydantic cannot
+    write (bytes that are not UTF-8, an int past the digit limit, a frozenset), as
+    ``_as_key`` makes it text; one whose text cannot be read at all says what it is."""
+    name, _ = _key_name(key)
+    return name
+
+
+def _key_name(key: Any) -> tuple[str, bool]:
+    """``key`` written as text, and whether pydantic writes it so itself."""
+    if type(key) is str:
+        return key, True
+    try:
+        return str(next(iter(to_jsonable_python({key: None}, fallback=str)))), True
+    except Exception:
+        pass
+    try:
+        made = _as_key(key, set())
+        if type(made) is not str:
+            made = str(next(iter(to_jsonable_python({made: None}, fallback=str))))
+        return made, False
+    except Exception:
+        return f"<a {type(key).__name__} key that cannot be written as text>", False
+
+
+# Pydantic's own walk of a dataclass or a model, in Python mode: keys stay the objects they
+# are, so a dict inside whose keys JSON would write alike can be seen, and kept apart.
+_PLAIN = SchemaSerializer(core_schema.any_schema())
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _unclashed(value: Any, path: set[int]) -> Any:
+    """``value`` with each dict it holds whose keys JSON would write alike (or one key
+    pydantic cannot write) given text keys that no longer clash: text keys stay as they
+    are (a redactor masks by key name, so ``password`` must stay ``password``), and each
+    other key is written as JSON writes it, or, taken already, after its type (``"(int)
+    1"``). It looks in plain containers, deques and iterators (which pydantic writes as
+    lists, and which are read here once), and in dataclasses and models. ``value`` itself,
+    the same object, when nothing clashes (the common case costs a walk and no copy)."""
+    if isinstance(value, Iterator) and not isinstance(value, (str, bytes, bytearray)):
+        # Read once: what it yields is all there is to write.
+        return [_unclashed(v, path) for v in value]
+    if _an_object_pydantic_walks(value):
+        return _object_unclashed(value, path)
+    if not isinstance(value, (Mapping, list, tuple, set, frozenset, deque)) or id(value) in path:
+        return value
+    path.add(id(value))
+    try:
+        if isinstance(value, Mapping):
+            given = mapping_items(value)
+            items = [(k, _unclashed(v, path)) for k, v in given]
+            if not all(type(k) is str for k, _ in given) and _keys_clash(given):
+                return _keys_apart(items)
+            unchanged = all(a[1] is b[1] for a, b in zip(items, given, strict=True))
+            # A mapping that is not a dict (response headers, a settings object) is written
+            # as its items, keys and all: pydantic would write it as its ``str``, where a
+            # redactor finds no key to mask a secret by.
+            if unchanged and type(value) is dict:
+                return value
+            return dict(items)
+        inner = [_unclashed(v, path) for v in value]
+        if all(a is b for a, b in zip(inner, value, strict=True)):
+            return value
+        return inner
+    finally:
+        path.discard(id(value))
+
+
+def _an_object_pydantic_walks(value: Any) -> bool:
+    return isinstance(value, BaseModel) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    )
+
+
+def _object_unclashed(value: Any, path: set[int]) -> Any:
+    """A dataclass or a model as pydantic writes it, with its dicts kept apart as in plain
+    containers; the object itself when nothing in it clashes, so pydantic writes it as it
+    always does (a serializer used for JSON only applies then)."""
+    if id(value) in path:
+        return value
+    path.add(id(value))
+    try:
+        plain = _PLAIN.to_python(value, mode="python", fallback=_as_is)
+        walked = _unclashed(plain, path)
+    except Exception:
+        return value  # a cycle, or a model that cannot be written: left to pydantic
+    finally:
+        path.discard(id(value))
+    return value if walked is plain else walked
+
+
+def mapping_items(mapping: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
+    """The items of a mapping, a key its items repeat (a multidict: query parameters,
+    headers) holding the list of its values, in their order. A multidict whose ``items``
+    gives one value a key (starlette's, httpx's) gives every one through ``multi_items``."""
+    if type(mapping) is dict:
+        return list(mapping.items())
+    every = getattr(mapping, "multi_items", None)
+    try:
+        pairs = every() if callable(every) else mapping.items()
+    except Exception:
+        pairs = mapping.items()  # a multidict that reads one way only
+    values: dict[Any, list[Any]] = {}
+    for key, value in pairs:
+        values.setdefault(key, []).append(value)
+    return [(k, vs[0] if len(vs) == 1 else vs) for k, vs in values.items()]
+
+
+def _unknown(value: Any) -> Any:
+    """What pydantic is handed for a value it cannot write: a mapping (one inside a
+    dataclass or a model too) as its items, so each value sits under its key, where a
+    redactor masks it by name and none is lost; anything else as its ``str``."""
+    if isinstance(value, Mapping):
+        try:
+            return _unclashed(value, set())
+        except Exception:
+            pass
+    return str(value)
+
+
+def _keys_clash(items: list[tuple[Any, Any]]) -> bool:
+    """Whether JSON would write two keys alike, or pydantic cannot write one of them."""
+    seen: set[str] = set()
+    for key, _ in items:
+        name, by_pydantic = _key_name(key)
+        if not by_pydantic or name in seen:
+            return True
+        seen.add(name)
+    return False
+
+
+def _keys_apart(items: list[tuple[Any, Any]]) -> dict[str, Any]:
+    """``items`` as a dict of text keys, none lost: text keys as they are, then each other
+    key as JSON writes it, or, taken already, after its type (and a count if need be)."""
+    kept: dict[str, Any] = {k: v for k, v in items if type(k) is str}
+    for key, v in items:
+        if type(key) is str:
+            continue
+        written = _written_key(key)
+        name, n = written, 1
+        while name in kept:
+            # The type goes first: a redactor masks by how a key's name ends (``password``),
+            # and only a name short enough to be one (so a long one keeps its end).
+            tag = ("" if n == 1 else f"#{n} ") + f"({type(key).__name__}) "
+            room = max(MAX_KEY_NAME - len(tag), 1) if len(written) <= MAX_KEY_NAME else None
+            name = tag + (written if room is None else written[-room:])
+            n += 1
+        kept[name] = v
+    return kept
+
+
+def _written_otherwise(result: Any) -> Any:
+    """What pydantic would not write as it came: its bytes and huge ints made text first;
+    failing that (a cycle, a value whose own ``str`` raises), its text (``_last_text``)."""
+    try:
+        prepared = _as_text(result, set())
+        try:
+            return to_jsonable_python(prepared, fallback=_unknown)
+        except UnicodeDecodeError:
+            return to_jsonable_python(prepared, fallback=_unknown, bytes_mode="base64")
+    except Exception:
+        return _last_text(result)
+
+
+def _last_text(result: Any) -> str:
+    """A result nothing else can write, as text: its ``repr`` (which writes a cycle as
+    ``[...]``), or what it is when even that raises."""
+    try:
+        return repr(result)
+    except Exception:
+        return f"<a {type(result).__name__} that cannot be written as text>"
+
+
+def _as_text(value: Any, path: set[int]) -> Any:
+    """``value`` with the bytes and ints pydantic cannot write made text, in the plain
+    containers that hold them (``path``: the containers above, so a cycle is left to
+    pydantic, which refuses it)."""
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode("ascii")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int_as_text(value)
+    if not isinstance(value, (Mapping, list, tuple, set, frozenset)) or id(value) in path:
+        return value
+    path.add(id(value))
+    try:
+        if isinstance(value, Mapping):
+            return {_as_key(k, path): _as_text(v, path) for k, v in value.items()}
+        return [_as_text(v, path) for v in value]
+    finally:
+        path.discard(id(value))
+
+
+def _as_key(key: Any, path: set[int]) -> Any:
+    """A dict key made text as ``_as_text`` makes values, and still a key: a tuple of
+    bytes (a leg and a page) made a list cannot be one, so it is its JSON text."""
+    made = _as_text(key, path)
+    if isinstance(made, list):
+        return json.dumps(made, ensure_ascii=False, default=str)
+    return made
