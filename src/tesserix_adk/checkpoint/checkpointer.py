@@ -8,10 +8,9 @@ mean another worker carries the run now and this one must stop at once.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -27,6 +26,7 @@ from tesserix_adk.checkpoint.payload import (
     resolve_observation,
     tombstone_payload,
 )
+from tesserix_adk.checkpoint.payload.weighing import HEAVY, weighed
 from tesserix_adk.checkpoint.redaction import Masked, Redactor
 from tesserix_adk.checkpoint.state_json import state_from_json, state_to_json
 from tesserix_adk.errors import (
@@ -437,38 +437,24 @@ def text_weight(value: Any, *, past: int = OFF_LOOP_BYTES) -> int:
     item by item, so a result of millions of items costs the event loop no more than one
     just over the line; anything else is its ``str`` (a value too deep to print, or holding
     an int too long to, counts as heavy: it is handled in a thread)."""
-    total = 0
-    pending: list[Iterator[Any]] = [iter((value,))]
-    while pending:
-        item: Any = next(pending[-1], _DONE)
-        if item is _DONE:
-            pending.pop()
-            continue
-        kind = type(item)
-        if kind is str:
-            total += len(item) + 2
-        elif item is None or kind is bool or kind is float:
-            total += 5
-        elif kind is int:
-            # A huge int is printed in a thread, never counted digit by digit here.
-            total += 20 if -(10**18) < item < 10**18 else past + 1
-        elif kind is list or kind is tuple:
-            total += 2
-            pending.append(iter(item))
-        elif kind is dict:
-            total += 2
-            pending.append(itertools.chain.from_iterable(item.items()))
-        else:
-            try:
-                total += len(str(item))
-            except (RecursionError, ValueError):
-                return past + 1
-        if total > past:
-            return total
-    return total
+    return weighed(value, _text_cost, past=past)
 
 
-_DONE = object()
+def _text_cost(item: Any) -> int:
+    kind = type(item)
+    if kind is str:
+        return len(item) + 2
+    if item is None or kind is bool or kind is float:
+        return 5
+    if kind is int:
+        # A huge int is printed in a thread, never counted digit by digit here.
+        return 20 if -(10**18) < item < 10**18 else HEAVY
+    if isinstance(item, (list, tuple, dict)):
+        return 2  # what it holds is weighed item by item
+    try:
+        return len(str(item))
+    except (RecursionError, ValueError):
+        return HEAVY
 
 
 def _weight(messages: Sequence[Message], frontier: Checkpoint) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import SchemaSerializer, core_schema, to_jsonable_python
 
+from tesserix_adk.checkpoint.payload.weighing import weighed
 from tesserix_adk.checkpoint.redaction.keys import MAX_KEY_NAME
 from tesserix_adk.messages import int_as_text
 from tesserix_adk.stores.grouping import outside_scope
@@ -127,25 +128,13 @@ def _batches(values: Any) -> Iterator[tuple[list[Any], bool]]:
 
 
 def _items(value: Any, past: int) -> int:
-    """How many values ``value`` holds in its lists, tuples and dicts (itself counted),
-    counted only until over ``past``."""
-    total = 0
-    pending: list[Iterator[Any]] = [iter((value,))]
-    while pending and total <= past:
-        item: Any = next(pending[-1], _END)
-        if item is _END:
-            pending.pop()
-            continue
-        total += 1
-        kind = type(item)
-        if kind is list or kind is tuple:
-            pending.append(iter(item))
-        elif kind is dict:
-            pending.append(iter(item.values()))
-    return total
+    """How many values ``value`` holds in its lists, tuples and dicts (itself and a dict's
+    keys counted), counted only until over ``past``."""
+    return weighed(value, _one, past=past)
 
 
-_END = object()
+def _one(item: Any) -> int:
+    return 1
 
 
 def _written_key(key: Any) -> str:

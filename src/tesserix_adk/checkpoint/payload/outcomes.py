@@ -21,8 +21,6 @@ run again.
 from __future__ import annotations
 
 import hashlib
-import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +35,7 @@ from tesserix_adk.checkpoint.payload.envelope import (
 )
 from tesserix_adk.checkpoint.payload.fields import _bool, _fields, _obj, _str
 from tesserix_adk.checkpoint.payload.redacting import redact_outcome_content
+from tesserix_adk.checkpoint.payload.weighing import weighed
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointTooLargeError
 from tesserix_adk.messages import ToolOutcome
@@ -185,29 +184,20 @@ def recorded_outcome(
 # less takes a fraction of a second) is replaced unscanned.
 _UNSCANNED_OVER = 2
 _SCANNED_ANYWAY = 1024 * 1024
-_END = object()
 
 
 def _least_bytes(value: Any, *, past: int) -> int:
     """A lower bound of the bytes ``value`` takes as JSON (each text at least its length
     and its quotes, anything else at least one byte), counted only until over ``past``."""
-    total = 0
-    pending: list[Iterator[Any]] = [iter((value,))]
-    while pending and total <= past:
-        item = next(pending[-1], _END)
-        if item is _END:
-            pending.pop()
-        elif isinstance(item, str):
-            total += len(item) + 2
-        elif isinstance(item, (list, tuple)):
-            total += 2
-            pending.append(iter(item))
-        elif isinstance(item, dict):
-            total += 2
-            pending.append(itertools.chain.from_iterable(item.items()))
-        else:
-            total += 1
-    return total
+    return weighed(value, _least_cost, past=past)
+
+
+def _least_cost(item: Any) -> int:
+    if isinstance(item, str):
+        return len(item) + 2
+    if isinstance(item, (list, tuple, dict)):
+        return 2
+    return 1
 
 
 def _kept_state(state: OutcomeState, redactor: Redactor) -> dict[str, Any]:
