@@ -337,7 +337,22 @@ class _Model(pydantic.BaseModel):
     m: dict[Any, Any]
 
 
-@pytest.mark.parametrize("holder", [_Held, _Model], ids=["dataclass", "pydantic"])
+@pytest.mark.parametrize(
+    "holder",
+    [
+        _Held,
+        pytest.param(
+            _Model,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="DEFECT MEDIUM (left): a pydantic model is written as it writes itself "
+                "(its JSON-only masks, aliases, settings; walking it stored masked values "
+                "raw): a clash inside loses a value",
+            ),
+        ),
+    ],
+    ids=["dataclass", "pydantic"],
+)
 def test_a_clashing_dict_inside_an_object_loses_no_value(holder: Any) -> None:
     written = json.dumps(result_content(holder(m={1: "kept-a", "1": "kept-b"})), default=str)
     assert "kept-a" in written and "kept-b" in written

@@ -13,7 +13,7 @@ from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.errors import AdkError, ToolOutcomeUnknownError
 from tesserix_adk.messages import ToolCall, ToolOutcome
 from tesserix_adk.run.attempt import Attempt
-from tesserix_adk.run.result_data import converted, mapping_items, result_content
+from tesserix_adk.run.result_data import converted, error_text, mapping_items, result_content
 from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.tools import NotStarted, Tool, ToolContext, accepts_ctx, call_maybe_async
 
@@ -86,20 +86,6 @@ async def invoke(
         if refused and exc is refused[0]:
             raise NotSent(refused[0]) from None
         return ToolOutcome(call_id=call.id, content=error_text(exc), is_error=True)
-
-
-def error_text(exc: BaseException) -> str:
-    """``Type: message`` of a tool's (or a reconciler's) exception, whatever its ``__str__``
-    does: the outcome of a call that ended by raising is known, and is recorded, even
-    when its exception cannot say what it is."""
-    try:
-        said = str(exc)
-    except Exception:
-        try:
-            said = f"(its text cannot be read) {exc!r}"
-        except Exception:
-            said = "(its text cannot be read)"
-    return f"{type(exc).__name__}: {said}"
 
 
 def _stub_result(value: Any) -> Any:

@@ -1,20 +1,20 @@
 """What a tool returned, as the JSON data a call's outcome holds: converted off the event
 loop unless plainly cheap, in pieces when large, and with no value lost to JSON's text keys
-(a dict whose keys would be written alike, one that is not a dict, one inside a dataclass
-or a model)."""
+(a dict whose keys would be written alike, a mapping that is not a dict, either inside a
+plain dataclass, a deque or a generator). A pydantic model is written as it writes itself
+for JSON."""
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import functools
 import json
 from collections import deque
 from collections.abc import Iterator, Mapping
+from dataclasses import fields, is_dataclass
 from typing import Any
 
-from pydantic import BaseModel
-from pydantic_core import SchemaSerializer, core_schema, to_jsonable_python
+from pydantic_core import to_jsonable_python
 
 from tesserix_adk.checkpoint.payload.weighing import weighed
 from tesserix_adk.checkpoint.redaction.keys import MAX_KEY_NAME
@@ -22,7 +22,21 @@ from tesserix_adk.messages import int_as_text
 from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.tools import until_the_thread_returns
 
-__all__ = ["converted", "mapping_items", "result_content"]
+__all__ = ["converted", "error_text", "mapping_items", "result_content"]
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` of a tool's (or a reconciler's) exception, whatever its ``__str__``
+    does: the outcome of a call that ended by raising is known, and is recorded, even
+    when its exception cannot say what it is."""
+    try:
+        said = str(exc)
+    except Exception:
+        try:
+            said = f"(its text cannot be read) {exc!r}"
+        except Exception:
+            said = "(its text cannot be read)"
+    return f"{type(exc).__name__}: {said}"
 
 
 # Results converted on the event loop: a text, a number, or a small flat list or dict of
@@ -159,16 +173,11 @@ def _key_name(key: Any) -> tuple[str, bool]:
             made = str(next(iter(to_jsonable_python({made: None}, fallback=str))))
         return made, False
     except Exception:
+        pass
+    try:
+        return str(key), False
+    except Exception:
         return f"<a {type(key).__name__} key that cannot be written as text>", False
-
-
-# Pydantic's own walk of a dataclass or a model, in Python mode: keys stay the objects they
-# are, so a dict inside whose keys JSON would write alike can be seen, and kept apart.
-_PLAIN = SchemaSerializer(core_schema.any_schema())
-
-
-def _as_is(value: Any) -> Any:
-    return value
 
 
 def _unclashed(value: Any, path: set[int]) -> Any:
@@ -177,13 +186,23 @@ def _unclashed(value: Any, path: set[int]) -> Any:
     are (a redactor masks by key name, so ``password`` must stay ``password``), and each
     other key is written as JSON writes it, or, taken already, after its type (``"(int)
     1"``). It looks in plain containers, deques and iterators (which pydantic writes as
-    lists, and which are read here once), and in dataclasses and models. ``value`` itself,
-    the same object, when nothing clashes (the common case costs a walk and no copy)."""
+    lists, and which are read here once), and in plain dataclasses (as the dict of their
+    fields pydantic writes); a pydantic model is left to pydantic whole, since it may write
+    itself otherwise for JSON (a serializer that masks, an alias, its settings). ``value``
+    itself, the same object, when nothing clashes (the common case costs a walk and no
+    copy)."""
     if isinstance(value, Iterator) and not isinstance(value, (str, bytes, bytearray)):
-        # Read once: what it yields is all there is to write.
-        return [_unclashed(v, path) for v in value]
-    if _an_object_pydantic_walks(value):
-        return _object_unclashed(value, path)
+        return _read_once(value, path)
+    if _plain_dataclass(value):
+        if id(value) in path:
+            return value  # a cycle: left to pydantic, which refuses it
+        path.add(id(value))
+        try:
+            # Written as pydantic writes it, so that what it holds is walked (and cut into
+            # pieces when large) as the dict's values are.
+            return {f.name: _unclashed(getattr(value, f.name), path) for f in fields(value)}
+        finally:
+            path.discard(id(value))
     if not isinstance(value, (Mapping, list, tuple, set, frozenset, deque)) or id(value) in path:
         return value
     path.add(id(value))
@@ -208,27 +227,30 @@ def _unclashed(value: Any, path: set[int]) -> Any:
         path.discard(id(value))
 
 
-def _an_object_pydantic_walks(value: Any) -> bool:
-    return isinstance(value, BaseModel) or (
-        dataclasses.is_dataclass(value) and not isinstance(value, type)
+def _read_once(values: Iterator[Any], path: set[int]) -> list[Any]:
+    """What an iterator yields, as a list; when reading it raises (a page that failed),
+    what it yielded before, then a text saying how it stopped: the call completed, and
+    neither its pages nor its failure is dropped."""
+    out: list[Any] = []
+    while True:
+        try:
+            value = next(values)
+        except StopIteration:
+            return out
+        except Exception as exc:
+            out.append(f"(the rest of this result could not be read: {error_text(exc)})")
+            return out
+        out.append(_unclashed(value, path))
+
+
+def _plain_dataclass(value: Any) -> bool:
+    """A dataclass instance pydantic writes as the dict of its fields: not a class, and not
+    a pydantic dataclass (which writes itself, as a model does)."""
+    return (
+        is_dataclass(value)
+        and not isinstance(value, type)
+        and not hasattr(value, "__pydantic_serializer__")
     )
-
-
-def _object_unclashed(value: Any, path: set[int]) -> Any:
-    """A dataclass or a model as pydantic writes it, with its dicts kept apart as in plain
-    containers; the object itself when nothing in it clashes, so pydantic writes it as it
-    always does (a serializer used for JSON only applies then)."""
-    if id(value) in path:
-        return value
-    path.add(id(value))
-    try:
-        plain = _PLAIN.to_python(value, mode="python", fallback=_as_is)
-        walked = _unclashed(plain, path)
-    except Exception:
-        return value  # a cycle, or a model that cannot be written: left to pydantic
-    finally:
-        path.discard(id(value))
-    return value if walked is plain else walked
 
 
 def mapping_items(mapping: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
