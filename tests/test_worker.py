@@ -37,6 +37,7 @@ from tesserix_adk.cli import frontier_main
 from tesserix_adk.cli.failures import exit_code_for
 from tesserix_adk.errors import CarriedByWorkflowError, RunStartedError
 from tesserix_adk.run.attempt import run_claim_key
+from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.memory import MemoryWorkIndex
 from tesserix_adk.stores.protocols import RecordStatus
@@ -507,6 +508,21 @@ async def test_cancel_ends_a_run_nobody_holds_and_no_worker_takes_it() -> None:
     resumed = await _runner(stores).resume(agent, "r1", tenant=T)
     assert resumed.status is RunStatus.cancelled
     assert airline.bookings == []
+
+
+async def test_cancelling_a_finished_run_records_nothing() -> None:
+    stores, airline = _stores(), Airline()
+    agent = _agent(airline)
+    done = await _runner(stores).run(agent, "book", tenant=T, run_id="r1")
+    assert done.status is RunStatus.completed
+    for by in ("bob", "carol"):
+        again = await _runner(stores).cancel("r1", tenant=T, by=by)
+        assert again is not None and again.status is RunStatus.completed
+    # The run's story holds no cancel nobody made happen, and no lease was taken for it.
+    assert await cancel_requested(stores.idempotency, T, "r1") is None
+    probe = await stores.leases.acquire(T, "r1", holder="probe", ttl=5.0)
+    assert probe.fence == 2  # the run's own lease was the first
+    assert len(airline.bookings) == 1
 
 
 async def test_a_submitted_run_cancelled_before_it_started_never_starts() -> None:

@@ -24,7 +24,7 @@ from tesserix_adk.errors import (
 from tesserix_adk.leases import LeasePolicy
 from tesserix_adk.messages import Message
 from tesserix_adk.run.cancelling import CancelRequest, cancel_requested
-from tesserix_adk.run.ids import check_ids
+from tesserix_adk.run.ids import check_ids, check_worker
 from tesserix_adk.run.resume import (
     carried_state,
     refuse_carried_by_workflow,
@@ -122,6 +122,7 @@ class Resumer:
         store can keep are refused before anything is written (``ConfigurationError``).
         """
         check_ids(tenant=tenant, run_id=run_id)
+        check_worker(worker)
         holder = f"{worker}-{secrets.token_hex(6)}"
         try:
             lease = await self.leases.acquire(tenant, run_id, holder, self.policy.ttl)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tesserix_adk.errors import ConfigurationError
 
-__all__ = ["MAX_ID_BYTES", "check_ids", "id_problem"]
+__all__ = ["MAX_ID_BYTES", "check_ids", "check_worker", "id_problem"]
 
 MAX_ID_BYTES = 512
 
@@ -21,6 +21,16 @@ def check_ids(*, tenant: str, run_id: str) -> None:
         problem = id_problem(value)
         if problem is not None:
             raise ConfigurationError(f"the {what} {problem}")
+
+
+def check_worker(worker: str) -> None:
+    """Refuse a worker name no store can keep in a lease or a claim (every holder id starts
+    with it), by the rule for ids."""
+    if not isinstance(worker, str) or not worker:
+        raise ConfigurationError("the worker name is empty; name every worker")
+    problem = id_problem(worker)
+    if problem is not None:
+        raise ConfigurationError(f"the worker name {problem}")
 
 
 def id_problem(value: str) -> str | None:

@@ -43,7 +43,7 @@ from tesserix_adk.run.cancelling import cancel_requested, cancelled_frontier, re
 from tesserix_adk.run.events import EventSink, RunEvent
 from tesserix_adk.run.grouping import held_and_grouped
 from tesserix_adk.run.holding import carried_elsewhere, holding
-from tesserix_adk.run.ids import MAX_ID_BYTES, check_ids, id_problem
+from tesserix_adk.run.ids import MAX_ID_BYTES, check_ids, check_worker, id_problem
 from tesserix_adk.run.loop import carry_on, run_loop
 from tesserix_adk.run.observing import AttemptKind, AttemptObserver, observe
 from tesserix_adk.run.parts import RunParts
@@ -128,7 +128,8 @@ class AgentRunner:
         self.approvals = approvals
         self.lease_policy = lease_policy or LeasePolicy()
         # The name every attempt's holder id starts with; each attempt adds its own suffix.
-        self.worker = worker or "worker"
+        self.worker = "worker" if worker is None else worker
+        check_worker(self.worker)
         # How long a resumer that died keeps others from resuming (store's clock).
         self.resume_claim_ttl = resume_claim_ttl
         # Runs that want a worker: kept up to date as runs start, wait and finish.
@@ -503,6 +504,11 @@ class AgentRunner:
         holds is ended here (its ``Run``); ``None`` when a live holder will, or none began."""
         check_ids(tenant=tenant, run_id=run_id)
         checkpoints = self._require_checkpoints()
+        ended = await checkpoints.latest(tenant, run_id)
+        if ended is not None and ended.status.finished and not ended.is_tombstone:
+            # Nothing to cancel, and a run that ended never goes on: no request is recorded
+            # (its story would say someone cancelled it) and no lease is taken.
+            return finished_run(ended)
         request = await request_cancel(
             self.idempotency, tenant, run_id, by=by, reason=reason, redactor=self.redactor
         )
