@@ -60,9 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
-import io
 import json
 import logging
 import types
@@ -78,6 +76,7 @@ from starlette.datastructures import FormData, MultiDict, QueryParams
 from starlette.datastructures import Headers as StarletteHeaders
 
 from hostile_results import run_under_short_lease
+from operator_cli import cli, sqlite_bytes
 from otel_spans.world import Pipeline, every_value
 from processes import BACKENDS, store_url
 from tesserix_adk import (
@@ -92,7 +91,6 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.checkpoint.payload import decode_outcome
-from tesserix_adk.cli.main import main as cli_main
 from tesserix_adk.errors import LeaseLostError
 from tesserix_adk.stores.protocols import RecordStatus
 from tesserix_adk.stores.urls import open_stores
@@ -105,17 +103,6 @@ T2 = "round-resumed"  # keys are a tenant's: the dying run keys its call under a
 def secret(n: int) -> str:
     """A secret no pattern finds: only the key it sits under says it is one."""
     return f"hunter{n:02d}plain9f3q"
-
-
-def _sqlite_bytes(tmp_path: Path) -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(tmp_path.glob("adk.sqlite3*")))
-
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli_main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 class Recording:
@@ -301,7 +288,7 @@ def test_every_mapping_kind_nested_in_objects_is_masked_kept_and_agrees(
     otel = Pipeline(capture_content=True)
     caplog.set_level(logging.DEBUG)
     seen = asyncio.run(_live_and_resumed(url, value, otel))
-    stored = _sqlite_bytes(tmp_path)
+    stored = sqlite_bytes(tmp_path)
     assert b"plain-11" in stored  # the store is read as written
     code, shown, err = cli("show", "live", "--tenant", T, "--store", url, "--json")
     assert code == 0, err
@@ -368,7 +355,7 @@ def test_a_mapping_that_cannot_be_read_is_still_recorded_completed(
     odd: Any, tmp_path: Path
 ) -> None:
     seen = asyncio.run(_live_and_resumed(f"sqlite:///{tmp_path / 'adk.sqlite3'}", odd))
-    stored = _sqlite_bytes(tmp_path)
+    stored = sqlite_bytes(tmp_path)
     for n in (40, 41, 42):
         assert secret(n).encode() not in stored
     assert _as_data(seen.resumed) == seen.record == seen.record2
@@ -421,7 +408,7 @@ async def test_a_secret_header_in_a_result_written_as_its_text_is_never_stored_r
         assert secret(n).encode() not in seen.payload, n
         assert secret(n) not in seen.resumed, n
         if backend == "sqlite":
-            assert secret(n).encode() not in _sqlite_bytes(tmp_path), n
+            assert secret(n).encode() not in sqlite_bytes(tmp_path), n
 
 
 # --- a clashing dict inside an object pydantic walks --------------------------------------
@@ -505,7 +492,7 @@ def test_a_mapping_readable_one_way_loses_no_value(which: str, tmp_path: Path) -
         else {"note": "kept-value", Unwritable(): 1}
     )
     seen = asyncio.run(_live_and_resumed(f"sqlite:///{tmp_path / 'adk.sqlite3'}", value))
-    assert secret(70).encode() not in _sqlite_bytes(tmp_path)
+    assert secret(70).encode() not in sqlite_bytes(tmp_path)
     assert "kept-value" in json.dumps(seen.record)
     assert "kept-value" in seen.live
 

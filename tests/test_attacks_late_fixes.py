@@ -65,6 +65,7 @@ from pydantic_core import to_json
 from starlette.datastructures import Headers as StarletteHeaders
 from starlette.datastructures import QueryParams
 
+from operator_cli import sqlite_bytes
 from providers.fake_server import ModelServer
 from providers.vendors import VENDORS, Vendor
 from tesserix_adk import (
@@ -118,10 +119,6 @@ def _memory_runner(provider: Any) -> AgentRunner:
         checkpoints=Checkpointer(MemoryCheckpointStore(), history=MemoryHistoryStore()),
         ledger=MemoryLedger(),
     )
-
-
-def _sqlite_bytes(tmp_path: Path) -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(tmp_path.glob("adk.sqlite3*")))
 
 
 async def _recorded(stores: Any, run_id: str) -> Any:
@@ -375,7 +372,7 @@ async def test_a_cancelled_sync_tools_result_is_converted_off_the_loop_and_recor
     assert content["rows"][99] == {"n": 99, "odd": "odd-marker"}
     assert len(Odd.threads) == 100
     assert threading.get_ident() not in Odd.threads  # never on the event loop's thread
-    assert secret(1).encode() not in _sqlite_bytes(tmp_path)
+    assert secret(1).encode() not in sqlite_bytes(tmp_path)
 
 
 # ==========================================================================================
@@ -395,7 +392,7 @@ async def test_httpx_headers_returned_as_they_are_are_masked_by_name(tmp_path: P
     )
     _, record = await _run_returning(tmp_path, headers)
     assert record["content-type"] == "application/json"
-    stored = _sqlite_bytes(tmp_path)
+    stored = sqlite_bytes(tmp_path)
     for n in range(1, 5):
         assert secret(n).encode() not in stored
 
@@ -418,7 +415,7 @@ async def test_headers_inside_a_dataclass_are_masked_by_name_in_the_store(
         ]
     )
     await _run_returning(tmp_path, Reply(200, headers))
-    stored = _sqlite_bytes(tmp_path)
+    stored = sqlite_bytes(tmp_path)
     assert secret(1).encode() not in stored and secret(2).encode() not in stored
 
 

@@ -53,10 +53,8 @@ Found, and fixed later (LOW):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import dataclasses
-import io
 import json
 import threading
 from pathlib import Path
@@ -65,11 +63,11 @@ from typing import Any
 import pydantic
 import pytest
 
+from operator_cli import cli
 from tesserix_adk import Agent, AgentRunner, RunStatus, ScriptedProvider, Tool, tool
 from tesserix_adk.checkpoint.payload import decode_outcome, recorded_outcome
 from tesserix_adk.checkpoint.payload.outcomes import _least_bytes
 from tesserix_adk.checkpoint.redaction import Redactor
-from tesserix_adk.cli.main import main as cli_main
 from tesserix_adk.messages import ToolOutcome
 from tesserix_adk.run.invoking import result_content
 from tesserix_adk.stores.protocols import RecordStatus
@@ -82,13 +80,6 @@ SECRET = "hunter2-plain-9f3q"  # no pattern finds it: only its key says it is a 
 def _stored_bytes(tmp_path: Path) -> bytes:
     """Everything the SQLite store wrote (its file and its WAL)."""
     return b"".join(p.read_bytes() for p in sorted(tmp_path.glob("adk.sqlite3*")))
-
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli_main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 async def _run_once(tmp_path: Path, value: Any) -> tuple[str, Any]:

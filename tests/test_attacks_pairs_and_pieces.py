@@ -60,10 +60,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import datetime
-import io
 import json
 import pprint
 import subprocess
@@ -78,6 +76,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic_core import to_jsonable_python
 
+from operator_cli import cli
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -88,7 +87,6 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.checkpoint.redaction.redactor import default_redactor
-from tesserix_adk.cli.main import main as cli_main
 from tesserix_adk.messages import int_as_text
 from tesserix_adk.run import result_data
 from tesserix_adk.run.result_data import result_content
@@ -100,13 +98,6 @@ LONG = SECRET * 3  # long enough that pprint wraps the pair holding it
 
 def _stored(tmp_path: Path) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(tmp_path.glob("adk.sqlite3*")))
-
-
-def _cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli_main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 def _stored_after(tmp_path: Path, value: Any, *, raises: bool = False) -> bytes:
@@ -293,7 +284,7 @@ def test_an_approved_call_whose_argument_looks_like_a_pair_is_refused_clearly(
 
     run = asyncio.run(go(False))
     assert run.status is RunStatus.waiting_approval and run.pending_approval is not None
-    code, _, err = _cli(
+    code, _, err = cli(
         "approve", run.pending_approval.id, "--tenant", T, "--by", "al", "--store", url
     )
     assert code == 0, err

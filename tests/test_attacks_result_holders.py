@@ -86,6 +86,7 @@ from pydantic import (
 )
 from pydantic_core import to_jsonable_python
 
+from operator_cli import sqlite_bytes
 from tesserix_adk import Agent, AgentRunner, RunStatus, ScriptedProvider, tool
 from tesserix_adk.checkpoint.payload import decode_outcome
 from tesserix_adk.run import result_data
@@ -103,10 +104,6 @@ def clash() -> dict[Any, str]:
 
 
 # --- set-up ------------------------------------------------------------------------------
-
-
-def _sqlite_bytes(tmp_path: Path) -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(tmp_path.glob("adk.sqlite3*")))
 
 
 class Recording:
@@ -140,7 +137,7 @@ async def run_on_sqlite(tmp_path: Path, make: Any) -> tuple[Any, Any, bytes, str
         [rec] = list(await stores.idempotency.records(T, "r"))
         assert rec.status is RecordStatus.completed
         content = decode_outcome(rec.outcome, "c").content
-    return run, content, _sqlite_bytes(tmp_path), provider.told()
+    return run, content, sqlite_bytes(tmp_path), provider.told()
 
 
 # --- secrets: what pydantic's JSON mode masks ------------------------------------------
@@ -592,7 +589,7 @@ async def _replayed(tmp_path: Path, stub: Any) -> tuple[Any, bytes, str]:
             _shop(paid), "orig", tenant=T, from_step=step, stubs={"pay": stub}
         )
         assert replay.status is RunStatus.completed and paid == ["o-1"]
-    return replay, _sqlite_bytes(tmp_path), provider.told()
+    return replay, sqlite_bytes(tmp_path), provider.told()
 
 
 async def test_a_stubs_clashing_dataclass_keeps_every_value(tmp_path: Path) -> None:

@@ -59,7 +59,6 @@ import contextlib
 import datetime
 import decimal
 import enum
-import io
 import json
 import logging
 import uuid
@@ -72,6 +71,7 @@ import pytest
 from pydantic import SecretBytes, SecretStr
 
 from adapters import services
+from operator_cli import cli, sqlite_bytes
 from otel_spans.world import Pipeline, every_value
 from tesserix_adk import (
     Agent,
@@ -86,7 +86,6 @@ from tesserix_adk import (
 from tesserix_adk.checkpoint.payload import decode_outcome, recorded_outcome
 from tesserix_adk.checkpoint.payload.redacting import redact_outcome_content
 from tesserix_adk.checkpoint.redaction import Redactor
-from tesserix_adk.cli.main import main as cli_main
 from tesserix_adk.messages import ToolOutcome
 from tesserix_adk.run.invoking import result_content
 from tesserix_adk.stores.protocols import RecordStatus
@@ -108,18 +107,6 @@ def secret(n: int) -> str:
 
 
 # --- set-up ------------------------------------------------------------------------------
-
-
-def _sqlite_bytes(tmp_path: Path) -> bytes:
-    """Everything the SQLite store wrote (its file, its WAL)."""
-    return b"".join(p.read_bytes() for p in sorted(tmp_path.glob("adk.sqlite3*")))
-
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli_main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 class Recording:
@@ -331,7 +318,7 @@ def test_clashing_keys_of_every_type_keep_secrets_masked_in_store_spans_logs_and
     caplog.set_level(logging.DEBUG)
     agent = Agent("a", "x", [_keyed_tool(value)])
     live, record, resumed, record2 = asyncio.run(_live_and_resumed(url, agent, otel))
-    stored = _sqlite_bytes(tmp_path)
+    stored = sqlite_bytes(tmp_path)
     assert b"plain-text-1.5" in stored  # the store is read as written (no compression)
     code, shown, err = cli("show", "live", "--tenant", T, "--store", url, "--json")
     assert code == 0, err
@@ -406,7 +393,7 @@ async def _backend(where: str, tmp_path: Path) -> AsyncIterator[tuple[str, Any]]
     if where == "sqlite":
 
         async def sqlite_dump() -> bytes:
-            return _sqlite_bytes(tmp_path)
+            return sqlite_bytes(tmp_path)
 
         yield f"sqlite:///{tmp_path / 'adk.sqlite3'}", sqlite_dump
     elif where == "redis":
@@ -533,7 +520,7 @@ async def test_a_renamed_key_near_the_key_length_limit_keeps_its_secret_masked(
     run, record = await _run_on(url, {name: "plain-visible", name.encode(): secret(2)})
     assert run.status is RunStatus.completed
     assert len(record) == 2  # both kept
-    assert secret(2).encode() not in _sqlite_bytes(tmp_path)
+    assert secret(2).encode() not in sqlite_bytes(tmp_path)
 
 
 # ==========================================================================================
@@ -553,7 +540,7 @@ async def test_two_secret_keys_masked_alike_lose_no_value(tmp_path: Path) -> Non
         run = await runner.run(agent, "go", tenant=T, run_id="r")
         assert run.status is RunStatus.completed
         record = await _recorded(stores, "r")
-    stored = _sqlite_bytes(tmp_path)
+    stored = sqlite_bytes(tmp_path)
     assert first.encode() not in stored and second.encode() not in stored  # held
     [told] = live.told().values()
     assert len(json.loads(told)) == 2

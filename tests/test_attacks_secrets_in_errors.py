@@ -19,8 +19,6 @@ store's text unmasked, and ``repr(Stores)`` showed its URL whole); each is fixed
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 import logging
 import time
@@ -29,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from operator_cli import cli
 from tesserix_adk import (
     Agent,
     AgentRunner,
@@ -42,7 +41,6 @@ from tesserix_adk import (
     open_stores,
     tool,
 )
-from tesserix_adk.cli.main import main as cli_main
 from tesserix_adk.errors import IndeterminateToolCallError, StoreUnavailableError
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
@@ -87,13 +85,6 @@ def kit_log(caplog: pytest.LogCaptureFixture) -> str:
         for r in caplog.records
         if r.name.startswith("tesserix_adk")
     )
-
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli_main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 async def _opened(tmp_path: Path) -> Stores:

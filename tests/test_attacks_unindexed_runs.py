@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import sqlite3
 from pathlib import Path
@@ -40,6 +39,7 @@ import psycopg
 import pytest
 from redis.asyncio import Redis
 
+from operator_cli import cli
 from processes import BACKENDS, store_url
 from run.helpers import at, faulty_runner
 from tesserix_adk import (
@@ -52,7 +52,6 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
-from tesserix_adk.cli.main import main
 from tesserix_adk.console import reads
 from tesserix_adk.console.reads import RunFilter, runs
 from tesserix_adk.errors import RunStoppedError
@@ -125,15 +124,8 @@ async def _lose(backend: str, url: str, run_id: str = "r", tenant: str = T) -> N
             await client.aclose()
 
 
-def _cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
-
-
 def _stuck(url: str, tenant: str = T) -> dict[str, Any]:
-    code, out, err = _cli("--store", url, "runs", "--tenant", tenant, "--stuck", "--json")
+    code, out, err = cli("--store", url, "runs", "--tenant", tenant, "--stuck", "--json")
     assert code == 0, err
     return {r["run_id"]: r for r in json.loads(out)["runs"]}
 
@@ -279,7 +271,7 @@ def test_a_decided_run_whose_entry_is_lost_after_the_wake_is_carried_on_or_liste
                 assert waiting.pending_approval is not None
                 request = waiting.pending_approval.id
             code, _, err = await asyncio.to_thread(
-                _cli, "--store", url, "approve", request, "--tenant", T, "--by", "ops"
+                cli, "--store", url, "approve", request, "--tenant", T, "--by", "ops"
             )
             assert code == 0, err
             async with open_stores(url) as stores:
@@ -313,7 +305,7 @@ def test_an_entry_lost_while_waiting_is_put_back_by_approve_and_the_call_sent_on
                 await _lose(backend, url)
                 assert await _console_stuck(stores) == {}  # it waits on a person
             code, out, err = await asyncio.to_thread(
-                _cli,
+                cli,
                 "--store",
                 url,
                 "approve",
@@ -345,7 +337,7 @@ def test_cancel_of_a_run_with_no_entry_ends_it_in_one_go(backend: str, tmp_path:
                 await _died(stores, sent)
                 await _lose(backend, url)
             code, out, err = await asyncio.to_thread(
-                _cli, "--store", url, "cancel", "r", "--tenant", T, "--by", "ops"
+                cli, "--store", url, "cancel", "r", "--tenant", T, "--by", "ops"
             )
             async with open_stores(url) as stores:
                 await _worker_pass(stores, sent)
