@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 
@@ -132,3 +132,31 @@ def test_var_args_are_refused() -> None:
 
     with pytest.raises(ConfigurationError):
         Tool(f)
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [ToolContext, ToolContext | None, Any, object, "ToolContext", Annotated[ToolContext, "x"]],
+    ids=["ToolContext", "optional", "Any", "object", "text", "annotated"],
+)
+def test_ctx_may_be_annotated_as_what_it_is_handed(annotation: Any) -> None:
+    def fn(query: str, ctx=None) -> str:  # type: ignore[no-untyped-def]
+        """Search."""
+        return query
+
+    fn.__annotations__["ctx"] = annotation
+    made = tool(fn)
+    assert list(made.parameters["properties"]) == ["query"]
+
+
+@pytest.mark.parametrize("annotation", [str, int, dict[str, Any], "str | None"])
+def test_a_ctx_annotated_as_another_type_is_refused_when_the_tool_is_made(
+    annotation: Any,
+) -> None:
+    def fn(query: str, ctx=None) -> str:  # type: ignore[no-untyped-def]
+        """Search."""
+        return query
+
+    fn.__annotations__["ctx"] = annotation
+    with pytest.raises(ConfigurationError, match="`ctx`"):
+        tool(fn)

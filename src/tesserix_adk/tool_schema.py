@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import types
+import typing
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -56,6 +58,12 @@ def arguments_model(
         if param.name in fixed:
             continue
         if param.name == CTX:
+            if not _holds_a_context(param.annotation):
+                raise ConfigurationError(
+                    f"tool {name!r} has a parameter `ctx` annotated {param.annotation!r}: the "
+                    "kit hands `ctx` a ToolContext and hides it from the model; annotate it "
+                    "ToolContext, or give the model's parameter another name"
+                )
             has_ctx = True
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -82,6 +90,23 @@ def arguments_model(
             f"tool {name!r} has parameters the kit cannot describe to a model: {exc}"
         ) from exc
     return cast(type[BaseModel], model), has_ctx, schema
+
+
+def _holds_a_context(annotation: Any) -> bool:
+    """Whether a ``ctx`` annotated so may be handed a ``ToolContext``: none, ``Any``,
+    ``object``, or a type that names ``ToolContext`` (``ToolContext | None`` too)."""
+    # Imported here: tools.py, which defines it, builds on this module.
+    from tesserix_adk.tools import ToolContext
+
+    if annotation in (inspect.Parameter.empty, Any, object, ToolContext):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _holds_a_context(typing.get_args(annotation)[0])
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_holds_a_context(arg) for arg in typing.get_args(annotation))
+    kind = annotation if origin is None else origin
+    return isinstance(kind, type) and issubclass(ToolContext, kind)
 
 
 def _method_in_class_body(fn: Callable[..., Any], sig: inspect.Signature) -> bool:
