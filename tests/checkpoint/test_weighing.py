@@ -55,3 +55,13 @@ def test_a_deep_value_is_walked_without_recursion() -> None:
     for _ in range(100_000):
         deep = [deep]
     assert weighed(deep, lambda item: len(item) if type(item) is str else 0, past=10) == 6
+
+
+class _Unreadable(list[Any]):
+    def __iter__(self) -> Any:
+        raise RuntimeError("not today")
+
+
+def test_a_containers_subclass_is_weighed_whole_and_never_read() -> None:
+    # Its own __iter__ may raise or never end: weighed as one item, as a value it holds.
+    assert weighed({"rows": _Unreadable([1, 2, 3])}, lambda _: 1, past=100) == 3

@@ -449,7 +449,7 @@ def _text_cost(item: Any) -> int:
     if kind is int:
         # A huge int is printed in a thread, never counted digit by digit here.
         return 20 if -(10**18) < item < 10**18 else HEAVY
-    if isinstance(item, (list, tuple, dict)):
+    if kind is list or kind is tuple or kind is dict:
         return 2  # what it holds is weighed item by item
     try:
         return len(str(item))

@@ -49,6 +49,7 @@ __all__ = [
     "UNREAD",
     "Unread",
     "cancel_requested",
+    "check_cancel_request",
     "cancelled_frontier",
     "not_sent_if_cancelled",
     "request_cancel",
@@ -94,6 +95,21 @@ def cancel_key(tenant: str, run_id: str) -> str:
     return "cancel1:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
+def check_cancel_request(*, by: str, reason: str | None) -> None:
+    """Refuse a ``by`` past ``BY_CHARS`` or a reason past ``REASON_MAX_CHARS``
+    (``ConfigurationError``), whatever the run's state: a request that could not be
+    recorded is refused alike when there is nothing to cancel."""
+    if len(by) > BY_CHARS:
+        raise ConfigurationError(
+            f"who cancels is named in {len(by)} characters; a name is at most {BY_CHARS}"
+        )
+    if reason is not None and len(reason) > REASON_MAX_CHARS:
+        raise ConfigurationError(
+            f"the cancel's reason is {len(reason)} characters long; a reason is at most "
+            f"{REASON_MAX_CHARS}"
+        )
+
+
 async def request_cancel(
     idempotency: IdempotencyStore,
     tenant: str,
@@ -106,15 +122,7 @@ async def request_cancel(
     """Record the request (the first one stands: asking again returns it). A ``by`` past
     ``BY_CHARS`` or a reason past ``REASON_MAX_CHARS`` is refused, ``ConfigurationError``,
     nothing recorded: the request is a record of at most 1 MiB, read at every boundary."""
-    if len(by) > BY_CHARS:
-        raise ConfigurationError(
-            f"who cancels is named in {len(by)} characters; a name is at most {BY_CHARS}"
-        )
-    if reason is not None and len(reason) > REASON_MAX_CHARS:
-        raise ConfigurationError(
-            f"the cancel's reason is {len(reason)} characters long; a reason is at most "
-            f"{REASON_MAX_CHARS}"
-        )
+    check_cancel_request(by=by, reason=reason)
     key = cancel_key(tenant, run_id)
     # Who asked is kept as the request's holder too: a NUL in it, which PostgreSQL's text
     # cannot keep, is written ``\x00`` on every store alike.

@@ -39,7 +39,12 @@ from tesserix_adk.messages import Message
 from tesserix_adk.providers.base import Provider
 from tesserix_adk.run.approvals import told_waiting
 from tesserix_adk.run.attempt import RESUME_CLAIM_TTL, Attempt, RunClaim, new_holder
-from tesserix_adk.run.cancelling import cancel_requested, cancelled_frontier, request_cancel
+from tesserix_adk.run.cancelling import (
+    cancel_requested,
+    cancelled_frontier,
+    check_cancel_request,
+    request_cancel,
+)
 from tesserix_adk.run.events import EventSink, RunEvent
 from tesserix_adk.run.grouping import held_and_grouped
 from tesserix_adk.run.holding import carried_elsewhere, holding
@@ -503,6 +508,7 @@ class AgentRunner:
         boundary with a final ``cancelled`` frontier and sends nothing more. A run nobody
         holds is ended here (its ``Run``); ``None`` when a live holder will, or none began."""
         check_ids(tenant=tenant, run_id=run_id)
+        check_cancel_request(by=by, reason=reason)
         checkpoints = self._require_checkpoints()
         ended = await checkpoints.latest(tenant, run_id)
         if ended is not None and ended.status.finished and not ended.is_tombstone:

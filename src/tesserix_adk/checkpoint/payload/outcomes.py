@@ -195,7 +195,8 @@ def _least_bytes(value: Any, *, past: int) -> int:
 def _least_cost(item: Any) -> int:
     if isinstance(item, str):
         return len(item) + 2
-    if isinstance(item, (list, tuple, dict)):
+    kind = type(item)
+    if kind is list or kind is tuple or kind is dict:
         return 2
     return 1
 

@@ -20,8 +20,8 @@ HEAVY = 1 << 62
 
 def weighed(value: Any, weight: Weight, *, past: int) -> int:
     """The sum of ``weight`` over ``value`` and every item its lists, tuples and dicts hold
-    (a dict's keys and values), however deep; once the sum is over ``past``, that sum,
-    read no further."""
+    (a dict's keys and values; not a subclass's), however deep; once the sum is over
+    ``past``, that sum, read no further."""
     total = weight(value)
     if total > past:
         return total
@@ -44,8 +44,11 @@ def weighed(value: Any, weight: Weight, *, past: int) -> int:
 
 
 def _held(value: Any) -> Iterable[Any]:
-    if isinstance(value, (list, tuple)):
-        return value
-    if isinstance(value, dict):
+    # Plain containers only: a subclass may read itself otherwise (its own ``__iter__`` or
+    # ``items``, which may raise or never end), so it is weighed whole, as one item.
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return value  # type: ignore[no-any-return]
+    if kind is dict:
         return itertools.chain.from_iterable(value.items()) if value else ()
     return ()
