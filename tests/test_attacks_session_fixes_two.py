@@ -74,7 +74,10 @@ def test_padded_base64_holding_a_secret_is_masked(shape: str) -> None:
             note: bytes
 
         content = result_content(Shot(png=b"\x89PNG\xff", note=("password=" + PASSWORD).encode()))
-        assert r.value(content)["note"] == ENCODED
+        # A plain dataclass is written value by value, as a dict is: the note is its UTF-8
+        # text (once base64, as the image made all its bytes), masked by the password rule.
+        masked = r.value(content)
+        assert masked["note"].startswith("password=") and _no_secret(json.dumps(masked))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -75,8 +75,9 @@ def result_content(result: Any) -> Any:
     as its ``str``): the call completed, and the model must not be told it failed because
     its result is odd. Bytes are their UTF-8 text, or base64 text when they are not UTF-8
     (an image), and an int past Python's limit for text is its hex text, value by value in
-    the dicts, lists, tuples and sets that hold them; inside other objects (a dataclass),
-    one value that is not UTF-8 makes all their bytes base64 (URL-safe). In a dict whose
+    the dicts, lists, tuples, sets and plain dataclasses that hold them; inside other
+    objects (a model), one value that is not UTF-8 makes all their bytes base64
+    (URL-safe). In a dict whose
     keys would be written alike (``1`` and ``"1"``: JSON keys are text), each key that is
     not text and clashes is written after its type (``"(int) 1"``), so no value is lost."""
     try:
