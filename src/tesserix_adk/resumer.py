@@ -123,7 +123,8 @@ class Resumer:
         """
         check_ids(tenant=tenant, run_id=run_id)
         check_worker(worker)
-        holder = f"{worker}-{secrets.token_hex(6)}"
+        # Kept as the lease's holder and shown to operators: masked as the runner masks it.
+        holder = f"{self.checkpoints.redactor.text(worker)}-{secrets.token_hex(6)}"
         try:
             lease = await self.leases.acquire(tenant, run_id, holder, self.policy.ttl)
         except LeaseHeldError as exc:

@@ -176,6 +176,21 @@ def test_aws_secret_key_next_to_a_hint_is_masked_even_without_slash_or_plus() ->
         assert "[redacted:aws_secret_key]" in out
 
 
+def test_aws_secret_key_right_after_its_key_id_is_masked_even_without_slash_or_plus() -> None:
+    key_id = SAMPLES["aws_access_key_id"][0]
+    value = _pick(string.ascii_lowercase, 20) + _pick(string.digits + string.ascii_uppercase, 20)
+    r = default_redactor()
+    # s3fs's password file, a credentials CSV's row, the two on one line.
+    for line in [f"{key_id}:{value}", f",,{key_id},{value}", f"{key_id} {value}"]:
+        out = r.text(line)
+        assert value not in out and key_id not in out, out
+        assert out.count("[redacted:aws_") == 2, out
+    # Prose after a key id, and a longer run, are not a secret key.
+    prose = f"{key_id} is the access key id the documentation uses as its example"
+    assert r.text(prose).endswith(" is the access key id the documentation uses as its example")
+    assert value + "x" in r.text(f"{key_id} {value}x")
+
+
 def test_github_fine_grained_tokens_are_masked() -> None:
     token = "github_" + "pat_" + _pick(_ALNUM, 22) + "_" + _pick(_ALNUM, 59)
     assert default_redactor().text(token) == "[redacted:github_token]"

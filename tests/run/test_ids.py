@@ -4,11 +4,12 @@ before anything is read or written, so that no store is handed a name it cannot 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tesserix_adk import AgentRunner, ScriptedProvider, open_stores
-from tesserix_adk.errors import ConfigurationError
+from tesserix_adk.errors import ConfigurationError, NoCheckpointError
 from tesserix_adk.resumer import Resumer
 from tesserix_adk.run.ids import MAX_ID_BYTES
 
@@ -44,3 +45,23 @@ def test_a_default_and_an_ordinary_worker_name_are_kept() -> None:
     assert AgentRunner(ScriptedProvider(["ok"]), idempotency=object()).worker == "worker"  # type: ignore[arg-type]
     named = AgentRunner(ScriptedProvider(["ok"]), idempotency=object(), worker="w-1 ☃")  # type: ignore[arg-type]
     assert named.worker == "w-1 ☃"
+
+
+async def test_a_worker_name_holding_a_key_is_kept_masked(tmp_path: Path) -> None:
+    key = "sk-proj-" + "Zz9yXw8vUt7sRq6pOn5mLk4jIh3gFe2dCb1aZz9yXw8v"
+    async with open_stores(f"sqlite:///{tmp_path / 'adk.sqlite3'}") as stores:
+        await stores.create_schema()
+        runner = AgentRunner.from_stores(ScriptedProvider(["ok"]), stores, worker=f"w {key}")
+        assert key not in runner.worker and runner.worker.startswith("w [redacted:")
+        assert stores.leases is not None
+        holders: list[str] = []
+        acquire = stores.leases.acquire
+
+        async def noted(tenant: str, run_id: str, holder: str, ttl: float) -> Any:
+            holders.append(holder)
+            return await acquire(tenant, run_id, holder, ttl)
+
+        stores.leases.acquire = noted  # type: ignore[method-assign]
+        with pytest.raises(NoCheckpointError):
+            await Resumer.from_stores(stores).resume("r1", tenant="acme", worker=key)
+        assert holders and all(key not in h and h.startswith("[redacted:") for h in holders)

@@ -133,8 +133,10 @@ class AgentRunner:
         self.approvals = approvals
         self.lease_policy = lease_policy or LeasePolicy()
         # The name every attempt's holder id starts with; each attempt adds its own suffix.
-        self.worker = "worker" if worker is None else worker
-        check_worker(self.worker)
+        check_worker("worker" if worker is None else worker)
+        # Kept in every lease and claim it holds, and shown to operators: masked like
+        # everything else the runner persists (a name pasted with a key in it).
+        self.worker = self.redactor.text("worker" if worker is None else worker)
         # How long a resumer that died keeps others from resuming (store's clock).
         self.resume_claim_ttl = resume_claim_ttl
         # Runs that want a worker: kept up to date as runs start, wait and finish.

@@ -88,6 +88,23 @@ class ApprovalStoreConformance:
         assert (denied.by, denied.note) == ("ops@acme", "over budget")
         assert await approval_store.get(T, request.id) == denied
 
+    async def test_a_decisions_note_and_decider_are_kept_masked(
+        self, approval_store: ApprovalStore
+    ) -> None:
+        # A note pasted from a log may hold a key; the runner's settings do not reach a
+        # decision made through the store: it masks by the built-in patterns itself.
+        key = "sk-proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zAb7cDe0f"
+        request = await approval_store.request(T, R, CALLS, iteration=1)
+        denied = await approval_store.decide(
+            T, request.id, approved=False, by=f"ops {key}", note=f"the key {key} leaked"
+        )
+        kept = await approval_store.get(T, request.id)
+        for seen in (denied, kept):
+            assert seen is not None and seen.note is not None and seen.by is not None
+            assert key not in seen.note and key not in seen.by
+            assert seen.note.startswith("the key [redacted:") and seen.note.endswith("] leaked")
+            assert seen.by.startswith("ops [redacted:")
+
     async def test_same_decision_again_is_a_no_op(self, approval_store: ApprovalStore) -> None:
         request = await approval_store.request(T, R, CALLS, iteration=1)
         first = await approval_store.decide(T, request.id, approved=True, by="alice", note="ok")

@@ -18,6 +18,7 @@ from tesserix_adk.errors import StoreUnavailableError
 from tesserix_adk.messages import ToolCall
 from tesserix_adk.stores._common import calls_to_json
 from tesserix_adk.stores.protocols import ApprovalRequest, ApprovalStatus
+from tesserix_adk.stores.protocols.approvals import decision_texts
 from tesserix_adk.stores.rows import decoded, stored_calls
 
 __all__ = ["PostgresApprovalStore"]
@@ -97,6 +98,7 @@ class PostgresApprovalStore(FencedStore):
         """Decide a request: the same decision again is a no-op, the other way raises
         ``ValueError``; an id unknown for the tenant raises ``KeyError``."""
         status = ApprovalStatus.approved if approved else ApprovalStatus.denied
+        by, note = decision_texts(by, note)
         params = {
             "id": id,
             "tenant": tenant,

@@ -22,6 +22,7 @@ from tesserix_adk.adapters.redis.lua import register
 from tesserix_adk.messages import ToolCall
 from tesserix_adk.stores._common import calls_to_json
 from tesserix_adk.stores.protocols import ApprovalRequest, ApprovalStatus
+from tesserix_adk.stores.protocols.approvals import decision_texts
 from tesserix_adk.stores.rows import decoded, stored_calls
 
 __all__ = ["RedisApprovalStore"]
@@ -135,6 +136,7 @@ class RedisApprovalStore(_FencedRedisStore):
         """Decide a request: the same decision again is a no-op, the other way raises
         ``ValueError``; an id unknown for the tenant raises ``KeyError``."""
         status = ApprovalStatus.approved if approved else ApprovalStatus.denied
+        by, note = decision_texts(by, note)
         with _driver_errors(f"deciding approval request {id!r}"):
             tag = await self._locate(tenant, id)
             if tag is None:

@@ -223,6 +223,20 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             ("akia", "asia"),
         ),
         _Rule(
+            "aws_secret_key",
+            # Right after its key id (masked by the rule above): any 40 base64 characters,
+            # ``/`` or ``+`` or none, as s3fs (``AKIA…:<secret>``), a credentials CSV
+            # (``AKIA…,<secret>``) and a line of the two (``AKIA… <secret>``) keep a pair.
+            re.compile(
+                r"(?P<keep>\[redacted:aws_access_key_id\]"
+                r"(?:[ \t]{0,16}+[:,;=][ \t]{0,16}+|[ \t]{1,16}+)[\"']?)"
+                + b64
+                + r"{40}(?![A-Za-z0-9/+=])"
+            ),
+            ("akia", "asia"),
+            min_length=40,
+        ),
+        _Rule(
             "jwt",
             re.compile(
                 r"eyJ(?<!"

@@ -11,6 +11,7 @@ from dataclasses import replace
 from tesserix_adk.messages import ToolCall
 from tesserix_adk.stores.memory.fencing import Fences
 from tesserix_adk.stores.protocols import ApprovalRequest, ApprovalStatus
+from tesserix_adk.stores.protocols.approvals import decision_texts
 
 __all__ = ["MemoryApprovalStore"]
 
@@ -66,6 +67,7 @@ class MemoryApprovalStore:
         if request is None or request.tenant != tenant:
             raise KeyError(id)
         status = ApprovalStatus.approved if approved else ApprovalStatus.denied
+        by, note = decision_texts(by, note)
         if request.status is status:
             return request
         if request.status is not ApprovalStatus.pending:

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from tesserix_adk.checkpoint.redaction import default_redactor
 from tesserix_adk.messages import ToolCall
 
-__all__ = ["ApprovalRequest", "ApprovalStatus", "ApprovalStore"]
+__all__ = ["ApprovalRequest", "ApprovalStatus", "ApprovalStore", "decision_texts"]
 
 
 class ApprovalStatus(StrEnum):
@@ -63,7 +64,8 @@ class ApprovalStore(Protocol):
         self, tenant: str, id: str, *, approved: bool, by: str, note: str | None = None
     ) -> ApprovalRequest:
         """Decide a request: the same decision again is a no-op, the other way raises
-        ``ValueError``; an id unknown for the tenant raises ``KeyError``."""
+        ``ValueError``; an id unknown for the tenant raises ``KeyError``. ``by`` and
+        ``note`` are kept as ``decision_texts`` masks them."""
         ...
 
     async def get(self, tenant: str, id: str) -> ApprovalRequest | None:
@@ -73,3 +75,12 @@ class ApprovalStore(Protocol):
     async def seal(self, tenant: str, run_id: str, fence: int) -> None:
         """Raise the highest-seen fence for the run without writing data."""
         ...
+
+
+def decision_texts(by: str, note: str | None) -> tuple[str, str | None]:
+    """Who decided and the note, as an approval store keeps them: masked by the built-in
+    patterns. A decision made through the store's own ``decide`` (an application's
+    approval page) never passes the runner, whose settings mask everything else it keeps,
+    and a note pasted from a log may hold a key."""
+    redactor = default_redactor()
+    return redactor.text(by), None if note is None else redactor.text(note)

@@ -12,6 +12,7 @@ from typing import Any
 from tesserix_adk.messages import ToolCall
 from tesserix_adk.stores._common import calls_to_json
 from tesserix_adk.stores.protocols import ApprovalRequest, ApprovalStatus
+from tesserix_adk.stores.protocols.approvals import decision_texts
 from tesserix_adk.stores.rows import decoded, stored_calls
 from tesserix_adk.stores.sqlite.fencing import (
     FencedSqliteStore,
@@ -101,6 +102,7 @@ class SqliteApprovalStore(FencedSqliteStore):
         """Decide a request: the same decision again is a no-op, the other way raises
         ``ValueError``; an id unknown for the tenant raises ``KeyError``."""
         status = ApprovalStatus.approved if approved else ApprovalStatus.denied
+        by, note = decision_texts(by, note)
 
         def decide(conn: sqlite3.Connection) -> ApprovalRequest:
             request = _get_approval(conn, id)
