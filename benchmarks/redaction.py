@@ -95,6 +95,11 @@ HOSTILE: dict[str, Build] = {
     "lists under keys": lambda n: _fill('{"token": ["a", {"b": "]"}]} ', n),
     "lists under keys, never closed": lambda n: _fill('password: ["a[', n),
     "prose brackets under keys": lambda n: _fill("password: [Don't {{ x }} ", n),
+    # Quoted names and commas (the pair rule), and key ids before separators (a key pair).
+    "quoted names and commas": lambda n: _fill("'token', ", n),
+    "quoted password, spaces": lambda n: _fill("'password'," + " " * 16, n),
+    "escaped quoted names": lambda n: _fill('\\"token\\", \\"', n),
+    "key ids and separators": lambda n: _fill('AKIAIOSFODNN7EXAMPLE", |\n', n),
 }
 
 

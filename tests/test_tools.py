@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import pytest
 
@@ -136,8 +136,16 @@ def test_var_args_are_refused() -> None:
 
 @pytest.mark.parametrize(
     "annotation",
-    [ToolContext, ToolContext | None, Any, object, "ToolContext", Annotated[ToolContext, "x"]],
-    ids=["ToolContext", "optional", "Any", "object", "text", "annotated"],
+    [
+        ToolContext,
+        ToolContext | None,
+        Any,
+        object,
+        "ToolContext",
+        Annotated[ToolContext, "x"],
+        Optional["ToolContext"],
+    ],
+    ids=["ToolContext", "optional", "Any", "object", "text", "annotated", "optional-text"],
 )
 def test_ctx_may_be_annotated_as_what_it_is_handed(annotation: Any) -> None:
     def fn(query: str, ctx=None) -> str:  # type: ignore[no-untyped-def]

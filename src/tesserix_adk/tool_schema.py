@@ -94,7 +94,9 @@ def arguments_model(
 
 def _holds_a_context(annotation: Any) -> bool:
     """Whether a ``ctx`` annotated so may be handed a ``ToolContext``: none, ``Any``,
-    ``object``, or a type that names ``ToolContext`` (``ToolContext | None`` too)."""
+    ``object``, a type ``ToolContext`` is (``ToolContext | None`` too, its name as text
+    inside ``Optional["ToolContext"]``), or one the kit cannot check (a protocol): only a
+    type that plainly is not one is refused."""
     # Imported here: tools.py, which defines it, builds on this module.
     from tesserix_adk.tools import ToolContext
 
@@ -105,8 +107,16 @@ def _holds_a_context(annotation: Any) -> bool:
         return _holds_a_context(typing.get_args(annotation)[0])
     if origin is typing.Union or origin is types.UnionType:
         return any(_holds_a_context(arg) for arg in typing.get_args(annotation))
+    if isinstance(annotation, typing.ForwardRef):
+        # A name left as text inside another annotation (``Optional["ToolContext"]``).
+        return annotation.__forward_arg__.rpartition(".")[2] == ToolContext.__name__
     kind = annotation if origin is None else origin
-    return isinstance(kind, type) and issubclass(ToolContext, kind)
+    if not isinstance(kind, type):
+        return False
+    try:
+        return issubclass(ToolContext, kind)
+    except TypeError:
+        return True  # a protocol ``issubclass`` cannot check: ToolContext may well be one
 
 
 def _method_in_class_body(fn: Callable[..., Any], sig: inspect.Signature) -> bool:

@@ -224,14 +224,14 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         ),
         _Rule(
             "aws_secret_key",
-            # Right after its key id (masked by the rule above): any 40 base64 characters,
-            # ``/`` or ``+`` or none, as s3fs (``AKIA…:<secret>``), a credentials CSV
-            # (``AKIA…,<secret>``) and a line of the two (``AKIA… <secret>``) keep a pair.
+            # Right after its key id (masked by the rule above), across what writes a pair:
+            # quotes, separators, spaces, a line break, a table's bars. Any 40 base64
+            # characters, ``/`` or ``+`` or none, as s3fs (``AKIA…:<secret>``), a credentials
+            # CSV (``AKIA…,<secret>``, quoted or not), JSON, a tuple's repr, a table and a
+            # line of the two (``AKIA… <secret>``) keep a pair.
             re.compile(
-                r"(?P<keep>\[redacted:aws_access_key_id\]"
-                r"(?:[ \t]{0,16}+[:,;=][ \t]{0,16}+|[ \t]{1,16}+)[\"']?)"
-                + b64
-                + r"{40}(?![A-Za-z0-9/+=])"
+                r"(?P<keep>\[redacted:aws_access_key_id\][\"']?"
+                r"[ \t\r\n:,;=|]{0,24}+[\"']?)" + b64 + r"{40}(?![A-Za-z0-9/+=])"
             ),
             ("akia", "asia"),
             min_length=40,

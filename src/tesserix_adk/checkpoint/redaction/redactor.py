@@ -328,8 +328,12 @@ class Redactor:
                     level = pairs[-1]
                     level[0] += 1
                     if level[0] == 1:
-                        level[1] = _key_kind(decoded)
-                    elif level[0] == 2 and masked == decoded:
+                        level[1] = _pair_name_kind(decoded)
+                    elif (
+                        level[0] == 2
+                        and masked == decoded
+                        and (level[1] is None or _fits_pair(level[1], decoded))
+                    ):
                         level[2] = m
             if masked != decoded:
                 out.append(text[done : m.start()])
@@ -389,7 +393,28 @@ def _pair_kind(data: list[Any] | tuple[Any, ...]) -> str | None:
     ``None``: only text, as the JSON-text walker masks the same pair in a transcript."""
     if len(data) != 2 or not isinstance(data[0], str) or not isinstance(data[1], str):
         return None
-    return _key_kind(data[0])
+    kind = _pair_name_kind(data[0])
+    return kind if kind is not None and _fits_pair(kind, data[1]) else None
+
+
+# An AWS access key id names its secret key as a credential's name names its value: a pair
+# of the two (``["AKIA…", "<secret>"]``) masks the second, when it is shaped as one.
+_AWS_KEY_ID = re.compile(r"(?:AKIA|ASIA)[A-Z0-9]{16}")
+_AWS_SECRET = re.compile(r"[A-Za-z0-9/+]{40}")
+
+
+def _pair_name_kind(name: str) -> str | None:
+    """The kind the first item of a two-item list gives the second: a credential's name
+    gives its own (``x-api-key``), an AWS access key id ``aws_secret_key``."""
+    if _AWS_KEY_ID.fullmatch(name):
+        return "aws_secret_key"
+    return _key_kind(name)
+
+
+def _fits_pair(kind: str, value: str) -> bool:
+    """Whether a pair's second item is masked: any text under a credential's name; after
+    a key id, only 40 base64 characters (a key id beside a word is no pair)."""
+    return kind != "aws_secret_key" or _AWS_SECRET.fullmatch(value) is not None
 
 
 def default_redactor() -> Redactor:
