@@ -168,3 +168,18 @@ def test_a_ctx_annotated_as_another_type_is_refused_when_the_tool_is_made(
     fn.__annotations__["ctx"] = annotation
     with pytest.raises(ConfigurationError, match="`ctx`"):
         tool(fn)
+
+
+def test_a_tool_named_with_a_secret_or_with_nothing_is_refused_when_made() -> None:
+    token = "ghp_" + "Zq9" * 12
+
+    def fn(query: str) -> str:
+        """Search."""
+        return query
+
+    with pytest.raises(ConfigurationError, match="reads as holding a secret") as refused:
+        Tool(fn, name=f"lookup_{token}")
+    assert token not in str(refused.value)  # the refusal does not repeat it either
+    with pytest.raises(ConfigurationError, match="no name of its own"):
+        Tool(fn, name="")
+    assert Tool(fn).name == "fn"

@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 from pydantic import ValidationError
 
+from tesserix_adk.checkpoint.redaction import default_redactor
 from tesserix_adk.errors import ConfigurationError
 from tesserix_adk.messages import ToolCall
 from tesserix_adk.reconcile import Reconciler
@@ -153,11 +154,20 @@ class Tool:
                 f"{type(fn).__name__}"
             )
         self.fn = fn
-        named = name or getattr(fn, "__name__", None)
+        named = getattr(fn, "__name__", None) if name is None else name
         if not isinstance(named, str) or not named:
             raise ConfigurationError(
                 f"a tool made of {type(fn).__name__} {fn!r} has no name of its own; give "
                 "it one: Tool(fn, name=...)"
+            )
+        masked = default_redactor().text(named)
+        if masked != named:
+            # A tool's name is kept as it is in every record of its calls and matched with
+            # what the model asks for, so it cannot be stored masked (an MCP server's
+            # listing is not ours to trust).
+            raise ConfigurationError(
+                f"the name of tool {masked!r} reads as holding a secret, and a tool's name is "
+                "kept in every store as it is; name the tool otherwise"
             )
         self.name = named
         check_flags(

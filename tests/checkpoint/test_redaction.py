@@ -191,6 +191,13 @@ def test_aws_secret_key_right_after_its_key_id_is_masked_even_without_slash_or_p
     assert value + "x" in r.text(f"{key_id} {value}x")
 
 
+def test_a_github_token_glued_to_a_name_is_masked() -> None:
+    token = "ghp_" + _pick(_ALNUM, 36)
+    r = default_redactor()
+    assert r.text(f"lookup_{token}") == "lookup_[redacted:github_token]"
+    assert r.text(f"GH_TOKEN={token}") == "GH_TOKEN=[redacted:github_token]"
+
+
 def test_github_fine_grained_tokens_are_masked() -> None:
     token = "github_" + "pat_" + _pick(_ALNUM, 22) + "_" + _pick(_ALNUM, 59)
     assert default_redactor().text(token) == "[redacted:github_token]"

@@ -196,10 +196,12 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         ),
         _Rule(
             "github_token",
+            # Glued to a name before it too (``lookup_ghp_…``, a tool or a variable named
+            # after it): ``ghp_`` and 36 characters are GitHub's alone.
             re.compile(
                 r"g(?<!"
                 + _NOT_ESCAPE_END
-                + r"[A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,}+|ithub_pat_[A-Za-z0-9_]{22,}+)"
+                + r"[A-Za-z0-9]g)(?:h[pousr]_[A-Za-z0-9]{36,}+|ithub_pat_[A-Za-z0-9_]{22,}+)"
                 r"(?![A-Za-z0-9_])" + _wrapped(r"[A-Za-z0-9_]", r"[A-Za-z_]") + "*"
             ),
             ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
