@@ -26,6 +26,7 @@ from tesserix_adk.console.guard import CSRF_COOKIE, TOKEN_COOKIE, Guard, Refusal
 from tesserix_adk.console.reads import RunFilter, run_detail, runs, unstarted_run
 from tesserix_adk.console.templates import render
 from tesserix_adk.errors import AdkError
+from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.stores.bundle import Stores
 
 __all__ = ["create_app"]
@@ -184,7 +185,11 @@ def create_app(
         argv = actions.cancel_argv(
             tenant, run_id, by=form.get("by", ""), reason=form.get("reason") or None
         )
-        return _result(tenant, run_id, "Cancel", await actions.carry_out(argv, stores()))
+        done = await actions.carry_out(argv, stores())
+        # A run that ended before the cancel came records none: its page says so.
+        standing = await cancel_requested(stores().idempotency, tenant, run_id)
+        heading = "Nothing to cancel" if done.ok and standing is None else None
+        return _result(tenant, run_id, "Cancel", done, heading=heading)
 
     async def login_form(request: Request) -> Response:
         return _html(pages.page("token", render("login.html", csrf=request.state.csrf)))
@@ -273,10 +278,13 @@ def _refused(refusal: Refusal) -> Response:
     return _html(pages.page("refused", body), refusal.status)
 
 
-def _result(tenant: str, run_id: str, heading: str, done: actions.Done) -> Response:
+def _result(
+    tenant: str, run_id: str, what: str, done: actions.Done, *, heading: str | None = None
+) -> Response:
+    """The page a decision answers with: ``what`` recorded or refused (or ``heading``)."""
     body = render(
         "result.html",
-        heading=heading + (" recorded" if done.ok else " refused"),
+        heading=heading or what + (" recorded" if done.ok else " refused"),
         css="done" if done.ok else "refused",
         text=done.text,
         back=pages.tenant_path(tenant, "runs", run_id)
@@ -284,7 +292,7 @@ def _result(tenant: str, run_id: str, heading: str, done: actions.Done) -> Respo
         else pages.tenant_path(tenant, "runs"),
         run=run_id,
     )
-    return _html(pages.page(heading, body, tenant=tenant), _STATUS.get(done.code, 409))
+    return _html(pages.page(what, body, tenant=tenant), _STATUS.get(done.code, 409))
 
 
 # What a decision's exit code is over HTTP: the store busy or down (the CLI's "retry
