@@ -59,7 +59,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict src
 
 test: lint typecheck chromium pgbouncer
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 # The full reliability profile (tests/reliability, docs/reliability.md); ends with one line
 # of figures per backend.
