@@ -192,10 +192,28 @@ def test_aws_secret_key_right_after_its_key_id_is_masked_even_without_slash_or_p
 
 
 def test_a_github_token_glued_to_a_name_is_masked() -> None:
-    token = "ghp_" + _pick(_ALNUM, 36)
+    token = "ghp_" + _pick(string.ascii_letters, 30) + "7" + _pick(_ALNUM, 5)
     r = default_redactor()
     assert r.text(f"lookup_{token}") == "lookup_[redacted:github_token]"
+    assert r.text(f"lookup_{token}_v2") == "lookup_[redacted:github_token]_v2"
+    assert r.text(f"{token}_old") == "[redacted:github_token]_old"
     assert r.text(f"GH_TOKEN={token}") == "GH_TOKEN=[redacted:github_token]"
+    # A word glued the same way is no token: glued, the 36 characters need a digit.
+    word = "fetch_ghs_ClassificationAndLabellingOfChemicals"
+    assert r.text(word) == word
+
+
+def test_an_aws_key_pair_as_a_mapping_masks_its_secret() -> None:
+    key_id = SAMPLES["aws_access_key_id"][0]
+    secret = _pick(string.ascii_letters, 40)  # no digit, no / or +: only the pair tells
+    r = default_redactor()
+    assert r.value({key_id: secret}) == {
+        "[redacted:aws_access_key_id]": "[redacted:aws_secret_key]"
+    }
+    as_text = r.text(json.dumps({key_id: secret}))
+    assert secret not in as_text and key_id not in as_text
+    # A key id over a value of another shape keeps the value.
+    assert r.value({key_id: "active"}) == {"[redacted:aws_access_key_id]": "active"}
 
 
 def test_github_fine_grained_tokens_are_masked() -> None:

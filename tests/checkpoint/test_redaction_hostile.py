@@ -85,6 +85,13 @@ def _pem_never_ended(size: int) -> tuple[str, str]:
     return f"x\n-----BEGIN {label}-----\n{ends}", "x\n[redacted:private_key]"
 
 
+def _github_runs_ending_in_underscore(size: int) -> tuple[str, str]:
+    # A token with a word glued after it (``ghp_…_old``) is a token: each is masked.
+    unit = "ghp_" + "a" * 40 + "_ "
+    n = max(size // len(unit), 1)
+    return f"{unit * n}{_SECRET_URL}", "[redacted:github_token]_ " * n + _MASKED_URL
+
+
 def _bearer_dots(size: int) -> tuple[str, str]:
     return "Bearer " + _fill("a.", size), "Bearer [redacted:bearer]"
 
@@ -133,7 +140,7 @@ CASES: dict[str, Case] = {
     "pem_begin_labels": _unchanged_then_url("-----BEGIN A A A A "),
     "pem_never_ended": _pem_never_ended,
     "sk_prefixes": _unchanged_then_url("sk-a "),
-    "github_run_ending_in_underscore": _unchanged_then_url("ghp_" + "a" * 40 + "_ "),
+    "github_run_ending_in_underscore": _github_runs_ending_in_underscore,
     "github_prefixes_glued": _unchanged_then_url("ghp_a"),
     "slack_prefixes": _unchanged_then_url("xoxb-a "),
     "jwt_header_run": _unchanged_then_url("eyJ" + "a" * 50 + " "),

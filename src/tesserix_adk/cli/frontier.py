@@ -179,11 +179,12 @@ def _carry_on_with(
     """What carries the run on now: its workflow (a Temporal run), a running ``tesserix
     worker``, or the exact resume command (``--agent`` as given to ``approve``; else a
     placeholder naming the agent). ``cp``: the run's frontier, if it has one."""
+    if cp is not None and cp.status.finished:
+        # A page left open, or a late second click: the run went on and ended meanwhile
+        # (its workflow too, if one carried it).
+        return f"the run has ended {cp.status}; nothing carries it on"
     if cp is not None and cp.carried_by is not None:
         return _by_its_workflow(cp)
-    if cp is not None and cp.status.finished:
-        # A page left open, or a late second click: the run went on and ended meanwhile.
-        return f"the run has ended {cp.status}; nothing carries it on"
     agent = getattr(args, "agent", None)
     if agent is None:
         name = "" if cp is None else f" of agent {escaped(cp.agent_name)!r}"

@@ -214,6 +214,8 @@ async def _cancel(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exit
     else:
         state = "already_ended"
         said = f"run {shown} had already ended {run.status}; nothing to cancel"
+    # What became of it, for a caller that runs the command in-process (the console).
+    args.cancel_state = state
     if args.json:
         emit(
             out,

@@ -44,6 +44,8 @@ class Done:
 
     code: ExitCode
     text: str
+    # What a cancel became (``tesserix cancel --json``'s ``state``), when it ran.
+    cancel_state: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -103,4 +105,4 @@ async def carry_out(argv: list[str], stores: Stores) -> Done:
     except Exception as exc:  # the CLI's one sentence for it, as on stderr
         code, text = explain(exc, told=told_by(args))
         return Done(code, text)
-    return Done(code, out.getvalue().strip())
+    return Done(code, out.getvalue().strip(), getattr(args, "cancel_state", None))

@@ -26,7 +26,6 @@ from tesserix_adk.console.guard import CSRF_COOKIE, TOKEN_COOKIE, Guard, Refusal
 from tesserix_adk.console.reads import RunFilter, run_detail, runs, unstarted_run
 from tesserix_adk.console.templates import render
 from tesserix_adk.errors import AdkError
-from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.stores.bundle import Stores
 
 __all__ = ["create_app"]
@@ -187,8 +186,7 @@ def create_app(
         )
         done = await actions.carry_out(argv, stores())
         # A run that ended before the cancel came records none: its page says so.
-        standing = await cancel_requested(stores().idempotency, tenant, run_id)
-        heading = "Nothing to cancel" if done.ok and standing is None else None
+        heading = "Nothing to cancel" if done.cancel_state == "already_ended" else None
         return _result(tenant, run_id, "Cancel", done, heading=heading)
 
     async def login_form(request: Request) -> Response:

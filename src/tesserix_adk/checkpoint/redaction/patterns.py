@@ -196,13 +196,25 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         ),
         _Rule(
             "github_token",
-            # Glued to a name before it too (``lookup_ghp_…``, a tool or a variable named
-            # after it): ``ghp_`` and 36 characters are GitHub's alone.
+            # On its own, or with a word glued after it (``ghp_…_old``).
             re.compile(
                 r"g(?<!"
                 + _NOT_ESCAPE_END
-                + r"[A-Za-z0-9]g)(?:h[pousr]_[A-Za-z0-9]{36,}+|ithub_pat_[A-Za-z0-9_]{22,}+)"
-                r"(?![A-Za-z0-9_])" + _wrapped(r"[A-Za-z0-9_]", r"[A-Za-z_]") + "*"
+                + r"[A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,}+(?![A-Za-z0-9])"
+                r"|ithub_pat_[A-Za-z0-9_]{22,}+(?![A-Za-z0-9_]))"
+                + _wrapped(r"[A-Za-z0-9_]", r"[A-Za-z_]")
+                + "*"
+            ),
+            ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
+        ),
+        _Rule(
+            "github_token",
+            # Glued to a name before it (``lookup_ghp_…``, a tool or a variable named after
+            # it): then its 36 characters must hold a digit, as a token's nearly always do
+            # and a word does not (``fetch_ghs_ClassificationAndLabellingOfChemicals``).
+            re.compile(
+                r"(?<=[A-Za-z0-9_])g(?:h[pousr]_(?=[A-Za-z]{0,35}+[0-9])[A-Za-z0-9]{36,}+"
+                r"(?![A-Za-z0-9])|ithub_pat_[A-Za-z0-9_]{22,}+(?![A-Za-z0-9_]))"
             ),
             ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
         ),

@@ -292,6 +292,7 @@ class Redactor:
         # its second item when a string (a ``["x-api-key", "…"]`` pair masks it at ``]``).
         pairs: list[list[Any]] = []
         value_kind: str | None = None  # the kind of the key whose value comes next
+        after_key_id = False  # that key is an AWS access key id (its value may be the secret)
         for m in _JSON_TOKEN.finditer(text):
             token = m.group(0)
             in_object, inherited = stack[-1] if stack else (False, None)
@@ -320,9 +321,12 @@ class Redactor:
             decoded = json.loads(token) if "\\" in token else token[1:-1]
             if in_object and _JSON_COLON.match(text, m.end()):
                 value_kind = _key_kind(decoded) or inherited
+                after_key_id = _AWS_KEY_ID.fullmatch(decoded) is not None
                 masked = self._text(decoded, depth + 1, inside)
             else:
                 kind = value_kind if in_object else inherited
+                if in_object and after_key_id and kind is None:
+                    kind = _value_kind_after_key_id(decoded)
                 masked = self._mask_under(kind, decoded, depth + 1, inside)
                 if not in_object and pairs:
                     level = pairs[-1]
@@ -364,7 +368,7 @@ class Redactor:
                 if isinstance(key, str):
                     new_key = self._text(key, 0)
                     changed = changed or new_key != key
-                    item_kind = _key_kind(key) or kind
+                    item_kind = _value_kind(key, item) or kind
                     # Two keys that are secrets themselves may mask alike, or one mask
                     # like a key beside it: kept apart, so the record loses no value the
                     # transcript (JSON text) still holds.
@@ -409,6 +413,19 @@ def _pair_name_kind(name: str) -> str | None:
     if _AWS_KEY_ID.fullmatch(name):
         return "aws_secret_key"
     return _key_kind(name)
+
+
+def _value_kind(key: str, value: Any) -> str | None:
+    """The kind a mapping's key gives its value: a credential's name its own; an AWS access
+    key id ``aws_secret_key``, to a value shaped as one (``{"AKIA…": "<secret>"}``)."""
+    if _AWS_KEY_ID.fullmatch(key):
+        return _value_kind_after_key_id(value)
+    return _key_kind(key)
+
+
+def _value_kind_after_key_id(value: Any) -> str | None:
+    fits = isinstance(value, str) and _fits_pair("aws_secret_key", value)
+    return "aws_secret_key" if fits else None
 
 
 def _fits_pair(kind: str, value: str) -> bool:
