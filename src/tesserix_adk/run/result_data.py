@@ -77,9 +77,9 @@ def result_content(result: Any) -> Any:
     (an image), and an int past Python's limit for text is its hex text, value by value in
     the dicts, lists, tuples, sets and plain dataclasses that hold them; inside other
     objects (a model), one value that is not UTF-8 makes all their bytes base64
-    (URL-safe). In a dict whose
-    keys would be written alike (``1`` and ``"1"``: JSON keys are text), each key that is
-    not text and clashes is written after its type (``"(int) 1"``), so no value is lost."""
+    (URL-safe). In a dict whose keys would be written alike (``1`` and ``"1"``: JSON keys
+    are text), each key that is not text and clashes is written after its type (``"(int)
+    1"``), so no value is lost."""
     try:
         prepared = _unclashed(result, set())
     except Exception:
