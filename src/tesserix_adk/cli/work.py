@@ -30,7 +30,7 @@ from tesserix_adk.cli.failures import ExitCode, UsageError
 from tesserix_adk.cli.jsonout import emit, json_text
 from tesserix_adk.cli.loading import built_provider, load_agent
 from tesserix_adk.cli.text import escaped
-from tesserix_adk.errors import CheckpointTooLargeError, NoCheckpointError
+from tesserix_adk.errors import AdkError, CheckpointTooLargeError, NoCheckpointError
 from tesserix_adk.leases import LeasePolicy
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.ids import check_ids
@@ -163,6 +163,16 @@ async def run_work_command(
     return await _work(args, stores, agents, out)
 
 
+async def _ended(runner: AgentRunner, tenant: str, run_id: str) -> bool:
+    """Whether the run's frontier says it ended (one that cannot be read: not known to)."""
+    assert runner.checkpoints is not None
+    try:
+        cp = await runner.checkpoints.latest(tenant, run_id)
+    except AdkError:
+        return False
+    return cp is not None and cp.status.finished and not cp.is_tombstone
+
+
 async def _cancel(args: argparse.Namespace, stores: Stores, out: TextIO) -> ExitCode:
     runner = AgentRunner.from_stores(_NoModel(), stores, worker="tesserix-cancel")
     assert runner.checkpoints is not None
@@ -177,6 +187,9 @@ async def _cancel(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exit
             f"nothing is checkpointed or submitted under run {args.run!r} for tenant "
             f"{args.tenant!r}"
         )
+    # A run that had ended already (cancelled by someone else too) is left as it is: this
+    # cancel records nothing, and says so.
+    ended_before = await _ended(runner, args.tenant, args.run)
     unrecoverable: CheckpointTooLargeError | None = None
     try:
         run = await runner.cancel(args.run, tenant=args.tenant, by=args.by, reason=args.reason)
@@ -208,7 +221,7 @@ async def _cancel(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exit
     elif run is None:
         state = "cancelled_before_start"
         said = f"run {shown} cancelled before it started, by {escaped(by)}"
-    elif run.status.value == "cancelled":
+    elif run.status.value == "cancelled" and not ended_before:
         state = "cancelled"
         said = f"run {shown} cancelled, by {escaped(by)}: {escaped(run.output or '')}"
     else:

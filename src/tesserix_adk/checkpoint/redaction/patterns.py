@@ -196,25 +196,32 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         ),
         _Rule(
             "github_token",
-            # On its own, or with a word glued after it (``ghp_…_old``).
+            # On its own, or with a word glued after it (``ghp_…_old``); wrapped across lines
+            # anywhere (a short first line too). A classic token is 36 characters; a
+            # fine-grained one 82 with a digit (``github_pat_`` then a name's words, as in
+            # ``github_pat_expiration_warning_days``, is none).
             re.compile(
                 r"g(?<!"
                 + _NOT_ESCAPE_END
-                + r"[A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,}+(?![A-Za-z0-9])"
-                r"|ithub_pat_[A-Za-z0-9_]{22,}+(?![A-Za-z0-9_]))"
-                + _wrapped(r"[A-Za-z0-9_]", r"[A-Za-z_]")
-                + "*"
+                + r"[A-Za-z0-9_]g)(?:"
+                + _prefixed_token(r"h[pousr]_", r"[A-Za-z0-9]", r"[A-Za-z]", 36)
+                + r"(?![A-Za-z0-9])|"
+                + r"ithub_pat_(?=[A-Za-z_]{0,82}+[0-9])"
+                + _prefixed_token("", r"[A-Za-z0-9_]", r"[A-Za-z_]", 82)
+                + r"(?![A-Za-z0-9_]))"
             ),
             ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
         ),
         _Rule(
             "github_token",
             # Glued to a name before it (``lookup_ghp_…``, a tool or a variable named after
-            # it): then its 36 characters must hold a digit, as a token's nearly always do
-            # and a word does not (``fetch_ghs_ClassificationAndLabellingOfChemicals``).
+            # it): then its 36 characters must hold a digit and an upper-case letter, as a
+            # token's nearly always do and neither a word (``fetch_ghs_Classification…``)
+            # nor a hash (``laughs_da39a3ee…``) does.
             re.compile(
-                r"(?<=[A-Za-z0-9_])g(?:h[pousr]_(?=[A-Za-z]{0,35}+[0-9])[A-Za-z0-9]{36,}+"
-                r"(?![A-Za-z0-9])|ithub_pat_[A-Za-z0-9_]{22,}+(?![A-Za-z0-9_]))"
+                r"(?<=[A-Za-z0-9_])g(?:h[pousr]_(?=[A-Za-z]{0,35}+[0-9])"
+                r"(?=[a-z0-9]{0,35}+[A-Z])[A-Za-z0-9]{36,}+(?![A-Za-z0-9])"
+                r"|ithub_pat_(?=[A-Za-z_]{0,82}+[0-9])[A-Za-z0-9_]{82,}+(?![A-Za-z0-9_]))"
             ),
             ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
         ),
