@@ -72,7 +72,7 @@ def test_a_text_masked_from_memory_is_masked_as_a_fresh_scan_would() -> None:
 # The quick look before the rules run, as one regex (what it was before substring tests).
 _ONE_REGEX = re.compile(
     r"-----begin|sk-|gh[pousr]_|github_pat_|xox|akia|asia|eyj|basic|bearer|://|secret|[/+]"
-    r"|pass|token|key|auth|cookie|credential|input_value="
+    r"|pass|pwd|token|key|auth|cookie|credential|input_value="
 )
 _PIECES = st.sampled_from(
     [
@@ -135,7 +135,7 @@ def test_the_quick_look_finds_a_hint_exactly_where_the_one_regex_did(
 
 _LITERALS = [
     *("-----begin", "sk-", "github_pat_", "xox", "akia", "asia", "eyj", "basic", "bearer"),
-    *("://", "secret", "/", "+", "pass", "token", "key", "auth", "cookie", "credential"),
+    *("://", "secret", "/", "+", "pass", "pwd", "token", "key", "auth", "cookie", "credential"),
     *("input_value=", *(f"gh{c}_" for c in "pousr")),
 ]
 

@@ -213,19 +213,6 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
         ),
         _Rule(
-            "github_token",
-            # Glued to a name before it (``lookup_ghp_…``, a tool or a variable named after
-            # it): then its 36 characters must hold a digit and an upper-case letter, as a
-            # token's nearly always do and neither a word (``fetch_ghs_Classification…``)
-            # nor a hash (``laughs_da39a3ee…``) does.
-            re.compile(
-                r"(?<=[A-Za-z0-9_])g(?:h[pousr]_(?=[A-Za-z]{0,35}+[0-9])"
-                r"(?=[a-z0-9]{0,35}+[A-Z])[A-Za-z0-9]{36,}+(?![A-Za-z0-9])"
-                r"|ithub_pat_(?=[A-Za-z_]{0,82}+[0-9])[A-Za-z0-9_]{82,}+(?![A-Za-z0-9_]))"
-            ),
-            ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
-        ),
-        _Rule(
             "slack_token",
             re.compile(
                 r"xox(?<!"
@@ -334,5 +321,19 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             ),
             ("/", "+"),
             min_length=40,
+        ),
+        _Rule(
+            "github_token",
+            # Glued to a name before it (``lookup_ghp_…``, a tool or a variable named after
+            # it), tried last, on what no other rule took (a bearer token holding one is
+            # masked whole by its own rule): then its 36 characters must hold a digit and an
+            # upper-case letter, as a token's nearly always do and neither a word
+            # (``fetch_ghs_Classification…``) nor a hash (``laughs_da39a3ee…``) does.
+            re.compile(
+                r"(?<=[A-Za-z0-9_])g(?:h[pousr]_(?=[A-Za-z]{0,35}+[0-9])"
+                r"(?=[a-z0-9]{0,35}+[A-Z])[A-Za-z0-9]{36,}+(?![A-Za-z0-9])"
+                r"|ithub_pat_(?=[A-Za-z_]{0,82}+[0-9])[A-Za-z0-9_]{82,}+(?![A-Za-z0-9_]))"
+            ),
+            ("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
         ),
     )
