@@ -118,11 +118,13 @@ class _Fails:
 
 
 async def _started(stores: Stores, agent: Agent, run_id: str, *, tenant: str = T) -> None:
-    """A run started under ``agent`` (a frontier pinned to its revision) whose holder died."""
+    """A run started under ``agent`` (a frontier pinned to its revision) whose holder died.
+    Its lease is short, to be waited out, and long enough that a loaded machine still
+    renews it before the death (a 0.1 s one lapsed there first)."""
     runner = _runner(stores)
     await runner.submit(agent, "book", tenant=tenant, run_id=run_id)
     dies = AgentRunner.from_stores(
-        _Dies(), stores, lease_policy=LeasePolicy(ttl=0.1, renew_within=0.05)
+        _Dies(), stores, lease_policy=LeasePolicy(ttl=0.4, renew_within=0.2)
     )
     with pytest.raises(SimulatedCrash):
         await dies.run(agent, "book", tenant=tenant, run_id=run_id)
