@@ -190,6 +190,7 @@ async def _cancel(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exit
     # A run that had ended already (cancelled by someone else too) is left as it is: this
     # cancel records nothing, and says so.
     ended_before = await _ended(runner, args.tenant, args.run)
+    asked_before = await cancel_requested(stores.idempotency, args.tenant, args.run)
     unrecoverable: CheckpointTooLargeError | None = None
     try:
         run = await runner.cancel(args.run, tenant=args.tenant, by=args.by, reason=args.reason)
@@ -217,6 +218,12 @@ async def _cancel(args: argparse.Namespace, stores: Stores, out: TextIO) -> Exit
         said = (
             f"cancel of run {shown} recorded, by {escaped(by)}; the worker holding it "
             "stops it at its next boundary"
+        )
+    elif run is None and asked_before is not None:
+        state = "already_ended"
+        said = (
+            f"run {shown} had already been cancelled before it started, by {escaped(by)}; "
+            "nothing to cancel"
         )
     elif run is None:
         state = "cancelled_before_start"

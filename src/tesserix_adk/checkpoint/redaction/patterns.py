@@ -73,19 +73,23 @@ def _wrapped(body: str, body_without_digits: str) -> str:
 
     A continuation starts right after the token with a line break (or a JSON-escaped one) and
     is a whole line of token characters with a digit in it or at least 16 long, so a word on
-    the next line ("Thanks") is never taken for the end of a key.
+    the next line ("Thanks") is never taken for the end of a key; it may end a sentence
+    (``….``).
     """
     return (
         r"(?:(?:\r?\n|\\r\\n|\\n)[ \t]{0,16}+"
         rf"(?={body_without_digits}*+[0-9]|{body}{{16}}){body}++"
-        r"(?=[ \t]*+(?:[\r\n\"',;)\]}]|\\[rn\"]|\Z)))"
+        r"(?=[ \t]*+(?:[\r\n\"',;)\]}]|[.:!?](?![A-Za-z0-9])|\\[rn\"]|\Z)))"
     )
 
 
-def _prefixed_token(prefix: str, body: str, body_without_digits: str, least: int) -> str:
-    """``prefix`` then at least ``least`` body characters, or a shorter head wrapped."""
+def _prefixed_token(
+    prefix: str, body: str, body_without_digits: str, least: int, head: int = 0
+) -> str:
+    """``prefix`` then at least ``least`` body characters, or a shorter head (of at least
+    ``head``) wrapped."""
     cont = _wrapped(body, body_without_digits)
-    return rf"{prefix}(?:{body}{{{least},}}+{cont}*|{body}{{0,{least - 1}}}+{cont}+)"
+    return rf"{prefix}(?:{body}{{{least},}}+{cont}*|{body}{{{head},{least - 1}}}+{cont}+)"
 
 
 def _random_body(match: re.Match[str]) -> bool:
@@ -204,8 +208,13 @@ def _builtin_rules() -> tuple[_Rule, ...]:
                 r"g(?<!"
                 + _NOT_ESCAPE_END
                 + r"[A-Za-z0-9_]g)(?:"
-                + _prefixed_token(r"h[pousr]_", r"[A-Za-z0-9]", r"[A-Za-z]", 36)
+                + _prefixed_token(r"h[pousr]_", r"[A-Za-z0-9]", r"[A-Za-z]", 36, head=8)
                 + r"(?![A-Za-z0-9])|"
+                # The head of a wrapped token whose last line reads as no token's (short,
+                # no digit): the head alone, at least 20 of its 36 characters; and a token
+                # broken right after its prefix, whole on the next line.
+                + r"h[pousr]_[A-Za-z0-9]{20,35}+(?=\r?\n|\\[rn])|"
+                + r"h[pousr]_(?:\r?\n|\\r\\n|\\n)[ \t]{0,16}+[A-Za-z0-9]{36,}+(?![A-Za-z0-9])|"
                 + r"ithub_pat_(?=[A-Za-z_]{0,82}+[0-9])"
                 + _prefixed_token("", r"[A-Za-z0-9_]", r"[A-Za-z_]", 82)
                 + r"(?![A-Za-z0-9_]))"
