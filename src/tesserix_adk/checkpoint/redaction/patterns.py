@@ -124,6 +124,12 @@ def _is_basic_credential(match: re.Match[str]) -> bool:
     return ":" in decoded and decoded.isprintable()
 
 
+# An AWS access key id, and the shape of its secret key: the rules below and the redactor's
+# pairs (``["AKIA…", "<secret>"]``, ``{"AKIA…": "<secret>"}``) read them alike.
+AWS_KEY_ID = r"(?:AKIA|ASIA)[A-Z0-9]{16}"
+AWS_SECRET = r"[A-Za-z0-9/+]{40}"
+
+
 @cache
 def _builtin_rules() -> tuple[_Rule, ...]:
     """The built-in patterns, compiled on first use (nothing is compiled at import).
@@ -131,7 +137,6 @@ def _builtin_rules() -> tuple[_Rule, ...]:
     Order matters only for the label: the most specific kinds run first, so
     ``Bearer eyJ…`` reads ``Bearer [redacted:jwt]``.
     """
-    b64 = r"[A-Za-z0-9/+]"
     key_body, key_letters = r"[A-Za-z0-9_-]", r"[A-Za-z_-]"
     return (
         _Rule(
@@ -235,7 +240,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
         _Rule(
             "aws_access_key_id",
             re.compile(
-                r"(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"
+                r"(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9])" + AWS_KEY_ID + r"(?![A-Za-z0-9])"
             ),
             ("akia", "asia"),
         ),
@@ -248,7 +253,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
             # line of the two (``AKIA… <secret>``) keep a pair.
             re.compile(
                 r"(?P<keep>\[redacted:aws_access_key_id\][\"']?"
-                r"[ \t\r\n:,;=|]{0,24}+[\"']?)" + b64 + r"{40}(?![A-Za-z0-9/+=])"
+                r"[ \t\r\n:,;=|]{0,24}+[\"']?)" + AWS_SECRET + r"(?![A-Za-z0-9/+=])"
             ),
             ("akia", "asia"),
             min_length=40,
@@ -306,7 +311,7 @@ def _builtin_rules() -> tuple[_Rule, ...]:
                 + _NOT_ESCAPE_END
                 + r"[A-Za-z0-9])(?:aws_)?secret_(?:access_)?key"
                 r"|(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9])secretaccesskey)"
-                r"[\"']?[ \t]{0,16}+[:=][ \t]{0,16}+[\"']?)" + b64 + r"{40}(?![A-Za-z0-9/+=])"
+                r"[\"']?[ \t]{0,16}+[:=][ \t]{0,16}+[\"']?)" + AWS_SECRET + r"(?![A-Za-z0-9/+=])"
             ),
             ("secret",),
             min_length=40,
@@ -325,8 +330,9 @@ def _builtin_rules() -> tuple[_Rule, ...]:
                 r"(?<!base64,)(?:(?<!" + _NOT_ESCAPE_END + r"[A-Za-z0-9/+=.:_~%#@&-])"
                 r"|(?<=\[redacted:aws_access_key_id\]:))"
                 r"(?=[A-Za-z0-9]{0,39}[/+])(?=[A-Z0-9/+]{0,39}[a-z])(?=[a-z0-9/+]{0,39}[A-Z])"
-                r"(?=[A-Za-z/+]{0,39}[0-9])(?=[A-Za-z0-9])" + b64 + r"{40}"
-                r"(?![A-Za-z0-9/+=]|\.[A-Za-z0-9])"
+                r"(?=[A-Za-z/+]{0,39}[0-9])(?=[A-Za-z0-9])"
+                + AWS_SECRET
+                + r"(?![A-Za-z0-9/+=]|\.[A-Za-z0-9])"
             ),
             ("/", "+"),
             min_length=40,

@@ -30,6 +30,8 @@ from tesserix_adk.checkpoint.redaction.keys import _key_kind
 from tesserix_adk.checkpoint.redaction.patterns import (
     _PLACEHOLDER,
     _SHORTEST_SECRET,
+    AWS_KEY_ID,
+    AWS_SECRET,
     _builtin_rules,
     _Rule,
 )
@@ -288,11 +290,11 @@ class Redactor:
         done = 0
         # Per open container: whether it is an object, and the kind its strings inherit.
         stack: list[tuple[bool, str | None]] = []
-        # Per open array: its items so far, the credential kind its first string names, and
-        # its second item when a string (a ``["x-api-key", "…"]`` pair masks it at ``]``).
+        # Per open array: its items so far, its first item when a string, and its second
+        # with the kind the first gives it (a ``["x-api-key", "…"]`` pair masks it at ``]``).
         pairs: list[list[Any]] = []
         value_kind: str | None = None  # the kind of the key whose value comes next
-        after_key_id = False  # that key is an AWS access key id (its value may be the secret)
+        key_id: str | None = None  # that key, when an AWS key id (its value may be the secret)
         for m in _JSON_TOKEN.finditer(text):
             token = m.group(0)
             in_object, inherited = stack[-1] if stack else (False, None)
@@ -306,39 +308,31 @@ class Redactor:
             if token in ("}", "]"):
                 stack.pop()
                 if token == "]":
-                    count, kind, second = pairs.pop()
-                    if (
-                        count == 2
-                        and kind is not None
-                        and second is not None
-                        and second.start() >= done
-                        and second.group(0) != '""'
-                    ):
-                        out.append(text[done : second.start()])
-                        out.append(json.dumps(f"[redacted:{kind}]"))
-                        done = second.end()
+                    count, _, second = pairs.pop()
+                    if count == 2 and second is not None:
+                        item, kind = second
+                        if kind is not None and item.start() >= done and item.group(0) != '""':
+                            out.append(text[done : item.start()])
+                            out.append(json.dumps(f"[redacted:{kind}]"))
+                            done = item.end()
                 continue
             decoded = json.loads(token) if "\\" in token else token[1:-1]
             if in_object and _JSON_COLON.match(text, m.end()):
                 value_kind = _key_kind(decoded) or inherited
-                after_key_id = _AWS_KEY_ID.fullmatch(decoded) is not None
+                key_id = decoded if _AWS_KEY_ID.fullmatch(decoded) else None
                 masked = self._text(decoded, depth + 1, inside)
             else:
                 kind = value_kind if in_object else inherited
-                if in_object and after_key_id and kind is None:
-                    kind = _value_kind_after_key_id(decoded)
+                if in_object and kind is None and key_id is not None:
+                    kind = _kind_for(key_id, decoded)
                 masked = self._mask_under(kind, decoded, depth + 1, inside)
                 if not in_object and pairs:
                     level = pairs[-1]
                     level[0] += 1
                     if level[0] == 1:
-                        level[1] = _pair_name_kind(decoded)
-                    elif (
-                        level[0] == 2
-                        and masked == decoded
-                        and (level[1] is None or _fits_pair(level[1], decoded))
-                    ):
-                        level[2] = m
+                        level[1] = decoded
+                    elif level[0] == 2 and masked == decoded and level[1] is not None:
+                        level[2] = (m, _kind_for(level[1], decoded))
             if masked != decoded:
                 out.append(text[done : m.start()])
                 out.append(json.dumps(masked, ensure_ascii=False))
@@ -368,7 +362,7 @@ class Redactor:
                 if isinstance(key, str):
                     new_key = self._text(key, 0)
                     changed = changed or new_key != key
-                    item_kind = _value_kind(key, item) or kind
+                    item_kind = _kind_for(key, item) or kind
                     # Two keys that are secrets themselves may mask alike, or one mask
                     # like a key beside it: kept apart, so the record loses no value the
                     # transcript (JSON text) still holds.
@@ -397,41 +391,23 @@ def _pair_kind(data: list[Any] | tuple[Any, ...]) -> str | None:
     ``None``: only text, as the JSON-text walker masks the same pair in a transcript."""
     if len(data) != 2 or not isinstance(data[0], str) or not isinstance(data[1], str):
         return None
-    kind = _pair_name_kind(data[0])
-    return kind if kind is not None and _fits_pair(kind, data[1]) else None
+    return _kind_for(data[0], data[1])
 
 
-# An AWS access key id names its secret key as a credential's name names its value: a pair
-# of the two (``["AKIA…", "<secret>"]``) masks the second, when it is shaped as one.
-_AWS_KEY_ID = re.compile(r"(?:AKIA|ASIA)[A-Z0-9]{16}")
-_AWS_SECRET = re.compile(r"[A-Za-z0-9/+]{40}")
+# An AWS access key id names its secret key as a credential's name names its value.
+_AWS_KEY_ID = re.compile(AWS_KEY_ID)
+_AWS_SECRET = re.compile(AWS_SECRET)
 
 
-def _pair_name_kind(name: str) -> str | None:
-    """The kind the first item of a two-item list gives the second: a credential's name
-    gives its own (``x-api-key``), an AWS access key id ``aws_secret_key``."""
+def _kind_for(name: str, value: Any) -> str | None:
+    """The kind ``name`` (a mapping's key, a pair's first item) gives ``value``: a
+    credential's name its own (``x-api-key``), to any value; an AWS access key id
+    ``aws_secret_key``, to 40 base64 characters only (``{"AKIA…": "<secret>"}``; a key id
+    beside a word is no pair)."""
     if _AWS_KEY_ID.fullmatch(name):
-        return "aws_secret_key"
+        shaped = isinstance(value, str) and _AWS_SECRET.fullmatch(value) is not None
+        return "aws_secret_key" if shaped else None
     return _key_kind(name)
-
-
-def _value_kind(key: str, value: Any) -> str | None:
-    """The kind a mapping's key gives its value: a credential's name its own; an AWS access
-    key id ``aws_secret_key``, to a value shaped as one (``{"AKIA…": "<secret>"}``)."""
-    if _AWS_KEY_ID.fullmatch(key):
-        return _value_kind_after_key_id(value)
-    return _key_kind(key)
-
-
-def _value_kind_after_key_id(value: Any) -> str | None:
-    fits = isinstance(value, str) and _fits_pair("aws_secret_key", value)
-    return "aws_secret_key" if fits else None
-
-
-def _fits_pair(kind: str, value: str) -> bool:
-    """Whether a pair's second item is masked: any text under a credential's name; after
-    a key id, only 40 base64 characters (a key id beside a word is no pair)."""
-    return kind != "aws_secret_key" or _AWS_SECRET.fullmatch(value) is not None
 
 
 def default_redactor() -> Redactor:
