@@ -13,8 +13,10 @@ take, and after the run closed; everything Temporal records of a run whose input
 answer and tool arguments hold secrets (every execution's raw history after a reset, list
 and describe info with memo and search attributes).
 
-Found (left: README's "Running on Temporal" names it as a limit; a call with a key, the
-default, is safe, as the plain test beside it shows):
+Found, and fixed (``calls._marked_sent``: an unkeyed side-effecting call leaves a durable
+mark in the idempotency store just before it goes out, and an execution finding one an
+earlier attempt left refuses the call as in doubt; a keyed call was safe already, as the
+plain test beside it shows):
 
 - HIGH ``test_an_unkeyed_call_in_doubt_is_not_sent_again_by_a_reset_to_before_its_activity``
   [scheduler, FirstWorkflowTask]: a run fails non-retryably with
@@ -473,13 +475,6 @@ async def test_a_keyed_call_is_replayed_not_sent_by_a_reset_to_before_its_activi
     assert getattr(again, "status", None) == "completed", again
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT HIGH (left, a limit README names): a Temporal reset to before an unkeyed "
-    "call in doubt sends it again: "
-    "activities.tool_call takes attempt 1 of the reset execution as never-run "
-    "(retried = attempt > 1; calls.tool_call only refuses `if retried and side_effects`)",
-)
 @pytest.mark.parametrize("to", ["scheduler", "FirstWorkflowTask"])
 async def test_an_unkeyed_call_in_doubt_is_not_sent_again_by_a_reset_to_before_its_activity(
     temporal_server: DevServer, tmp_path: Path, to: str

@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from tesserix_adk.timestamps import iso_time
 from tesserix_adk.tools import canonical_json
 
 if TYPE_CHECKING:
+    from tesserix_adk.checkpoint.payload import OutstandingCall
     from tesserix_adk.run.grouping import PendingGroup
 
 __all__ = ["RESUME_CLAIM_TTL", "AheadCall", "Attempt", "RunClaim", "new_holder", "run_claim_key"]
@@ -226,6 +227,10 @@ class Attempt:
     sent_keys: set[str] = field(default_factory=set)
     # Where a streamed run's events go (``AgentRunner.stream``); None: nobody listens.
     events: EventSink | None = None
+    # Awaited just before an unkeyed side-effecting call goes out, with nothing else left
+    # to stop it: a carrier whose history can be rewound (a Temporal reset) leaves a durable
+    # mark there, and raises to keep the call in when an earlier execution left one.
+    before_unkeyed_send: Callable[[OutstandingCall], Awaitable[None]] | None = None
     # Whether the model's text is streamed: asked for by whoever started the attempt (events
     # to hear), not by telemetry added to ``events`` later, which must not change the wire.
     streams: bool = field(init=False, default=False)

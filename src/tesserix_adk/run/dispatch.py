@@ -321,6 +321,8 @@ async def _call_tool(
         invalid = invalid_arguments(attempt, tool, oc)
         if invalid is not None:
             return _finished(run, attempt, oc, invalid, CallDisposition.refused)
+        if oc.side_effects and attempt.before_unkeyed_send is not None:
+            await attempt.before_unkeyed_send(oc)
         _started(run, attempt, oc)
         try:
             outcome = await invoke(attempt, tool, oc.call, ctx, parts.redactor)
