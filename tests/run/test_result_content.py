@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import itertools
 import json
 import threading
 from collections import Counter, deque
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -204,3 +206,54 @@ def test_pairs_are_masked_alike_as_data_and_as_json_text(pairs: list[Any]) -> No
     as_data = redactor.value(pairs)
     as_text = json.loads(redactor.text(json.dumps(pairs)))
     assert as_data == as_text
+
+
+def _past_the_cap(read: list[int], start: int = 0) -> Iterator[int]:
+    """Values without end, counted as they are read; one read past ``MOST_READ`` and a few
+    more would be reading on (the test would not hang on a kit that does)."""
+    for n in itertools.count(start):
+        read.append(n)
+        if len(read) > result_data.MOST_READ + 5:
+            raise AssertionError("read on past MOST_READ")
+        yield n
+
+
+def test_an_endless_generator_is_read_up_to_the_cap_and_says_the_rest_was_not_read() -> None:
+    read: list[int] = []
+    written = result_content({"rows": _past_the_cap(read)})
+    rows = written["rows"]
+    assert len(read) == result_data.MOST_READ
+    assert rows[:-1] == list(range(result_data.MOST_READ))
+    assert "the rest of this result was not read" in rows[-1], rows[-1]
+
+
+def test_the_cap_holds_for_all_the_iterators_of_a_result_together() -> None:
+    """Generators of generators: the values read in the whole result are counted, so one
+    result cannot be read for ``MOST_READ`` values per iterator, without end."""
+    read: list[int] = []
+
+    def pages() -> Iterator[Iterator[int]]:
+        while True:
+            yield _past_the_cap(read, len(read))
+
+    written = result_content(pages())
+    assert len(read) < result_data.MOST_READ + 5
+    assert "the rest of this result was not read" in json.dumps(written)[-200:]
+
+
+async def test_a_tool_returning_an_endless_generator_completes_its_call() -> None:
+    """The call's outcome is known (it returned): recorded completed, the run goes on,
+    though no record can hold what it returned (too large at the default max_bytes)."""
+
+    @tool(key=lambda **kw: "count-1")
+    def count() -> Any:
+        """Count (a side effect)."""
+        return itertools.count()
+
+    async with open_stores("memory://") as stores:
+        await stores.create_schema()
+        runner = AgentRunner.from_stores(ScriptedProvider([[("count", {})], "Done."]), stores)
+        result = await runner.run(Agent("a", "x", [count]), "go", tenant="t", run_id="r")
+        [record] = await stores.idempotency.records("t", "r")
+    assert result.output == "Done."
+    assert record.status is RecordStatus.completed

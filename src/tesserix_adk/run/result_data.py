@@ -11,18 +11,19 @@ import functools
 import json
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from pydantic_core import to_jsonable_python
 
+from tesserix_adk.checkpoint.payload.envelope import DEFAULT_MAX_BYTES
 from tesserix_adk.checkpoint.payload.weighing import weighed
 from tesserix_adk.checkpoint.redaction.keys import MAX_KEY_NAME
 from tesserix_adk.messages import int_as_text
 from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.tools import until_the_thread_returns
 
-__all__ = ["converted", "error_text", "mapping_items", "result_content"]
+__all__ = ["MOST_READ", "converted", "error_text", "mapping_items", "result_content"]
 
 
 def error_text(exc: BaseException) -> str:
@@ -81,7 +82,7 @@ def result_content(result: Any) -> Any:
     are text), each key that is not text and clashes is written after its type (``"(int)
     1"``), so no value is lost."""
     try:
-        prepared = _unclashed(result, set())
+        prepared = _unclashed(result, _Walk())
     except Exception:
         prepared = result  # a mapping that cannot be walked: written as pydantic can
     try:
@@ -181,7 +182,7 @@ def _key_name(key: Any) -> tuple[str, bool]:
         return f"<a {type(key).__name__} key that cannot be written as text>", False
 
 
-def _unclashed(value: Any, path: set[int]) -> Any:
+def _unclashed(value: Any, walk: _Walk) -> Any:
     """``value`` with each dict it holds whose keys JSON would write alike (or one key
     pydantic cannot write) given text keys that no longer clash: text keys stay as they
     are (a redactor masks by key name, so ``password`` must stay ``password``), and each
@@ -193,24 +194,25 @@ def _unclashed(value: Any, path: set[int]) -> Any:
     itself, the same object, when nothing clashes (the common case costs a walk and no
     copy)."""
     if isinstance(value, Iterator) and not isinstance(value, (str, bytes, bytearray)):
-        return _read_once(value, path)
+        return _read_once(value, walk)
     if _plain_dataclass(value):
-        if id(value) in path:
+        if id(value) in walk.path:
             return value  # a cycle: left to pydantic, which refuses it
-        path.add(id(value))
+        walk.path.add(id(value))
         try:
             # Written as pydantic writes it, so that what it holds is walked (and cut into
             # pieces when large) as the dict's values are.
-            return {f.name: _unclashed(getattr(value, f.name), path) for f in fields(value)}
+            return {f.name: _unclashed(getattr(value, f.name), walk) for f in fields(value)}
         finally:
-            path.discard(id(value))
-    if not isinstance(value, (Mapping, list, tuple, set, frozenset, deque)) or id(value) in path:
+            walk.path.discard(id(value))
+    kinds = (Mapping, list, tuple, set, frozenset, deque)
+    if not isinstance(value, kinds) or id(value) in walk.path:
         return value
-    path.add(id(value))
+    walk.path.add(id(value))
     try:
         if isinstance(value, Mapping):
             given = mapping_items(value)
-            items = [(k, _unclashed(v, path)) for k, v in given]
+            items = [(k, _unclashed(v, walk)) for k, v in given]
             if not all(type(k) is str for k, _ in given) and _keys_clash(given):
                 return _keys_apart(items)
             unchanged = all(a[1] is b[1] for a, b in zip(items, given, strict=True))
@@ -220,20 +222,42 @@ def _unclashed(value: Any, path: set[int]) -> Any:
             if unchanged and type(value) is dict:
                 return value
             return dict(items)
-        inner = [_unclashed(v, path) for v in value]
+        inner = [_unclashed(v, walk) for v in value]
         if all(a is b for a, b in zip(inner, value, strict=True)):
             return value
         return inner
     finally:
-        path.discard(id(value))
+        walk.path.discard(id(value))
 
 
-def _read_once(values: Iterator[Any], path: set[int]) -> list[Any]:
+MOST_READ = DEFAULT_MAX_BYTES
+"""The most values a result's iterators are read for, all together: each takes two bytes
+of JSON at least, so a result of more is over the default ``max_bytes`` and recorded as too
+large anyway, and an endless generator (``itertools.count()``) cannot hold up the run."""
+
+
+@dataclass(slots=True)
+class _Walk:
+    """One walk of a result: the containers it is inside (a cycle is left to pydantic,
+    which refuses it), and how many more values its iterators may yield."""
+
+    path: set[int] = field(default_factory=set)
+    left: int = MOST_READ
+
+
+def _read_once(values: Iterator[Any], walk: _Walk) -> list[Any]:
     """What an iterator yields, as a list; when reading it raises (a page that failed),
     what it yielded before, then a text saying how it stopped: the call completed, and
-    neither its pages nor its failure is dropped."""
+    neither its pages nor its failure is dropped. Past ``MOST_READ`` values read in the
+    whole result, it is not read further, and a text says so."""
     out: list[Any] = []
     while True:
+        if walk.left <= 0:
+            out.append(
+                f"(the rest of this result was not read: its iterators yielded more than "
+                f"{MOST_READ} values)"
+            )
+            return out
         try:
             value = next(values)
         except StopIteration:
@@ -241,7 +265,8 @@ def _read_once(values: Iterator[Any], path: set[int]) -> list[Any]:
         except Exception as exc:
             out.append(f"(the rest of this result could not be read: {error_text(exc)})")
             return out
-        out.append(_unclashed(value, path))
+        walk.left -= 1
+        out.append(_unclashed(value, walk))
 
 
 def _plain_dataclass(value: Any) -> bool:
@@ -277,7 +302,7 @@ def _unknown(value: Any) -> Any:
     redactor masks it by name and none is lost; anything else as its ``str``."""
     if isinstance(value, Mapping):
         try:
-            return _unclashed(value, set())
+            return _unclashed(value, _Walk())
         except Exception:
             pass
     return str(value)
