@@ -199,6 +199,12 @@ class Tool:
         self._args_model, self._accepts_ctx, schema = arguments_model(fn, self.name)
         self.parameters: Mapping[str, Any] = schema
 
+    @property
+    def takes_context(self) -> bool:
+        """Whether the function declares a ``ctx`` parameter (only such a tool is handed
+        the run's state)."""
+        return self._accepts_ctx
+
     def __setattr__(self, name: str, value: Any) -> None:
         # Fixed once an agent holds it: the agent's revision pins the tool's contract as it
         # was then, and a tool changed afterwards would be resumed under a stale revision.

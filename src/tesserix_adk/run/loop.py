@@ -59,7 +59,7 @@ from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.protocols import Ledger
 from tesserix_adk.tools import canonical_json, replay_key
 
-__all__ = ["carry_on", "outstanding_calls", "run_loop"]
+__all__ = ["carry_on", "end_as_ended", "outstanding_calls", "run_loop"]
 
 _log = logging.getLogger("tesserix_adk.runner")
 
@@ -277,6 +277,12 @@ def _refuse_divergence(run: RunState, attempt: Attempt, calls: Sequence[Outstand
             f"{', '.join(missing)}"
         )
     del attempt.ahead[run.iteration]
+
+
+async def end_as_ended(parts: RunParts, run: RunState, attempt: Attempt, cp: Checkpoint) -> Run:
+    """Write ``cp``, a frontier that ended, as ``run``'s own final frontier (a replay from
+    a run's last step: nothing is left to run)."""
+    return await _finish(parts, run, attempt, RunStatus(cp.status.value), output=cp.output)
 
 
 async def _finish(

@@ -20,11 +20,14 @@ from tesserix_adk.errors import (
     ConfigurationError,
     NoCheckpointError,
 )
+from tesserix_adk.messages import Usage
 from tesserix_adk.run.attempt import Attempt, new_holder
 from tesserix_adk.run.ids import check_ids, id_problem
-from tesserix_adk.run.loop import carry_on, outstanding_calls
-from tesserix_adk.run.result import Run, finished_run
+from tesserix_adk.run.loop import carry_on, end_as_ended, outstanding_calls
+from tesserix_adk.run.result import Run
 from tesserix_adk.run.state import RunState
+from tesserix_adk.stores.capabilities import ledger_totals
+from tesserix_adk.stores.protocols import Ledger
 
 if TYPE_CHECKING:
     from tesserix_adk.run.runner import AgentRunner
@@ -54,6 +57,7 @@ async def replay_from(
     runner._check_agent(agent)
     cp = usable_step(
         await checkpoints.at(tenant, run_id, from_step),
+        agent=agent,
         run_id=run_id,
         tenant=tenant,
         from_step=from_step,
@@ -86,21 +90,30 @@ async def replay_from(
         await _refuse_taken(runner, tenant, new_id)
         replayed = replayed_frontier(cp, run)
         if cp.status.finished:
-            return finished_run(replayed)
+            # Nothing runs from it; written all the same, so the id the replay hands back
+            # is a run the stores hold (``tesserix show``), and is not taken again.
+            return await end_as_ended(runner._parts, run, attempt, replayed)
         return await carry_on(runner._parts, run, attempt, replayed)
 
 
 async def _refuse_taken(runner: AgentRunner, tenant: str, run_id: str) -> None:
     """Refuse ``run_id`` if any run holds it: a frontier, a submission waiting for a worker,
-    or records left by a start whose first frontier was never written."""
+    or records or spend left by a start whose first frontier was never written."""
     checkpoints = runner._require_checkpoints()
     taken = (
         await checkpoints.store.latest(tenant, run_id) is not None
         or (runner.work is not None and await runner.work.input(tenant, run_id) is not None)
         or bool(await runner.idempotency.records(tenant, run_id))
+        or (runner.ledger is not None and await _charged(runner.ledger, tenant, run_id))
     )
     if taken:
         raise ConfigurationError(f"run {run_id!r} already exists; a replay starts a run of its own")
+
+
+async def _charged(ledger: Ledger, tenant: str, run_id: str) -> bool:
+    """Whether a model call was charged to the run (micros or tokens)."""
+    micros, usage = await ledger_totals(ledger, tenant, run_id)
+    return micros > 0 or usage != Usage()
 
 
 def check_stubs(
@@ -152,6 +165,7 @@ def _tool_names(live: object) -> set[str]:
 def usable_step(
     cp: Checkpoint | None,
     *,
+    agent: Agent,
     run_id: str,
     tenant: str,
     from_step: int,
@@ -173,12 +187,37 @@ def usable_step(
             f"step {from_step} holds call(s) to {', '.join(masked)} whose arguments were "
             "redacted; stub them to replay (a live tool would get masked arguments)"
         )
-    if cp.state_redacted and live:
+    # The step's own record of a call says what it does to the world, whatever the agent
+    # replayed says now (a revision that calls a booking read-only still books); a call of
+    # a tool the agent no longer has is answered "unknown tool", never sent.
+    recorded = sorted(
+        {
+            oc.call.name
+            for oc in cp.outstanding
+            if oc.side_effects
+            and oc.call.name in agent.tools
+            and oc.call.name not in stubs
+            and oc.call.name not in live
+        }
+    )
+    if recorded:
         raise ConfigurationError(
-            f"step {from_step}'s state held a secret, which the stores keep masked; stub "
-            f"{', '.join(sorted(live))} to replay it (a live tool would get the mask as if it "
-            "were the value)"
+            f"step {from_step} holds call(s) to {', '.join(recorded)}, recorded as "
+            "side-effecting; stub them or name them in live to replay it"
         )
+    if cp.state_redacted:
+        # Any tool that is handed ``ctx`` reads the state, live or not.
+        reads_state = sorted(
+            t.name
+            for t in agent.tools.values()
+            if t.name not in stubs and (t.name in live or t.takes_context)
+        )
+        if reads_state:
+            raise ConfigurationError(
+                f"step {from_step}'s state held a secret, which the stores keep masked; stub "
+                f"{', '.join(reads_state)} to replay it (a tool would get the mask as if it "
+                "were the value)"
+            )
     return cp
 
 

@@ -67,7 +67,7 @@ from tesserix_adk.run.resume import (
 from tesserix_adk.run.screening import without_secret_ids
 from tesserix_adk.run.state import RunState, as_messages
 from tesserix_adk.run.streaming import stream_run
-from tesserix_adk.run.submitting import same_submission, submission
+from tesserix_adk.run.submitting import refuse_another_start, same_submission, submission
 from tesserix_adk.stores.protocols import (
     ApprovalStore,
     CommitsWithNext,
@@ -233,7 +233,12 @@ class AgentRunner:
         messages = without_secret_ids(as_messages(input), self.redactor)
         if started:
             # Under way: the same request again is a no-op; another one (told apart by the
-            # submission the run was started from, where it kept one) is said.
+            # agent that carries it, and by the submission the run was started from, where
+            # it kept one) is said. A replay is nobody's submission.
+            assert self.checkpoints is not None
+            cp = await self.checkpoints.latest(tenant, run_id)
+            if cp is not None:
+                refuse_another_start(cp, agent)
             if await work.input(tenant, run_id) is not None:
                 with contextlib.suppress(CheckpointError):
                     data = submission(agent, messages, state, self.redactor)

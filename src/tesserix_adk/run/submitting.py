@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tesserix_adk.agent import Agent
+from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.payload.submission import decode_submission, encode_submission
 from tesserix_adk.checkpoint.redaction import Redactor
 from tesserix_adk.checkpoint.state_json import state_from_json, state_to_json
@@ -16,7 +17,7 @@ from tesserix_adk.messages import Message
 from tesserix_adk.run.screening import without_secret_ids
 from tesserix_adk.stores.protocols import WorkIndex
 
-__all__ = ["same_submission", "submission"]
+__all__ = ["refuse_another_start", "same_submission", "submission"]
 
 
 def submission(agent: Agent, messages: Sequence[Message], state: Any, redactor: Redactor) -> bytes:
@@ -71,6 +72,21 @@ async def same_submission(
 
 def _encoded(messages: Sequence[Message], redactor: Redactor) -> bytes:
     return encode_submission(messages, None, redactor)
+
+
+def refuse_another_start(cp: Checkpoint, agent: Agent) -> None:
+    """``RunStartedError`` (not retryable) for a submission of ``agent`` under the id of a
+    run whose frontier ``cp`` another agent wrote, or a replay wrote: the submission would
+    be told it was taken, and the run it names is not its own."""
+    if cp.replay_of is not None:
+        raise _another(
+            f"run {cp.run_id!r} is a replay of {cp.replay_of}: not submitted (use a new run id)"
+        )
+    if cp.agent_name != agent.name:
+        raise _another(
+            f"run {cp.run_id!r} is carried by agent {cp.agent_name!r}, not {agent.name!r}: "
+            "not submitted (use a new run id for this one)"
+        )
 
 
 def _another(message: str) -> RunStartedError:
