@@ -12,9 +12,9 @@ import contextlib
 import hashlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tesserix_adk.checkpoint.redaction import Masked, Redactor
 from tesserix_adk.errors import (
@@ -34,7 +34,15 @@ if TYPE_CHECKING:
     from tesserix_adk.checkpoint.payload import OutstandingCall
     from tesserix_adk.run.grouping import PendingGroup
 
-__all__ = ["RESUME_CLAIM_TTL", "AheadCall", "Attempt", "RunClaim", "new_holder", "run_claim_key"]
+__all__ = [
+    "RESUME_CLAIM_TTL",
+    "AheadCall",
+    "Attempt",
+    "RunClaim",
+    "SendMarks",
+    "new_holder",
+    "run_claim_key",
+]
 
 RESUME_CLAIM_TTL = 300.0
 
@@ -50,6 +58,20 @@ def run_claim_key(tenant: str, run_id: str) -> str:
     """The idempotency key of a run's resume claim (one per tenant and run)."""
     body = canonical_json(["resume", tenant, run_id])
     return "run1:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+class SendMarks(Protocol):
+    """Durable marks of unkeyed side-effecting calls about to go out."""
+
+    async def mark(self, oc: OutstandingCall) -> None:
+        """Leave the call's mark, with nothing else left to stop it going out; raise to keep
+        it in (``IndeterminateToolCallError`` when an earlier attempt left one)."""
+        ...
+
+    async def unsent(self, oc: OutstandingCall) -> None:
+        """Drop the mark of a call that was stopped after all (its lease check); never
+        raises: a mark left is a call refused in doubt, never one sent twice."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,10 +249,10 @@ class Attempt:
     sent_keys: set[str] = field(default_factory=set)
     # Where a streamed run's events go (``AgentRunner.stream``); None: nobody listens.
     events: EventSink | None = None
-    # Awaited just before an unkeyed side-effecting call goes out, with nothing else left
-    # to stop it: a carrier whose history can be rewound (a Temporal reset) leaves a durable
-    # mark there, and raises to keep the call in when an earlier execution left one.
-    before_unkeyed_send: Callable[[OutstandingCall], Awaitable[None]] | None = None
+    # Marks left just before an unkeyed side-effecting call goes out, by a carrier whose
+    # history can be rewound (a Temporal reset); None: the kit's own runs, whose frontier
+    # naming the call is mark enough.
+    send_marks: SendMarks | None = None
     # Whether the model's text is streamed: asked for by whoever started the attempt (events
     # to hear), not by telemetry added to ``events`` later, which must not change the wire.
     streams: bool = field(init=False, default=False)

@@ -321,12 +321,15 @@ async def _call_tool(
         invalid = invalid_arguments(attempt, tool, oc)
         if invalid is not None:
             return _finished(run, attempt, oc, invalid, CallDisposition.refused)
-        if oc.side_effects and attempt.before_unkeyed_send is not None:
-            await attempt.before_unkeyed_send(oc)
+        marks = attempt.send_marks if oc.side_effects else None
+        if marks is not None:
+            await marks.mark(oc)
         _started(run, attempt, oc)
         try:
             outcome = await invoke(attempt, tool, oc.call, ctx, parts.redactor)
         except NotSent as stop:
+            if marks is not None:
+                await marks.unsent(oc)
             _unsent(run, attempt, oc, stop.error)
             raise stop.error from None
         return _finished(run, attempt, oc, await told(parts, outcome), CallDisposition.dispatched)

@@ -8,16 +8,13 @@ as its redacted text.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer, state_from_json
 from tesserix_adk.checkpoint.payload import Boundary, Carrier, Checkpoint, OutstandingCall
 from tesserix_adk.checkpoint.planning import (
-    PlannedCall,
     ResumePlan,
-    ToolDisposition,
     plan_resume,
 )
 from tesserix_adk.errors import (
@@ -37,11 +34,11 @@ from tesserix_adk.run.recording import redacted_record
 from tesserix_adk.run.resume import refuse_unresumable
 from tesserix_adk.run.runner import AgentRunner
 from tesserix_adk.run.state import RunState
-from tesserix_adk.stores.protocols import IdempotencyStore, RecordStatus
+from tesserix_adk.stores.protocols import RecordStatus
+from tesserix_adk.temporal.marks import UnkeyedMarks, unkeyed_in_doubt
 from tesserix_adk.temporal.shapes import ToolInput, ToolResult
-from tesserix_adk.tools import canonical_json
 
-__all__ = ["check_revision", "checkpoints_of", "tool_call", "unkeyed_mark_key"]
+__all__ = ["check_revision", "checkpoints_of", "tool_call"]
 
 
 def check_revision(agent: Agent, revision: str, run_id: str) -> None:
@@ -108,8 +105,8 @@ async def tool_call(
         try:
             if oc.key is None:
                 if retried and oc.side_effects:
-                    raise _unkeyed_in_doubt(oc, cp)
-                attempt.before_unkeyed_send = _marked_sent(parts.idempotency, holder, call, cp)
+                    raise unkeyed_in_doubt(oc, cp)
+                attempt.send_marks = UnkeyedMarks(parts.idempotency, holder, cp, call.position)
             else:
                 await _settle_in_doubt(runner, agent, attempt, cp, oc)
             # A call about to be sent asks for a cancel once claimed (one asked since the
@@ -171,38 +168,6 @@ async def _settle_in_doubt(
         )
 
 
-def unkeyed_mark_key(tenant: str, run_id: str, iteration: int, position: int, call_id: str) -> str:
-    """The idempotency key of the mark an unkeyed call leaves just before it goes out."""
-    body = canonical_json(["unkeyed", tenant, run_id, iteration, position, call_id])
-    return "unkeyed1:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
-
-
-def _marked_sent(
-    idempotency: IdempotencyStore, holder: str, call: ToolInput, cp: Checkpoint
-) -> Callable[[OutstandingCall], Awaitable[None]]:
-    """What an unkeyed side-effecting call does last before it goes out: leave a durable
-    mark (a record with no tool, as a cancel request is, never expiring), or, finding one
-    an earlier attempt left, stay in as in doubt. Temporal's attempt number cannot say
-    so: a reset of the workflow starts the activity at attempt 1 again."""
-
-    async def mark(oc: OutstandingCall) -> None:
-        key = unkeyed_mark_key(call.tenant, call.run_id, cp.iteration, call.position, oc.call.id)
-        rec = await idempotency.claim(
-            key,
-            holder=holder,
-            tenant=call.tenant,
-            run_id=call.run_id,
-            iteration=None,
-            tool=None,
-            call_id=None,
-            flags=None,
-        )
-        if rec.status is not RecordStatus.in_flight or rec.holder != holder:
-            raise _unkeyed_in_doubt(oc, cp, "an earlier execution of its workflow sent it")
-
-    return mark
-
-
 def _the_call(outstanding: Sequence[OutstandingCall], call: ToolInput) -> OutstandingCall | None:
     """The frontier's call ``call`` names: at its place, with its id (a model may give two
     calls one id); by id alone for a kit that did not carry the place."""
@@ -219,27 +184,6 @@ def _kept_in(finished: list[ToolCallFinished]) -> EventSink:
             finished.append(event)
 
     return keep
-
-
-def _unkeyed_in_doubt(
-    oc: OutstandingCall,
-    cp: Checkpoint,
-    why: str = "an earlier attempt of its activity may have sent it",
-) -> IndeterminateToolCallError:
-    doubt = PlannedCall(
-        call_id=oc.call.id,
-        tool=oc.call.name,
-        key=None,
-        disposition=ToolDisposition.indeterminate,
-        reason=f"no idempotency key, and {why}",
-        iteration=cp.iteration,
-        arguments=oc.call.arguments,
-        side_effects=oc.side_effects,
-    )
-    return IndeterminateToolCallError(
-        f"cannot tell whether 1 call(s) ran: {doubt.describe()}; check the tool's own system",
-        calls=[doubt],
-    )
 
 
 def checkpoints_of(runner: AgentRunner) -> Checkpointer:

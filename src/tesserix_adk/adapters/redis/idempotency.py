@@ -276,7 +276,8 @@ class RedisIdempotencyStore(_FencedRedisStore):
     async def release(
         self, key: str, *, tenant: str, holder: str, undispatched: bool = False
     ) -> None:
-        """Drop a ttl claim held by ``holder``; anything else is left alone."""
+        """Drop a ttl claim held by ``holder``, or any claim it held and did not act on
+        (``undispatched``); anything else is left alone."""
         await self._ready()
         with _driver_errors(f"releasing {key!r}"):
             tag = await self._owner(tenant, key)

@@ -103,13 +103,14 @@ class MemoryIdempotencyStore:
     async def release(
         self, key: str, *, tenant: str, holder: str, undispatched: bool = False
     ) -> None:
-        """Drop a ttl claim held by ``holder``; anything else is left alone."""
+        """Drop a ttl claim held by ``holder``, or any claim it held and did not act on
+        (``undispatched``); anything else is left alone."""
         record = self._live(tenant, key, self._clock())
         if (
             record is not None
             and record.status is RecordStatus.in_flight
             and record.holder == holder
-            and (record.expires_at is not None or (undispatched and record.tool is not None))
+            and (record.expires_at is not None or undispatched)
         ):
             del self._records[(tenant, key)]
 

@@ -142,9 +142,10 @@ class IdempotencyStore(Protocol):
     async def release(
         self, key: str, *, tenant: str, holder: str, undispatched: bool = False
     ) -> None:
-        """Drop a ttl claim held in flight by ``holder``. Tool-call claims are never
-        released, except with ``undispatched=True``: the holder says it claimed the call
-        and then did not send it (its lease check stopped it), so nothing is in doubt."""
+        """Drop a ttl claim held in flight by ``holder``. Claims without a ttl (a tool
+        call's, an unkeyed call's mark) are never released, except with
+        ``undispatched=True``: the holder says it claimed the call and then did not send it
+        (its lease check stopped it), so nothing is in doubt."""
         ...
 
     async def lookup(self, keys: Sequence[str], *, tenant: str) -> dict[str, IdempotencyRecord]:

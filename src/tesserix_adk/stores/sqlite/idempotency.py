@@ -258,13 +258,14 @@ class SqliteIdempotencyStore(FencedSqliteStore):
     async def release(
         self, key: str, *, tenant: str, holder: str, undispatched: bool = False
     ) -> None:
-        """Drop a ttl claim held by ``holder``; anything else is left alone."""
+        """Drop a ttl claim held by ``holder``, or any claim it held and did not act on
+        (``undispatched``); anything else is left alone."""
 
         def release(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "DELETE FROM adk_idempotency WHERE tenant = ? AND key = ? "
                 "AND status = 'in_flight' AND holder = ? "
-                "AND (expires_at IS NOT NULL OR (? AND tool IS NOT NULL))",
+                "AND (expires_at IS NOT NULL OR ?)",
                 (tenant, key, holder, int(undispatched)),
             )
 

@@ -73,6 +73,28 @@ class CompletionChecks(ClockedConformance):
         assert await idempotency_store.lookup(["k1"], tenant=T) == {}
         assert (await _claim(idempotency_store, "k1", "worker-b")).holder == "worker-b"
 
+    async def test_release_undispatched_drops_a_claim_with_no_tool_and_no_ttl(
+        self, idempotency_store: IdempotencyStore
+    ) -> None:
+        """An unkeyed call's mark (``temporal.calls``): a record of no tool, never lapsing,
+        dropped by its holder when the call did not go out."""
+        await idempotency_store.claim(
+            "m1",
+            holder="worker-a",
+            tenant=T,
+            run_id=R,
+            iteration=None,
+            tool=None,
+            call_id=None,
+            flags=None,
+        )
+        await idempotency_store.release("m1", tenant=T, holder="worker-a")
+        assert set(await idempotency_store.lookup(["m1"], tenant=T)) == {"m1"}
+        await idempotency_store.release("m1", tenant=T, holder="worker-b", undispatched=True)
+        assert set(await idempotency_store.lookup(["m1"], tenant=T)) == {"m1"}
+        await idempotency_store.release("m1", tenant=T, holder="worker-a", undispatched=True)
+        assert await idempotency_store.lookup(["m1"], tenant=T) == {}
+
     async def test_release_undispatched_by_another_holder_changes_nothing(
         self, idempotency_store: IdempotencyStore
     ) -> None:
