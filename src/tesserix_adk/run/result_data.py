@@ -102,22 +102,27 @@ def result_content(result: Any) -> Any:
 _PIECE = 10_000
 
 
-def _in_pieces(value: Any) -> Any:
+def _in_pieces(value: Any, path: frozenset[int] = frozenset()) -> Any:
     """``to_jsonable_python(value)``, in pieces of about ``_PIECE`` items when it holds
-    more, so that other threads run between the pieces."""
+    more, so that other threads run between the pieces. ``path``: the containers being cut
+    above it; one met again is a cycle (which holds more items than any piece, however
+    small), refused at once rather than cut round and round."""
     if _items(value, _PIECE) <= _PIECE:
         return to_jsonable_python(value, fallback=_unknown)
+    if id(value) in path:
+        raise ValueError("a result that holds itself cannot be written as JSON")
     kind = type(value)
+    inside = path | {id(value)}
     if kind is list or kind is tuple:
         out: list[Any] = []
         for batch, big in _batches(value):
             if big:
-                out.append(_in_pieces(batch[0]))
+                out.append(_in_pieces(batch[0], inside))
             else:
                 out.extend(to_jsonable_python(batch, fallback=_unknown))
         return out
     if kind is dict:
-        return {_written_key(k): _in_pieces(v) for k, v in value.items()}
+        return {_written_key(k): _in_pieces(v, inside) for k, v in value.items()}
     return to_jsonable_python(value, fallback=_unknown)
 
 
