@@ -201,9 +201,9 @@ class Tool:
 
     @property
     def takes_context(self) -> bool:
-        """Whether the function declares a ``ctx`` parameter (only such a tool is handed
-        the run's state)."""
-        return self._accepts_ctx
+        """Whether the tool may read the run's state: its function declares a ``ctx``
+        parameter, or its class sends calls its own way (``invoke`` is handed ``ctx``)."""
+        return self._accepts_ctx or type(self).invoke is not Tool.invoke
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Fixed once an agent holds it: the agent's revision pins the tool's contract as it

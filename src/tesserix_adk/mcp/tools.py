@@ -120,6 +120,11 @@ class MCPTool(Tool):
             return None
         return f"invalid arguments for {self.name}: missing required {', '.join(missing)}"
 
+    @property
+    def takes_context(self) -> bool:
+        """Never: a call goes to the server with its arguments and key, not the state."""
+        return False
+
     async def invoke(
         self,
         arguments: Mapping[str, Any],

@@ -27,7 +27,7 @@ from tesserix_adk.run.loop import carry_on, end_as_ended, outstanding_calls
 from tesserix_adk.run.result import Run
 from tesserix_adk.run.state import RunState
 from tesserix_adk.stores.capabilities import ledger_totals
-from tesserix_adk.stores.protocols import Ledger
+from tesserix_adk.stores.protocols import IdempotencyStore, Ledger, RecordsFrom
 
 if TYPE_CHECKING:
     from tesserix_adk.run.runner import AgentRunner
@@ -63,6 +63,9 @@ async def replay_from(
         from_step=from_step,
         stubs=stubs,
         live=named_live,
+    )
+    _refuse_recorded_effects(
+        agent, await _side_effecting(runner.idempotency, tenant, run_id), stubs, named_live
     )
     messages = await checkpoints.messages(cp)
     spent_before = await _spent_before(checkpoints, cp)
@@ -108,6 +111,35 @@ async def _refuse_taken(runner: AgentRunner, tenant: str, run_id: str) -> None:
     )
     if taken:
         raise ConfigurationError(f"run {run_id!r} already exists; a replay starts a run of its own")
+
+
+async def _side_effecting(idempotency: IdempotencyStore, tenant: str, run_id: str) -> set[str]:
+    """The tools whose calls the run recorded as side-effecting."""
+    if isinstance(idempotency, RecordsFrom):
+        records = await idempotency.records_from(tenant, run_id, 0)
+    else:
+        records = await idempotency.records(tenant, run_id)
+    return {
+        r.tool
+        for r in records
+        if r.tool is not None and r.flags is not None and r.flags.side_effects
+    }
+
+
+def _refuse_recorded_effects(
+    agent: Agent, recorded: set[str], stubs: Mapping[str, Callable[..., Any]], live: set[str]
+) -> None:
+    """Refuse a replay that would let a tool the run recorded as side-effecting go out
+    unstubbed, whatever the agent given says of it now: a revision that calls a booking
+    read-only still books, from any step the model may ask for it again."""
+    unguarded = sorted(
+        name for name in recorded if name in agent.tools and name not in stubs and name not in live
+    )
+    if unguarded:
+        raise ConfigurationError(
+            f"replay refused: the run recorded calls to {', '.join(unguarded)} as "
+            "side-effecting; stub them or name them in live"
+        )
 
 
 async def _charged(ledger: Ledger, tenant: str, run_id: str) -> bool:

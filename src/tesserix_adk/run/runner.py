@@ -236,9 +236,10 @@ class AgentRunner:
             # agent that carries it, and by the submission the run was started from, where
             # it kept one) is said. A replay is nobody's submission.
             assert self.checkpoints is not None
-            cp = await self.checkpoints.latest(tenant, run_id)
-            if cp is not None:
-                refuse_another_start(cp, agent)
+            with contextlib.suppress(CheckpointError):  # a damaged frontier says nothing
+                cp = await self.checkpoints.latest(tenant, run_id)
+                if cp is not None:
+                    refuse_another_start(cp, agent)
             if await work.input(tenant, run_id) is not None:
                 with contextlib.suppress(CheckpointError):
                     data = submission(agent, messages, state, self.redactor)
