@@ -7,15 +7,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import secrets
 import time
 from typing import Any, TextIO
 
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import (
+    DEFAULT_MAX_BYTES,
     MAX_NESTING,
     encode_outcome,
     record_tag,
+    recorded_outcome,
     within_nesting,
 )
 from tesserix_adk.checkpoint.redaction import Redactor
@@ -51,7 +54,9 @@ async def run_resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
     content: Any = None
     if not args.never_ran:
         try:
-            content = json.loads(args.outcome, parse_constant=_not_json)
+            content = json.loads(
+                args.outcome, parse_constant=_not_json, parse_float=_finite, parse_int=_whole
+            )
             # Within its record's envelope: a deeper one would be stored replaced by an
             # error saying so, not as the operator gave it.
             too_deep = not within_nesting(content, MAX_NESTING - 1)
@@ -64,6 +69,7 @@ async def run_resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
                 f"--outcome nests deeper than {MAX_NESTING - 1} levels of arrays and "
                 "objects, more than a recorded outcome may"
             )
+        _within_the_cap(args, record, content)
     await _no_live_resumer(stores, args)
     await _taker_not_carried(stores, args, record)
     if await stores.leases.current(args.tenant, args.run) is None:
@@ -204,6 +210,40 @@ def _margin_passed(
             f"its holder may still be sending {record.tool} ({args.call}); --never-ran is "
             f"taken only after a margin of {args.margin:g} s: look at the outside world "
             f"again in {wait:.1f} s, then resolve"
+        )
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float, refused when it overflows (``1e400`` would be kept as
+    ``Infinity``, which is not JSON)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is too large a number for a record")
+    return value
+
+
+def _whole(text: str) -> int:
+    """A JSON integer, refused in one sentence past Python's limit for reading one."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"an integer of {len(text)} digits is longer than a record can keep"
+        ) from None
+
+
+def _within_the_cap(args: argparse.Namespace, record: IdempotencyRecord, content: Any) -> None:
+    """Refuse an outcome its record could not keep whole (it would be stored replaced by a
+    note that the result was too large, and the operator's answer lost)."""
+    encoded = recorded_outcome(
+        ToolOutcome(call_id=record.call_id or "", content=content),
+        Redactor(),
+        record=record_tag(args.tenant, record.key),
+    )
+    if encoded.replaced:
+        raise UsageError(
+            f"--outcome is too large for a record (over {DEFAULT_MAX_BYTES} bytes as "
+            "stored); nothing was recorded"
         )
 
 

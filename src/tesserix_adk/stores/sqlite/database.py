@@ -60,6 +60,7 @@ from tesserix_adk.stores.sqlite.batching import (
     savepoint_name,
 )
 from tesserix_adk.stores.sqlite.failures import (
+    foreign_tables,
     missing_schema,
     missing_tables,
     refuse_null_keys,
@@ -482,6 +483,9 @@ class SqliteDatabase:
                 # Idempotent: on a file at this version it puts back a table dropped by hand.
                 for statement in statements(self.schema.ddl):
                     conn.execute(statement)
+                # CREATE TABLE IF NOT EXISTS leaves a table of the name alone, whatever it
+                # holds: one that lacks a column of the kit's is not the kit's to stamp.
+                foreign_tables(conn, self.path, self.schema.columns())
                 conn.execute(
                     "UPDATE adk_schema_version SET version = ? WHERE id = 1",
                     (self.schema.version,),

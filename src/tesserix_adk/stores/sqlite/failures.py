@@ -14,8 +14,10 @@ from tesserix_adk.errors import (
     StorePermissionError,
     StoreUnavailableError,
 )
+from tesserix_adk.stores.sqlite.schema import table_columns
 
 __all__ = [
+    "foreign_tables",
     "missing_schema",
     "missing_tables",
     "refuse_null_keys",
@@ -97,7 +99,32 @@ def translate(exc: sqlite3.Error, path: str, busy_timeout: float) -> AdkError:
         )
     if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
         return missing_schema(path)
+    if isinstance(exc, sqlite3.OperationalError) and "no such column" in str(exc):
+        # No retry brings the column back: the table was changed by hand or restored from
+        # another copy.
+        return CheckpointCorruptError(
+            f"the SQLite store {path} is not as the kit made it ({exc}): a table was changed "
+            "by hand or restored from another copy; restore the file from a backup"
+        )
     return StoreUnavailableError(f"the SQLite store {path} failed: {exc}")
+
+
+def foreign_tables(
+    conn: sqlite3.Connection, path: str, expected: dict[str, frozenset[str]]
+) -> None:
+    """Refuse a file whose tables of the kit's names lack columns the kit's have (another
+    program's tables, or ones changed by hand): ``SchemaMismatchError`` naming them."""
+    lacking = []
+    for table, columns in expected.items():
+        missing = sorted(columns - table_columns(conn, table))
+        if missing:
+            lacking.append(f"{table} lacks {', '.join(missing)}")
+    if lacking:
+        raise SchemaMismatchError(
+            f"the SQLite store {path} holds tables of the kit's names that are not the kit's "
+            f"({'; '.join(lacking)}): another program's, or changed by hand; move them aside "
+            "or restore the file from a backup"
+        )
 
 
 def refuse_null_keys(conn: sqlite3.Connection, path: str, version: int) -> None:

@@ -50,6 +50,17 @@ class SqliteSchema:
         """The tables the schema holds, as the DDL creates them."""
         return tuple(_TABLE.findall(self.ddl))
 
+    def columns(self) -> dict[str, frozenset[str]]:
+        """Each table's columns, as the DDL makes them (built in memory: the DDL is the
+        one place that says)."""
+        conn = sqlite3.connect(":memory:")
+        try:
+            for statement in statements(self.ddl):
+                conn.execute(statement)
+            return {t: table_columns(conn, t) for t in self.tables}
+        finally:
+            conn.close()
+
     @classmethod
     def load(cls) -> SqliteSchema:
         """Read the migration files shipped with the package and write the DDL out."""
@@ -61,6 +72,11 @@ class SqliteSchema:
         gap; other files are ignored) and write the DDL out."""
         migrations = _read_migrations(folder)
         return cls(migrations=migrations, ddl=_written_out(migrations))
+
+
+def table_columns(conn: sqlite3.Connection, table: str) -> frozenset[str]:
+    """The columns ``table`` has in ``conn``'s database (none for a table it lacks)."""
+    return frozenset(row[1] for row in conn.execute(f'PRAGMA table_info("{table}")'))
 
 
 def statements(script: str) -> Iterator[str]:
