@@ -279,4 +279,4 @@ def test_a_cyclic_result_is_written_otherwise_after_one_look_at_its_cycle(
     monkeypatch.setattr(result_data, "_items", counted)
     written = result_content(holder)
     assert "booked" in json.dumps(written)
-    assert len(weighings) < 10, len(weighings)
+    assert len(weighings) < 100, len(weighings)  # about 3,000 when it went round the cycle

@@ -16,14 +16,14 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from tesserix_adk.checkpoint.payload.envelope import DEFAULT_MAX_BYTES
+from tesserix_adk.checkpoint.payload.envelope import DEFAULT_MAX_BYTES, MAX_NESTING
 from tesserix_adk.checkpoint.payload.weighing import weighed
 from tesserix_adk.checkpoint.redaction.keys import MAX_KEY_NAME
 from tesserix_adk.messages import int_as_text
 from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.tools import until_the_thread_returns
 
-__all__ = ["MOST_READ", "converted", "error_text", "mapping_items", "result_content"]
+__all__ = ["MOST_READ", "MOST_WALKED", "converted", "error_text", "mapping_items", "result_content"]
 
 
 def error_text(exc: BaseException) -> str:
@@ -82,13 +82,13 @@ def result_content(result: Any) -> Any:
     are text), each key that is not text and clashes is written after its type (``"(int)
     1"``), so no value is lost."""
     try:
-        prepared = _unclashed(result, _Walk())
-    except Exception:
-        prepared = result  # a mapping that cannot be walked: written as pydantic can
-    try:
-        content = _in_pieces(prepared)
-    except Exception:
-        content = _written_otherwise(prepared)
+        prepared = _walked(result, _Walk())
+    except _TooMany:
+        return (
+            f"(this result was not converted: it holds more than {MOST_WALKED} values, "
+            "counting each time a value is held again; the call completed)"
+        )
+    content = _converted(prepared, set())
     if isinstance(content, int) and not isinstance(content, bool):
         # Alone, as text: the model is told it alike first and from its record.
         return int_as_text(content)
@@ -124,6 +124,28 @@ def _in_pieces(value: Any, path: frozenset[int] = frozenset()) -> Any:
     if kind is dict:
         return {_written_key(k): _in_pieces(v, inside) for k, v in value.items()}
     return to_jsonable_python(value, fallback=_unknown)
+
+
+def _converted(value: Any, path: set[int]) -> Any:
+    """``_in_pieces(value)``; failing that, a plain container value by value, so one value
+    nothing can write loses only itself (``path``: the containers above, so a cycle is
+    written as its text, and the nesting a record keeps at most)."""
+    try:
+        return _in_pieces(value)
+    except Exception:
+        pass
+    kind = type(value)
+    if kind not in (list, tuple, dict) or id(value) in path or len(path) >= MAX_NESTING:
+        return _written_otherwise(value)
+    path.add(id(value))
+    try:
+        if kind is dict:
+            return {_written_key(k): _converted(v, path) for k, v in value.items()}
+        return [_converted(v, path) for v in value]
+    except Exception:
+        return _written_otherwise(value)
+    finally:
+        path.discard(id(value))
 
 
 def _batches(values: Any) -> Iterator[tuple[list[Any], bool]]:
@@ -187,6 +209,19 @@ def _key_name(key: Any) -> tuple[str, bool]:
         return f"<a {type(key).__name__} key that cannot be written as text>", False
 
 
+def _walked(value: Any, walk: _Walk) -> Any:
+    """``_unclashed(value)``, or, where walking it raises (a dataclass field never set, a
+    list whose iteration raises, nesting past the interpreter's limit), the value as it
+    came, left to the conversion: what the walk read from a generator beside it is kept.
+    Only a result past ``MOST_WALKED`` values stops the walk (``_TooMany``)."""
+    try:
+        return _unclashed(value, walk)
+    except _TooMany:
+        raise
+    except Exception:
+        return value
+
+
 def _unclashed(value: Any, walk: _Walk) -> Any:
     """``value`` with each dict it holds whose keys JSON would write alike (or one key
     pydantic cannot write) given text keys that no longer clash: text keys stay as they
@@ -198,6 +233,9 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
     itself otherwise for JSON (a serializer that masks, an alias, its settings). ``value``
     itself, the same object, when nothing clashes (the common case costs a walk and no
     copy)."""
+    walk.values -= 1
+    if walk.values < 0:
+        raise _TooMany
     if isinstance(value, Iterator) and not isinstance(value, (str, bytes, bytearray)):
         return _read_once(value, walk)
     if _plain_dataclass(value):
@@ -207,7 +245,7 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
         try:
             # Written as pydantic writes it, so that what it holds is walked (and cut into
             # pieces when large) as the dict's values are.
-            return {f.name: _unclashed(getattr(value, f.name), walk) for f in fields(value)}
+            return {f.name: _walked(getattr(value, f.name), walk) for f in fields(value)}
         finally:
             walk.path.discard(id(value))
     kinds = (Mapping, list, tuple, set, frozenset, deque)
@@ -217,7 +255,7 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
     try:
         if isinstance(value, Mapping):
             given = mapping_items(value)
-            items = [(k, _unclashed(v, walk)) for k, v in given]
+            items = [(k, _walked(v, walk)) for k, v in given]
             if not all(type(k) is str for k, _ in given) and _keys_clash(given):
                 return _keys_apart(items)
             unchanged = all(a[1] is b[1] for a, b in zip(items, given, strict=True))
@@ -227,7 +265,7 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
             if unchanged and type(value) is dict:
                 return value
             return dict(items)
-        inner = [_unclashed(v, walk) for v in value]
+        inner = [_walked(v, walk) for v in value]
         if all(a is b for a, b in zip(inner, value, strict=True)):
             return value
         return inner
@@ -241,13 +279,25 @@ of JSON at least, so a result of more is over the default ``max_bytes`` and reco
 large anyway, and an endless generator (``itertools.count()``) cannot hold up the run."""
 
 
+MOST_WALKED = 4 * MOST_READ
+"""The most values a result is walked for, counting a value each time it is held (a list
+held a thousand times over is a thousand lists): a few shared lists can hold billions, which
+neither this walk nor pydantic would finish, and no record could keep."""
+
+
+class _TooMany(Exception):
+    """A result past ``MOST_WALKED`` values."""
+
+
 @dataclass(slots=True)
 class _Walk:
     """One walk of a result: the containers it is inside (a cycle is left to pydantic,
-    which refuses it), and how many more values its iterators may yield."""
+    which refuses it), how many more values its iterators may yield, and how many more
+    values it may look at."""
 
     path: set[int] = field(default_factory=set)
     left: int = MOST_READ
+    values: int = MOST_WALKED
 
 
 def _read_once(values: Iterator[Any], walk: _Walk) -> list[Any]:
@@ -256,22 +306,34 @@ def _read_once(values: Iterator[Any], walk: _Walk) -> list[Any]:
     neither its pages nor its failure is dropped. Past ``MOST_READ`` values read in the
     whole result, it is not read further, and a text says so."""
     out: list[Any] = []
+    walk.path.add(id(values))
+    try:
+        _read_into(out, values, walk)
+    finally:
+        walk.path.discard(id(values))
+    return out
+
+
+def _read_into(out: list[Any], values: Iterator[Any], walk: _Walk) -> None:
     while True:
         if walk.left <= 0:
             out.append(
                 f"(the rest of this result was not read: its iterators yielded more than "
                 f"{MOST_READ} values)"
             )
-            return out
+            return
         try:
             value = next(values)
         except StopIteration:
-            return out
+            return
         except Exception as exc:
             out.append(f"(the rest of this result could not be read: {error_text(exc)})")
-            return out
+            return
         walk.left -= 1
-        out.append(_unclashed(value, walk))
+        if isinstance(value, Iterator) and id(value) in walk.path:
+            out.append("(the rest of this result was not read: it yields itself)")
+            return
+        out.append(_walked(value, walk))
 
 
 def _plain_dataclass(value: Any) -> bool:
