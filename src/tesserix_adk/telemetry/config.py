@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import Any
+
 from opentelemetry import metrics, trace
 
+from tesserix_adk.checkpoint.redaction import Masked
 from tesserix_adk.run.observing import AttemptWatch, Watched
 from tesserix_adk.telemetry.ids import DeterministicIds
 from tesserix_adk.telemetry.metrics import Instruments
@@ -12,6 +17,7 @@ from tesserix_adk.telemetry.spans import AttemptSpans
 __all__ = ["Telemetry"]
 
 _SCOPE = "tesserix_adk"
+_log = logging.getLogger("tesserix_adk.telemetry")
 
 
 class Telemetry:
@@ -43,9 +49,21 @@ class Telemetry:
         return AttemptSpans(self, watched)
 
     def parked(self, agent: str, error_type: str) -> None:
-        """A worker parked a run (``error_type``: why, as an exception's type name)."""
-        self.instruments.parked.add(1, {"gen_ai.agent.name": agent, "error.type": error_type})
+        """A worker parked a run (``error_type``: why, as an exception's type name); a
+        meter that fails is logged, never the worker's failure."""
+        attributes = {"gen_ai.agent.name": agent, "error.type": error_type}
+        _quietly(self.instruments.parked.add, 1, attributes)
 
     def took_over(self, agent: str) -> None:
-        """A worker carries on a run whose holder's lease lapsed."""
-        self.instruments.takeovers.add(1, {"gen_ai.agent.name": agent})
+        """A worker carries on a run whose holder's lease lapsed; a meter that fails is
+        logged, never the worker's failure."""
+        _quietly(self.instruments.takeovers.add, 1, {"gen_ai.agent.name": agent})
+
+
+def _quietly(step: Callable[..., object], *args: Any) -> None:
+    """``step(*args)``; a failure is logged (masked): counting what a worker did must not
+    change what it did (a run it finished told as failed, one in doubt retried)."""
+    try:
+        step(*args)
+    except Exception as exc:
+        _log.warning("a worker's metric failed: %r", Masked(exc))

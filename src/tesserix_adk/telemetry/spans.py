@@ -48,6 +48,9 @@ Attributes = Mapping[str, str | bool | int | float | Sequence[str]]
 
 _log = logging.getLogger("tesserix_adk.runner")
 
+# The most of a tool's name or call id a span shows (the model writes them).
+_SAID_CHARS = 256
+
 
 class ToolDisposition(StrEnum):
     """``tesserix.tool.disposition``: how a call's result came to be."""
@@ -144,11 +147,11 @@ class AttemptSpans:
     def _tool_span(self, iteration: int, call_id: str, position: int, name: str) -> Span:
         # The name and id are the model's words, and a model can be made to write a secret
         # there (a call it was refused for): masked as everything the kit keeps is.
-        shown = self._w.redactor.text(name)
+        shown = self._said(name)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": shown,
-            "gen_ai.tool.call.id": self._w.redactor.text(call_id),
+            "gen_ai.tool.call.id": self._said(call_id),
             "tesserix.iteration": iteration,
         }
         arguments = self._arguments.pop((call_id, position), None)
@@ -225,6 +228,15 @@ class AttemptSpans:
                 root.set_status(StatusCode.ERROR)
         finally:
             root.end()
+
+    def _said(self, words: str) -> str:
+        """A name or id the model wrote, masked and cut to ``_SAID_CHARS``: a model can
+        invent one of any length, and masking it all would hold the event loop."""
+        if len(words) <= _SAID_CHARS:
+            return self._w.redactor.text(words)
+        # Masked before it is cut (a secret across the cut is masked whole, then cut away).
+        head = self._w.redactor.text(words[: 4 * _SAID_CHARS])[:_SAID_CHARS]
+        return f"{head}…({len(words)} characters)"
 
     def _quietly(self, step: Callable[..., object], *args: Any) -> None:
         """``step(*args)``; a failure is logged (masked), never the run's."""
