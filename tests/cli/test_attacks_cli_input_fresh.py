@@ -13,7 +13,8 @@ Found, and fixed unless marked left (``cli/resolving`` refuses an overflowing nu
 long integer in one sentence and an outcome over the record's cap; ``schema apply`` refuses
 tables of the kit's names lacking its columns, ``sqlite/failures.foreign_tables``; "no such
 column" is a damaged store, exit 4, and ``runs`` says so per run; ``submit`` refuses another
-agent's run, ``submitting.refuse_another_start``):
+agent's run, ``submitting.refuse_another_start``; a setting, TLS mode, user or password the
+PostgreSQL server refuses is exit 2, ``cli/failures._REFUSED_SETTING``):
 - LOW ``test_resolve_outcome_that_overflows_to_infinity_is_refused_like_infinity``:
   ``--outcome 1e400`` is recorded as ``Infinity`` (not JSON; the model is told "Infinity")
   while ``--outcome Infinity`` is refused: cli/resolving.py ``run_resolve`` checks only
@@ -35,11 +36,11 @@ agent's run, ``submitting.refuse_another_start``):
   (restored from an older copy) makes inspect/show/runs exit 3 ("retry later") forever,
   and ``schema apply`` does not fix it: stores/sqlite/failures.py ``translate`` maps
   "no such column" to ``StoreUnavailableError``.
-- MEDIUM (left) ``test_an_option_the_postgres_server_refuses_is_exit_2_not_unreachable``:
+- MEDIUM ``test_an_option_the_postgres_server_refuses_is_exit_2_not_unreachable``:
   ``?options=-cbogus=1`` is "PostgreSQL could not be reached", exit 3; the server answered
   and refused a setting no retry fixes (cli/failures.py ``_store_trouble`` knows only the
   driver's unknown-keyword text).
-- LOW (left) ``test_sslmode_require_on_a_server_without_tls_is_exit_2``: exit 3 "could not be
+- LOW ``test_sslmode_require_on_a_server_without_tls_is_exit_2``: exit 3 "could not be
   reached" for a server that says it does not support SSL.
 - MEDIUM ``test_submit_another_agent_under_a_carried_runs_id_is_refused``: ``submit`` of
   agent ``other`` under the id of a run agent ``booking`` carried prints the id, exit 0,
@@ -264,11 +265,6 @@ def _postgres_reachable() -> None:
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT MEDIUM: options=-cbogus=1 is 'PostgreSQL could not be reached', exit 3; "
-    "the server refused a setting, which no retry fixes (cli/failures.py _store_trouble)",
-)
 def test_an_option_the_postgres_server_refuses_is_exit_2_not_unreachable() -> None:
     _postgres_reachable()
     url = services.with_query(services.POSTGRES_URL, options="-ctesserix_bogus_setting=1")
@@ -280,11 +276,6 @@ def test_an_option_the_postgres_server_refuses_is_exit_2_not_unreachable() -> No
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: sslmode=require on a server without TLS is exit 3 'could not be "
-    "reached' (retry later), though the server said it does not support SSL",
-)
 def test_sslmode_require_on_a_server_without_tls_is_exit_2() -> None:
     _postgres_reachable()
     url = services.with_query(services.POSTGRES_URL, sslmode="require")

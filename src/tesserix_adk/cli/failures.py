@@ -224,6 +224,14 @@ _DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 _UNKNOWN_KEYWORD = re.compile(r"unexpected keyword argument '([^']*)'")
 _UNKNOWN_URI_PARAMETER = re.compile(r'invalid URI query parameter: "([^"]*)"')
 _NO_DATABASE = re.compile(r'database "([^"]*)" does not exist')
+# What a PostgreSQL server says when it answered and refused what the URL asks of it: a
+# setting, TLS, a user, a password. No retry changes it.
+_REFUSED_SETTING = re.compile(
+    r"(unrecognized configuration parameter \S+|invalid value for parameter \S+"
+    r"|server does not support SSL, but SSL was required"
+    r"|password authentication failed for user \S+|role \S+ does not exist"
+    r"|no pg_hba\.conf entry for [^,\n]*)"
+)
 
 
 def _store_trouble(exc: BaseException) -> tuple[ExitCode, str] | None:
@@ -255,6 +263,13 @@ def _store_trouble(exc: BaseException) -> tuple[ExitCode, str] | None:
             return ExitCode.USAGE, (
                 f"tesserix: the store URL has an unknown option {sentence(unknown[1])!r}: "
                 "neither tesserix nor the database driver takes it; check its spelling"
+            )
+        refused = _REFUSED_SETTING.search(text) if module.startswith("psycopg") else None
+        if refused is not None:
+            return ExitCode.USAGE, (
+                f"tesserix: the PostgreSQL server refused what the store URL asks of it "
+                f"({sentence(refused[1])}); fix the URL (its options, sslmode, user or "
+                "password): retrying will not help"
             )
         missing = _NO_DATABASE.search(text) if module.startswith("psycopg") else None
         if missing is not None:
