@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from tesserix_adk.checkpoint.payload.envelope import DEFAULT_MAX_BYTES, MAX_NESTING
@@ -238,6 +239,8 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
         raise _TooMany
     if isinstance(value, Iterator) and not isinstance(value, (str, bytes, bytearray)):
         return _read_once(value, walk)
+    if isinstance(value, BaseModel):
+        return _generators_read(value, walk)
     if _plain_dataclass(value):
         if id(value) in walk.path:
             return value  # a cycle: left to pydantic, which refuses it
@@ -334,6 +337,19 @@ def _read_into(out: list[Any], values: Iterator[Any], walk: _Walk) -> None:
             out.append("(the rest of this result was not read: it yields itself)")
             return
         out.append(_walked(value, walk))
+
+
+def _generators_read(model: BaseModel, walk: _Walk) -> BaseModel:
+    """``model`` with each of its fields that holds an iterator holding, instead, what the
+    iterator yields (read once, within ``MOST_READ``), as a copy (``model_copy``, which
+    keeps its serializers): pydantic would read it to its end, if it has one. Anything else
+    is left as the model holds it, for the model to write as it writes itself."""
+    read = {
+        name: _read_once(held, walk)
+        for name, held in vars(model).items()
+        if isinstance(held, Iterator) and not isinstance(held, (str, bytes, bytearray))
+    }
+    return model.model_copy(update=read) if read else model
 
 
 def _plain_dataclass(value: Any) -> bool:
