@@ -64,9 +64,12 @@ async def replay_from(
         stubs=stubs,
         live=named_live,
     )
-    _refuse_recorded_effects(
-        agent, await _side_effecting(runner.idempotency, tenant, run_id), stubs, named_live
-    )
+    # What the run recorded of its calls says what they do to the world, whatever the
+    # agent replayed says now (a revision that calls a booking read-only still books, from
+    # any step the model may ask for it again): the step's calls, and every call record.
+    recorded = await _side_effecting(runner.idempotency, tenant, run_id)
+    recorded |= {oc.call.name for oc in cp.outstanding if oc.side_effects}
+    _refuse_recorded_effects(agent, recorded, stubs, named_live)
     messages = await checkpoints.messages(cp)
     spent_before = await _spent_before(checkpoints, cp)
     new_id = f"{run_id}-replay-{secrets.token_hex(4)}" if new_run_id is None else new_run_id
@@ -130,15 +133,15 @@ def _refuse_recorded_effects(
     agent: Agent, recorded: set[str], stubs: Mapping[str, Callable[..., Any]], live: set[str]
 ) -> None:
     """Refuse a replay that would let a tool the run recorded as side-effecting go out
-    unstubbed, whatever the agent given says of it now: a revision that calls a booking
-    read-only still books, from any step the model may ask for it again."""
+    unstubbed (a call of a tool the agent no longer has is answered "unknown tool", never
+    sent)."""
     unguarded = sorted(
         name for name in recorded if name in agent.tools and name not in stubs and name not in live
     )
     if unguarded:
         raise ConfigurationError(
-            f"replay refused: the run recorded calls to {', '.join(unguarded)} as "
-            "side-effecting; stub them or name them in live"
+            f"replay refused: {', '.join(unguarded)} recorded as side-effecting by the run "
+            "(at the step, or in its call records); stub them or name them in live"
         )
 
 
@@ -218,24 +221,6 @@ def usable_step(
         raise ConfigurationError(
             f"step {from_step} holds call(s) to {', '.join(masked)} whose arguments were "
             "redacted; stub them to replay (a live tool would get masked arguments)"
-        )
-    # The step's own record of a call says what it does to the world, whatever the agent
-    # replayed says now (a revision that calls a booking read-only still books); a call of
-    # a tool the agent no longer has is answered "unknown tool", never sent.
-    recorded = sorted(
-        {
-            oc.call.name
-            for oc in cp.outstanding
-            if oc.side_effects
-            and oc.call.name in agent.tools
-            and oc.call.name not in stubs
-            and oc.call.name not in live
-        }
-    )
-    if recorded:
-        raise ConfigurationError(
-            f"step {from_step} holds call(s) to {', '.join(recorded)}, recorded as "
-            "side-effecting; stub them or name them in live to replay it"
         )
     if cp.state_redacted:
         # Any tool that is handed ``ctx`` reads the state, live or not.
