@@ -230,8 +230,9 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
     other key is written as JSON writes it, or, taken already, after its type (``"(int)
     1"``). It looks in plain containers, deques and iterators (which pydantic writes as
     lists, and which are read here once), and in plain dataclasses (as the dict of their
-    fields pydantic writes); a pydantic model is left to pydantic whole, since it may write
-    itself otherwise for JSON (a serializer that masks, an alias, its settings). ``value``
+    fields pydantic writes); a pydantic model is left to pydantic whole but for the
+    iterators its fields hold (read here, within ``MOST_READ``), since it may write itself
+    otherwise for JSON (a serializer that masks, an alias, its settings). ``value``
     itself, the same object, when nothing clashes (the common case costs a walk and no
     copy)."""
     walk.values -= 1
