@@ -86,6 +86,7 @@ from tesserix_adk import (
     open_stores,
     tool,
 )
+from tesserix_adk.checkpoint.payload import MAX_NESTING
 from tesserix_adk.checkpoint.redaction.redactor import default_redactor
 from tesserix_adk.messages import int_as_text
 from tesserix_adk.run import result_data
@@ -304,18 +305,31 @@ def test_an_approved_call_whose_argument_looks_like_a_pair_is_refused_clearly(
 
 
 def _one_call(result: Any) -> Any:
-    """``result_content`` as it was before the pieces: one ``to_jsonable_python`` call."""
-    try:
-        prepared = result_data._unclashed(result, set())
-    except Exception:
-        prepared = result
-    try:
-        content = to_jsonable_python(prepared, fallback=result_data._unknown)
-    except Exception:
-        content = result_data._written_otherwise(prepared)
+    """``result_content`` as it would be without the pieces: one ``to_jsonable_python``
+    call, and where that fails a plain container value by value, as ``_converted`` does
+    (a value nothing can write loses only itself)."""
+    prepared = result_data._walked(result, result_data._Walk())
+    content = _whole_or_each(prepared, set())
     if isinstance(content, int) and not isinstance(content, bool):
         return int_as_text(content)
     return content
+
+
+def _whole_or_each(value: Any, path: set[int]) -> Any:
+    try:
+        return to_jsonable_python(value, fallback=result_data._unknown)
+    except Exception:
+        pass
+    kind = type(value)
+    if kind not in (list, tuple, dict) or id(value) in path or len(path) >= MAX_NESTING:
+        return result_data._written_otherwise(value)
+    path.add(id(value))
+    try:
+        if kind is dict:
+            return {result_data._written_key(k): _whole_or_each(v, path) for k, v in value.items()}
+        return [_whole_or_each(v, path) for v in value]
+    finally:
+        path.discard(id(value))
 
 
 def _canon(content: Any) -> Any:
