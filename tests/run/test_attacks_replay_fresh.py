@@ -57,7 +57,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -85,38 +84,9 @@ from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.testing.faults import FaultyCheckpointStore, SimulatedCrash
 
 from .helpers import at
+from .replaying import TOKEN, fresh, new_id, sqlite, step_with, stub_booking
 
-TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
 HERE = "run.test_attacks_replay_fresh"
-
-
-def _id(prefix: str = "r") -> str:
-    return f"{prefix}-{secrets.token_hex(4)}"
-
-
-@contextlib.asynccontextmanager
-async def sqlite(tmp_path: Path) -> Any:
-    async with open_stores(f"sqlite:///{tmp_path / 'adk.sqlite3'}") as stores:
-        await stores.create_schema()
-        yield stores
-
-
-def fresh(stores: Stores, turns: Any = BOOK_TURNS, **kw: Any) -> AgentRunner:
-    return AgentRunner.from_stores(ScriptedProvider(turns), stores, **kw)
-
-
-def stub_booking(flight: str) -> dict[str, str]:
-    return {"booking": "STUB", "flight": flight}
-
-
-async def step_with(stores: Stores, run_id: str, tool_name: str, tenant: str = "t") -> int:
-    checkpoints = fresh(stores).checkpoints
-    assert checkpoints is not None
-    for step in await stores.checkpoints.steps(tenant, run_id):
-        cp = await checkpoints.at(tenant, run_id, step)
-        if cp is not None and any(oc.call.name == tool_name for oc in cp.outstanding):
-            return step
-    raise AssertionError(f"no step holds {tool_name}")
 
 
 # ==========================================================================================
@@ -147,7 +117,7 @@ async def test_a_read_only_tool_is_not_handed_the_mask_of_a_redacted_state(
 
     agent = Agent("creds", "x", [login, fetch], state_schema=Creds)
     turns = [[("login", {"order": "o"})], [("fetch", {"order": "o"})], "done"]
-    rid = _id()
+    rid = new_id()
     async with sqlite(tmp_path) as stores:
         run = await fresh(stores, turns).run(agent, "go", tenant="t", run_id=rid, state=Creds())
         assert run.status is RunStatus.completed and seen == [TOKEN]
@@ -167,7 +137,7 @@ async def test_a_call_the_step_recorded_as_side_effecting_is_never_sent_unstubbe
     tmp_path: Path,
 ) -> None:
     airline = Airline()
-    rid = _id()
+    rid = new_id()
     async with sqlite(tmp_path) as stores:
         await fresh(stores).run(booking_agent(airline), "go", tenant="t", run_id=rid)
         assert airline.bookings == ["LH123"]
@@ -206,7 +176,7 @@ def test_a_replay_from_the_final_step_leaves_a_run_the_operator_can_show(
 ) -> None:
     monkeypatch.delenv("ADK_DEBUG", raising=False)
     url = f"sqlite:///{tmp_path / 'adk.sqlite3'}"
-    rid, new = _id(), _id("rep")
+    rid, new = new_id(), new_id("rep")
 
     async def build() -> int:
         async with open_stores(url) as stores:
@@ -249,7 +219,7 @@ async def test_a_replay_never_takes_the_id_of_a_start_that_left_only_its_spend(
             approvals=stores.approvals,
         )
 
-    rid, dead = _id(), _id("dead")
+    rid, dead = new_id(), new_id("dead")
     async with sqlite(tmp_path) as stores:
         await bare(stores).run(agent, "go", tenant="t", run_id=rid)
         crashing = FaultyCheckpointStore(stores.checkpoints, crash_before=at("after_model_call", 0))
@@ -267,7 +237,7 @@ async def test_a_replay_never_takes_the_id_of_a_start_that_left_only_its_spend(
 async def test_a_submission_under_a_replays_id_is_refused(tmp_path: Path) -> None:
     airline = Airline()
     agent = booking_agent(airline)
-    rid = _id()
+    rid = new_id()
     async with sqlite(tmp_path) as stores:
         await fresh(stores).run(agent, "go", tenant="t", run_id=rid)
         rep = await fresh(stores).replay(
@@ -288,7 +258,7 @@ async def test_a_live_replay_asks_for_approval_again_from_every_step(tmp_path: P
     live, from every step that holds it, asks under its own id and books nothing."""
     airline = Airline()
     agent = booking_agent(airline, approval=True)
-    rid = _id()
+    rid = new_id()
     async with sqlite(tmp_path) as stores:
         run = await fresh(stores).run(agent, "go", tenant="t", run_id=rid)
         assert run.pending_approval is not None
@@ -318,7 +288,7 @@ async def test_a_removed_or_changed_tool_sends_nothing_and_leaves_the_stub_unuse
 ) -> None:
     airline = Airline()
     sent: list[Any] = []
-    rid = _id()
+    rid = new_id()
 
     @tool(side_effects=False)
     def search_flights(origin: str, dest: str) -> list[str]:
@@ -365,7 +335,7 @@ async def test_a_removed_or_changed_tool_sends_nothing_and_leaves_the_stub_unuse
 async def test_concurrent_replays_under_one_id_make_one_replay(tmp_path: Path) -> None:
     airline = Airline()
     agent = booking_agent(airline)
-    rid, new = _id(), _id("rep")
+    rid, new = new_id(), new_id("rep")
     calls: list[str] = []
 
     def stub(flight: str) -> str:
@@ -395,7 +365,7 @@ async def test_concurrent_replays_under_one_id_make_one_replay(tmp_path: Path) -
 async def test_an_id_holding_only_a_cancel_request_is_refused(tmp_path: Path) -> None:
     airline = Airline()
     agent = booking_agent(airline)
-    rid, new = _id(), _id("rep")
+    rid, new = new_id(), new_id("rep")
     async with sqlite(tmp_path) as stores:
         await fresh(stores).run(agent, "go", tenant="t", run_id=rid)
         assert await fresh(stores).cancel(new, tenant="t", by="op") is None
@@ -427,7 +397,7 @@ async def test_replays_of_failed_and_cancelled_originals_on_redis_and_postgres(
 ) -> None:
     airline = Airline()
     agent = booking_agent(airline)
-    rid = _id()
+    rid = new_id()
     opened = services.redis_stores() if kind == "redis" else services.postgres_stores()
     async with opened as stores:
         if ending == "failed":
@@ -470,7 +440,7 @@ async def test_a_worker_resuming_the_original_while_it_is_replayed_books_once() 
 
     airline = Airline()
     agent = booking_agent(airline)
-    rid = _id()
+    rid = new_id()
     stubbed: list[str] = []
     async with services.postgres_stores() as stores:
         crashing = FaultyCheckpointStore(
@@ -514,7 +484,7 @@ async def test_a_start_refused_under_a_replays_id(tmp_path: Path) -> None:
     """A real run never starts under a replay's id (it would carry the stub's outcome)."""
     airline = Airline()
     agent = booking_agent(airline)
-    rid = _id()
+    rid = new_id()
     async with sqlite(tmp_path) as stores:
         await fresh(stores).run(agent, "go", tenant="t", run_id=rid)
         rep = await fresh(stores).replay(

@@ -50,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -72,40 +71,11 @@ from tesserix_adk import (
     tool,
 )
 from tesserix_adk.errors import RunStartedError
-from tesserix_adk.stores.bundle import Stores
 
-TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+from .replaying import TOKEN, fresh, new_id, sqlite, step_with, stub_booking
+
 HERE = "run.test_attacks_replay_submit_fixes"
 README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def _id(prefix: str = "r") -> str:
-    return f"{prefix}-{secrets.token_hex(4)}"
-
-
-@contextlib.asynccontextmanager
-async def sqlite(tmp_path: Path) -> Any:
-    async with open_stores(f"sqlite:///{tmp_path / 'adk.sqlite3'}") as stores:
-        await stores.create_schema()
-        yield stores
-
-
-def fresh(stores: Stores, turns: Any = BOOK_TURNS, **kw: Any) -> AgentRunner:
-    return AgentRunner.from_stores(ScriptedProvider(turns), stores, **kw)
-
-
-def stub_booking(flight: str) -> dict[str, str]:
-    return {"booking": "STUB", "flight": flight}
-
-
-async def step_with(stores: Stores, run_id: str, tool_name: str, tenant: str = "t") -> int:
-    checkpoints = fresh(stores).checkpoints
-    assert checkpoints is not None
-    for step in await stores.checkpoints.steps(tenant, run_id):
-        cp = await checkpoints.at(tenant, run_id, step)
-        if cp is not None and any(oc.call.name == tool_name for oc in cp.outstanding):
-            return step
-    raise AssertionError(f"no step holds {tool_name}")
 
 
 def read_only_revision(airline: Airline) -> Agent:
@@ -147,7 +117,7 @@ async def test_a_replay_from_before_the_booking_never_books_again_under_a_read_o
     tmp_path: Path, approval: bool
 ) -> None:
     airline = Airline()
-    rid = _id()
+    rid = new_id()
     async with sqlite(tmp_path) as stores:
         original = booking_agent(airline, approval=approval)
         run = await fresh(stores).run(original, "go", tenant="t", run_id=rid)
@@ -181,7 +151,7 @@ async def test_a_read_only_mcp_tool_is_not_refused_for_a_state_it_never_sees(
     lookup = MCPTool(listed, send)
     agent = Agent("creds", "x", [login, lookup], state_schema=Creds)
     turns = [[("login", {"order": "o"})], [("lookup", {})], "done"]
-    rid = _id()
+    rid = new_id()
     async with sqlite(tmp_path) as stores:
         await fresh(stores, turns).run(agent, "go", tenant="t", run_id=rid, state=Creds())
         assert sent == ["lookup"]
@@ -197,7 +167,7 @@ async def test_a_retried_submission_of_a_run_whose_frontier_is_damaged_is_a_no_o
     tmp_path: Path,
 ) -> None:
     agent = booking_agent(Airline())
-    rid = _id()
+    rid = new_id()
     async with sqlite(tmp_path) as stores:
         await fresh(stores).submit(agent, "go", tenant="t", run_id=rid)
         await fresh(stores).run(agent, "go", tenant="t", run_id=rid)
@@ -222,7 +192,7 @@ async def test_a_read_only_revision_is_refused_from_the_step_holding_the_call(
     """From the booking step and from the approval wait: refused, one typed sentence,
     nothing recorded under the new id, which a later (stubbed) replay then takes."""
     airline = Airline()
-    rid, new = _id(), _id("rep")
+    rid, new = new_id(), new_id("rep")
     async with sqlite(tmp_path) as stores:
         original = booking_agent(airline, approval=True)
         run = await fresh(stores).run(original, "go", tenant="t", run_id=rid)
@@ -247,7 +217,7 @@ async def test_a_read_only_revision_is_refused_from_the_step_holding_the_call(
 
 def test_the_cli_says_the_refusal_in_one_sentence(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'adk.sqlite3'}"
-    rid, new = _id(), _id("rep")
+    rid, new = new_id(), new_id("rep")
 
     async def build() -> int:
         async with open_stores(url) as stores:
@@ -285,7 +255,7 @@ async def test_a_replay_from_a_final_step_is_written_as_its_own_run(
 ) -> None:
     airline = Airline()
     agent = booking_agent(airline, approval=ending == "cancelled")
-    rid, new = _id(), _id("rep")
+    rid, new = new_id(), new_id("rep")
     turns = [
         ScriptedTurn(calls=[("search_flights", {"origin": "FRA", "dest": "JFK"})], cost_micros=7),
         ScriptedTurn(calls=[("book_seat", {"flight": "LH123"})], cost_micros=11),
@@ -349,7 +319,7 @@ async def test_the_same_submission_again_of_a_run_whose_frontier_is_a_tombstone(
     from tesserix_adk.checkpoint.payload.frontier_codec import tombstone_payload
 
     agent = booking_agent(Airline())
-    rid = _id()
+    rid = new_id()
     async with sqlite(tmp_path) as stores:
         await fresh(stores).submit(agent, "go", tenant="t", run_id=rid)
         await fresh(stores).run(agent, "go", tenant="t", run_id=rid)
@@ -372,7 +342,7 @@ async def test_the_same_submission_again_for_an_oddly_named_agent(
     tmp_path: Path, name: str
 ) -> None:
     agent = Agent(name, "Book.", list(booking_agent(Airline()).tools.values()))
-    rid = _id()
+    rid = new_id()
     async with sqlite(tmp_path) as stores:
         await fresh(stores).run(agent, "go", tenant="t", run_id=rid)
         assert await fresh(stores).submit(agent, "go", tenant="t", run_id=rid) == rid
