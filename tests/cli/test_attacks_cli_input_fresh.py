@@ -416,3 +416,16 @@ def test_a_redis_url_pointed_at_another_protocol_is_exit_3_in_one_sentence() -> 
     code, out, err = cli("--store", "redis://127.0.0.1:5432/0", "runs", "--tenant", "t", "--json")
     assert code == ExitCode.HELD and _one_sentence(err), err
     _json_error(out, ExitCode.HELD)
+
+
+def test_an_operator_cannot_resolve_a_call_as_a_reconciler(site: tuple[Path, str, str]) -> None:
+    """``show`` and spans call a resolution ``reconciled`` when its ``by`` starts
+    ``reconciler:``: an operator's answer given so would be told as the tool's own."""
+    path, url, _ = site
+    before = _dump(path)
+    code, out, err = cli("--store", url, "resolve", "d", "--tenant", "acme", "--call", "call_1_0",
+                         "--never-ran", "--by", "reconciler:book_seat", "--json")  # fmt: skip
+    assert code == ExitCode.USAGE and _one_sentence(err), (code, err)
+    _json_error(out, ExitCode.USAGE)
+    assert "reconciler" in err, err
+    assert _dump(path) == before

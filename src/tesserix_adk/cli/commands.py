@@ -113,6 +113,18 @@ def _operator(value: str) -> str:
     return _named(Redactor().text(_named(value)))
 
 
+def _resolver(value: str) -> str:
+    """Who resolved a call (``--by``): an operator, as ``_operator`` reads one. A name
+    starting ``reconciler:`` is the kit's reconcilers' own, which ``show`` and spans tell
+    apart from a person's answer: an operator taking it would be recorded as one."""
+    named = _operator(value)
+    if named.startswith("reconciler:"):
+        raise argparse.ArgumentTypeError(
+            "names starting 'reconciler:' are the kit's reconcilers'; give who checked"
+        )
+    return named
+
+
 def _call(value: str) -> str:
     """A call named on the command line: a provider's id that holds a secret is found by
     the id the kit keeps in its place (never echoed as given)."""
@@ -224,7 +236,7 @@ def add_frontier_commands(sub: Any, parents: Parents = ()) -> None:
         "--outcome", type=_text, help="the call's outcome as JSON (secrets are masked)"
     )
     what.add_argument("--never-ran", action="store_true")
-    p.add_argument("--by", required=True, type=_operator, help="who checked")
+    p.add_argument("--by", required=True, type=_resolver, help="who checked")
     p.add_argument(
         "--margin",
         type=_seconds,
