@@ -55,7 +55,11 @@ async def run_resolve(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
     if not args.never_ran:
         try:
             content = json.loads(
-                args.outcome, parse_constant=_not_json, parse_float=_finite, parse_int=_whole
+                args.outcome,
+                parse_constant=_not_json,
+                parse_float=_finite,
+                parse_int=_whole,
+                object_pairs_hook=_once_each,
             )
             # Within its record's envelope: a deeper one would be stored replaced by an
             # error saying so, not as the operator gave it.
@@ -215,11 +219,23 @@ def _margin_passed(
 
 def _finite(text: str) -> float:
     """A JSON number as a float, refused when it overflows (``1e400`` would be kept as
-    ``Infinity``, which is not JSON)."""
+    ``Infinity``, which is not JSON) or underflows (``1e-400`` would be kept as ``0.0``)."""
     value = float(text)
     if not math.isfinite(value):
         raise ValueError(f"{text[:40]} is too large a number for a record")
+    mantissa = text.lower().split("e")[0]
+    if value == 0.0 and any(digit in mantissa for digit in "123456789"):
+        raise ValueError(f"{text[:40]} is too small a number for a record (it reads as 0)")
     return value
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused when it names a member twice (one value would be dropped)."""
+    kept = dict(pairs)
+    if len(kept) != len(pairs):
+        twice = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
+        raise ValueError(f"the member {twice[:40]!r} is given twice")
+    return kept
 
 
 def _whole(text: str) -> int:

@@ -485,7 +485,7 @@ class SqliteDatabase:
                     conn.execute(statement)
                 # CREATE TABLE IF NOT EXISTS leaves a table of the name alone, whatever it
                 # holds: one that lacks a column of the kit's is not the kit's to stamp.
-                foreign_tables(conn, self.path, self.schema.columns())
+                foreign_tables(conn, self.path, self.schema.shapes())
                 conn.execute(
                     "UPDATE adk_schema_version SET version = ? WHERE id = 1",
                     (self.schema.version,),

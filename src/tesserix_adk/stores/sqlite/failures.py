@@ -14,7 +14,7 @@ from tesserix_adk.errors import (
     StorePermissionError,
     StoreUnavailableError,
 )
-from tesserix_adk.stores.sqlite.schema import table_columns
+from tesserix_adk.stores.sqlite.schema import TableShape, table_shape
 
 __all__ = [
     "foreign_tables",
@@ -99,6 +99,13 @@ def translate(exc: sqlite3.Error, path: str, busy_timeout: float) -> AdkError:
         )
     if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
         return missing_schema(path)
+    if isinstance(exc, sqlite3.OperationalError) and "there is already an" in str(exc):
+        # An index (or view) of a kit table's name: CREATE TABLE IF NOT EXISTS refuses it,
+        # and no retry moves it aside.
+        return SchemaMismatchError(
+            f"the SQLite store {path} holds an object of a kit table's name that is not a "
+            f"table ({exc}); move it aside or restore the file from a backup"
+        )
     if isinstance(exc, sqlite3.OperationalError) and "no such column" in str(exc):
         # No retry brings the column back: the table was changed by hand or restored from
         # another copy.
@@ -109,21 +116,28 @@ def translate(exc: sqlite3.Error, path: str, busy_timeout: float) -> AdkError:
     return StoreUnavailableError(f"the SQLite store {path} failed: {exc}")
 
 
-def foreign_tables(
-    conn: sqlite3.Connection, path: str, expected: dict[str, frozenset[str]]
-) -> None:
-    """Refuse a file whose tables of the kit's names lack columns the kit's have (another
-    program's tables, or ones changed by hand): ``SchemaMismatchError`` naming them."""
-    lacking = []
-    for table, columns in expected.items():
-        missing = sorted(columns - table_columns(conn, table))
-        if missing:
-            lacking.append(f"{table} lacks {', '.join(missing)}")
-    if lacking:
+def foreign_tables(conn: sqlite3.Connection, path: str, expected: dict[str, TableShape]) -> None:
+    """Refuse a file whose objects of the kit's table names are not the kit's tables (a
+    view, a table lacking the kit's columns or primary key, or one that wants a column the
+    kit never writes): another program's, or changed by hand. ``SchemaMismatchError``
+    naming them. A column's type is not compared: a migration may declare it otherwise."""
+    problems = []
+    for table, kits in expected.items():
+        found = table_shape(conn, table)
+        missing = sorted(kits.columns - found.columns)
+        if found.kind != "table":
+            problems.append(f"{table} is a {found.kind or 'missing table'}")
+        elif missing:
+            problems.append(f"{table} lacks {', '.join(missing)}")
+        elif found.key != kits.key:
+            problems.append(f"{table} is keyed by ({', '.join(found.key)})")
+        elif found.required - kits.columns:
+            problems.append(f"{table} requires {', '.join(sorted(found.required - kits.columns))}")
+    if problems:
         raise SchemaMismatchError(
-            f"the SQLite store {path} holds tables of the kit's names that are not the kit's "
-            f"({'; '.join(lacking)}): another program's, or changed by hand; move them aside "
-            "or restore the file from a backup"
+            f"the SQLite store {path} holds objects of the kit's names that are not the kit's "
+            f"tables ({'; '.join(problems)}): another program's, or changed by hand; move them "
+            "aside or restore the file from a backup"
         )
 
 

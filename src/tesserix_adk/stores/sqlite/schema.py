@@ -50,14 +50,14 @@ class SqliteSchema:
         """The tables the schema holds, as the DDL creates them."""
         return tuple(_TABLE.findall(self.ddl))
 
-    def columns(self) -> dict[str, frozenset[str]]:
-        """Each table's columns, as the DDL makes them (built in memory: the DDL is the
-        one place that says)."""
+    def shapes(self) -> dict[str, TableShape]:
+        """Each table's shape, as the DDL makes it (built in memory: the DDL is the one
+        place that says)."""
         conn = sqlite3.connect(":memory:")
         try:
             for statement in statements(self.ddl):
                 conn.execute(statement)
-            return {t: table_columns(conn, t) for t in self.tables}
+            return {t: table_shape(conn, t) for t in self.tables}
         finally:
             conn.close()
 
@@ -74,9 +74,29 @@ class SqliteSchema:
         return cls(migrations=migrations, ddl=_written_out(migrations))
 
 
-def table_columns(conn: sqlite3.Connection, table: str) -> frozenset[str]:
-    """The columns ``table`` has in ``conn``'s database (none for a table it lacks)."""
-    return frozenset(row[1] for row in conn.execute(f'PRAGMA table_info("{table}")'))
+@dataclass(frozen=True, slots=True)
+class TableShape:
+    """What of a table tells the kit's from another's: what it is (``table``, ``view``,
+    ``index``; empty when absent), its columns, its primary key, and the columns an insert
+    must give (NOT NULL without a default)."""
+
+    kind: str
+    columns: frozenset[str]
+    key: tuple[str, ...]
+    required: frozenset[str]
+
+
+def table_shape(conn: sqlite3.Connection, table: str) -> TableShape:
+    """``table`` as ``conn``'s database holds it."""
+    found = conn.execute("SELECT type FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+    # (cid, name, type, notnull, default, pk)
+    rows = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
+    return TableShape(
+        kind="" if found is None else str(found[0]),
+        columns=frozenset(row[1] for row in rows),
+        key=tuple(row[1] for row in sorted((r for r in rows if r[5]), key=lambda r: r[5])),
+        required=frozenset(row[1] for row in rows if row[3] and row[4] is None and not row[5]),
+    )
 
 
 def statements(script: str) -> Iterator[str]:
