@@ -346,6 +346,7 @@ _IN_A_MODEL = {
     "rootmodel",
     "typed-model-fields",
     "dataclass-in-model-in-list",
+    "generator-in-model",
 }
 
 

@@ -20,7 +20,8 @@ values walked, shared ones counted each time; a generator yielding itself stops 
   set) makes a whole plain list of readable values ``"<a list that cannot be written as
   text>"``: ``_written_otherwise`` and ``_last_text`` fall back for the whole result, not
   value by value.
-- MEDIUM (fixed: ``result_data._generators_read`` reads a model's generator fields),
+- MEDIUM (left: README names it; a fix, 85f0e8f, was reverted, see
+  ``test_attacks_result_walk_v2.py``),
   ``test_a_generator_inside_a_pydantic_model_is_read_for_most_read_values_at_most``:
   ``_unclashed`` leaves a pydantic model to pydantic whole, and pydantic reads a generator
   field to its end: ``MOST_READ`` does not bound it (3 x MOST_READ read; an endless one
@@ -153,6 +154,12 @@ class _Rows(BaseModel):
     rows: Any
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="DEFECT MEDIUM (left, README names it): a generator held by a pydantic model is "
+    "read by pydantic to its end, past MOST_READ; reading it here first (85f0e8f) lost the "
+    "model's per-item serializers and a RootModel's pages (test_attacks_result_walk_v2.py)",
+)
 def test_a_generator_inside_a_pydantic_model_is_read_for_most_read_values_at_most() -> None:
     read = itertools.count()
 

@@ -230,9 +230,9 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
     other key is written as JSON writes it, or, taken already, after its type (``"(int)
     1"``). It looks in plain containers, deques and iterators (which pydantic writes as
     lists, and which are read here once), and in plain dataclasses (as the dict of their
-    fields pydantic writes); a pydantic model is left to pydantic whole but for the
-    iterators its fields hold (read here, within ``MOST_READ``), since it may write itself
-    otherwise for JSON (a serializer that masks, an alias, its settings). ``value``
+    fields pydantic writes); a pydantic model is left to pydantic whole, iterators and
+    all, since it may write itself otherwise for JSON (a serializer that masks, an alias,
+    its settings, a serializer of each item an iterator yields). ``value``
     itself, the same object, when nothing clashes (the common case costs a walk and no
     copy)."""
     walk.values -= 1
@@ -240,8 +240,6 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
         raise _TooMany
     if isinstance(value, Iterator) and not isinstance(value, (str, bytes, bytearray)):
         return _read_once(value, walk)
-    if isinstance(value, BaseModel):
-        return _generators_read(value, walk)
     if _plain_dataclass(value):
         if id(value) in walk.path:
             return value  # a cycle: left to pydantic, which refuses it
@@ -340,19 +338,6 @@ def _read_into(out: list[Any], values: Iterator[Any], walk: _Walk) -> None:
         out.append(_walked(value, walk))
 
 
-def _generators_read(model: BaseModel, walk: _Walk) -> BaseModel:
-    """``model`` with each of its fields that holds an iterator holding, instead, what the
-    iterator yields (read once, within ``MOST_READ``), as a copy (``model_copy``, which
-    keeps its serializers): pydantic would read it to its end, if it has one. Anything else
-    is left as the model holds it, for the model to write as it writes itself."""
-    read = {
-        name: _read_once(held, walk)
-        for name, held in vars(model).items()
-        if isinstance(held, Iterator) and not isinstance(held, (str, bytes, bytearray))
-    }
-    return model.model_copy(update=read) if read else model
-
-
 def _plain_dataclass(value: Any) -> bool:
     """A dataclass instance pydantic writes as the dict of its fields: not a class, and not
     a pydantic dataclass (which writes itself, as a model does)."""
@@ -438,7 +423,11 @@ def _written_otherwise(result: Any) -> Any:
 
 def _last_text(result: Any) -> str:
     """A result nothing else can write, as text: its ``repr`` (which writes a cycle as
-    ``[...]``), or what it is when even that raises."""
+    ``[...]``), or what it is when even that raises. Not a pydantic model's (or pydantic
+    dataclass's) ``repr``: it shows every field as held, what its JSON serializers mask
+    too."""
+    if isinstance(result, BaseModel) or hasattr(result, "__pydantic_serializer__"):
+        return f"<a {type(result).__name__} that cannot be written as JSON>"
     try:
         return repr(result)
     except Exception:
