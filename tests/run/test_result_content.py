@@ -14,6 +14,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from typing import Any
 
+import pydantic
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -280,3 +281,22 @@ def test_a_cyclic_result_is_written_otherwise_after_one_look_at_its_cycle(
     written = result_content(holder)
     assert "booked" in json.dumps(written)
     assert len(weighings) < 100, len(weighings)  # about 3,000 when it went round the cycle
+
+
+class _Card(pydantic.BaseModel):
+    number: str
+
+    @pydantic.field_serializer("number", when_used="json")
+    def _masked(self, number: str) -> str:
+        return "****" + number[-4:]
+
+
+def test_a_cycle_written_as_text_never_shows_what_a_model_inside_it_masks() -> None:
+    """The text of a result JSON cannot hold (a cycle) writes each container itself: a
+    model's ``repr`` would show the field its serializer masks."""
+    loop: list[Any] = [_Card(number="4111111111111111")]
+    loop.append(loop)
+    for result in (loop, {"cards": loop}, (loop,)):
+        written = json.dumps(result_content(result))
+        assert "4111111111111111" not in written, written
+        assert "****1111" in written, written

@@ -422,16 +422,39 @@ def _written_otherwise(result: Any) -> Any:
 
 
 def _last_text(result: Any) -> str:
-    """A result nothing else can write, as text: its ``repr`` (which writes a cycle as
-    ``[...]``), or what it is when even that raises. Not a pydantic model's (or pydantic
-    dataclass's) ``repr``: it shows every field as held, what its JSON serializers mask
-    too."""
-    if isinstance(result, BaseModel) or hasattr(result, "__pydantic_serializer__"):
-        return f"<a {type(result).__name__} that cannot be written as JSON>"
+    """A result nothing else can write, as text: its ``repr``, written container by
+    container (a cycle as ``[...]``), or what it is when even that raises. Never a pydantic
+    model's (or pydantic dataclass's) ``repr``, wherever it sits: it shows every field as
+    held, what its JSON serializers mask too."""
+    return _text_of(result, set())
+
+
+def _text_of(value: Any, path: set[int]) -> str:
+    if isinstance(value, BaseModel) or hasattr(value, "__pydantic_serializer__"):
+        return f"<a {type(value).__name__} that cannot be written as JSON>"
+    kind = type(value)
+    if kind in (list, tuple, set, frozenset, dict):
+        if id(value) in path:
+            return "[...]" if kind is list else "{...}" if kind is dict else "(...)"
+        if len(path) >= MAX_NESTING:
+            return f"<a {kind.__name__} nested too deep to write>"
+        path.add(id(value))
+        try:
+            if kind is dict:
+                inner = ", ".join(
+                    f"{_text_of(k, path)}: {_text_of(v, path)}" for k, v in value.items()
+                )
+                return "{" + inner + "}"
+            inner = ", ".join(_text_of(v, path) for v in value)
+            if kind is tuple:
+                return "(" + inner + ("," if len(value) == 1 else "") + ")"
+            return "[" + inner + "]" if kind is list else "{" + inner + "}"
+        finally:
+            path.discard(id(value))
     try:
-        return repr(result)
+        return repr(value)
     except Exception:
-        return f"<a {type(result).__name__} that cannot be written as text>"
+        return f"<a {type(value).__name__} that cannot be written as text>"
 
 
 def _as_text(value: Any, path: set[int]) -> Any:
