@@ -14,7 +14,7 @@ from tesserix_adk.errors import (
     StorePermissionError,
     StoreUnavailableError,
 )
-from tesserix_adk.stores.sqlite.schema import TableShape, table_shape
+from tesserix_adk.stores.sqlite.schema import IndexShape, TableShape, index_shape, table_shape
 
 __all__ = [
     "foreign_tables",
@@ -99,12 +99,15 @@ def translate(exc: sqlite3.Error, path: str, busy_timeout: float) -> AdkError:
         )
     if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
         return missing_schema(path)
-    if isinstance(exc, sqlite3.OperationalError) and "there is already an" in str(exc):
-        # An index (or view) of a kit table's name: CREATE TABLE IF NOT EXISTS refuses it,
-        # and no retry moves it aside.
+    said = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and (
+        "there is already a" in said or " already exists" in said
+    ):
+        # Another object under a name the kit creates (an index named like a kit table, a
+        # table named like a kit index): the kit's CREATE refuses it, no retry moves it.
         return SchemaMismatchError(
-            f"the SQLite store {path} holds an object of a kit table's name that is not a "
-            f"table ({exc}); move it aside or restore the file from a backup"
+            f"the SQLite store {path} holds an object under a name the kit creates that is "
+            f"not the kit's ({exc}); move it aside or restore the file from a backup"
         )
     if isinstance(exc, sqlite3.OperationalError) and "no such column" in str(exc):
         # No retry brings the column back: the table was changed by hand or restored from
@@ -116,13 +119,18 @@ def translate(exc: sqlite3.Error, path: str, busy_timeout: float) -> AdkError:
     return StoreUnavailableError(f"the SQLite store {path} failed: {exc}")
 
 
-def foreign_tables(conn: sqlite3.Connection, path: str, expected: dict[str, TableShape]) -> None:
+def foreign_tables(
+    conn: sqlite3.Connection,
+    path: str,
+    expected: tuple[dict[str, TableShape], dict[str, IndexShape]],
+) -> None:
     """Refuse a file whose objects of the kit's table names are not the kit's tables (a
     view, a table lacking the kit's columns or primary key, or one that wants a column the
     kit never writes): another program's, or changed by hand. ``SchemaMismatchError``
     naming them. A column's type is not compared: a migration may declare it otherwise."""
+    tables, indexes = expected
     problems = []
-    for table, kits in expected.items():
+    for table, kits in tables.items():
         found = table_shape(conn, table)
         missing = sorted(kits.columns - found.columns)
         if found.kind != "table":
@@ -133,6 +141,9 @@ def foreign_tables(conn: sqlite3.Connection, path: str, expected: dict[str, Tabl
             problems.append(f"{table} is keyed by ({', '.join(found.key)})")
         elif found.required - kits.columns:
             problems.append(f"{table} requires {', '.join(sorted(found.required - kits.columns))}")
+    for name, kits_index in indexes.items():
+        if index_shape(conn, name) != kits_index:
+            problems.append(f"{name} is not the kit's index")
     if problems:
         raise SchemaMismatchError(
             f"the SQLite store {path} holds objects of the kit's names that are not the kit's "

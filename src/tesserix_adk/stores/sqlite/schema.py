@@ -50,14 +50,20 @@ class SqliteSchema:
         """The tables the schema holds, as the DDL creates them."""
         return tuple(_TABLE.findall(self.ddl))
 
-    def shapes(self) -> dict[str, TableShape]:
-        """Each table's shape, as the DDL makes it (built in memory: the DDL is the one
-        place that says)."""
+    def shapes(self) -> tuple[dict[str, TableShape], dict[str, IndexShape]]:
+        """Each table's shape and each index's, as the DDL makes them (built in memory: the
+        DDL is the one place that says)."""
         conn = sqlite3.connect(":memory:")
         try:
             for statement in statements(self.ddl):
                 conn.execute(statement)
-            return {t: table_shape(conn, t) for t in self.tables}
+            indexes = conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+            ).fetchall()
+            return (
+                {t: table_shape(conn, t) for t in self.tables},
+                {name: index_shape(conn, name) for (name,) in indexes},
+            )
         finally:
             conn.close()
 
@@ -86,17 +92,55 @@ class TableShape:
     required: frozenset[str]
 
 
+@dataclass(frozen=True, slots=True)
+class IndexShape:
+    """What of an index tells the kit's from another's: what the object of its name is,
+    the table it is on, its columns and whether it is unique (a unique index the kit did
+    not make turns its INSERT OR REPLACE into a delete of another row)."""
+
+    kind: str
+    table: str
+    columns: tuple[str, ...]
+    unique: bool
+
+
+def _kind(conn: sqlite3.Connection, name: str) -> tuple[str, str]:
+    """What the object named ``name`` is (``table``, ``view``, ``index``; empty when there
+    is none; names are compared as SQLite compares them, without case) and its table."""
+    found = conn.execute(
+        "SELECT type, tbl_name FROM sqlite_master WHERE name = ? COLLATE NOCASE "
+        "AND type IN ('table', 'view', 'index') ORDER BY type = 'table' DESC",
+        (name,),
+    ).fetchone()
+    return ("", "") if found is None else (str(found[0]), str(found[1]))
+
+
 def table_shape(conn: sqlite3.Connection, table: str) -> TableShape:
     """``table`` as ``conn``'s database holds it."""
-    found = conn.execute("SELECT type FROM sqlite_master WHERE name = ?", (table,)).fetchone()
-    # (cid, name, type, notnull, default, pk)
+    kind, _ = _kind(conn, table)
+    # (cid, name, type, notnull, default, pk); a default of NULL is none.
     rows = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
     return TableShape(
-        kind="" if found is None else str(found[0]),
+        kind=kind,
         columns=frozenset(row[1] for row in rows),
         key=tuple(row[1] for row in sorted((r for r in rows if r[5]), key=lambda r: r[5])),
-        required=frozenset(row[1] for row in rows if row[3] and row[4] is None and not row[5]),
+        required=frozenset(
+            row[1]
+            for row in rows
+            if row[3] and (row[4] is None or str(row[4]).upper() == "NULL") and not row[5]
+        ),
     )
+
+
+def index_shape(conn: sqlite3.Connection, name: str) -> IndexShape:
+    """The index ``name`` as ``conn``'s database holds it."""
+    kind, table = _kind(conn, name)
+    if kind != "index":
+        return IndexShape(kind=kind, table=table, columns=(), unique=False)
+    columns = tuple(row[2] for row in conn.execute(f'PRAGMA index_info("{name}")'))
+    listed = conn.execute(f'PRAGMA index_list("{table}")').fetchall()
+    unique = any(row[1].lower() == name.lower() and row[2] for row in listed)
+    return IndexShape(kind=kind, table=table.lower(), columns=columns, unique=bool(unique))
 
 
 def statements(script: str) -> Iterator[str]:
