@@ -190,9 +190,13 @@ def _written_key(key: Any) -> str:
 
 
 def _key_name(key: Any) -> tuple[str, bool]:
-    """``key`` written as text, and whether pydantic writes it so itself."""
+    """``key`` written as text, and whether pydantic writes it so itself. A key that is or
+    holds a pydantic model is written as ``_text_of`` writes it, the model as a note:
+    pydantic would write its ``str``, every field as held."""
     if type(key) is str:
         return key, True
+    if _holds_a_model(key, 0):
+        return _text_of(key, set()), False
     try:
         return str(next(iter(to_jsonable_python({key: None}, fallback=str)))), True
     except Exception:
@@ -344,7 +348,7 @@ def _plain_dataclass(value: Any) -> bool:
     return (
         is_dataclass(value)
         and not isinstance(value, type)
-        and not hasattr(value, "__pydantic_serializer__")
+        and not hasattr(type(value), "__pydantic_serializer__")
     )
 
 
@@ -430,31 +434,54 @@ def _last_text(result: Any) -> str:
 
 
 def _text_of(value: Any, path: set[int]) -> str:
-    if isinstance(value, BaseModel) or hasattr(value, "__pydantic_serializer__"):
+    if _pydantic_writes(value):
         return f"<a {type(value).__name__} that cannot be written as JSON>"
-    kind = type(value)
-    if kind in (list, tuple, set, frozenset, dict):
-        if id(value) in path:
-            return "[...]" if kind is list else "{...}" if kind is dict else "(...)"
-        if len(path) >= MAX_NESTING:
-            return f"<a {kind.__name__} nested too deep to write>"
-        path.add(id(value))
+    if not isinstance(value, (Mapping, list, tuple, set, frozenset, deque)) and not (
+        _plain_dataclass(value)
+    ):
         try:
-            if kind is dict:
-                inner = ", ".join(
-                    f"{_text_of(k, path)}: {_text_of(v, path)}" for k, v in value.items()
-                )
-                return "{" + inner + "}"
-            inner = ", ".join(_text_of(v, path) for v in value)
-            if kind is tuple:
-                return "(" + inner + ("," if len(value) == 1 else "") + ")"
-            return "[" + inner + "]" if kind is list else "{" + inner + "}"
-        finally:
-            path.discard(id(value))
+            return repr(value)
+        except Exception:
+            return f"<a {type(value).__name__} that cannot be written as text>"
+    name = type(value).__name__
+    if id(value) in path:
+        return f"<{name} ...>"
+    if len(path) >= MAX_NESTING:
+        return f"<a {name} nested too deep to write>"
+    path.add(id(value))
     try:
-        return repr(value)
+        if isinstance(value, Mapping) or _plain_dataclass(value):
+            pairs = (
+                [(f.name, getattr(value, f.name)) for f in fields(value)]
+                if _plain_dataclass(value)
+                else mapping_items(value)
+            )
+            inner = ", ".join(f"{_text_of(k, path)}: {_text_of(v, path)}" for k, v in pairs)
+            return f"{name}{{{inner}}}" if type(value) is not dict else f"{{{inner}}}"
+        inner = ", ".join(_text_of(v, path) for v in value)
+        if type(value) is list:
+            return f"[{inner}]"
+        return f"{name}([{inner}])"
     except Exception:
-        return f"<a {type(value).__name__} that cannot be written as text>"
+        return f"<a {name} that cannot be written as text>"
+    finally:
+        path.discard(id(value))
+
+
+def _holds_a_model(key: Any, depth: int) -> bool:
+    """Whether a dict key is, or holds in its tuples and frozensets, a pydantic model
+    (written as its ``str`` by pydantic, every field as held)."""
+    if _pydantic_writes(key):
+        return True
+    if isinstance(key, (tuple, frozenset)) and depth < MAX_NESTING:
+        return any(_holds_a_model(k, depth + 1) for k in key)
+    return False
+
+
+def _pydantic_writes(value: Any) -> bool:
+    """Whether ``value`` is a pydantic model or pydantic dataclass (asked of its type: an
+    object's own attribute lookup may raise)."""
+    return isinstance(value, BaseModel) or hasattr(type(value), "__pydantic_serializer__")
 
 
 def _as_text(value: Any, path: set[int]) -> Any:
