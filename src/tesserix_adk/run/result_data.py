@@ -195,7 +195,11 @@ def _key_name(key: Any) -> tuple[str, bool]:
     pydantic would write its ``str``, every field as held."""
     if type(key) is str:
         return key, True
-    if _holds_a_model(key, 0):
+    try:
+        holds = _holds_a_model(key, 0)
+    except Exception:
+        holds = False  # a key that cannot be looked into is written as below
+    if holds:
         return _text_of(key, set()), False
     try:
         return str(next(iter(to_jsonable_python({key: None}, fallback=str)))), True
@@ -434,6 +438,15 @@ def _last_text(result: Any) -> str:
 
 
 def _text_of(value: Any, path: set[int]) -> str:
+    try:
+        return _text_inside(value, path)
+    except Exception:
+        # An object whose own class or attribute lookup raises (a lazy proxy whose setup
+        # failed): said for what it is, never raised out of a completed call's result.
+        return f"<a {type(value).__name__} that cannot be written as text>"
+
+
+def _text_inside(value: Any, path: set[int]) -> str:
     if _pydantic_writes(value):
         return f"<a {type(value).__name__} that cannot be written as JSON>"
     if not isinstance(value, (Mapping, list, tuple, set, frozenset, deque)) and not (
@@ -469,19 +482,24 @@ def _text_of(value: Any, path: set[int]) -> str:
 
 
 def _holds_a_model(key: Any, depth: int) -> bool:
-    """Whether a dict key is, or holds in its tuples and frozensets, a pydantic model
-    (written as its ``str`` by pydantic, every field as held)."""
+    """Whether a dict key is, or holds in its tuples, frozensets and dataclasses, a
+    pydantic model (written as its ``str`` by pydantic, every field as held)."""
     if _pydantic_writes(key):
         return True
-    if isinstance(key, (tuple, frozenset)) and depth < MAX_NESTING:
+    if depth >= MAX_NESTING:
+        return True  # too deep to look: written as text, a model in it as a note
+    if isinstance(key, (tuple, frozenset)):
         return any(_holds_a_model(k, depth + 1) for k in key)
+    if _plain_dataclass(key):
+        return any(_holds_a_model(getattr(key, f.name), depth + 1) for f in fields(key))
     return False
 
 
 def _pydantic_writes(value: Any) -> bool:
     """Whether ``value`` is a pydantic model or pydantic dataclass (asked of its type: an
     object's own attribute lookup may raise)."""
-    return isinstance(value, BaseModel) or hasattr(type(value), "__pydantic_serializer__")
+    kind = type(value)  # never the object's own ``__class__``, which may raise
+    return issubclass(kind, BaseModel) or hasattr(kind, "__pydantic_serializer__")
 
 
 def _as_text(value: Any, path: set[int]) -> Any:
