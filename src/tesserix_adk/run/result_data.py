@@ -11,16 +11,21 @@ import functools
 import json
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from tesserix_adk.checkpoint.payload.envelope import DEFAULT_MAX_BYTES, MAX_NESTING
 from tesserix_adk.checkpoint.payload.weighing import weighed
 from tesserix_adk.checkpoint.redaction.keys import MAX_KEY_NAME
 from tesserix_adk.messages import int_as_text
+from tesserix_adk.run.result_text import (
+    holds_a_model,
+    last_text,
+    mapping_items,
+    plain_dataclass,
+)
 from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.tools import until_the_thread_returns
 
@@ -196,11 +201,11 @@ def _key_name(key: Any) -> tuple[str, bool]:
     if type(key) is str:
         return key, True
     try:
-        holds = _holds_a_model(key, 0)
+        holds = holds_a_model(key, 0)
     except Exception:
         holds = False  # a key that cannot be looked into is written as below
     if holds:
-        return _text_of(key, set()), False
+        return last_text(key), False
     try:
         return str(next(iter(to_jsonable_python({key: None}, fallback=str)))), True
     except Exception:
@@ -248,7 +253,7 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
         raise _TooMany
     if isinstance(value, Iterator) and not isinstance(value, (str, bytes, bytearray)):
         return _read_once(value, walk)
-    if _plain_dataclass(value):
+    if plain_dataclass(value):
         if id(value) in walk.path:
             return value  # a cycle: left to pydantic, which refuses it
         walk.path.add(id(value))
@@ -346,33 +351,6 @@ def _read_into(out: list[Any], values: Iterator[Any], walk: _Walk) -> None:
         out.append(_walked(value, walk))
 
 
-def _plain_dataclass(value: Any) -> bool:
-    """A dataclass instance pydantic writes as the dict of its fields: not a class, and not
-    a pydantic dataclass (which writes itself, as a model does)."""
-    return (
-        is_dataclass(value)
-        and not isinstance(value, type)
-        and not hasattr(type(value), "__pydantic_serializer__")
-    )
-
-
-def mapping_items(mapping: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
-    """The items of a mapping, a key its items repeat (a multidict: query parameters,
-    headers) holding the list of its values, in their order. A multidict whose ``items``
-    gives one value a key (starlette's, httpx's) gives every one through ``multi_items``."""
-    if type(mapping) is dict:
-        return list(mapping.items())
-    every = getattr(mapping, "multi_items", None)
-    try:
-        pairs = every() if callable(every) else mapping.items()
-    except Exception:
-        pairs = mapping.items()  # a multidict that reads one way only
-    values: dict[Any, list[Any]] = {}
-    for key, value in pairs:
-        values.setdefault(key, []).append(value)
-    return [(k, vs[0] if len(vs) == 1 else vs) for k, vs in values.items()]
-
-
 def _unknown(value: Any) -> Any:
     """What pydantic is handed for a value it cannot write: a mapping (one inside a
     dataclass or a model too) as its items, so each value sits under its key, where a
@@ -418,7 +396,7 @@ def _keys_apart(items: list[tuple[Any, Any]]) -> dict[str, Any]:
 
 def _written_otherwise(result: Any) -> Any:
     """What pydantic would not write as it came: its bytes and huge ints made text first;
-    failing that (a cycle, a value whose own ``str`` raises), its text (``_last_text``)."""
+    failing that (a cycle, a value whose own ``str`` raises), its text (``last_text``)."""
     try:
         prepared = _as_text(result, set())
         try:
@@ -426,80 +404,7 @@ def _written_otherwise(result: Any) -> Any:
         except UnicodeDecodeError:
             return to_jsonable_python(prepared, fallback=_unknown, bytes_mode="base64")
     except Exception:
-        return _last_text(result)
-
-
-def _last_text(result: Any) -> str:
-    """A result nothing else can write, as text: its ``repr``, written container by
-    container (a cycle as ``[...]``), or what it is when even that raises. Never a pydantic
-    model's (or pydantic dataclass's) ``repr``, wherever it sits: it shows every field as
-    held, what its JSON serializers mask too."""
-    return _text_of(result, set())
-
-
-def _text_of(value: Any, path: set[int]) -> str:
-    try:
-        return _text_inside(value, path)
-    except Exception:
-        # An object whose own class or attribute lookup raises (a lazy proxy whose setup
-        # failed): said for what it is, never raised out of a completed call's result.
-        return f"<a {type(value).__name__} that cannot be written as text>"
-
-
-def _text_inside(value: Any, path: set[int]) -> str:
-    if _pydantic_writes(value):
-        return f"<a {type(value).__name__} that cannot be written as JSON>"
-    if not isinstance(value, (Mapping, list, tuple, set, frozenset, deque)) and not (
-        _plain_dataclass(value)
-    ):
-        try:
-            return repr(value)
-        except Exception:
-            return f"<a {type(value).__name__} that cannot be written as text>"
-    name = type(value).__name__
-    if id(value) in path:
-        return f"<{name} ...>"
-    if len(path) >= MAX_NESTING:
-        return f"<a {name} nested too deep to write>"
-    path.add(id(value))
-    try:
-        if isinstance(value, Mapping) or _plain_dataclass(value):
-            pairs = (
-                [(f.name, getattr(value, f.name)) for f in fields(value)]
-                if _plain_dataclass(value)
-                else mapping_items(value)
-            )
-            inner = ", ".join(f"{_text_of(k, path)}: {_text_of(v, path)}" for k, v in pairs)
-            return f"{name}{{{inner}}}" if type(value) is not dict else f"{{{inner}}}"
-        inner = ", ".join(_text_of(v, path) for v in value)
-        if type(value) is list:
-            return f"[{inner}]"
-        return f"{name}([{inner}])"
-    except Exception:
-        return f"<a {name} that cannot be written as text>"
-    finally:
-        path.discard(id(value))
-
-
-def _holds_a_model(key: Any, depth: int) -> bool:
-    """Whether a dict key is, or holds in its tuples, frozensets and dataclasses, a
-    pydantic model (written as its ``str`` by pydantic, every field as held)."""
-    if _pydantic_writes(key):
-        return True
-    if depth >= MAX_NESTING:
-        return True  # too deep to look: written as text, a model in it as a note
-    if isinstance(key, (tuple, frozenset)):
-        return any(_holds_a_model(k, depth + 1) for k in key)
-    if _plain_dataclass(key):
-        return any(_holds_a_model(getattr(key, f.name), depth + 1) for f in fields(key))
-    return False
-
-
-def _pydantic_writes(value: Any) -> bool:
-    """Whether ``value`` is a pydantic model or pydantic dataclass (asked of its type: an
-    object's own attribute lookup may raise)."""
-    kind = type(value)  # never the object's own ``__class__``, which may raise
-    return issubclass(kind, BaseModel) or hasattr(kind, "__pydantic_serializer__")
+        return last_text(result)
 
 
 def _as_text(value: Any, path: set[int]) -> Any:
