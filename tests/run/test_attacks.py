@@ -575,6 +575,11 @@ async def _carry_to_the_end(
             seen.append("held")
             await asyncio.sleep(0.2)
             continue
+        except LeaseLostError:
+            # This attempt's own 0.3 s lease lapsed (a loaded machine): nothing went out
+            # after it, and an operator tries again.
+            seen.append("lost")
+            continue
         except IndeterminateToolCallError as exc:
             for call in exc.calls:
                 seen.append(f"in doubt: {call.tool}")
