@@ -20,11 +20,7 @@ __all__ = ["holds_a_model", "last_text", "mapping_items", "plain_dataclass", "py
 def plain_dataclass(value: Any) -> bool:
     """A dataclass instance pydantic writes as the dict of its fields: not a class, and not
     a pydantic dataclass (which writes itself, as a model does)."""
-    return (
-        is_dataclass(value)
-        and not isinstance(value, type)
-        and not hasattr(type(value), "__pydantic_serializer__")
-    )
+    return is_dataclass(value) and not isinstance(value, type) and not pydantic_writes(value)
 
 
 def mapping_items(mapping: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
@@ -64,9 +60,8 @@ def _text_of(value: Any, path: set[int]) -> str:
 def _text_inside(value: Any, path: set[int]) -> str:
     if pydantic_writes(value):
         return f"<a {type(value).__name__} that cannot be written as JSON>"
-    if not isinstance(value, (Mapping, list, tuple, set, frozenset, deque)) and not (
-        plain_dataclass(value)
-    ):
+    dataclass = plain_dataclass(value)
+    if not dataclass and not isinstance(value, (Mapping, list, tuple, set, frozenset, deque)):
         try:
             return repr(value)
         except Exception:
@@ -78,10 +73,10 @@ def _text_inside(value: Any, path: set[int]) -> str:
         return f"<a {name} nested too deep to write>"
     path.add(id(value))
     try:
-        if isinstance(value, Mapping) or plain_dataclass(value):
+        if dataclass or isinstance(value, Mapping):
             pairs = (
                 [(f.name, getattr(value, f.name)) for f in fields(value)]
-                if plain_dataclass(value)
+                if dataclass
                 else mapping_items(value)
             )
             inner = ", ".join(f"{_text_of(k, path)}: {_text_of(v, path)}" for k, v in pairs)

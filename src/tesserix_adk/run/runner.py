@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tesserix_adk.agent import Agent
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
-from tesserix_adk.checkpoint.payload import Checkpoint
+from tesserix_adk.checkpoint.payload import Checkpoint, decode_checkpoint
 from tesserix_adk.checkpoint.planning import (
     ResumePlan,
     plan_resume,
@@ -227,19 +227,19 @@ class AgentRunner:
         work = self._require_work()
         run_id = f"run_{secrets.token_hex(8)}" if run_id is None else run_id
         check_ids(tenant=tenant, run_id=run_id)
-        started = self.checkpoints is not None and await self.checkpoints.store.latest(
-            tenant, run_id
-        )
+        stored = None
+        if self.checkpoints is not None:
+            stored = await self.checkpoints.store.latest(tenant, run_id)
         messages = without_secret_ids(as_messages(input), self.redactor)
-        if started:
+        if stored is not None:
             # Under way: the same request again is a no-op; another one (told apart by the
             # agent that carries it, and by the submission the run was started from, where
             # it kept one) is said. A replay is nobody's submission.
-            assert self.checkpoints is not None
             with contextlib.suppress(CheckpointError):  # a damaged frontier says nothing
-                cp = await self.checkpoints.latest(tenant, run_id)
-                if cp is not None:
-                    refuse_another_start(cp, agent)
+                cp = decode_checkpoint(
+                    stored.payload, tenant=tenant, run_id=run_id, step=stored.step
+                )
+                refuse_another_start(cp, agent)
             if await work.input(tenant, run_id) is not None:
                 with contextlib.suppress(CheckpointError):
                     data = submission(agent, messages, state, self.redactor)

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
-from typing import Any
-
 from opentelemetry import metrics, trace
 
-from tesserix_adk.checkpoint.redaction import Masked
+from tesserix_adk.checkpoint.redaction import default_redactor
 from tesserix_adk.run.observing import AttemptWatch, Watched
 from tesserix_adk.telemetry.ids import DeterministicIds
 from tesserix_adk.telemetry.metrics import Instruments
-from tesserix_adk.telemetry.spans import AttemptSpans
+from tesserix_adk.telemetry.spans import AttemptSpans, quietly
 
 __all__ = ["Telemetry"]
 
 _SCOPE = "tesserix_adk"
-_log = logging.getLogger("tesserix_adk.telemetry")
 
 
 class Telemetry:
@@ -52,18 +47,14 @@ class Telemetry:
         """A worker parked a run (``error_type``: why, as an exception's type name); a
         meter that fails is logged, never the worker's failure."""
         attributes = {"gen_ai.agent.name": agent, "error.type": error_type}
-        _quietly(self.instruments.parked.add, 1, attributes)
+        quietly(self.instruments.parked.add, 1, attributes, mask=_masked)
 
     def took_over(self, agent: str) -> None:
         """A worker carries on a run whose holder's lease lapsed; a meter that fails is
         logged, never the worker's failure."""
-        _quietly(self.instruments.takeovers.add, 1, {"gen_ai.agent.name": agent})
+        quietly(self.instruments.takeovers.add, 1, {"gen_ai.agent.name": agent}, mask=_masked)
 
 
-def _quietly(step: Callable[..., object], *args: Any) -> None:
-    """``step(*args)``; a failure is logged (masked): counting what a worker did must not
-    change what it did (a run it finished told as failed, one in doubt retried)."""
-    try:
-        step(*args)
-    except Exception as exc:
-        _log.warning("a worker's metric failed: %r", Masked(exc))
+def _masked(words: str) -> str:
+    # A worker's meter has no run's redactor: the built-in patterns mask what it says.
+    return default_redactor().text(words)

@@ -239,11 +239,7 @@ class AttemptSpans:
         return f"{head}…({len(words)} characters)"
 
     def _quietly(self, step: Callable[..., object], *args: Any) -> None:
-        """``step(*args)``; a failure is logged (masked), never the run's."""
-        try:
-            step(*args)
-        except Exception as exc:
-            _log.warning("telemetry of an attempt failed: %s", self._w.redactor.text(repr(exc)))
+        quietly(step, *args, mask=self._w.redactor.text)
 
     def _attempt_ids(self) -> tuple[str | int, ...]:
         """What names this attempt in span ids: its fence, or without a lease (none held
@@ -340,3 +336,13 @@ def _failed_span(span: Span, failed: str, sent: bool) -> None:
     span.set_attribute("error.type", failed)
     span.set_status(StatusCode.ERROR)
     span.end()
+
+
+def quietly(step: Callable[..., object], *args: Any, mask: Callable[[str], str]) -> None:
+    """``step(*args)``; a failure is logged, masked by ``mask``, never raised: telling what
+    a run or a worker did must not change what it did (a run it finished told as failed,
+    one in doubt retried)."""
+    try:
+        step(*args)
+    except Exception as exc:
+        _log.warning("telemetry failed: %s", mask(repr(exc)))
