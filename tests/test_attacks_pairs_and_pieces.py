@@ -62,6 +62,7 @@ import asyncio
 import collections
 import dataclasses
 import datetime
+import functools
 import json
 import pprint
 import subprocess
@@ -91,6 +92,7 @@ from tesserix_adk.checkpoint.redaction.redactor import default_redactor
 from tesserix_adk.messages import int_as_text
 from tesserix_adk.run import result_data
 from tesserix_adk.run.result_data import result_content
+from tesserix_adk.run.result_text import ModelSight
 
 T = "pairs"
 SECRET = "Zq8vLm3xNp7TkW2rYb5cHd9f"  # no pattern knows it: only its key says it is one
@@ -309,25 +311,28 @@ def _one_call(result: Any) -> Any:
     call, and where that fails a plain container value by value, as ``_converted`` does
     (a value nothing can write loses only itself)."""
     prepared = result_data._walked(result, result_data._Walk())
-    content = _whole_or_each(prepared, set())
+    content = _whole_or_each(prepared, set(), ModelSight())
     if isinstance(content, int) and not isinstance(content, bool):
         return int_as_text(content)
     return content
 
 
-def _whole_or_each(value: Any, path: set[int]) -> Any:
+def _whole_or_each(value: Any, path: set[int], sight: ModelSight) -> Any:
     try:
-        return to_jsonable_python(value, fallback=result_data._unknown)
+        return to_jsonable_python(value, fallback=functools.partial(result_data._unknown, sight))
     except Exception:
         pass
     kind = type(value)
     if kind not in (list, tuple, dict) or id(value) in path or len(path) >= MAX_NESTING:
-        return result_data._written_otherwise(value)
+        return result_data._written_otherwise(value, sight)
     path.add(id(value))
     try:
         if kind is dict:
-            return {result_data._written_key(k): _whole_or_each(v, path) for k, v in value.items()}
-        return [_whole_or_each(v, path) for v in value]
+            return {
+                result_data._written_key(k): _whole_or_each(v, path, sight)
+                for k, v in value.items()
+            }
+        return [_whole_or_each(v, path, sight) for v in value]
     finally:
         path.discard(id(value))
 

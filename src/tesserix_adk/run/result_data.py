@@ -21,6 +21,8 @@ from tesserix_adk.checkpoint.payload.weighing import weighed
 from tesserix_adk.checkpoint.redaction.keys import MAX_KEY_NAME
 from tesserix_adk.messages import int_as_text
 from tesserix_adk.run.result_text import (
+    ModelSight,
+    held_a_model,
     holds_a_model,
     last_text,
     mapping_items,
@@ -94,7 +96,7 @@ def result_content(result: Any) -> Any:
             f"(this result was not converted: it holds more than {MOST_WALKED} values, "
             "counting each time a value is held again; the call completed)"
         )
-    content = _converted(prepared, set())
+    content = _converted(prepared, set(), ModelSight())
     if isinstance(content, int) and not isinstance(content, bool):
         # Alone, as text: the model is told it alike first and from its record.
         return int_as_text(content)
@@ -108,13 +110,14 @@ def result_content(result: Any) -> Any:
 _PIECE = 10_000
 
 
-def _in_pieces(value: Any, path: frozenset[int] = frozenset()) -> Any:
+def _in_pieces(value: Any, sight: ModelSight, path: frozenset[int] = frozenset()) -> Any:
     """``to_jsonable_python(value)``, in pieces of about ``_PIECE`` items when it holds
     more, so that other threads run between the pieces. ``path``: the containers being cut
     above it; one met again is a cycle (which holds more items than any piece, however
     small), refused at once rather than cut round and round."""
+    unknown = functools.partial(_unknown, sight)
     if _items(value, _PIECE) <= _PIECE:
-        return to_jsonable_python(value, fallback=_unknown)
+        return to_jsonable_python(value, fallback=unknown)
     if id(value) in path:
         raise ValueError("a result that holds itself cannot be written as JSON")
     kind = type(value)
@@ -123,33 +126,33 @@ def _in_pieces(value: Any, path: frozenset[int] = frozenset()) -> Any:
         out: list[Any] = []
         for batch, big in _batches(value):
             if big:
-                out.append(_in_pieces(batch[0], inside))
+                out.append(_in_pieces(batch[0], sight, inside))
             else:
-                out.extend(to_jsonable_python(batch, fallback=_unknown))
+                out.extend(to_jsonable_python(batch, fallback=unknown))
         return out
     if kind is dict:
-        return {_written_key(k): _in_pieces(v, inside) for k, v in value.items()}
-    return to_jsonable_python(value, fallback=_unknown)
+        return {_written_key(k): _in_pieces(v, sight, inside) for k, v in value.items()}
+    return to_jsonable_python(value, fallback=unknown)
 
 
-def _converted(value: Any, path: set[int]) -> Any:
+def _converted(value: Any, path: set[int], sight: ModelSight) -> Any:
     """``_in_pieces(value)``; failing that, a plain container value by value, so one value
     nothing can write loses only itself (``path``: the containers above, so a cycle is
     written as its text, and the nesting a record keeps at most)."""
     try:
-        return _in_pieces(value)
+        return _in_pieces(value, sight)
     except Exception:
         pass
     kind = type(value)
     if kind not in (list, tuple, dict) or id(value) in path or len(path) >= MAX_NESTING:
-        return _written_otherwise(value)
+        return _written_otherwise(value, sight)
     path.add(id(value))
     try:
         if kind is dict:
-            return {_written_key(k): _converted(v, path) for k, v in value.items()}
-        return [_converted(v, path) for v in value]
+            return {_written_key(k): _converted(v, path, sight) for k, v in value.items()}
+        return [_converted(v, path, sight) for v in value]
     except Exception:
-        return _written_otherwise(value)
+        return _written_otherwise(value, sight)
     finally:
         path.discard(id(value))
 
@@ -255,7 +258,7 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
         return _read_once(value, walk)
     if plain_dataclass(value):
         if id(value) in walk.path:
-            return value  # a cycle: left to pydantic, which refuses it
+            return _again(value)
         walk.path.add(id(value))
         try:
             # Written as pydantic writes it, so that what it holds is walked (and cut into
@@ -263,9 +266,10 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
             return {f.name: _walked(getattr(value, f.name), walk) for f in fields(value)}
         finally:
             walk.path.discard(id(value))
-    kinds = (Mapping, list, tuple, set, frozenset, deque)
-    if not isinstance(value, kinds) or id(value) in walk.path:
+    if not isinstance(value, (Mapping, list, tuple, set, frozenset, deque)):
         return value
+    if id(value) in walk.path:
+        return _again(value)
     walk.path.add(id(value))
     try:
         if isinstance(value, Mapping):
@@ -286,6 +290,13 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
         return inner
     finally:
         walk.path.discard(id(value))
+
+
+def _again(value: Any) -> str:
+    """A container met again inside itself, as ``repr`` writes one (``[...]``): what it
+    holds is written where it was met first, so the copy holds no cycle, and no dict inside
+    the cycle is handed to pydantic, which writes a model key as the model's ``str``."""
+    return f"<{type(value).__name__} ...>"
 
 
 MOST_READ = DEFAULT_MAX_BYTES
@@ -351,15 +362,18 @@ def _read_into(out: list[Any], values: Iterator[Any], walk: _Walk) -> None:
         out.append(_walked(value, walk))
 
 
-def _unknown(value: Any) -> Any:
+def _unknown(sight: ModelSight, value: Any) -> Any:
     """What pydantic is handed for a value it cannot write: a mapping (one inside a
     dataclass or a model too) as its items, so each value sits under its key, where a
-    redactor masks it by name and none is lost; anything else as its ``str``."""
+    redactor masks it by name and none is lost; anything else as its ``str``, or as a note
+    where that may show a pydantic model's ``repr`` (``ModelSight``)."""
     if isinstance(value, Mapping):
         try:
             return _unclashed(value, _Walk())
         except Exception:
             pass
+    if sight.shows(value):
+        return held_a_model(value)
     return str(value)
 
 
@@ -394,17 +408,18 @@ def _keys_apart(items: list[tuple[Any, Any]]) -> dict[str, Any]:
     return kept
 
 
-def _written_otherwise(result: Any) -> Any:
+def _written_otherwise(result: Any, sight: ModelSight) -> Any:
     """What pydantic would not write as it came: its bytes and huge ints made text first;
     failing that (a cycle, a value whose own ``str`` raises), its text (``last_text``)."""
+    unknown = functools.partial(_unknown, sight)
     try:
         prepared = _as_text(result, set())
         try:
-            return to_jsonable_python(prepared, fallback=_unknown)
+            return to_jsonable_python(prepared, fallback=unknown)
         except UnicodeDecodeError:
-            return to_jsonable_python(prepared, fallback=_unknown, bytes_mode="base64")
+            return to_jsonable_python(prepared, fallback=unknown, bytes_mode="base64")
     except Exception:
-        return last_text(result)
+        return last_text(result, sight)
 
 
 def _as_text(value: Any, path: set[int]) -> Any:
