@@ -33,7 +33,8 @@ and a number that underflows to 0):
   file whose ``adk_frontiers`` is an index is exit 3 "failed: there is already an index
   named adk_frontiers" (retry later), which no retry fixes (stores/sqlite/failures.py
   ``translate`` maps it to ``StoreUnavailableError``).
-- LOW (left) ``test_a_refused_foreign_file_is_left_as_it_was``: ``schema apply`` refusing another
+- LOW (fixed: a file holding anything switches to WAL after the schema commits)
+  ``test_a_refused_foreign_file_is_left_as_it_was``: ``schema apply`` refusing another
   program's file has already switched that file to WAL (header bytes 18-19), outside the
   transaction that is rolled back (stores/sqlite/database.py ``_create_schema`` sets
   ``journal_mode = WAL`` before ``foreign_tables``).
@@ -246,12 +247,6 @@ def test_an_index_named_like_a_kit_table_is_not_retry_later(tmp_path: Path) -> N
     assert "adk_frontiers" in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT LOW: schema apply refusing another program's file has already switched it "
-    "to WAL (stores/sqlite/database.py _create_schema sets journal_mode before "
-    "foreign_tables, outside the rolled-back transaction)",
-)
 def test_a_refused_foreign_file_is_left_as_it_was(tmp_path: Path) -> None:
     path = _file(
         tmp_path / "adk.sqlite3",

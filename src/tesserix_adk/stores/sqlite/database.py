@@ -453,13 +453,12 @@ class SqliteDatabase:
             ) from exc
         conn = self._open("rwc")
         try:
-            # WAL is a property of the file; it cannot change inside a transaction.
-            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            if str(mode).lower() != "wal":
-                raise ConfigurationError(
-                    f"the SQLite store {self.path} cannot use WAL mode (it stays {mode!r}); "
-                    f"put it on a local file system"
-                )
+            # WAL is a property of the file and cannot change inside a transaction: a new
+            # file takes it first (one that cannot is left empty), a file holding anything
+            # after the schema commits (one refused below is left as it was).
+            ((objects,),) = conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+            if not objects:
+                self._use_wal(conn)
             conn.execute("BEGIN IMMEDIATE")
             try:
                 exists = conn.execute(
@@ -495,5 +494,15 @@ class SqliteDatabase:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+            if objects:
+                self._use_wal(conn)
         finally:
             conn.close()
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if str(mode).lower() != "wal":
+            raise ConfigurationError(
+                f"the SQLite store {self.path} cannot use WAL mode (it stays {mode!r}); "
+                f"put it on a local file system"
+            )
