@@ -27,6 +27,7 @@ from tesserix_adk.run.result_text import (
     last_text,
     mapping_items,
     plain_dataclass,
+    pydantic_writes,
 )
 from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.tools import until_the_thread_returns
@@ -248,7 +249,8 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
     lists, and which are read here once), and in plain dataclasses (as the dict of their
     fields pydantic writes); a pydantic model is left to pydantic whole, iterators and
     all, since it may write itself otherwise for JSON (a serializer that masks, an alias,
-    its settings, a serializer of each item an iterator yields). ``value``
+    its settings, a serializer of each item an iterator yields), though what it holds is
+    counted against ``MOST_WALKED``. ``value``
     itself, the same object, when nothing clashes (the common case costs a walk and no
     copy)."""
     walk.values -= 1
@@ -256,6 +258,9 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
         raise _TooMany
     if isinstance(value, Iterator) and not isinstance(value, (str, bytes, bytearray)):
         return _read_once(value, walk)
+    if pydantic_writes(value):
+        _count_inside(value, walk)
+        return value
     if plain_dataclass(value):
         if id(value) in walk.path:
             return _again(value)
@@ -290,6 +295,47 @@ def _unclashed(value: Any, walk: _Walk) -> Any:
         return inner
     finally:
         walk.path.discard(id(value))
+
+
+def _count_inside(model: Any, walk: _Walk) -> None:
+    """Count against ``MOST_WALKED`` each value a pydantic model (or pydantic dataclass)
+    holds, each time held, as pydantic will write them (``_TooMany`` past it): shared lists
+    inside a model hold billions as readily as outside one. Its iterators are not read
+    (pydantic reads them, through the model's serializers), and a cycle stops the count
+    (pydantic refuses it)."""
+    waiting: list[tuple[Any, bool]] = [(model, False)]
+    path: set[int] = set()
+    while waiting:
+        part, leaving = waiting.pop()
+        if leaving:
+            path.discard(id(part))
+            continue
+        walk.values -= 1
+        if walk.values < 0:
+            raise _TooMany
+        if id(part) in path:
+            continue
+        held = _held_inside(part)
+        if held:
+            path.add(id(part))
+            waiting.append((part, True))
+            waiting.extend((h, False) for h in held)
+
+
+def _held_inside(value: Any) -> list[Any]:
+    try:
+        if pydantic_writes(value):
+            extra = getattr(value, "__pydantic_extra__", None)
+            return [*vars(value).values(), *(extra.values() if isinstance(extra, dict) else ())]
+        if plain_dataclass(value):
+            return [getattr(value, f.name) for f in fields(value)]
+        if isinstance(value, Mapping):
+            return [v for pair in mapping_items(value) for v in pair]
+        if isinstance(value, (list, tuple, set, frozenset, deque)):
+            return list(value)
+    except Exception:
+        pass  # what cannot be looked into is pydantic's to refuse
+    return []
 
 
 def _again(value: Any) -> str:
