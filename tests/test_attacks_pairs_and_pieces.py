@@ -91,8 +91,8 @@ from tesserix_adk.checkpoint.payload import MAX_NESTING
 from tesserix_adk.checkpoint.redaction.redactor import default_redactor
 from tesserix_adk.messages import int_as_text
 from tesserix_adk.run import result_data
+from tesserix_adk.run.model_sight import ModelSight
 from tesserix_adk.run.result_data import result_content
-from tesserix_adk.run.result_text import ModelSight
 
 T = "pairs"
 SECRET = "Zq8vLm3xNp7TkW2rYb5cHd9f"  # no pattern knows it: only its key says it is one

@@ -20,15 +20,14 @@ from tesserix_adk.checkpoint.payload.envelope import DEFAULT_MAX_BYTES, MAX_NEST
 from tesserix_adk.checkpoint.payload.weighing import weighed
 from tesserix_adk.checkpoint.redaction.keys import MAX_KEY_NAME
 from tesserix_adk.messages import int_as_text
-from tesserix_adk.run.result_text import (
-    ModelSight,
-    held_a_model,
+from tesserix_adk.run.model_sight import ModelSight, held_a_model
+from tesserix_adk.run.result_kinds import (
     holds_a_model,
-    last_text,
     mapping_items,
     plain_dataclass,
     pydantic_writes,
 )
+from tesserix_adk.run.result_text import last_text
 from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.tools import until_the_thread_returns
 
@@ -40,13 +39,23 @@ def error_text(exc: BaseException) -> str:
     does: the outcome of a call that ended by raising is known, and is recorded, even
     when its exception cannot say what it is."""
     try:
-        said = str(exc)
+        said = _said(exc)
     except Exception:
         try:
             said = f"(its text cannot be read) {exc!r}"
         except Exception:
             said = "(its text cannot be read)"
     return f"{type(exc).__name__}: {said}"
+
+
+def _said(exc: BaseException) -> str:
+    sight = ModelSight()
+    if not sight.shows(exc):
+        return str(exc)
+    # One holding a model (``ValueError("page 2 refused", card)``) would show it: its
+    # arguments are written instead, each that would show one as a note.
+    said = (held_a_model(a) if sight.shows(a) else str(a) for a in exc.args)
+    return ", ".join(said) or held_a_model(exc)
 
 
 # Results converted on the event loop: a text, a number, or a small flat list or dict of

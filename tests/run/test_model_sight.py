@@ -1,4 +1,4 @@
-"""The text of what JSON cannot hold (``run.result_text``): an object whose own text would
+"""What JSON cannot hold, as text (``run.model_sight``): an object whose own text would
 show a pydantic model's ``repr`` is written as a note, wherever the model sits, and an
 object that shows none keeps its text."""
 
@@ -10,9 +10,9 @@ from typing import Any
 import pydantic
 import pytest
 
-from tesserix_adk.run import result_text
-from tesserix_adk.run.result_data import result_content
-from tesserix_adk.run.result_text import ModelSight
+from tesserix_adk.run import model_sight
+from tesserix_adk.run.model_sight import ModelSight
+from tesserix_adk.run.result_data import error_text, result_content
 
 SECRET = "SIGNKEYqzv81x"
 
@@ -85,7 +85,7 @@ def test_objects_sharing_one_structure_are_looked_through_once(
 ) -> None:
     """A thousand objects holding one list of 5,000 values: looked through once, not a
     thousand times, or the budget of 20,000 looks would take the later ones as notes."""
-    monkeypatch.setattr(result_text, "MOST_LOOKED_AT", 20_000)
+    monkeypatch.setattr(model_sight, "MOST_LOOKED_AT", 20_000)
     shared = list(range(5_000))
     held = [_Slotted(shared) for _ in range(1_000)]
     sight = ModelSight()
@@ -95,7 +95,7 @@ def test_objects_sharing_one_structure_are_looked_through_once(
 def test_past_the_budget_an_object_is_taken_to_show_a_model(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(result_text, "MOST_LOOKED_AT", 100)
+    monkeypatch.setattr(model_sight, "MOST_LOOKED_AT", 100)
     assert not ModelSight().shows(_Plain(list(range(50))))
     assert ModelSight().shows(_Plain(list(range(500))))
 
@@ -108,3 +108,23 @@ def test_an_object_that_cannot_be_looked_into_is_taken_to_show_a_model() -> None
             raise RuntimeError("working outside of application context")
 
     assert ModelSight().shows(_Raising())
+
+
+def test_a_part_in_a_cycle_with_a_model_is_never_taken_as_clear() -> None:
+    """``y`` leads back to ``x``, which holds a model met only after ``y`` was looked
+    through: ``y`` shows it too, however it is met later."""
+    x = _Plain(None)
+    y = _Plain(x)
+    x.held = [y, _card()]
+    sight = ModelSight()
+    assert sight.shows(x)
+    assert sight.shows(y)
+    assert sight.shows(_Plain(y))
+    assert SECRET not in json.dumps(result_content([x, y, _Plain(y)]))
+
+
+def test_a_tool_error_keeps_its_message_and_never_shows_a_model() -> None:
+    error = ValueError("page 2 refused", _card())
+    assert SECRET in str(error)  # what writing its text would show
+    said = error_text(error)
+    assert said.startswith("ValueError: page 2 refused, <a _Card") and SECRET not in said
