@@ -19,6 +19,7 @@ from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import (
     ApprovalStatus,
     IdempotencyRecord,
+    RecordStatus,
     RunLease,
     WorkItem,
     WorkState,
@@ -147,16 +148,21 @@ def open_calls(
     the ones ``left_open`` says; of one still to be carried on, the calls in flight a resume
     cannot send again: not sent as safe to send again (read-only or idempotent; a record
     without flags is taken as sent safe, as the plan takes it), or whose arguments
-    ``frontier`` holds redacted. A run whose open calls are all safe to send again is
-    carried on by a worker, nobody asked."""
+    ``frontier`` holds redacted (a read-only call's too). A run whose open calls are all
+    safe to send again is carried on by a worker, nobody asked."""
     if finished:
         return sum(map(left_open, records))
     redacted = set() if frontier is None else {o.key for o in frontier.outstanding if o.redacted}
     return sum(
         1
         for r in records
-        if left_open(r)
-        and (r.key in redacted or (r.flags is not None and not r.flags.safe_to_resend))
+        if r.tool is not None
+        and r.status is RecordStatus.in_flight
+        # A read-only call too: it cannot be sent again with arguments the frontier masked.
+        and (
+            r.key in redacted
+            or (left_open(r) and r.flags is not None and not r.flags.safe_to_resend)
+        )
     )
 
 
