@@ -87,12 +87,11 @@ from typing import Any
 import pytest
 from test_redaction_hostile import KIB, _fill, hang_guard
 
-from tesserix_adk import Agent, RunStatus, ScriptedTurn, tool
+from tesserix_adk import Agent, AgentRunner, RunStatus, ScriptedTurn, tool
 from tesserix_adk.checkpoint.redaction import default_redactor
 from test_attacks_secrets import (
     Recording,
     _opened,
-    _runner,
     cli,
     cli_views,
     log_text,
@@ -152,7 +151,7 @@ def approved_call(tmp_path: Path, args: dict[str, Any], *, read: str | None = No
     async def go(resume: bool) -> Any:
         stores = await _opened(url)
         try:
-            runner = _runner(provider, stores)
+            runner = AgentRunner.from_stores(provider, stores)  # no crash: a lease of 30 s
             if resume:
                 return await runner.resume(agent, "r1", tenant=T)
             return await runner.run(agent, "go", tenant=T, run_id="r1")
@@ -187,7 +186,9 @@ def stored_after(tmp_path: Path, caplog: pytest.LogCaptureFixture, body: Callabl
     async def go() -> Any:
         stores = await _opened(url)
         try:
-            return await _runner(provider, stores).run(agent, "go", tenant=T, run_id="r1")
+            # The default lease: a loaded machine must not lose a 1 s one mid-run.
+            runner = AgentRunner.from_stores(provider, stores)
+            return await runner.run(agent, "go", tenant=T, run_id="r1")
         finally:
             await stores.aclose()
 
