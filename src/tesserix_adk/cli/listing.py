@@ -23,7 +23,13 @@ from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import CheckpointStatus
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.jsonout import emit, lease_json, when
-from tesserix_adk.cli.reasons import blocked, failure_reason, lost_to_workers, open_calls, waits
+from tesserix_adk.cli.reasons import (
+    blocked,
+    failure_reason,
+    left_for_a_person,
+    lost_to_workers,
+    waits,
+)
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import CheckpointCorruptError, CheckpointFormatError
 from tesserix_adk.run.entries import damage, tenant_entries
@@ -180,6 +186,9 @@ async def _rows(
             records = await stores.idempotency.records(args.tenant, run_id)
             if run_id in entries.damaged:
                 raise CheckpointCorruptError(entries.damaged[run_id])
+            # A run that ended may have left a call in doubt (cancelled while its reply
+            # was lost): it waits for `tesserix resolve` as an unfinished one does.
+            left = await left_for_a_person(stores.idempotency, cp, records)
         except CheckpointCorruptError as exc:
             # One run's damaged row hides no other run: it is listed as a damaged frontier is.
             rows.append({**_UNREADABLE, "run_id": run_id, "reason": damage(exc)})
@@ -188,13 +197,10 @@ async def _rows(
             1 for r in records if r.tool is not None and r.status is RecordStatus.in_flight
         )
         park = entries.parked.get(run_id)
-        # A run that ended may have left a call in doubt (cancelled while its reply was
-        # lost): it waits for `tesserix resolve` as an unfinished one does.
-        left = open_calls(records, finished=cp.status.finished, frontier=cp)
         lost = await lost_to_workers(stores, args.tenant, cp, lease, entries)
-        stuck = blocked(cp, park, revision, unindexed=lost)
+        stuck = blocked(cp, park, revision, unindexed=lost, refused=left.refused)
         if args.stuck and not waits(
-            parked=park is not None, open_calls=left, lease=lease, blocked=stuck
+            parked=park is not None, open_calls=left.calls, lease=lease, blocked=stuck
         ):
             continue
         rows.append(

@@ -4,22 +4,25 @@ run cannot be carried on (and what it would need), for ``inspect``, ``show`` and
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from tesserix_adk.checkpoint.payload import Checkpoint, CheckpointStatus
-from tesserix_adk.checkpoint.planning import ResumePlan, left_open
+from tesserix_adk.checkpoint.planning import ResumePlan, left_open, plan_resume
 from tesserix_adk.errors import (
     CheckpointCorruptError,
     CheckpointFormatError,
     NoCheckpointError,
     RevisionMismatchError,
+    StateRedactedError,
 )
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.entries import TenantEntries, damage, shown_entry
+from tesserix_adk.run.resume import carried_state, nothing_ran_since_approval_asked, uncarriable
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import (
     ApprovalStatus,
     IdempotencyRecord,
-    RecordStatus,
+    IdempotencyStore,
     RunLease,
     WorkItem,
     WorkState,
@@ -27,11 +30,12 @@ from tesserix_adk.stores.protocols import (
 from tesserix_adk.worker_parking import parked_for
 
 __all__ = [
+    "LeftOpen",
     "blocked",
     "carriable",
     "failure_reason",
+    "left_for_a_person",
     "no_frontier",
-    "open_calls",
     "parked_item",
     "told_from",
     "waits",
@@ -141,36 +145,48 @@ async def lost_to_workers(
     return item is None or item.state is WorkState.done
 
 
-def open_calls(
-    records: Iterable[IdempotencyRecord], *, finished: bool, frontier: Checkpoint | None = None
-) -> int:
-    """The calls a run leaves open for a person, as ``waits`` counts them: of an ended run,
-    the ones ``left_open`` says; of one still to be carried on, the calls in flight a resume
-    cannot send again: not sent as safe to send again (read-only or idempotent; a record
-    without flags is taken as sent safe, as the plan takes it), or whose arguments
-    ``frontier`` holds redacted (a read-only call's too). A run whose open calls are all
-    safe to send again is carried on by a worker, nobody asked."""
-    if finished:
-        return sum(map(left_open, records))
-    redacted = set() if frontier is None else {o.key for o in frontier.outstanding if o.redacted}
-    return sum(
-        1
-        for r in records
-        if r.tool is not None
-        and r.status is RecordStatus.in_flight
-        # A read-only call too: it cannot be sent again with arguments the frontier masked.
-        and (
-            r.key in redacted
-            or (left_open(r) and r.flags is not None and not r.flags.safe_to_resend)
-        )
-    )
+@dataclass(frozen=True, slots=True)
+class LeftOpen:
+    """What a run leaves for a person, as a resume would find it: the calls it leaves open
+    (``calls``), and why else a resume refuses it whatever the agent (``refused``: its
+    state lost a secret to masking, a replay that stopped), in words."""
+
+    calls: int = 0
+    refused: str | None = None
+
+
+async def left_for_a_person(
+    idempotency: IdempotencyStore, cp: Checkpoint, records: Iterable[IdempotencyRecord]
+) -> LeftOpen:
+    """What ``cp``'s run leaves for a person (``waits``): of an ended run, the calls
+    ``left_open`` says (``records``: the run's); of one to be carried on, what its resume
+    would refuse it for, asked as the resume asks (its plan: a call whose record has no
+    flags, a read-only one with masked arguments, an unkeyed one in doubt; the state the
+    frontier or its last completed call kept). A run a resume carries on waits for nobody.
+    One whose calls in doubt a tool's reconciler would settle is counted too: what tools
+    the agent has is not known here."""
+    if cp.status.finished:
+        return LeftOpen(calls=sum(map(left_open, records)))
+    if cp.is_tombstone or cp.carried_by is not None:
+        return LeftOpen()  # told by ``blocked``
+    refused = uncarriable(cp)
+    if refused is not None:
+        return LeftOpen(refused=str(refused))
+    plan = await plan_resume(cp, idempotency)
+    calls = 0 if nothing_ran_since_approval_asked(cp, plan) else len(plan.indeterminate)
+    try:
+        await carried_state(idempotency, cp.tenant, cp.run_id, cp, plan)
+    except StateRedactedError as exc:
+        return LeftOpen(calls=calls, refused=str(exc))
+    return LeftOpen(calls=calls)
 
 
 def carriable(cp: Checkpoint, plan: ResumePlan) -> bool:
     """Whether a resume may carry the run on as its plan stands (``inspect``'s ``safe``,
-    the console's "can be carried on"): nothing in doubt, and not a tombstone, which plans
-    nothing yet no resume carries on."""
-    return plan.safe and not cp.is_tombstone
+    the console's "can be carried on"): nothing in doubt, not a tombstone, which plans
+    nothing yet no resume carries on, and nothing else a resume refuses it for whatever the
+    agent (``uncarriable``: it failed, its state lost a secret, a replay that stopped)."""
+    return plan.safe and not cp.is_tombstone and uncarriable(cp) is None
 
 
 def told_from(shown: Checkpoint, told_by: Checkpoint | None) -> str | None:
@@ -194,12 +210,18 @@ def waits(*, parked: bool, open_calls: int, lease: RunLease | None, blocked: str
 
 
 def blocked(
-    cp: Checkpoint, parked: WorkItem | None, revision: str | None, *, unindexed: bool = False
+    cp: Checkpoint,
+    parked: WorkItem | None,
+    revision: str | None,
+    *,
+    unindexed: bool = False,
+    refused: str | None = None,
 ) -> str | None:
     """Why no worker carries the run on, in words, or ``None``: it failed, its frontier
-    was refused, it was parked, it is pinned to another revision than ``revision`` (the
-    current agent's, when known) and needs ``tesserix run --resume --accept-revision``, or
-    it is ``unindexed``: no worker ever finds it (``lost_to_workers``)."""
+    was refused, a resume ``refused`` it (``LeftOpen.refused``), it was parked, it is pinned
+    to another revision than ``revision`` (the current agent's, when known) and needs
+    ``tesserix run --resume --accept-revision``, or it is ``unindexed``: no worker ever
+    finds it (``lost_to_workers``)."""
     if cp.status is CheckpointStatus.failed:
         return f"failed: {failure_reason(cp)}"
     if cp.is_tombstone:
@@ -208,6 +230,8 @@ def blocked(
         return None  # its workflow carries it (or reports it stuck), never a kit worker
     if cp.status.finished:
         return None
+    if refused is not None:
+        return f"every resume refuses it: {refused}"
     if unindexed:
         why = (
             "its approval was decided, but the work index was not told"

@@ -15,7 +15,7 @@ from typing import Any
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_as_told
-from tesserix_adk.cli.reasons import blocked, lost_to_workers, open_calls, told_from, waits
+from tesserix_adk.cli.reasons import blocked, left_for_a_person, lost_to_workers, told_from, waits
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
@@ -68,7 +68,7 @@ class RunSummary:
     step: int = 0
     written_at: float | None = None
     in_flight: int = 0
-    # The calls it leaves open for a person (``cli.reasons.open_calls``).
+    # The calls it leaves open for a person (``cli.reasons.left_for_a_person``).
     in_doubt: int = 0
     lease: RunLease | None = None
     parked: str | None = None
@@ -157,6 +157,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             lease = await stores.leases.current(tenant, run_id)
             if run_id in entries.damaged:
                 raise CheckpointCorruptError(entries.damaged[run_id])
+            left = await left_for_a_person(stores.idempotency, cp, records)
         except CheckpointCorruptError as exc:
             # One run's damaged row hides no other run, as a damaged frontier does not.
             shown.append(RunSummary(run_id, unreadable=damage(exc)))
@@ -172,11 +173,11 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             in_flight=sum(
                 1 for r in records if r.tool is not None and r.status is RecordStatus.in_flight
             ),
-            in_doubt=open_calls(records, finished=cp.status.finished, frontier=cp),
+            in_doubt=left.calls,
             lease=lease,
             parked=None if park is None else (park.reason or ""),
             pending_approval=None if cp.pending_approval is None else cp.pending_approval.id,
-            blocked=blocked(cp, park, None, unindexed=lost),
+            blocked=blocked(cp, park, None, unindexed=lost, refused=left.refused),
             finished=cp.status.finished,
         )
         if where.status and summary.status != where.status:

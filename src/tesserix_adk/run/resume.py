@@ -17,6 +17,7 @@ from tesserix_adk.checkpoint.payload import (
 )
 from tesserix_adk.checkpoint.planning import ResumePlan
 from tesserix_adk.errors import (
+    AdkError,
     CarriedByWorkflowError,
     CheckpointTooLargeError,
     ReplayNotResumableError,
@@ -39,6 +40,7 @@ __all__ = [
     "refuse_unresumable",
     "restore",
     "resumable",
+    "uncarriable",
     "unfinished_replay",
 ]
 
@@ -173,20 +175,28 @@ def refuse_unresumable(cp: Checkpoint, agent: Agent) -> None:
 def refuse_uncarriable(cp: Checkpoint) -> None:
     """Refuse, whatever the agent, a run that ended ``failed``, an unfinished run whose
     stored state lost a secret to masking, or a replay that did not finish."""
+    refused = uncarriable(cp)
+    if refused is not None:
+        raise refused
+
+
+def uncarriable(cp: Checkpoint) -> AdkError | None:
+    """What ``refuse_uncarriable`` refuses ``cp`` with, or ``None``."""
     if cp.status is CheckpointStatus.failed:
-        raise RunFailedError(f"run {cp.run_id!r} ended failed at step {cp.step}")
+        return RunFailedError(f"run {cp.run_id!r} ended failed at step {cp.step}")
     if cp.state_redacted and not cp.status.finished:
-        raise StateRedactedError(
+        return StateRedactedError(
             f"run {cp.run_id!r} cannot be carried on: its state at step {cp.step} held a "
             "secret, which every store keeps masked, so its tools would be handed the mask "
             "as if it were the value; keep credentials out of the run's state"
         )
     if unfinished_replay(cp):
-        raise ReplayNotResumableError(
+        return ReplayNotResumableError(
             f"run {cp.run_id!r} is a replay of {cp.replay_of} that stopped at step {cp.step}; "
             "its stubs lived only in the replay call that started it, so it is never carried "
             "on (its tools would be sent for real): replay again from the step instead"
         )
+    return None
 
 
 def refuse_carried_by_workflow(cp: Checkpoint) -> None:
@@ -209,11 +219,7 @@ def unfinished_replay(cp: Checkpoint) -> bool:
 def resumable(cp: Checkpoint, agent: Agent) -> bool:
     """Whether ``refuse_unresumable`` lets the run be carried on by ``agent``."""
     return (
-        not cp.is_tombstone
-        and cp.agent_revision == agent.revision
-        and cp.status is not CheckpointStatus.failed
-        and not (cp.state_redacted and not cp.status.finished)
-        and not unfinished_replay(cp)
+        not cp.is_tombstone and cp.agent_revision == agent.revision and uncarriable(cp) is None
     )
 
 
