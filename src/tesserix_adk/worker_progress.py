@@ -10,7 +10,7 @@ import logging
 import threading
 
 from tesserix_adk.checkpoint.redaction import Masked
-from tesserix_adk.run.events import AttemptResumed, FrontierWritten, RunEvent
+from tesserix_adk.run.events import AttemptResumed, FrontierWritten, ProgressListener, RunEvent
 from tesserix_adk.stores.protocols import WorkIndex, WorkItem
 
 __all__ = ["TakeProgress"]
@@ -18,14 +18,15 @@ __all__ = ["TakeProgress"]
 _log = logging.getLogger("tesserix_adk.worker")
 
 
-class TakeProgress:
+class TakeProgress(ProgressListener):
     """Starts a run's count of attempts again once a take writes a new frontier: the count
     is of takes that ended without moving the run on, so a run carried beside one that
     kills their process is not parked with it. The take that moved it on stays counted.
 
-    An ``on_event`` sink: told ``AttemptResumed`` (the step the take picked up at) and
-    ``FrontierWritten`` (announced once durable), it writes at most once per take, and only
-    for a run that had earlier attempts."""
+    An ``on_event`` sink of progress alone (the model's text is not streamed for it): told
+    ``AttemptResumed`` (the step the take picked up at) and ``FrontierWritten`` (announced
+    once durable), it writes at most once per take, and only for a run that had earlier
+    attempts."""
 
     def __init__(self, work: WorkIndex, item: WorkItem) -> None:
         self._work = work

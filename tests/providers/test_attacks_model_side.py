@@ -235,7 +235,9 @@ async def test_a_billed_but_unreadable_reply_counts_against_the_budget(
 ) -> None:
     bank, world = Bank(), World()
     body = openai_completion(None, [("call_1", "transfer", {"amount": 5})])
-    body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = {"amount": 5}
+    # A call whose function is no object: the SDK builds it unchecked, the reply unreadable.
+    # (Arguments sent as an object, not as text, are read as those arguments.)
+    body["choices"][0]["message"]["tool_calls"][0]["function"] = 5
     model_server.queue(body, body, body)
     provider = OPENAI.provider(model_server, prices=PRICE, max_retries=0)
     agent = bank.agent(budget_micros=PER_CALL)

@@ -646,7 +646,9 @@ async def test_an_unreadable_plain_openai_reply_with_usage_is_charged_once(
     from .fake_server import openai_completion
 
     body = openai_completion(None, [("call_1", "transfer", {"amount": 5})])
-    body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = {"amount": 5}
+    # A call whose function is no object: the SDK builds it unchecked, the reply unreadable.
+    # (Arguments sent as an object, not as text, are read as those arguments.)
+    body["choices"][0]["message"]["tool_calls"][0]["function"] = 5
     model_server.queue(body)
     provider = OPENAI.provider(model_server, prices=PRICE, max_retries=2)
     try:

@@ -35,13 +35,22 @@ def strip_vendor(model: str, vendor: str) -> str:
     return name
 
 
-def arguments_from_text(raw: str | None) -> dict[str, Any]:
+def arguments_from_text(raw: object) -> dict[str, Any]:
     """A tool call's JSON arguments; not a JSON object → ``{MALFORMED_ARGUMENTS: raw}``.
 
     Empty text is no arguments (some OpenAI-compatible servers send ``""`` for a call
-    without parameters).
+    without parameters). Arguments sent as an object, not as its text (other such servers
+    do), are that object, written as JSON text and read again so they are what the text
+    would have been; anything else that is not text is malformed, answered to the model.
     """
-    if raw is None or not raw.strip():
+    if raw is None:
+        return {}
+    if not isinstance(raw, str):
+        try:
+            raw = json.dumps(raw, ensure_ascii=False)
+        except (TypeError, ValueError):
+            return {MALFORMED_ARGUMENTS: repr(raw)}
+    if not raw.strip():
         return {}
     try:
         value = json.loads(raw)

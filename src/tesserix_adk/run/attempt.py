@@ -25,7 +25,7 @@ from tesserix_adk.errors import (
     StoreUnavailableError,
 )
 from tesserix_adk.leases import Leaseholder
-from tesserix_adk.run.events import EventSink, RunEvent
+from tesserix_adk.run.events import EventSink, ProgressListener, RunEvent
 from tesserix_adk.stores.protocols import IdempotencyRecord, IdempotencyStore, RecordStatus
 from tesserix_adk.timestamps import iso_time
 from tesserix_adk.tools import canonical_json
@@ -268,7 +268,8 @@ class Attempt:
     folding: bool = True
 
     def __post_init__(self) -> None:
-        self.streams = self.events is not None
+        # A listener of progress alone does not want the model's text: the wire stays plain.
+        self.streams = self.events is not None and not isinstance(self.events, ProgressListener)
 
     def position_of(self, call: object) -> int:
         """The place of ``call`` (an outstanding call of the turn) among its turn's calls."""

@@ -22,6 +22,7 @@ __all__ = [
     "FrontierWritten",
     "ModelCallFinished",
     "ModelCallStarted",
+    "ProgressListener",
     "RunEvent",
     "RunFinished",
     "TextDelta",
@@ -172,3 +173,12 @@ RunEvent = (
 
 # Called in the run's own task, so it must not block: a stream puts the event on a queue.
 EventSink = Callable[[RunEvent], None]
+
+
+class ProgressListener:
+    """An ``on_event`` sink that follows a run's progress, not its text (a worker's count
+    of a take's progress): given one, ``run`` and ``resume`` call the model's plain
+    endpoints, as without a sink, where any other sink has the model's text streamed."""
+
+    def __call__(self, event: RunEvent) -> None:
+        """Hear ``event``; from the run's own task, so it must not block."""
