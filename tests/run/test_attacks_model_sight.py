@@ -313,8 +313,8 @@ def test_objects_reaching_one_model_are_looked_through_once(
     steps = [0]
     parts = model_sight._parts
 
-    def counted(value: Any) -> Any:
-        out = list(parts(value))
+    def counted(value: Any, *kind: Any) -> Any:
+        out = list(parts(value, *kind))
         steps[0] += 1 + len(out)
         return out
 

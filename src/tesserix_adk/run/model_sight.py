@@ -8,23 +8,23 @@ import contextlib
 import functools
 import operator
 from collections import deque
-from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass, field
 from types import FunctionType, MemberDescriptorType, MethodType, ModuleType
 from typing import Any
 
+from pydantic_core import ValidationError
+
 from tesserix_adk.run.result_kinds import mapping_items, pydantic_writes
 
-__all__ = ["MOST_LOOKED_AT", "ModelSight", "held_a_model"]
+__all__ = ["MOST_LOOKED_AT", "MOST_LOOKED_AT_IN_AN_ERROR", "ModelSight"]
 
 MOST_LOOKED_AT = 1_000_000
 """How many objects ``ModelSight`` looks at for one result; past them an object JSON cannot
 hold is taken to show a model."""
 
-
-def held_a_model(value: Any) -> str:
-    """The note written for an object whose own text would show a model's ``repr``."""
-    return f"<a {type(value).__name__} holding a pydantic model, not written as text>"
+MOST_LOOKED_AT_IN_AN_ERROR = 10_000
+"""The same for a tool's exception, whose text is written on the event loop."""
 
 
 class ModelSight:
@@ -38,19 +38,29 @@ class ModelSight:
     looked at: a model only reachable so is not found.
 
     Each object is looked through once per result: one found to reach a model, or none,
-    is answered from memory after (it stays held meanwhile, so its id names no other)."""
+    is answered from memory after (it stays held meanwhile, so its id names no other).
+    ``most``: how many objects it looks at in all (``MOST_LOOKED_AT`` when ``None``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, most: int | None = None) -> None:
+        self._most = MOST_LOOKED_AT if most is None else most
         self._clear: dict[int, Any] = {}
         self._showing: dict[int, Any] = {}
+        self._kinds: dict[type, tuple[list[MemberDescriptorType], list[Any]]] = {}
         self._looked = 0
+
+    def note(self, value: Any) -> str:
+        """The note written in place of ``value``, whose text ``shows`` a model's or may."""
+        name = type(value).__name__
+        if id(value) in self._showing:
+            return f"<a {name} holding a pydantic model, not written as text>"
+        return f"<a {name} too large to look through for a pydantic model, not written as text>"
 
     def shows(self, value: Any) -> bool:
         """Whether ``value``'s ``str`` or ``repr`` may show a pydantic model's."""
         # A depth-first walk that finds the strongly connected parts of what the object
         # holds (Tarjan's): a part is clear only once everything it reaches has been
         # looked through, cycles and all; the walk stops at the first model found.
-        if id(value) in self._clear:
+        if type(value) in _SCALARS or id(value) in self._clear:
             return False
         scan = _Scan()
         if self._reaches(value, scan):
@@ -73,13 +83,15 @@ class ModelSight:
         """``part`` looked into, or ``True`` when it is, or is known to reach, a model, or
         cannot be looked into, or the looking is over: each object ``scan`` is looking
         through then reaches it, and shows it too."""
+        if type(part) in _SCALARS:
+            return False  # written as itself, held nothing
         self._looked += 1
-        if self._looked > MOST_LOOKED_AT:
+        if self._looked > self._most:
             return True
         if id(part) in self._showing or pydantic_writes(part):
             return self._reached(part, scan)
         try:
-            held = iter(_parts(part))
+            held = iter(_parts(part, self._kind(type(part))))
         except Exception:
             return self._reached(part, scan)
         scan.index[id(part)] = scan.low[id(part)] = len(scan.index)
@@ -87,6 +99,23 @@ class ModelSight:
         scan.inside.add(id(part))
         scan.path.append((part, held))
         return False
+
+    def _kind(self, kind: type) -> tuple[list[MemberDescriptorType], list[Any]]:
+        """What ``kind``'s instances hold beyond their ``__dict__``: its fields (slots,
+        private names too, and a built-in's, ``OSError.filename``), and its class
+        attributes, which a ``repr`` may show; read once per type."""
+        known = self._kinds.get(kind)
+        if known is None:
+            fields: list[MemberDescriptorType] = []
+            shared: list[Any] = []
+            for owner in kind.__mro__[:-1]:  # not ``object``'s
+                for name, attribute in vars(owner).items():
+                    if isinstance(attribute, MemberDescriptorType):
+                        fields.append(attribute)
+                    elif not name.startswith("__") and not hasattr(type(attribute), "__get__"):
+                        shared.append(attribute)
+            known = self._kinds[kind] = (fields, shared)
+        return known
 
     def _reached(self, part: Any, scan: _Scan) -> bool:
         self._showing.update((id(p), p) for p, _ in scan.path)
@@ -124,18 +153,26 @@ class _Scan:
 _END = object()
 
 
-_SCALARS = (str, bytes, bytearray, int, float, complex, bool, type(None))
+_SCALARS = frozenset({str, bytes, bytearray, int, float, complex, bool, type(None)})
+_CONTAINERS = (list, tuple, set, frozenset, deque, KeysView, ValuesView, ItemsView)
 
 
-def _parts(value: Any) -> Iterable[Any]:
+def _parts(value: Any, kind_holds: tuple[list[MemberDescriptorType], list[Any]]) -> list[Any]:
     kind = type(value)  # never the object's own ``__class__``, which may raise
-    if kind in _SCALARS or issubclass(kind, (type, ModuleType, FunctionType)):
-        return ()
+    if issubclass(kind, (type, ModuleType, FunctionType)):
+        return []
     if isinstance(value, Mapping):
-        return [p for pair in mapping_items(value) for p in pair]
-    if isinstance(value, (list, tuple, set, frozenset, deque, KeysView, ValuesView, ItemsView)):
-        return list(value)
-    parts: list[Any] = []
+        parts = [p for pair in mapping_items(value) for p in pair]
+        if kind is dict:
+            return parts
+    elif isinstance(value, _CONTAINERS):
+        parts = list(value)
+        if kind in (list, tuple, set, frozenset, deque):
+            return parts
+    else:
+        parts = []
+    # Anything else, a container's subclass too (``class Page(list)`` with a ``meta``):
+    # what it holds besides, which its ``repr`` may show.
     if isinstance(value, MethodType):
         parts.append(value.__self__)
     if isinstance(value, functools.partial):
@@ -144,17 +181,17 @@ def _parts(value: Any) -> Iterable[Any]:
         parts.append(value.__reduce__())  # what it was made from, which its repr shows
     if isinstance(value, BaseException):
         parts.extend(value.args)
+    if isinstance(value, ValidationError):
+        # Its text quotes each input it refused, held inside pydantic-core.
+        parts.extend(e.get("input") for e in value.errors(include_url=False))
     held = getattr(value, "__dict__", None)
     if isinstance(held, dict):
         parts.extend(held.values())
-    for owner in kind.__mro__[:-1]:  # not ``object``'s
-        for name, attribute in vars(owner).items():
-            if isinstance(attribute, MemberDescriptorType):
-                # A slot (private names too) or a built-in's field (``OSError.filename``).
-                with contextlib.suppress(AttributeError):  # a slot never set
-                    parts.append(attribute.__get__(value, kind))
-            elif not name.startswith("__") and not hasattr(type(attribute), "__get__"):
-                parts.append(attribute)  # a class attribute, which ``repr`` may show
+    fields, shared = kind_holds
+    for field_ in fields:
+        with contextlib.suppress(AttributeError):  # a slot never set
+            parts.append(field_.__get__(value, kind))
+    parts.extend(shared)
     return parts
 
 

@@ -20,7 +20,8 @@ from tesserix_adk.checkpoint.payload.envelope import DEFAULT_MAX_BYTES, MAX_NEST
 from tesserix_adk.checkpoint.payload.weighing import weighed
 from tesserix_adk.checkpoint.redaction.keys import MAX_KEY_NAME
 from tesserix_adk.messages import int_as_text
-from tesserix_adk.run.model_sight import ModelSight, held_a_model
+from tesserix_adk.run.error_text import error_text
+from tesserix_adk.run.model_sight import ModelSight
 from tesserix_adk.run.result_kinds import (
     holds_a_model,
     mapping_items,
@@ -32,30 +33,6 @@ from tesserix_adk.stores.grouping import outside_scope
 from tesserix_adk.tools import until_the_thread_returns
 
 __all__ = ["MOST_READ", "MOST_WALKED", "converted", "error_text", "mapping_items", "result_content"]
-
-
-def error_text(exc: BaseException) -> str:
-    """``Type: message`` of a tool's (or a reconciler's) exception, whatever its ``__str__``
-    does: the outcome of a call that ended by raising is known, and is recorded, even
-    when its exception cannot say what it is."""
-    try:
-        said = _said(exc)
-    except Exception:
-        try:
-            said = f"(its text cannot be read) {exc!r}"
-        except Exception:
-            said = "(its text cannot be read)"
-    return f"{type(exc).__name__}: {said}"
-
-
-def _said(exc: BaseException) -> str:
-    sight = ModelSight()
-    if not sight.shows(exc):
-        return str(exc)
-    # One holding a model (``ValueError("page 2 refused", card)``) would show it: its
-    # arguments are written instead, each that would show one as a note.
-    said = (held_a_model(a) if sight.shows(a) else str(a) for a in exc.args)
-    return ", ".join(said) or held_a_model(exc)
 
 
 # Results converted on the event loop: a text, a number, or a small flat list or dict of
@@ -334,8 +311,7 @@ def _count_inside(model: Any, walk: _Walk) -> None:
 def _held_inside(value: Any) -> list[Any]:
     try:
         if pydantic_writes(value):
-            extra = getattr(value, "__pydantic_extra__", None)
-            return [*vars(value).values(), *(extra.values() if isinstance(extra, dict) else ())]
+            return _written_fields(value)
         if plain_dataclass(value):
             return [getattr(value, f.name) for f in fields(value)]
         if isinstance(value, Mapping):
@@ -345,6 +321,21 @@ def _held_inside(value: Any) -> list[Any]:
     except Exception:
         pass  # what cannot be looked into is pydantic's to refuse
     return []
+
+
+def _written_fields(model: Any) -> list[Any]:
+    """What pydantic writes of a model or pydantic dataclass (slotted too): its fields'
+    values but those it excludes (``Field(exclude=True)``), and its extra values."""
+    declared = getattr(type(model), "__pydantic_fields__", None) or {}
+    values = [
+        getattr(model, name)
+        for name, info in declared.items()
+        if not info.exclude and hasattr(model, name)
+    ]
+    extra = getattr(model, "__pydantic_extra__", None)
+    if isinstance(extra, dict):
+        values.extend(extra.values())
+    return values
 
 
 def _again(value: Any) -> str:
@@ -428,7 +419,7 @@ def _unknown(sight: ModelSight, value: Any) -> Any:
         except Exception:
             pass
     if sight.shows(value):
-        return held_a_model(value)
+        return sight.note(value)
     return str(value)
 
 

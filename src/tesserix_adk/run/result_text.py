@@ -10,7 +10,7 @@ from dataclasses import fields
 from typing import Any
 
 from tesserix_adk.checkpoint.payload.envelope import MAX_NESTING
-from tesserix_adk.run.model_sight import ModelSight, held_a_model
+from tesserix_adk.run.model_sight import ModelSight
 from tesserix_adk.run.result_kinds import mapping_items, plain_dataclass, pydantic_writes
 
 __all__ = ["last_text"]
@@ -39,7 +39,7 @@ def _text_inside(value: Any, path: set[int], sight: ModelSight) -> str:
     dataclass = plain_dataclass(value)
     if not dataclass and not isinstance(value, (Mapping, list, tuple, set, frozenset, deque)):
         if sight.shows(value):
-            return held_a_model(value)
+            return sight.note(value)
         try:
             return repr(value)
         except Exception:

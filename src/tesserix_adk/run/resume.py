@@ -218,9 +218,7 @@ def unfinished_replay(cp: Checkpoint) -> bool:
 
 def resumable(cp: Checkpoint, agent: Agent) -> bool:
     """Whether ``refuse_unresumable`` lets the run be carried on by ``agent``."""
-    return (
-        not cp.is_tombstone and cp.agent_revision == agent.revision and uncarriable(cp) is None
-    )
+    return not cp.is_tombstone and cp.agent_revision == agent.revision and uncarriable(cp) is None
 
 
 def nothing_ran_since_approval_asked(cp: Checkpoint, plan: ResumePlan) -> bool:

@@ -1,0 +1,33 @@
+"""The text a tool's (or a reconciler's) exception is recorded as: its ``str``, unless that
+would show a pydantic model's ``repr`` (``ModelSight``), or cannot be read."""
+
+from __future__ import annotations
+
+from tesserix_adk.run.model_sight import MOST_LOOKED_AT_IN_AN_ERROR, ModelSight
+
+__all__ = ["error_text"]
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` of a tool's (or a reconciler's) exception, whatever its ``__str__``
+    does: the outcome of a call that ended by raising is known, and is recorded, even
+    when its exception cannot say what it is."""
+    try:
+        said = _said(exc)
+    except Exception:
+        try:
+            said = f"(its text cannot be read) {exc!r}"
+        except Exception:
+            said = "(its text cannot be read)"
+    return f"{type(exc).__name__}: {said}"
+
+
+def _said(exc: BaseException) -> str:
+    # Written on the event loop (a tool raised): looked through for fewer objects.
+    sight = ModelSight(most=MOST_LOOKED_AT_IN_AN_ERROR)
+    if not sight.shows(exc):
+        return str(exc)
+    # One holding a model (``ValueError("page 2 refused", card)``) would show it: its
+    # arguments are written instead, each that would show one as a note.
+    said = (sight.note(a) if sight.shows(a) else str(a) for a in exc.args)
+    return ", ".join(said) or sight.note(exc)
