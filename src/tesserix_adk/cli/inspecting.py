@@ -24,6 +24,7 @@ from tesserix_adk.cli.reasons import (
     lost_to_workers,
     no_frontier,
     parked_item,
+    state_refused,
 )
 from tesserix_adk.cli.text import escaped
 from tesserix_adk.errors import (
@@ -86,7 +87,10 @@ async def run_inspect(args: argparse.Namespace, stores: Stores, out: TextIO) -> 
     if args.json:
         key = run_claim_key(args.tenant, args.run)
         claim = (await stores.idempotency.lookup([key], tenant=args.tenant)).get(key)
-        found = inspect_json(cp, plan, spent, lease, parked, claim, approval=approval, usage=usage)
+        refused = await state_refused(stores.idempotency, cp, plan)
+        found = inspect_json(
+            cp, plan, spent, lease, parked, claim, approval=approval, usage=usage, refused=refused
+        )
         found["cancel"] = (
             None
             if cancel is None
@@ -142,10 +146,12 @@ def inspect_json(
     *,
     approval: ApprovalRequest | None = None,
     usage: Usage | None = None,
+    refused: str | None = None,
 ) -> dict[str, Any]:
     """The fields of ``inspect --json`` (json escapes control characters: ids go in as
     they are). ``approval``: the request the frontier waits on, as decided so far;
-    ``usage``: the ledger's tokens (else the frontier's)."""
+    ``usage``: the ledger's tokens (else the frontier's); ``refused``: why a resume refuses
+    the run for its recorded state (``state_refused``)."""
     tokens = cp.usage if usage is None else usage
     return {
         "run_id": cp.run_id,
@@ -175,7 +181,7 @@ def inspect_json(
         "carried_by": None if cp.carried_by is None else str(cp.carried_by),
         "lease": lease_json(lease),
         "resume_claim": claim_json(claim),
-        "safe": carriable(cp, plan),
+        "safe": carriable(cp, plan, refused),
         "calls": [
             {
                 "tool": p.tool,

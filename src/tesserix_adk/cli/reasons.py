@@ -36,6 +36,7 @@ __all__ = [
     "failure_reason",
     "left_for_a_person",
     "no_frontier",
+    "state_refused",
     "parked_item",
     "told_from",
     "waits",
@@ -174,19 +175,34 @@ async def left_for_a_person(
         return LeftOpen(refused=str(refused))
     plan = await plan_resume(cp, idempotency)
     calls = 0 if nothing_ran_since_approval_asked(cp, plan) else len(plan.indeterminate)
+    return LeftOpen(calls=calls, refused=await state_refused(idempotency, cp, plan))
+
+
+async def state_refused(
+    idempotency: IdempotencyStore, cp: Checkpoint, plan: ResumePlan
+) -> str | None:
+    """Why a resume refuses the unfinished run for the state its last completed call since
+    the frontier recorded (``carried_state``: it lost a secret to masking), or ``None``. A
+    record of a newer release, or damaged, raises as it does for the resume."""
+    if cp.status.finished or cp.is_tombstone:
+        return None
     try:
         await carried_state(idempotency, cp.tenant, cp.run_id, cp, plan)
     except StateRedactedError as exc:
-        return LeftOpen(calls=calls, refused=str(exc))
-    return LeftOpen(calls=calls)
+        return str(exc)
+    return None
 
 
-def carriable(cp: Checkpoint, plan: ResumePlan) -> bool:
+def carriable(cp: Checkpoint, plan: ResumePlan, refused: str | None = None) -> bool:
     """Whether a resume may carry the run on as its plan stands (``inspect``'s ``safe``,
-    the console's "can be carried on"): nothing in doubt, not a tombstone, which plans
-    nothing yet no resume carries on, and nothing else a resume refuses it for whatever the
-    agent (``uncarriable``: it failed, its state lost a secret, a replay that stopped)."""
-    return plan.safe and not cp.is_tombstone and uncarriable(cp) is None
+    the console's "can be carried on"): nothing in doubt (an unkeyed call of a turn waiting
+    on its approval is not: it never went out), not a tombstone, which plans nothing yet no
+    resume carries on, and nothing else a resume refuses it for whatever the agent
+    (``uncarriable``: it failed, its state lost a secret, a replay that stopped; or
+    ``refused``, ``state_refused``'s answer)."""
+    if cp.is_tombstone or uncarriable(cp) is not None or refused is not None:
+        return False
+    return plan.safe or nothing_ran_since_approval_asked(cp, plan)
 
 
 def told_from(shown: Checkpoint, told_by: Checkpoint | None) -> str | None:

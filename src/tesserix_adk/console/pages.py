@@ -214,7 +214,7 @@ def run_page(tenant: str, d: RunDetail, csrf: str) -> str:
         lease=_held(d.lease),
         output=cp.output or "-",
         reason=cp.reason or "-",
-        safe="yes" if carriable(cp, d.plan) else "no",
+        safe="yes" if carriable(cp, d.plan, d.refused) else "no",
         parked=parked,
         approval=approval,
         plan_rows=join(plan_rows),

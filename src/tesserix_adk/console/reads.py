@@ -15,7 +15,14 @@ from typing import Any
 from tesserix_adk.checkpoint.checkpointer import Checkpointer
 from tesserix_adk.checkpoint.payload import Checkpoint
 from tesserix_adk.checkpoint.planning import ResumePlan, plan_as_told
-from tesserix_adk.cli.reasons import blocked, left_for_a_person, lost_to_workers, told_from, waits
+from tesserix_adk.cli.reasons import (
+    blocked,
+    left_for_a_person,
+    lost_to_workers,
+    state_refused,
+    told_from,
+    waits,
+)
 from tesserix_adk.errors import (
     AdkError,
     CheckpointCorruptError,
@@ -127,6 +134,8 @@ class RunDetail:
     steps_problem: str | None = None
     # For a tombstone (no transcript of its own): whose conversation is shown, in words.
     told_from: str | None = None
+    # Why a resume refuses it for the state its last completed call kept, or ``None``.
+    refused: str | None = None
 
 
 def key_digest(key: str | None) -> str:
@@ -158,7 +167,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             if run_id in entries.damaged:
                 raise CheckpointCorruptError(entries.damaged[run_id])
             left = await left_for_a_person(stores.idempotency, cp, records)
-        except CheckpointCorruptError as exc:
+        except (CheckpointCorruptError, CheckpointFormatError) as exc:
             # One run's damaged row hides no other run, as a damaged frontier does not.
             shown.append(RunSummary(run_id, unreadable=damage(exc)))
             continue
@@ -177,7 +186,10 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             lease=lease,
             parked=None if park is None else (park.reason or ""),
             pending_approval=None if cp.pending_approval is None else cp.pending_approval.id,
-            blocked=blocked(cp, park, None, unindexed=lost, refused=left.refused),
+            # A holder carrying the run has its state in hand: nothing refused while it lives.
+            blocked=blocked(
+                cp, park, None, unindexed=lost, refused=left.refused if lease is None else None
+            ),
             finished=cp.status.finished,
         )
         if where.status and summary.status != where.status:
@@ -261,10 +273,12 @@ async def run_detail(stores: Stores, tenant: str, run_id: str) -> RunDetail | No
         except CheckpointCorruptError as exc:  # its own entry: the page still helps
             entry_problem = damage(exc)
     spent, usage = await ledger_totals(stores.ledger, tenant, run_id)
+    # As `tesserix inspect` tells it.
+    plan = await plan_as_told(cp, stores.idempotency, lease)
     return RunDetail(
         checkpoint=cp,
-        # As `tesserix inspect` tells it.
-        plan=await plan_as_told(cp, stores.idempotency, lease),
+        plan=plan,
+        refused=await state_refused(stores.idempotency, cp, plan),
         spent=spent,
         usage=usage,
         lease=lease,

@@ -289,6 +289,16 @@ def _usage(usage: Any) -> Usage:
     )
 
 
+def _joined(pieces: list[object]) -> object:
+    """A streamed call's arguments: its pieces of text joined, or the one object a server
+    sent them as; pieces of both are no JSON (answered as malformed)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    if all(isinstance(p, str) for p in pieces):
+        return "".join(str(p) for p in pieces)
+    return repr(pieces)
+
+
 def _reason(finish_reason: object) -> str | None:
     return finish_reason if isinstance(finish_reason, str) else None
 
@@ -306,7 +316,8 @@ class _CallFragments:
     id: str = ""
     name: str = ""
     kind: str | None = None
-    arguments: list[str] = field(default_factory=list)
+    # Pieces of JSON text; a server that sends the arguments as an object sends one.
+    arguments: list[object] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -368,7 +379,7 @@ class _StreamedReply:
                 ToolCall(
                     id=fragments.id,
                     name=fragments.name,
-                    arguments=arguments_from_text("".join(fragments.arguments)),
+                    arguments=arguments_from_text(_joined(fragments.arguments)),
                 )
             )
         text = "".join(self.text) or "".join(self.refusal)
