@@ -3,6 +3,8 @@ would show a pydantic model's ``repr`` (``ModelSight``), or cannot be read."""
 
 from __future__ import annotations
 
+from pydantic_core import ValidationError
+
 from tesserix_adk.run.model_sight import MOST_LOOKED_AT_IN_AN_ERROR, ModelSight
 
 __all__ = ["error_text"]
@@ -25,8 +27,20 @@ def error_text(exc: BaseException) -> str:
 def _said(exc: BaseException) -> str:
     # Written on the event loop (a tool raised): looked through for fewer objects.
     sight = ModelSight(most=MOST_LOOKED_AT_IN_AN_ERROR)
-    if not sight.shows(exc):
+    if not sight.shows(exc) or sight.past_the_budget(exc):
+        # Past the budget its own text is written: a model held further than 100,000
+        # values deep in an exception is a risk taken so that the message is never lost.
         return str(exc)
+    if isinstance(exc, ValidationError):
+        # Its text quotes what it was given: where and why each value was refused instead.
+        where = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '(the value)'}: {e['type']}"
+            for e in exc.errors(include_url=False)
+        )
+        return (
+            f"{exc.error_count()} validation error(s) for {exc.title} ({where}); what it "
+            "was given is not written: it holds a pydantic model"
+        )
     # One holding a model (``ValueError("page 2 refused", card)``) would show it: its
     # arguments are written instead, each that would show one as a note.
     said = (sight.note(a) if sight.shows(a) else str(a) for a in exc.args)

@@ -8,10 +8,10 @@ import contextlib
 import functools
 import operator
 from collections import deque
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
 from types import FunctionType, MemberDescriptorType, MethodType, ModuleType
-from typing import Any
+from typing import Any, cast
 
 from pydantic_core import ValidationError
 
@@ -23,8 +23,9 @@ MOST_LOOKED_AT = 1_000_000
 """How many objects ``ModelSight`` looks at for one result; past them an object JSON cannot
 hold is taken to show a model."""
 
-MOST_LOOKED_AT_IN_AN_ERROR = 10_000
-"""The same for a tool's exception, whose text is written on the event loop."""
+MOST_LOOKED_AT_IN_AN_ERROR = 100_000
+"""The same for a tool's exception, whose text is written on the event loop (each value
+read counts, text and numbers too: about a tenth of a second at most)."""
 
 
 class ModelSight:
@@ -45,8 +46,13 @@ class ModelSight:
         self._most = MOST_LOOKED_AT if most is None else most
         self._clear: dict[int, Any] = {}
         self._showing: dict[int, Any] = {}
-        self._kinds: dict[type, tuple[list[MemberDescriptorType], list[Any]]] = {}
+        self._kinds: dict[type, tuple[list[MemberDescriptorType], tuple[Any, ...]]] = {}
         self._looked = 0
+
+    def past_the_budget(self, value: Any) -> bool:
+        """Whether ``shows`` took ``value`` to show a model only because its budget ran
+        out: no model was found from it, nor an object it could not look into."""
+        return id(value) not in self._showing and self._looked > self._most
 
     def note(self, value: Any) -> str:
         """The note written in place of ``value``, whose text ``shows`` a model's or may."""
@@ -83,11 +89,11 @@ class ModelSight:
         """``part`` looked into, or ``True`` when it is, or is known to reach, a model, or
         cannot be looked into, or the looking is over: each object ``scan`` is looking
         through then reaches it, and shows it too."""
-        if type(part) in _SCALARS:
-            return False  # written as itself, held nothing
-        self._looked += 1
+        self._looked += 1  # text and numbers too: each is still read
         if self._looked > self._most:
             return True
+        if type(part) in _SCALARS:
+            return False  # written as itself, held nothing
         if id(part) in self._showing or pydantic_writes(part):
             return self._reached(part, scan)
         try:
@@ -100,10 +106,11 @@ class ModelSight:
         scan.path.append((part, held))
         return False
 
-    def _kind(self, kind: type) -> tuple[list[MemberDescriptorType], list[Any]]:
+    def _kind(self, kind: type) -> tuple[list[MemberDescriptorType], tuple[Any, ...]]:
         """What ``kind``'s instances hold beyond their ``__dict__``: its fields (slots,
         private names too, and a built-in's, ``OSError.filename``), and its class
-        attributes, which a ``repr`` may show; read once per type."""
+        attributes, which a ``repr`` may show, as one tuple every instance shares (looked
+        through once, not once per instance); read once per type."""
         known = self._kinds.get(kind)
         if known is None:
             fields: list[MemberDescriptorType] = []
@@ -114,7 +121,7 @@ class ModelSight:
                         fields.append(attribute)
                     elif not name.startswith("__") and not hasattr(type(attribute), "__get__"):
                         shared.append(attribute)
-            known = self._kinds[kind] = (fields, shared)
+            known = self._kinds[kind] = (fields, tuple(shared))
         return known
 
     def _reached(self, part: Any, scan: _Scan) -> bool:
@@ -157,7 +164,9 @@ _SCALARS = frozenset({str, bytes, bytearray, int, float, complex, bool, type(Non
 _CONTAINERS = (list, tuple, set, frozenset, deque, KeysView, ValuesView, ItemsView)
 
 
-def _parts(value: Any, kind_holds: tuple[list[MemberDescriptorType], list[Any]]) -> list[Any]:
+def _parts(
+    value: Any, kind_holds: tuple[list[MemberDescriptorType], tuple[Any, ...]]
+) -> Sequence[Any]:
     kind = type(value)  # never the object's own ``__class__``, which may raise
     if issubclass(kind, (type, ModuleType, FunctionType)):
         return []
@@ -165,9 +174,11 @@ def _parts(value: Any, kind_holds: tuple[list[MemberDescriptorType], list[Any]])
         parts = [p for pair in mapping_items(value) for p in pair]
         if kind is dict:
             return parts
+    elif kind is list or kind is tuple:
+        return cast("Sequence[Any]", value)  # read lazily: the look may end at its budget
     elif isinstance(value, _CONTAINERS):
         parts = list(value)
-        if kind in (list, tuple, set, frozenset, deque):
+        if kind in (set, frozenset, deque):
             return parts
     else:
         parts = []
@@ -180,10 +191,13 @@ def _parts(value: Any, kind_holds: tuple[list[MemberDescriptorType], list[Any]])
     if isinstance(value, _REDUCED):
         parts.append(value.__reduce__())  # what it was made from, which its repr shows
     if isinstance(value, BaseException):
-        parts.extend(value.args)
+        # A custom ``__str__`` may tell its cause too.
+        parts.extend((*value.args, value.__cause__, value.__context__))
     if isinstance(value, ValidationError):
-        # Its text quotes each input it refused, held inside pydantic-core.
-        parts.extend(e.get("input") for e in value.errors(include_url=False))
+        # Its text quotes each input it refused, and what it was told, held inside
+        # pydantic-core.
+        for error in value.errors(include_url=False):
+            parts.extend((error.get("input"), *error.get("ctx", {}).values()))
     held = getattr(value, "__dict__", None)
     if isinstance(held, dict):
         parts.extend(held.values())
@@ -191,7 +205,8 @@ def _parts(value: Any, kind_holds: tuple[list[MemberDescriptorType], list[Any]])
     for field_ in fields:
         with contextlib.suppress(AttributeError):  # a slot never set
             parts.append(field_.__get__(value, kind))
-    parts.extend(shared)
+    if shared:
+        parts.append(shared)
     return parts
 
 

@@ -23,6 +23,7 @@ from tesserix_adk.messages import int_as_text
 from tesserix_adk.run.error_text import error_text
 from tesserix_adk.run.model_sight import ModelSight
 from tesserix_adk.run.result_kinds import (
+    held_inside,
     holds_a_model,
     mapping_items,
     plain_dataclass,
@@ -184,6 +185,9 @@ def _written_key(key: Any) -> str:
     return name
 
 
+_PLAIN_KEYS = frozenset({int, float, bool, type(None), bytes, tuple, frozenset})
+
+
 def _key_name(key: Any) -> tuple[str, bool]:
     """``key`` written as text, and whether pydantic writes it so itself. A key that is or
     holds a pydantic model is written as ``_text_of`` writes it, the model as a note:
@@ -191,7 +195,9 @@ def _key_name(key: Any) -> tuple[str, bool]:
     if type(key) is str:
         return key, True
     try:
-        holds = holds_a_model(key, 0)
+        # A key of a text or number type's subclass is written as its ``str``, which may
+        # show what it holds (its ``repr``).
+        holds = holds_a_model(key, 0) or (type(key) not in _PLAIN_KEYS and ModelSight().shows(key))
     except Exception:
         holds = False  # a key that cannot be looked into is written as below
     if holds:
@@ -301,41 +307,11 @@ def _count_inside(model: Any, walk: _Walk) -> None:
             raise _TooMany
         if id(part) in path:
             continue
-        held = _held_inside(part)
+        held = held_inside(part)
         if held:
             path.add(id(part))
             waiting.append((part, True))
             waiting.extend((h, False) for h in held)
-
-
-def _held_inside(value: Any) -> list[Any]:
-    try:
-        if pydantic_writes(value):
-            return _written_fields(value)
-        if plain_dataclass(value):
-            return [getattr(value, f.name) for f in fields(value)]
-        if isinstance(value, Mapping):
-            return [v for pair in mapping_items(value) for v in pair]
-        if isinstance(value, (list, tuple, set, frozenset, deque)):
-            return list(value)
-    except Exception:
-        pass  # what cannot be looked into is pydantic's to refuse
-    return []
-
-
-def _written_fields(model: Any) -> list[Any]:
-    """What pydantic writes of a model or pydantic dataclass (slotted too): its fields'
-    values but those it excludes (``Field(exclude=True)``), and its extra values."""
-    declared = getattr(type(model), "__pydantic_fields__", None) or {}
-    values = [
-        getattr(model, name)
-        for name, info in declared.items()
-        if not info.exclude and hasattr(model, name)
-    ]
-    extra = getattr(model, "__pydantic_extra__", None)
-    if isinstance(extra, dict):
-        values.extend(extra.values())
-    return values
 
 
 def _again(value: Any) -> str:

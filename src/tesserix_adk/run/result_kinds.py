@@ -5,15 +5,23 @@ to pydantic, which writes such a key as the model's ``str``."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, PlainSerializer, WrapSerializer
 
 from tesserix_adk.checkpoint.payload.envelope import MAX_NESTING
 
-__all__ = ["holds_a_model", "mapping_items", "plain_dataclass", "pydantic_writes"]
+__all__ = [
+    "held_inside",
+    "holds_a_model",
+    "mapping_items",
+    "plain_dataclass",
+    "pydantic_writes",
+    "written_fields",
+]
 
 
 def plain_dataclass(value: Any) -> bool:
@@ -58,3 +66,53 @@ def pydantic_writes(value: Any) -> bool:
     object's own attribute lookup may raise)."""
     kind = type(value)  # never the object's own ``__class__``, which may raise
     return issubclass(kind, BaseModel) or hasattr(kind, "__pydantic_serializer__")
+
+
+def held_inside(value: Any) -> list[Any]:
+    """What pydantic writes of ``value``, one level down (``written_fields`` of a model),
+    for counting what a result holds; nothing of what cannot be looked into."""
+    try:
+        if pydantic_writes(value):
+            return written_fields(value)
+        if plain_dataclass(value):
+            return [getattr(value, f.name) for f in fields(value)]
+        if isinstance(value, Mapping):
+            return [v for pair in mapping_items(value) for v in pair]
+        if isinstance(value, (list, tuple, set, frozenset, deque)):
+            return list(value)
+    except Exception:
+        pass  # what cannot be looked into is pydantic's to refuse
+    return []
+
+
+def written_fields(model: Any) -> list[Any]:
+    """What pydantic writes as it is of a model or pydantic dataclass (slotted too): its
+    fields' values but those it excludes (``Field(exclude=True)``, ``exclude_if``) or
+    writes through a serializer of their own (which may write anything, a summary of a
+    large field as readily as a large value of a small one: not counted), and its extra
+    values; nothing of one written by a ``model_serializer``."""
+    kind = type(model)
+    decorators = getattr(kind, "__pydantic_decorators__", None)
+    if decorators is not None and decorators.model_serializers:
+        return []
+    serialized = set()
+    if decorators is not None:
+        for found in decorators.field_serializers.values():
+            serialized.update(found.info.fields)
+    declared = getattr(kind, "__pydantic_fields__", None) or {}
+    values = [
+        getattr(model, name)
+        for name, info in declared.items()
+        if not info.exclude
+        and getattr(info, "exclude_if", None) is None
+        and name not in serialized
+        and not any(isinstance(m, _SERIALIZERS) for m in info.metadata)
+        and hasattr(model, name)
+    ]
+    extra = getattr(model, "__pydantic_extra__", None)
+    if isinstance(extra, dict):
+        values.extend(extra.values())
+    return values
+
+
+_SERIALIZERS = (PlainSerializer, WrapSerializer)
