@@ -7,7 +7,11 @@ from pydantic_core import ValidationError
 
 from tesserix_adk.run.model_sight import MOST_LOOKED_AT_IN_AN_ERROR, ModelSight
 
-__all__ = ["error_text"]
+__all__ = ["MOST_READ_NEAR", "error_text"]
+
+MOST_READ_NEAR = 500_000
+"""How many values of an exception are read level by level for a model near it, before it
+is looked through (``ModelSight.near``): a few hundredths of a second on the event loop."""
 
 
 def error_text(exc: BaseException) -> str:
@@ -27,7 +31,8 @@ def error_text(exc: BaseException) -> str:
 def _said(exc: BaseException) -> str:
     # Written on the event loop (a tool raised): looked through for fewer objects.
     sight = ModelSight(most=MOST_LOOKED_AT_IN_AN_ERROR)
-    if not sight.shows(exc) or sight.past_the_budget(exc):
+    near = sight.near(exc, MOST_READ_NEAR)
+    if not near and (not sight.shows(exc) or sight.past_the_budget(exc)):
         # Past the budget its own text is written: a model held further than 100,000
         # values deep in an exception is a risk taken so that the message is never lost.
         return str(exc)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import operator
 from collections import deque
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
@@ -48,6 +49,34 @@ class ModelSight:
         self._showing: dict[int, Any] = {}
         self._kinds: dict[type, tuple[list[MemberDescriptorType], tuple[Any, ...]]] = {}
         self._looked = 0
+
+    def near(self, value: Any, most_read: int) -> bool:
+        """Whether a pydantic model is found from ``value`` level by level, nearest first,
+        reading ``most_read`` values at most (text and numbers counted too): a model a few
+        levels down is found even when a large value beside it would spend ``shows``'s
+        budget first (``ValueError(ids, card)``). A model found is remembered."""
+        waiting: deque[Any] = deque([value])
+        seen: set[int] = set()
+        read = 0
+        while waiting:
+            part = waiting.popleft()
+            if id(part) in seen or id(part) in self._clear:
+                continue
+            seen.add(id(part))
+            if id(part) in self._showing or pydantic_writes(part):
+                self._showing[id(value)] = value
+                return True
+            try:
+                held = _parts(part, self._kind(type(part)))
+                for child in held:
+                    read += 1
+                    if read > most_read:
+                        return False
+                    if type(child) not in _SCALARS:
+                        waiting.append(child)
+            except Exception:
+                return False  # ``shows`` takes what cannot be looked into as showing one
+        return False
 
     def past_the_budget(self, value: Any) -> bool:
         """Whether ``shows`` took ``value`` to show a model only because its budget ran
@@ -170,10 +199,14 @@ def _parts(
     kind = type(value)  # never the object's own ``__class__``, which may raise
     if issubclass(kind, (type, ModuleType, FunctionType)):
         return []
-    if isinstance(value, Mapping):
-        parts = [p for pair in mapping_items(value) for p in pair]
+    if isinstance(value, dict) and not hasattr(value, "multi_items"):
+        # Read lazily, a dict's subclass too (a ``Counter``): the look may end at its budget.
+        items = itertools.chain.from_iterable(dict.items(value))
         if kind is dict:
-            return parts
+            return cast("Sequence[Any]", items)
+        parts: list[Any] = list(items)
+    elif isinstance(value, Mapping):
+        parts = [p for pair in mapping_items(value) for p in pair]
     elif kind is list or kind is tuple:
         return cast("Sequence[Any]", value)  # read lazily: the look may end at its budget
     elif isinstance(value, _CONTAINERS):

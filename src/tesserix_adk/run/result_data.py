@@ -12,6 +12,7 @@ import json
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from typing import Any
 
 from pydantic_core import to_jsonable_python
@@ -197,7 +198,11 @@ def _key_name(key: Any) -> tuple[str, bool]:
     try:
         # A key of a text or number type's subclass is written as its ``str``, which may
         # show what it holds (its ``repr``).
-        holds = holds_a_model(key, 0) or (type(key) not in _PLAIN_KEYS and ModelSight().shows(key))
+        holds = holds_a_model(key, 0) or (
+            type(key) not in _PLAIN_KEYS
+            and not isinstance(key, Enum)  # written as its value
+            and ModelSight().shows(key)
+        )
     except Exception:
         holds = False  # a key that cannot be looked into is written as below
     if holds:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, PlainSerializer, WrapSerializer
 
@@ -107,6 +107,7 @@ def written_fields(model: Any) -> list[Any]:
         and getattr(info, "exclude_if", None) is None
         and name not in serialized
         and not any(isinstance(m, _SERIALIZERS) for m in info.metadata)
+        and not _serialized_inside(info.annotation, 0)
         and hasattr(model, name)
     ]
     extra = getattr(model, "__pydantic_extra__", None)
@@ -116,3 +117,15 @@ def written_fields(model: Any) -> list[Any]:
 
 
 _SERIALIZERS = (PlainSerializer, WrapSerializer)
+
+
+def _serialized_inside(annotation: Any, depth: int) -> bool:
+    """Whether a serializer of its own sits inside a field's type (``Embedding | None``,
+    ``list[Embedding]``, where ``Embedding = Annotated[..., PlainSerializer(...)]``)."""
+    if depth > MAX_NESTING:
+        return True
+    if get_origin(annotation) is Annotated and any(
+        isinstance(m, _SERIALIZERS) for m in annotation.__metadata__
+    ):
+        return True
+    return any(_serialized_inside(a, depth + 1) for a in get_args(annotation))
