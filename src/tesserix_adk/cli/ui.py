@@ -16,6 +16,7 @@ import socket
 import sys
 from typing import Any
 
+from tesserix_adk.checkpoint.redaction import default_redactor
 from tesserix_adk.cli.failures import ExitCode
 from tesserix_adk.cli.text import escaped
 
@@ -98,7 +99,8 @@ def run_ui(args: argparse.Namespace, url: str) -> int:
         # a traceback from the server's start-up.
         probe = open_stores(url)
     except ConfigurationError as exc:
-        sys.stderr.write(f"tesserix: ui: {escaped(str(exc))}\n")
+        # Masked as every other command's error is: it may quote the store's URL.
+        sys.stderr.write(f"tesserix: ui: {escaped(default_redactor().text(str(exc)))}\n")
         return int(ExitCode.USAGE)
     asyncio.run(probe.aclose())
     try:

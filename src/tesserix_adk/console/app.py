@@ -25,7 +25,7 @@ from tesserix_adk.console import actions, pages
 from tesserix_adk.console.guard import CSRF_COOKIE, TOKEN_COOKIE, Guard, Refusal, csrf_of
 from tesserix_adk.console.reads import RunFilter, run_detail, runs, unstarted_run
 from tesserix_adk.console.templates import render
-from tesserix_adk.errors import AdkError
+from tesserix_adk.errors import AdkError, ConfigurationError
 from tesserix_adk.stores.bundle import Stores
 
 __all__ = ["create_app"]
@@ -40,7 +40,15 @@ def create_app(
 ) -> Starlette:
     """The console over a store URL (opened and closed with the app) or open ``Stores``
     (the caller's, on the serving event loop). With ``token``, every request needs it;
-    ``loopback_only`` refuses requests whose Host is not a loopback name."""
+    ``loopback_only`` refuses requests whose Host is not a loopback name. Served off
+    loopback without a token (none given, or a blank one: an unset variable) is refused,
+    ``ConfigurationError``, as ``tesserix ui`` refuses it: anyone who reaches the port could
+    approve a call."""
+    if not loopback_only and not (token or "").strip():
+        raise ConfigurationError(
+            "a console served off loopback needs a token (the one given is blank); give "
+            "create_app a token, or keep loopback_only"
+        )
     state: dict[str, Stores] = {}
     guard = Guard(token=token or None, loopback_only=loopback_only)
 

@@ -9,6 +9,7 @@ The kit's own options (``keep_last``, ``pool_min``, ``pool_max``, ``timeout``, `
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 
 import psycopg
@@ -94,11 +95,17 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
         # Parses only: a typo'd option is a usage mistake, not an outage.
         params = conninfo_to_dict(out)
     except psycopg.ProgrammingError as exc:
-        # libpq quotes what it could not read, the URL whole (its password too).
+        # libpq quotes what it could not read: the URL whole, or a piece of it alone (a
+        # password holding a '%' that is no escape): neither is said.
         said = str(exc).replace(out, redact_url(out)).strip()
+        userinfo = authority.rpartition("@")[0]
+        said = _QUOTED.sub(lambda m: '"***"' if m.group(1) in userinfo else m.group(0), said)
         raise ConfigurationError(f"the PostgreSQL store URL is not usable: {said}") from None
     _check_params(params)
     return out, options
+
+
+_QUOTED = re.compile(r'"([^"]*)"')
 
 
 def _whole_number(text: str) -> bool:
