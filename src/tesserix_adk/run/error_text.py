@@ -33,8 +33,9 @@ def _said(exc: BaseException) -> str:
     sight = ModelSight(most=MOST_LOOKED_AT_IN_AN_ERROR)
     near = sight.near(exc, MOST_READ_NEAR)
     if not near and (not sight.shows(exc) or sight.past_the_budget(exc)):
-        # Past the budget its own text is written: a model held further than 100,000
-        # values deep in an exception is a risk taken so that the message is never lost.
+        # Past both budgets its own text is written: a model neither 500,000 values read
+        # nearest first nor a look through 100,000 reach is a risk taken so that the
+        # message is never lost.
         return str(exc)
     if isinstance(exc, ValidationError):
         # Its text quotes what it was given: where and why each value was refused instead.
