@@ -112,7 +112,12 @@ def run_ui(args: argparse.Namespace, url: str) -> int:
         )
         return int(ExitCode.HELD)
     port = sock.getsockname()[1]
-    app = create_app(url, token=token, loopback_only=loopback)
+    try:
+        app = create_app(url, token=token, loopback_only=loopback)
+    except ConfigurationError as exc:
+        sock.close()
+        sys.stderr.write(f"tesserix: ui: {escaped(default_redactor().text(str(exc)))}\n")
+        return int(ExitCode.USAGE)
     config = uvicorn.Config(
         app, log_level="warning", lifespan="on", access_log=False, ws="none", http="h11"
     )

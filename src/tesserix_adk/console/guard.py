@@ -61,9 +61,15 @@ class Guard:
     loopback_only: bool
 
     def check_host(self, request: Request) -> None:
-        """Served on loopback, the request must name a loopback host (DNS rebinding)."""
-        if self.loopback_only and not is_loopback(host_name(request.headers.get("host", ""))):
+        """Served on loopback, the request must name a loopback host (DNS rebinding) and
+        come from a loopback address: an app served on every address by whoever embeds it
+        must not take a peer's ``Host: 127.0.0.1`` for this machine."""
+        if not self.loopback_only:
+            return
+        if not is_loopback(host_name(request.headers.get("host", ""))):
             raise Refusal(421, "this console answers to loopback names only")
+        if _off_loopback(request.client.host if request.client is not None else ""):
+            raise Refusal(403, "this console answers to this machine only")
 
     def check_token(self, request: Request) -> None:
         """With a token set, the request carries it (header or cookie)."""
@@ -95,3 +101,12 @@ def csrf_of(request: Request) -> tuple[str, bool]:
     if known and len(known) == 64:
         return known, False
     return secrets.token_hex(32), True
+
+
+def _off_loopback(peer: str) -> bool:
+    """Whether ``peer`` is an address of another machine. A peer that is no address (a
+    Unix socket, an in-process transport) is this machine's."""
+    try:
+        return not ipaddress.ip_address(peer.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -14,6 +14,10 @@ MOST_READ_NEAR = 500_000
 is looked through (``ModelSight.near``): a few hundredths of a second on the event loop."""
 
 
+_ERRORS_SAID = 20
+_MOST_ERRORS_SAID = 1_000
+
+
 def error_text(exc: BaseException) -> str:
     """``Type: message`` of a tool's (or a reconciler's) exception, whatever its ``__str__``
     does: the outcome of a call that ended by raising is known, and is recorded, even
@@ -21,10 +25,8 @@ def error_text(exc: BaseException) -> str:
     try:
         said = _said(exc)
     except Exception:
-        try:
-            said = f"(its text cannot be read) {exc!r}"
-        except Exception:
-            said = "(its text cannot be read)"
+        # Not its ``repr`` either: it shows its arguments, a model among them perhaps.
+        said = "(its text cannot be read)"
     return f"{type(exc).__name__}: {said}"
 
 
@@ -38,14 +40,20 @@ def _said(exc: BaseException) -> str:
         # message is never lost.
         return str(exc)
     if isinstance(exc, ValidationError):
-        # Its text quotes what it was given: where and why each value was refused instead.
-        where = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or '(the value)'}: {e['type']}"
-            for e in exc.errors(include_url=False)
+        # Its text quotes what it was given: where and why each value was refused instead
+        # (the first ones: its errors are built whole when asked for).
+        count = exc.error_count()
+        where = (
+            "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '(the value)'}: {e['type']}"
+                for e in exc.errors(include_url=False)[:_ERRORS_SAID]
+            )
+            if count <= _MOST_ERRORS_SAID
+            else "too many to list"
         )
         return (
-            f"{exc.error_count()} validation error(s) for {exc.title} ({where}); what it "
-            "was given is not written: it holds a pydantic model"
+            f"{count} validation error(s) for {exc.title} ({where}); what it was given is "
+            "not written: it may hold a pydantic model"
         )
     # One holding a model (``ValueError("page 2 refused", card)``) would show it: its
     # arguments are written instead, each that would show one as a note.

@@ -9,7 +9,7 @@ import functools
 import itertools
 import operator
 from collections import deque
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass, field
 from types import FunctionType, MemberDescriptorType, MethodType, ModuleType
 from typing import Any, cast
@@ -67,13 +67,18 @@ class ModelSight:
                 self._showing[id(value)] = value
                 return True
             try:
-                held = _parts(part, self._kind(type(part)))
-                for child in held:
+                for child in _parts(part, self._kind(type(part))):
                     read += 1
                     if read > most_read:
                         return False
-                    if type(child) not in _SCALARS:
-                        waiting.append(child)
+                    if type(child) in _SCALARS:
+                        continue
+                    if id(child) in self._showing or pydantic_writes(child):
+                        # Found as it is read, not when its turn comes: a model beside a
+                        # large value is the second value read.
+                        self._showing[id(value)] = value
+                        return True
+                    waiting.append(child)
             except Exception:
                 return False  # ``shows`` takes what cannot be looked into as showing one
         return False
@@ -102,7 +107,10 @@ class ModelSight:
             return True
         while scan.path:
             part, held = scan.path[-1]
-            child = next(held, _END)
+            try:
+                child = next(held, _END)
+            except Exception:  # changed while read (another thread), or reading raised
+                return self._reached(part, scan)
             if child is _END:
                 self._leave(part, scan)
             elif id(child) in self._clear:
@@ -195,28 +203,40 @@ _CONTAINERS = (list, tuple, set, frozenset, deque, KeysView, ValuesView, ItemsVi
 
 def _parts(
     value: Any, kind_holds: tuple[list[MemberDescriptorType], tuple[Any, ...]]
-) -> Sequence[Any]:
+) -> Iterable[Any]:
+    """What ``value`` holds that its text may show, read lazily: the look may end at its
+    budget before a large container is read through. A dict, set or deque changed while
+    read raises (the look then takes it to show a model); a list does not, so it is copied
+    first, in one step: another thread taking an item off it cannot slide one past."""
     kind = type(value)  # never the object's own ``__class__``, which may raise
     if issubclass(kind, (type, ModuleType, FunctionType)):
-        return []
+        return ()
+    if kind is tuple:
+        return cast("Iterable[Any]", value)
+    if kind is list:
+        return list(value)
     if isinstance(value, dict) and not hasattr(value, "multi_items"):
-        # Read lazily, a dict's subclass too (a ``Counter``): the look may end at its budget.
-        items = itertools.chain.from_iterable(dict.items(value))
+        # A dict's subclass too (a ``Counter``): its items as ``repr`` shows them.
+        items: Iterable[Any] = itertools.chain.from_iterable(dict.items(value))
         if kind is dict:
-            return cast("Sequence[Any]", items)
-        parts: list[Any] = list(items)
+            return items
     elif isinstance(value, Mapping):
-        parts = [p for pair in mapping_items(value) for p in pair]
-    elif kind is list or kind is tuple:
-        return cast("Sequence[Any]", value)  # read lazily: the look may end at its budget
+        items = [p for pair in mapping_items(value) for p in pair]
     elif isinstance(value, _CONTAINERS):
-        parts = list(value)
+        items = iter(value)
         if kind in (set, frozenset, deque):
-            return parts
+            return items
     else:
-        parts = []
+        items = ()
     # Anything else, a container's subclass too (``class Page(list)`` with a ``meta``):
     # what it holds besides, which its ``repr`` may show.
+    return itertools.chain(items, _held_besides(value, kind, kind_holds))
+
+
+def _held_besides(
+    value: Any, kind: type, kind_holds: tuple[list[MemberDescriptorType], tuple[Any, ...]]
+) -> list[Any]:
+    parts: list[Any] = []
     if isinstance(value, MethodType):
         parts.append(value.__self__)
     if isinstance(value, functools.partial):
@@ -227,6 +247,8 @@ def _parts(
         # A custom ``__str__`` may tell its cause too.
         parts.extend((*value.args, value.__cause__, value.__context__))
     if isinstance(value, ValidationError):
+        if value.error_count() > _MOST_ERRORS:
+            raise ValueError("too many errors to look through")  # taken as showing one
         # Its text quotes each input it refused, and what it was told, held inside
         # pydantic-core.
         for error in value.errors(include_url=False):
@@ -243,4 +265,7 @@ def _parts(
     return parts
 
 
+# A ValidationError's errors are built whole when asked for: past this many, it is not
+# looked into (and is written as a count, ``error_text``).
+_MOST_ERRORS = 1_000
 _REDUCED = (operator.attrgetter, operator.itemgetter, operator.methodcaller)

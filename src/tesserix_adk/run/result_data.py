@@ -189,6 +189,16 @@ def _written_key(key: Any) -> str:
 _PLAIN_KEYS = frozenset({int, float, bool, type(None), bytes, tuple, frozenset})
 
 
+def _shows_a_model(key: Any) -> bool:
+    """Whether pydantic would write ``key`` as text showing a model: a model in it, or a
+    key of a text or number type's subclass (its ``str`` may show what it holds), or an
+    enum member whose value does (written as its value's text; its class is not looked
+    through, which holds every other member)."""
+    if isinstance(key, Enum):
+        key = key.value
+    return holds_a_model(key, 0) or (type(key) not in _PLAIN_KEYS and ModelSight().shows(key))
+
+
 def _key_name(key: Any) -> tuple[str, bool]:
     """``key`` written as text, and whether pydantic writes it so itself. A key that is or
     holds a pydantic model is written as ``_text_of`` writes it, the model as a note:
@@ -196,13 +206,7 @@ def _key_name(key: Any) -> tuple[str, bool]:
     if type(key) is str:
         return key, True
     try:
-        # A key of a text or number type's subclass is written as its ``str``, which may
-        # show what it holds (its ``repr``).
-        holds = holds_a_model(key, 0) or (
-            type(key) not in _PLAIN_KEYS
-            and not isinstance(key, Enum)  # written as its value
-            and ModelSight().shows(key)
-        )
+        holds = _shows_a_model(key)
     except Exception:
         holds = False  # a key that cannot be looked into is written as below
     if holds:

@@ -124,6 +124,9 @@ def _serialized_inside(annotation: Any, depth: int) -> bool:
     ``list[Embedding]``, where ``Embedding = Annotated[..., PlainSerializer(...)]``)."""
     if depth > MAX_NESTING:
         return True
+    value = getattr(annotation, "__value__", None)
+    if value is not None and type(annotation).__name__ == "TypeAliasType":
+        return _serialized_inside(value, depth + 1)  # ``type Embedding = Annotated[...]``
     if get_origin(annotation) is Annotated and any(
         isinstance(m, _SERIALIZERS) for m in annotation.__metadata__
     ):

@@ -9,7 +9,6 @@ The kit's own options (``keep_last``, ``pool_min``, ``pool_max``, ``timeout``, `
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 
 import psycopg
@@ -95,17 +94,31 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
         # Parses only: a typo'd option is a usage mistake, not an outage.
         params = conninfo_to_dict(out)
     except psycopg.ProgrammingError as exc:
-        # libpq quotes what it could not read: the URL whole, or a piece of it alone (a
-        # password holding a '%' that is no escape): neither is said.
-        said = str(exc).replace(out, redact_url(out)).strip()
-        userinfo = authority.rpartition("@")[0]
-        said = _QUOTED.sub(lambda m: '"***"' if m.group(1) in userinfo else m.group(0), said)
-        raise ConfigurationError(f"the PostgreSQL store URL is not usable: {said}") from None
+        raise ConfigurationError(
+            f"the PostgreSQL store URL is not usable: "
+            f"{_libpq_said(str(exc), kept, authority.rpartition('@')[0])}"
+        ) from None
     _check_params(params)
     return out, options
 
 
-_QUOTED = re.compile(r'"([^"]*)"')
+def _libpq_said(error: str, query: str, userinfo: str) -> str:
+    """What libpq could not read in a URL, without what it quotes: the URL whole, or a
+    piece of it alone (a password, in the URL or in ``?password=``, holding a '%' that is
+    no escape). A query option's name, or a mark of punctuation, it quotes is said: neither
+    is a secret; nothing quoted is said where the user, password or query holds a quote
+    (what is quoted then cannot be told apart)."""
+    said = error.strip().splitlines()[0] if error.strip() else "libpq could not read it"
+    pieces = said.split('"')
+    out = pieces[0]
+    names = {part.partition("=")[0] for part in query.split("&")} - {"password"}
+    if '"' in userinfo or '"' in query:
+        return out.rstrip(": ")
+    for inside, after in zip(pieces[1:-1:2], pieces[2::2], strict=False):
+        if not (inside in names or (len(inside) == 1 and not inside.isalnum())):
+            break
+        out += f'"{inside}"{after}'
+    return out.rstrip(": ")
 
 
 def _whole_number(text: str) -> bool:
