@@ -188,7 +188,7 @@ async def _rows(
                 raise CheckpointCorruptError(entries.damaged[run_id])
             # A run that ended may have left a call in doubt (cancelled while its reply
             # was lost): it waits for `tesserix resolve` as an unfinished one does.
-            left = await left_for_a_person(stores.idempotency, cp, records)
+            left = await left_for_a_person(stores.idempotency, stores.leases, cp, records)
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
             # One run's damaged row hides no other run: it is listed as a damaged frontier is.
             rows.append({**_UNREADABLE, "run_id": run_id, "reason": damage(exc)})

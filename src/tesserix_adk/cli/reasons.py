@@ -12,17 +12,20 @@ from tesserix_adk.errors import (
     CheckpointCorruptError,
     CheckpointFormatError,
     NoCheckpointError,
+    ResumeConflictError,
     RevisionMismatchError,
     StateRedactedError,
 )
 from tesserix_adk.run.cancelling import cancel_requested
 from tesserix_adk.run.entries import TenantEntries, damage, shown_entry
+from tesserix_adk.run.holding import carried_elsewhere
 from tesserix_adk.run.resume import carried_state, nothing_ran_since_approval_asked, uncarriable
 from tesserix_adk.stores.bundle import Stores
 from tesserix_adk.stores.protocols import (
     ApprovalStatus,
     IdempotencyRecord,
     IdempotencyStore,
+    LeaseStore,
     RunLease,
     WorkItem,
     WorkState,
@@ -157,13 +160,17 @@ class LeftOpen:
 
 
 async def left_for_a_person(
-    idempotency: IdempotencyStore, cp: Checkpoint, records: Iterable[IdempotencyRecord]
+    idempotency: IdempotencyStore,
+    leases: LeaseStore | None,
+    cp: Checkpoint,
+    records: Iterable[IdempotencyRecord],
 ) -> LeftOpen:
     """What ``cp``'s run leaves for a person (``waits``): of an ended run, the calls
     ``left_open`` says (``records``: the run's); of one to be carried on, what its resume
     would refuse it for, asked as the resume asks (its plan: a call whose record has no
     flags, a read-only one with masked arguments, an unkeyed one in doubt; the state the
-    frontier or its last completed call kept). A run a resume carries on waits for nobody.
+    frontier or its last completed call kept). A run a resume carries on waits for nobody,
+    nor one whose calls in doubt another run carried now holds (``carried_elsewhere``).
     One whose calls in doubt a tool's reconciler would settle is counted too: what tools
     the agent has is not known here."""
     if cp.status.finished:
@@ -175,6 +182,11 @@ async def left_for_a_person(
         return LeftOpen(refused=str(refused))
     plan = await plan_resume(cp, idempotency)
     calls = 0 if nothing_ran_since_approval_asked(cp, plan) else len(plan.indeterminate)
+    if calls:
+        try:
+            await carried_elsewhere(plan, leases, tenant=cp.tenant, run_id=cp.run_id)
+        except ResumeConflictError:
+            calls = 0  # its calls wait on another run carried now: it comes back by itself
     return LeftOpen(calls=calls, refused=await state_refused(idempotency, cp, plan))
 
 

@@ -166,7 +166,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             lease = await stores.leases.current(tenant, run_id)
             if run_id in entries.damaged:
                 raise CheckpointCorruptError(entries.damaged[run_id])
-            left = await left_for_a_person(stores.idempotency, cp, records)
+            left = await left_for_a_person(stores.idempotency, stores.leases, cp, records)
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
             # One run's damaged row hides no other run, as a damaged frontier does not.
             shown.append(RunSummary(run_id, unreadable=damage(exc)))
