@@ -80,118 +80,30 @@ import pydantic
 import pytest
 from pydantic_core import PydanticCustomError
 
-from operator_cli import sqlite_bytes
-from tesserix_adk import Agent, AgentRunner, ScriptedProvider, tool
-from tesserix_adk.checkpoint.payload import decode_outcome
 from tesserix_adk.run import model_sight, result_data
 from tesserix_adk.run.error_text import error_text
 from tesserix_adk.run.model_sight import MOST_LOOKED_AT_IN_AN_ERROR
 from tesserix_adk.run.result_data import result_content
-from tesserix_adk.stores.protocols import RecordStatus
-from tesserix_adk.stores.urls import open_stores
+
+from .masked_model import (
+    SECRET,
+    assert_never_shown,
+    raising,
+    run_on_sqlite,
+)
+from .masked_model import (
+    card as _card,
+)
 
 T = "sight3"
-SECRET = "SIGNKEYwq73zp"  # no built-in pattern knows it: only the model's serializer masks it
-
-
-class _Card(pydantic.BaseModel):
-    memo: str
-
-    @pydantic.field_serializer("memo", when_used="json")
-    def _masked(self, memo: str) -> str:
-        return "****" + memo[-2:]
-
-
-def _card() -> _Card:
-    return _Card(memo=SECRET)
-
-
-# --- end to end on SQLite -----------------------------------------------------------------
-
-
-class _Recording:
-    def __init__(self, turns: list[Any]) -> None:
-        self.inner = ScriptedProvider(turns)
-        self.requests: list[Any] = []
-
-    async def complete(self, request: Any) -> Any:
-        self.requests.append(request)
-        return await self.inner.complete(request)
-
-    def told(self) -> str:
-        return "".join(
-            m.text for r in self.requests for m in r.messages if m.tool_call_id is not None
-        )
-
-
-class _Crash(Exception):
-    pass
-
-
-class _CrashAfter(_Recording):
-    """Asks for the call, then fails the next turn (a crash before the run moves on)."""
-
-    async def complete(self, request: Any) -> Any:
-        if self.requests:
-            self.requests.append(request)
-            raise _Crash("the process died")
-        return await super().complete(request)
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    out: list[BaseException] = []
-    seen: BaseException | None = exc
-    while seen is not None and seen not in out:
-        out.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    return out
 
 
 async def _run_on_sqlite(tmp_path: Path, make: Any) -> tuple[Any, bytes, str, int]:
-    """One run whose keyed call returns (or raises) ``make()``, interrupted after the call
-    and resumed (the model asks for the same call again): the record's outcome, the SQLite
-    bytes, what the model was told, and how many times the tool ran."""
-    sent: list[int] = []
-
-    @tool(key=lambda **kw: "fetch-1")
-    def fetch(what: str) -> Any:
-        """Fetch a thing (a side effect, keyed)."""
-        sent.append(1)
-        return make()
-
-    first = _CrashAfter([[("fetch", {"what": "x"})], "ok"])
-    second = _Recording([[("fetch", {"what": "x"})], "ok"])
-    async with open_stores(f"sqlite:///{tmp_path / 'adk.sqlite3'}") as stores:
-        await stores.create_schema()
-        agent = Agent("a", "x", [fetch])
-        with pytest.raises(Exception) as crashed:
-            await AgentRunner.from_stores(first, stores).run(agent, "go", tenant=T, run_id="r0")
-        assert _Crash in {type(e) for e in _chain(crashed.value)}, crashed.value
-        [rec] = list(await stores.idempotency.records(T, "r0"))
-        assert rec.status is RecordStatus.completed
-        outcome = decode_outcome(rec.outcome, "c")
-        await AgentRunner.from_stores(second, stores).resume(agent, "r0", tenant=T)
-        records = list(await stores.idempotency.records(T, "r0"))
-        assert len(records) == 1
-        assert all(r.status is RecordStatus.completed for r in records)
-    return outcome, sqlite_bytes(tmp_path), first.told() + second.told(), len(sent)
+    return await run_on_sqlite(tmp_path, make, tenant=T)
 
 
 async def _assert_never_shown(tmp_path: Path, make: Any) -> Any:
-    outcome, raw, told, sent = await _run_on_sqlite(tmp_path, make)
-    assert sent == 1, "sent again"
-    assert told
-    assert SECRET.encode() not in raw, "raw in the SQLite file"
-    assert SECRET not in told, told
-    assert SECRET not in str(outcome.content)
-    return outcome
-
-
-def _raise(make: Any) -> Any:
-    def fail() -> Any:
-        raise make()
-
-    return fail
+    return await assert_never_shown(tmp_path, make, tenant=T)
 
 
 # --- an exception's cause ------------------------------------------------------------------
@@ -229,7 +141,7 @@ def _from_context() -> BaseException:
 async def test_an_error_showing_its_cause_never_shows_what_it_masks(
     tmp_path: Path, make: Any
 ) -> None:
-    outcome = await _assert_never_shown(tmp_path, _raise(make))
+    outcome = await _assert_never_shown(tmp_path, raising(make))
     assert "fetch failed" in str(outcome.content)
 
 
@@ -266,7 +178,9 @@ def _validation_error(kind: Any, value: Any) -> pydantic.ValidationError:
 async def test_a_validation_error_whose_ctx_holds_a_model_never_shows_what_it_masks(
     tmp_path: Path, kind: Any
 ) -> None:
-    outcome = await _assert_never_shown(tmp_path, _raise(lambda: _validation_error(kind, {"n": 1})))
+    outcome = await _assert_never_shown(
+        tmp_path, raising(lambda: _validation_error(kind, {"n": 1}))
+    )
     assert "validation error" in str(outcome.content)
 
 
@@ -350,7 +264,7 @@ class _QueryError(Exception):
 )
 async def test_a_large_error_keeps_its_message(tmp_path: Path, make: Any, said: str) -> None:
     assert said in str(make())
-    outcome = await _assert_never_shown(tmp_path, _raise(make))
+    outcome = await _assert_never_shown(tmp_path, raising(make))
     assert outcome.is_error
     assert said in str(outcome.content), outcome.content
 
@@ -658,7 +572,7 @@ async def test_odd_errors_are_recorded_once(tmp_path: Path, make: Any, expected:
     """Held: each is noted, sent once, recorded once (completed, an error), never sent
     again on resume, no secret in the SQLite file or told to the model."""
     assert error_text(make()).startswith(expected), error_text(make())
-    outcome = await _assert_never_shown(tmp_path, _raise(make))
+    outcome = await _assert_never_shown(tmp_path, raising(make))
     assert outcome.is_error
 
 

@@ -109,9 +109,7 @@ import pytest
 import typing_extensions
 from starlette.testclient import TestClient
 
-from operator_cli import sqlite_bytes
 from tesserix_adk import Agent, AgentRunner, RunStatus, ScriptedProvider, tool
-from tesserix_adk.checkpoint.payload import decode_outcome
 from tesserix_adk.cli import ui
 from tesserix_adk.cli.main import main
 from tesserix_adk.console import create_app
@@ -119,83 +117,31 @@ from tesserix_adk.run import model_sight, result_data
 from tesserix_adk.run.error_text import MOST_READ_NEAR, error_text
 from tesserix_adk.run.model_sight import MOST_LOOKED_AT_IN_AN_ERROR
 from tesserix_adk.run.result_data import result_content
-from tesserix_adk.stores.protocols import ApprovalStatus, RecordStatus
+from tesserix_adk.stores.protocols import ApprovalStatus
 from tesserix_adk.stores.urls import open_stores
 
+from .masked_model import (
+    SECRET,
+    assert_never_shown,
+    raising,
+    run_on_sqlite,
+)
+from .masked_model import (
+    Card as _Card,
+)
+from .masked_model import (
+    card as _card,
+)
+
 T = "nearurl"
-SECRET = "SIGNKEYnr58qv"  # no built-in pattern knows it: only the model's serializer masks it
-
-
-class _Card(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(frozen=True)  # hashable: may sit in a key or an enum
-
-    memo: str
-
-    @pydantic.field_serializer("memo", when_used="json")
-    def _masked(self, memo: str) -> str:
-        return "****" + memo[-2:]
-
-
-def _card() -> _Card:
-    return _Card(memo=SECRET)
-
-
-# --- end to end on SQLite -----------------------------------------------------------------
-
-
-class _Recording:
-    def __init__(self, turns: list[Any]) -> None:
-        self.inner = ScriptedProvider(turns)
-        self.requests: list[Any] = []
-
-    async def complete(self, request: Any) -> Any:
-        self.requests.append(request)
-        return await self.inner.complete(request)
-
-    def told(self) -> str:
-        return "".join(
-            m.text for r in self.requests for m in r.messages if m.tool_call_id is not None
-        )
 
 
 async def _run_on_sqlite(tmp_path: Path, act: Any) -> tuple[Any, bytes, str, int]:
-    """One run whose keyed call does ``act()`` (returns or raises): the record's outcome,
-    the SQLite bytes, what the model was told, and how many times the tool ran."""
-    sent: list[int] = []
-
-    @tool(key=lambda **kw: "send-1")
-    def send(what: str) -> Any:
-        """Send a thing (a side effect, keyed)."""
-        sent.append(1)
-        return act()
-
-    provider = _Recording([[("send", {"what": "x"})], "ok"])
-    async with open_stores(f"sqlite:///{tmp_path / 'adk.sqlite3'}") as stores:
-        await stores.create_schema()
-        await AgentRunner.from_stores(provider, stores).run(
-            Agent("a", "x", [send]), "go", tenant=T, run_id="r0"
-        )
-        [rec] = list(await stores.idempotency.records(T, "r0"))
-        assert rec.status is RecordStatus.completed
-        outcome = decode_outcome(rec.outcome, "c")
-    return outcome, sqlite_bytes(tmp_path), provider.told(), len(sent)
+    return await run_on_sqlite(tmp_path, act, tenant=T, resumed=False)
 
 
 async def _assert_never_shown(tmp_path: Path, act: Any) -> Any:
-    outcome, raw, told, sent = await _run_on_sqlite(tmp_path, act)
-    assert sent == 1, "sent again"
-    assert told
-    assert SECRET.encode() not in raw, "raw in the SQLite file"
-    assert SECRET not in told, told[-300:]
-    assert SECRET not in str(outcome.content)
-    return outcome
-
-
-def _raising(make: Any) -> Any:
-    def act() -> Any:
-        raise make()
-
-    return act
+    return await assert_never_shown(tmp_path, act, tenant=T, resumed=False)
 
 
 # --- near: a model read beside a large value ----------------------------------------------
@@ -236,7 +182,7 @@ def test_a_model_beside_half_a_million_values_never_shows_what_it_masks(make: An
 
 
 async def test_a_bulk_error_beside_half_a_million_rows_end_to_end(tmp_path: Path) -> None:
-    outcome = await _assert_never_shown(tmp_path, _raising(lambda: _bulk(_PAST)))
+    outcome = await _assert_never_shown(tmp_path, raising(lambda: _bulk(_PAST)))
     assert "bulk insert failed" in str(outcome.content)
 
 
@@ -274,7 +220,7 @@ def test_an_error_whose_text_raises_never_shows_what_it_masks() -> None:
 
 
 async def test_an_error_whose_text_raises_end_to_end(tmp_path: Path) -> None:
-    await _assert_never_shown(tmp_path, _raising(_detached))
+    await _assert_never_shown(tmp_path, raising(_detached))
 
 
 class _Pending(Mapping[Any, Any]):
