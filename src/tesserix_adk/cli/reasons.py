@@ -39,8 +39,8 @@ __all__ = [
     "failure_reason",
     "left_for_a_person",
     "no_frontier",
-    "state_refused",
     "parked_item",
+    "state_refused",
     "told_from",
     "waits",
 ]
