@@ -188,7 +188,7 @@ async def _rows(
                 raise CheckpointCorruptError(entries.damaged[run_id])
             # A run that ended may have left a call in doubt (cancelled while its reply
             # was lost): it waits for `tesserix resolve` as an unfinished one does.
-            left = await left_for_a_person(stores.idempotency, stores.leases, cp, records)
+            left = await left_for_a_person(stores.idempotency, stores.leases, cp, records, lease)
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
             # One run's damaged row hides no other run: it is listed as a damaged frontier is.
             rows.append({**_UNREADABLE, "run_id": run_id, "reason": damage(exc)})
@@ -198,9 +198,7 @@ async def _rows(
         )
         park = entries.parked.get(run_id)
         lost = await lost_to_workers(stores, args.tenant, cp, lease, entries)
-        # A holder carrying the run has its state in hand: nothing is refused while it lives.
-        refused = left.refused if lease is None else None
-        stuck = blocked(cp, park, revision, unindexed=lost, refused=refused)
+        stuck = blocked(cp, park, revision, unindexed=lost, refused=left.refused)
         if args.stuck and not waits(
             parked=park is not None, open_calls=left.calls, lease=lease, blocked=stuck
         ):

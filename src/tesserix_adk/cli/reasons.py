@@ -164,6 +164,7 @@ async def left_for_a_person(
     leases: LeaseStore | None,
     cp: Checkpoint,
     records: Iterable[IdempotencyRecord],
+    lease: RunLease | None,
 ) -> LeftOpen:
     """What ``cp``'s run leaves for a person (``waits``): of an ended run, the calls
     ``left_open`` says (``records``: the run's); of one to be carried on, what its resume
@@ -171,6 +172,8 @@ async def left_for_a_person(
     flags, a read-only one with masked arguments, an unkeyed one in doubt; the state the
     frontier or its last completed call kept). A run a resume carries on waits for nobody,
     nor one whose calls in doubt another run carried now holds (``carried_elsewhere``).
+    While the run's own ``lease`` is live, nothing is ``refused``: its holder has the run's
+    state in hand, and carries it on.
     One whose calls in doubt a tool's reconciler would settle is counted too: what tools
     the agent has is not known here."""
     if cp.status.finished:
@@ -179,7 +182,7 @@ async def left_for_a_person(
         return LeftOpen()  # told by ``blocked``
     refused = uncarriable(cp)
     if refused is not None:
-        return LeftOpen(refused=str(refused))
+        return LeftOpen(refused=None if lease is not None else str(refused))
     plan = await plan_resume(cp, idempotency)
     calls = 0 if nothing_ran_since_approval_asked(cp, plan) else len(plan.indeterminate)
     if calls:
@@ -187,6 +190,8 @@ async def left_for_a_person(
             await carried_elsewhere(plan, leases, tenant=cp.tenant, run_id=cp.run_id)
         except ResumeConflictError:
             calls = 0  # its calls wait on another run carried now: it comes back by itself
+    if lease is not None:
+        return LeftOpen(calls=calls)
     return LeftOpen(calls=calls, refused=await state_refused(idempotency, cp, plan))
 
 

@@ -166,7 +166,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             lease = await stores.leases.current(tenant, run_id)
             if run_id in entries.damaged:
                 raise CheckpointCorruptError(entries.damaged[run_id])
-            left = await left_for_a_person(stores.idempotency, stores.leases, cp, records)
+            left = await left_for_a_person(stores.idempotency, stores.leases, cp, records, lease)
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
             # One run's damaged row hides no other run, as a damaged frontier does not.
             shown.append(RunSummary(run_id, unreadable=damage(exc)))
@@ -186,10 +186,7 @@ async def runs(stores: Stores, tenant: str, where: RunFilter) -> list[RunSummary
             lease=lease,
             parked=None if park is None else (park.reason or ""),
             pending_approval=None if cp.pending_approval is None else cp.pending_approval.id,
-            # A holder carrying the run has its state in hand: nothing refused while it lives.
-            blocked=blocked(
-                cp, park, None, unindexed=lost, refused=left.refused if lease is None else None
-            ),
+            blocked=blocked(cp, park, None, unindexed=lost, refused=left.refused),
             finished=cp.status.finished,
         )
         if where.status and summary.status != where.status:
